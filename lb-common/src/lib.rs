@@ -1,0 +1,330 @@
+//! Types shared by the XDP program (`lb-ebpf`) and user space (`lb-userspace`).
+//!
+//! Every map key and value is `#[repr(C)]` with explicit padding and a size assertion, and holds
+//! only plain integers: the kernel copies these bytes verbatim between the two sides.
+#![no_std]
+
+use core::mem::size_of;
+
+/// Address family tags used in keys (not the kernel's AF_* numbers: these are ours and stable).
+pub const FAMILY_V4: u8 = 4;
+pub const FAMILY_V6: u8 = 6;
+
+pub const PROTO_TCP: u8 = 6;
+pub const PROTO_UDP: u8 = 17;
+pub const PROTO_ICMP: u8 = 1;
+pub const PROTO_ICMPV6: u8 = 58;
+
+/// Highest number of VIP services (address, port, protocol) one node can hold.
+pub const MAX_VIPS: u32 = 32;
+/// Highest number of (VIP, backend) pairs: backend ids index per-pair state and counters.
+pub const MAX_BACKENDS: u32 = 4096;
+/// Default Maglev lookup-table size (a prime). User space may choose another prime at load time.
+pub const DEFAULT_TABLE_SIZE: u32 = 65537;
+/// Default number of entries in the connection table (LRU).
+pub const DEFAULT_CONNTRACK_SIZE: u32 = 262_144;
+/// Number of distinct addresses that are VIPs (for the fragment check).
+pub const MAX_VIP_ADDRS: u32 = MAX_VIPS;
+/// A Maglev slot that holds no backend (an empty set): packets are dropped and counted.
+pub const NO_BACKEND: u32 = u32::MAX;
+/// IPv6 extension headers skipped before giving up on finding the transport header.
+pub const MAX_IPV6_EXT_HEADERS: usize = 4;
+
+/// Port value in a [`VipKey`] that matches every port of the address and protocol.
+pub const ALL_PORTS: u16 = 0;
+
+/// A VIP service: looked up first with the packet's destination port, then with [`ALL_PORTS`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct VipKey {
+    /// IPv4 in the first 4 bytes (rest zero) or IPv6, network byte order.
+    pub addr: [u8; 16],
+    /// Destination port in host byte order, or [`ALL_PORTS`].
+    pub port: u16,
+    pub proto: u8,
+    pub family: u8,
+}
+const _: () = assert!(size_of::<VipKey>() == 20);
+
+/// `VipInfo::flags`: this node owns the VIP (VRRP master, or static ownership). Only an owner forwards.
+pub const VIP_F_OWNED: u32 = 1;
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct VipInfo {
+    /// Index of this VIP's counters and Maglev tables, `< MAX_VIPS`.
+    pub vip_id: u32,
+    pub flags: u32,
+    /// Which of the VIP's two Maglev tables is live (0 or 1). User space fills the other one,
+    /// then flips this field: a packet sees either the old table or the new one, never a mix.
+    pub active_table: u32,
+    pub _pad: u32,
+}
+const _: () = assert!(size_of::<VipInfo>() == 16);
+
+/// `BackendInfo::flags`: the backend is in its VIP's set; established flows may stay on it.
+/// A drained backend keeps this flag but is absent from the Maglev table.
+pub const BACKEND_F_IN_SET: u32 = 1;
+/// The backend is this node: its packets go to the local stack (`XDP_PASS`).
+pub const BACKEND_F_LOCAL: u32 = 2;
+
+/// One (VIP, backend) pair, indexed by backend id.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct BackendInfo {
+    pub addr: [u8; 16],
+    /// The backend's MAC (destination of the rewritten frame).
+    pub dst_mac: [u8; 6],
+    /// The egress interface's MAC (source of the rewritten frame).
+    pub src_mac: [u8; 6],
+    /// Egress interface; 0 means "the interface the packet came in on" (`XDP_TX`).
+    pub ifindex: u32,
+    /// The VIP this backend belongs to; a connection-table entry is only trusted if it matches.
+    pub vip_id: u32,
+    pub flags: u32,
+    pub family: u8,
+    pub _pad: [u8; 3],
+}
+const _: () = assert!(size_of::<BackendInfo>() == 44);
+
+/// The connection table's key: the full 5-tuple as the client sent it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct FlowKey {
+    pub src: [u8; 16],
+    pub dst: [u8; 16],
+    /// Ports in host byte order (0 for protocols without ports).
+    pub sport: u16,
+    pub dport: u16,
+    pub proto: u8,
+    pub family: u8,
+    pub _pad: [u8; 2],
+}
+const _: () = assert!(size_of::<FlowKey>() == 40);
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct FlowValue {
+    pub backend_id: u32,
+    pub _pad: u32,
+}
+const _: () = assert!(size_of::<FlowValue>() == 8);
+
+/// Per-VIP and per-backend traffic counters (per CPU; user space sums them).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct Counters {
+    pub packets: u64,
+    pub bytes: u64,
+    pub new_flows: u64,
+}
+const _: () = assert!(size_of::<Counters>() == 24);
+
+/// Global settings the XDP program reads (one entry in the `LB_CONFIG` array).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct LbConfig {
+    /// Seed of the flow hash. Every node must use the same seed so that a flow hashes to the same
+    /// backend whichever node owns the VIP.
+    pub hash_seed: u32,
+    /// Maglev table size (prime); 0 until user space has configured the program.
+    pub table_size: u32,
+}
+const _: () = assert!(size_of::<LbConfig>() == 8);
+
+/// Global counters, one per verdict and per pass/drop reason, indexes into `LB_STATS`.
+pub mod stat {
+    pub const VERDICT_PASS: u32 = 0;
+    pub const VERDICT_DROP: u32 = 1;
+    pub const VERDICT_TX: u32 = 2;
+    pub const VERDICT_REDIRECT: u32 = 3;
+    /// Not IPv4/IPv6, or not addressed to a VIP service.
+    pub const PASS_NOT_VIP: u32 = 4;
+    /// A VIP this node does not own: the local stack serves it (e.g. as a DSR backend).
+    pub const PASS_NOT_OWNER: u32 = 5;
+    /// The chosen backend is this node.
+    pub const PASS_LOCAL_BACKEND: u32 = 6;
+    /// Truncated frame or impossible header field (e.g. IPv4 IHL < 5).
+    pub const PASS_MALFORMED: u32 = 7;
+    /// More IPv6 extension headers than we walk.
+    pub const PASS_IPV6_EXT_LIMIT: u32 = 8;
+    /// ICMP error that does not embed a VIP flow.
+    pub const PASS_ICMP_NOT_VIP: u32 = 9;
+    /// The VIP's table is empty.
+    pub const DROP_NO_BACKEND: u32 = 10;
+    /// A fragment of a datagram to a VIP address (see docs/architecture.md).
+    pub const DROP_FRAGMENT: u32 = 11;
+    /// A table slot names a backend that is not in the set (user space mid-update); never forward.
+    pub const DROP_BAD_BACKEND: u32 = 12;
+    pub const CONNTRACK_HIT: u32 = 13;
+    pub const CONNTRACK_MISS: u32 = 14;
+    /// A connection-table entry whose backend left the set: the flow is hashed again.
+    pub const CONNTRACK_STALE: u32 = 15;
+    /// ICMP "fragmentation needed" / "packet too big" sent on to a flow's backend.
+    pub const ICMP_FORWARDED: u32 = 16;
+    /// Sent to a remote backend (XDP_TX or redirect).
+    pub const FORWARDED: u32 = 17;
+    pub const COUNT: u32 = 18;
+
+    /// Names in index order, used by user space for `lbctl stats` and metrics.
+    pub const NAMES: [&str; COUNT as usize] = [
+        "verdict_pass",
+        "verdict_drop",
+        "verdict_tx",
+        "verdict_redirect",
+        "pass_not_vip",
+        "pass_not_owner",
+        "pass_local_backend",
+        "pass_malformed",
+        "pass_ipv6_ext_limit",
+        "pass_icmp_not_vip",
+        "drop_no_backend",
+        "drop_fragment",
+        "drop_bad_backend",
+        "conntrack_hit",
+        "conntrack_miss",
+        "conntrack_stale",
+        "icmp_forwarded",
+        "forwarded",
+    ];
+}
+
+/// Names of the pinned maps (also the names in the BPF object).
+pub mod maps {
+    pub const CONFIG: &str = "LB_CONFIG";
+    pub const VIPS: &str = "LB_VIPS";
+    pub const VIP_ADDRS: &str = "LB_VIP_ADDRS";
+    pub const BACKENDS: &str = "LB_BACKENDS";
+    pub const TABLES: &str = "LB_TABLES";
+    pub const CONNTRACK: &str = "LB_CONNTRACK";
+    pub const STATS: &str = "LB_STATS";
+    pub const VIP_STATS: &str = "LB_VIP_STATS";
+    pub const BACKEND_STATS: &str = "LB_BACKEND_STATS";
+    /// The XDP program's name in the object.
+    pub const PROGRAM: &str = "lb_xdp";
+}
+
+/// Index of slot `slot` of table `which` (0/1) of VIP `vip_id` in the flat `LB_TABLES` array.
+#[inline(always)]
+pub fn table_index(vip_id: u32, which: u32, table_size: u32, slot: u32) -> u32 {
+    (vip_id * 2 + (which & 1)) * table_size + slot
+}
+
+#[inline(always)]
+fn rotl(x: u32, r: u32) -> u32 {
+    x.rotate_left(r)
+}
+
+#[inline(always)]
+fn mix(h: u32, k: u32) -> u32 {
+    // One murmur3 round: cheap, good avalanche, the same in the kernel and in user space.
+    let k = rotl(k.wrapping_mul(0xcc9e_2d51), 15).wrapping_mul(0x1b87_3593);
+    rotl(h ^ k, 13).wrapping_mul(5).wrapping_add(0xe654_6b64)
+}
+
+#[inline(always)]
+fn word(b: &[u8; 16], i: usize) -> u32 {
+    u32::from_ne_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]])
+}
+
+/// The seeded flow hash that picks a Maglev slot: murmur3 over source, destination, ports and
+/// protocol. Identical on every node, so a flow keeps its backend when the VIP moves.
+#[inline(always)]
+pub fn flow_hash(key: &FlowKey, seed: u32) -> u32 {
+    let mut h = seed;
+    h = mix(h, word(&key.src, 0));
+    h = mix(h, word(&key.src, 4));
+    h = mix(h, word(&key.src, 8));
+    h = mix(h, word(&key.src, 12));
+    h = mix(h, word(&key.dst, 0));
+    h = mix(h, word(&key.dst, 4));
+    h = mix(h, word(&key.dst, 8));
+    h = mix(h, word(&key.dst, 12));
+    h = mix(h, ((key.sport as u32) << 16) | key.dport as u32);
+    h = mix(h, key.proto as u32);
+    // murmur3 finaliser
+    h ^= 40;
+    h ^= h >> 16;
+    h = h.wrapping_mul(0x85eb_ca6b);
+    h ^= h >> 13;
+    h = h.wrapping_mul(0xc2b2_ae35);
+    h ^ (h >> 16)
+}
+
+#[cfg(feature = "user")]
+mod pod {
+    use super::*;
+    unsafe impl aya::Pod for VipKey {}
+    unsafe impl aya::Pod for VipInfo {}
+    unsafe impl aya::Pod for BackendInfo {}
+    unsafe impl aya::Pod for FlowKey {}
+    unsafe impl aya::Pod for FlowValue {}
+    unsafe impl aya::Pod for Counters {}
+    unsafe impl aya::Pod for LbConfig {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hash_depends_on_every_field() {
+        let base = FlowKey {
+            src: [10, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+            dst: [10, 0, 0, 100, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+            sport: 40000,
+            dport: 6443,
+            proto: PROTO_TCP,
+            family: FAMILY_V4,
+            _pad: [0; 2],
+        };
+        let h = flow_hash(&base, 7);
+        assert_ne!(h, flow_hash(&base, 8), "seed");
+        let mut k = base;
+        k.sport += 1;
+        assert_ne!(h, flow_hash(&k, 7), "sport");
+        let mut k = base;
+        k.dport += 1;
+        assert_ne!(h, flow_hash(&k, 7), "dport");
+        let mut k = base;
+        k.src[3] = 2;
+        assert_ne!(h, flow_hash(&k, 7), "src");
+        let mut k = base;
+        k.dst[15] = 1;
+        assert_ne!(h, flow_hash(&k, 7), "dst");
+        let mut k = base;
+        k.proto = PROTO_UDP;
+        assert_ne!(h, flow_hash(&k, 7), "proto");
+    }
+
+    #[test]
+    fn hash_spreads_ports_evenly() {
+        // 65537 slots, 60000 source ports: every 1/8 of the table gets close to 1/8 of the flows.
+        let mut buckets = [0u32; 8];
+        let mut k = FlowKey { proto: PROTO_TCP, family: FAMILY_V4, dport: 443, ..Default::default() };
+        k.src[..4].copy_from_slice(&[192, 0, 2, 7]);
+        for p in 1024..61024u32 {
+            k.sport = p as u16;
+            let slot = flow_hash(&k, 1) % DEFAULT_TABLE_SIZE;
+            buckets[(slot as usize * 8) / DEFAULT_TABLE_SIZE as usize] += 1;
+        }
+        for b in buckets {
+            assert!((7000..8000).contains(&b), "uneven bucket {b}: {buckets:?}");
+        }
+    }
+
+    #[test]
+    fn stat_names_cover_every_index() {
+        assert_eq!(stat::NAMES.len(), stat::COUNT as usize);
+        assert_eq!(stat::NAMES[stat::ICMP_FORWARDED as usize], "icmp_forwarded");
+        assert_eq!(stat::NAMES[stat::DROP_FRAGMENT as usize], "drop_fragment");
+    }
+
+    #[test]
+    fn table_index_separates_vips_and_halves() {
+        assert_eq!(table_index(0, 0, 7, 3), 3);
+        assert_eq!(table_index(0, 1, 7, 3), 10);
+        assert_eq!(table_index(1, 0, 7, 0), 14);
+        assert_eq!(table_index(1, 3, 7, 0), 21, "which is masked to one bit");
+    }
+}

@@ -1,0 +1,254 @@
+//! The XDP load balancer. A packet's path, top to bottom:
+//!
+//! parse (Ethernet, IPv4/IPv6, TCP/UDP, ICMP too-big) -> VIP lookup -> ownership gate ->
+//! connection table -> Maglev table -> rewrite the MACs -> XDP_TX / redirect / local pass -> count.
+//!
+//! Nothing after the Ethernet header is ever changed (L2 direct server return): the backend holds
+//! the VIP as a local address and answers the client itself.
+#![no_std]
+#![no_main]
+
+mod maps;
+mod packet;
+
+use aya_ebpf::{
+    bindings::xdp_action::{XDP_DROP, XDP_PASS, XDP_TX},
+    helpers::generated::bpf_redirect,
+    macros::xdp,
+    programs::XdpContext,
+};
+use aya_log_ebpf::warn;
+use lb_common::{
+    ALL_PORTS, BACKEND_F_IN_SET, BACKEND_F_LOCAL, BackendInfo, FlowKey, FlowValue, NO_BACKEND,
+    VIP_F_OWNED, VipInfo, VipKey, flow_hash, stat, table_index,
+};
+use maps::{
+    LB_BACKEND_STATS, LB_BACKENDS, LB_CONFIG, LB_CONNTRACK, LB_TABLES, LB_VIP_ADDRS, LB_VIP_STATS,
+    LB_VIPS, count, count_traffic,
+};
+use packet::{ETH_HLEN, ETH_P_IP, ETH_P_IPV6, L3, ParseError, be16_at, has_ports, ptr_at};
+
+#[xdp]
+pub fn lb_xdp(ctx: XdpContext) -> u32 {
+    let (action, reason) = match try_lb(&ctx) {
+        Ok(v) => v,
+        Err(ParseError::Malformed) => (XDP_PASS, stat::PASS_MALFORMED),
+        Err(ParseError::ExtLimit) => (XDP_PASS, stat::PASS_IPV6_EXT_LIMIT),
+    };
+    count(reason);
+    count(match action {
+        XDP_PASS => stat::VERDICT_PASS,
+        XDP_DROP => stat::VERDICT_DROP,
+        XDP_TX => stat::VERDICT_TX,
+        _ => stat::VERDICT_REDIRECT,
+    });
+    action
+}
+
+/// A verdict and the counter that explains it.
+type Outcome = (u32, u32);
+
+#[inline(always)]
+fn try_lb(ctx: &XdpContext) -> Result<Outcome, ParseError> {
+    let l3 = match be16_at(ctx, 12)? {
+        ETH_P_IP => packet::ipv4(ctx, ETH_HLEN)?,
+        ETH_P_IPV6 => packet::ipv6(ctx, ETH_HLEN)?,
+        _ => return Ok((XDP_PASS, stat::PASS_NOT_VIP)),
+    };
+    if l3.fragment {
+        return Ok(fragment(&l3));
+    }
+    if has_ports(l3.proto) {
+        let (sport, dport) = packet::ports(ctx, l3.proto, l3.l4_off)?;
+        let flow = flow_key(&l3, sport, dport);
+        return Ok(balance(ctx, &flow, true));
+    }
+    if let Some(inner) = packet::icmp_too_big(ctx, &l3)? {
+        // The embedded packet is one the VIP sent to the client: swap it back into the flow
+        // as the client sent it, so it hashes to the same backend.
+        let flow = FlowKey {
+            src: inner.l3.dst,
+            dst: inner.l3.src,
+            sport: inner.dport,
+            dport: inner.sport,
+            proto: inner.l3.proto,
+            family: inner.l3.family,
+            _pad: [0; 2],
+        };
+        if flow.dst != l3.dst || lookup_vip(&flow).is_none() {
+            return Ok((XDP_PASS, stat::PASS_ICMP_NOT_VIP));
+        }
+        let (action, reason) = balance(ctx, &flow, false);
+        let reason = match reason {
+            stat::FORWARDED | stat::PASS_LOCAL_BACKEND => stat::ICMP_FORWARDED,
+            other => other,
+        };
+        return Ok((action, reason));
+    }
+    Ok((XDP_PASS, stat::PASS_NOT_VIP))
+}
+
+#[inline(always)]
+fn flow_key(l3: &L3, sport: u16, dport: u16) -> FlowKey {
+    FlowKey {
+        src: l3.src,
+        dst: l3.dst,
+        sport,
+        dport,
+        proto: l3.proto,
+        family: l3.family,
+        _pad: [0; 2],
+    }
+}
+
+/// Fragments carry no ports after the first, so they cannot be hashed like the rest of their
+/// flow. Fragments of datagrams to a VIP address are dropped and counted (never split across
+/// backends, never sent to a wrong one); other fragments are not ours and pass.
+#[inline(always)]
+fn fragment(l3: &L3) -> Outcome {
+    let key = VipKey { addr: l3.dst, port: 0, proto: 0, family: l3.family };
+    if LB_VIP_ADDRS.get_ptr(&key).is_some() {
+        (XDP_DROP, stat::DROP_FRAGMENT)
+    } else {
+        (XDP_PASS, stat::PASS_NOT_VIP)
+    }
+}
+
+/// The VIP service for this flow: the exact port first, then the "all ports" entry.
+#[inline(always)]
+fn lookup_vip(flow: &FlowKey) -> Option<VipInfo> {
+    let mut key = VipKey { addr: flow.dst, port: flow.dport, proto: flow.proto, family: flow.family };
+    if let Some(v) = LB_VIPS.get_ptr(&key) {
+        return Some(unsafe { *v });
+    }
+    key.port = ALL_PORTS;
+    LB_VIPS.get_ptr(&key).map(|v| unsafe { *v })
+}
+
+/// A backend id read from a map, trusted only if it is in the set of this VIP.
+#[inline(always)]
+fn backend_of(vip: &VipInfo, id: u32) -> Option<BackendInfo> {
+    let b = unsafe { *LB_BACKENDS.get_ptr(id)? };
+    if b.flags & BACKEND_F_IN_SET != 0 && b.vip_id == vip.vip_id {
+        Some(b)
+    } else {
+        None
+    }
+}
+
+#[inline(always)]
+fn balance(ctx: &XdpContext, flow: &FlowKey, track: bool) -> Outcome {
+    let Some(vip) = lookup_vip(flow) else {
+        return (XDP_PASS, stat::PASS_NOT_VIP);
+    };
+    if vip.flags & VIP_F_OWNED == 0 {
+        // Not the owner: the local stack serves the VIP (this node may be a DSR backend).
+        return (XDP_PASS, stat::PASS_NOT_OWNER);
+    }
+    let bytes = (ctx.data_end() - ctx.data()) as u64;
+
+    // 1. Connection table: an established flow stays on its backend while it is in the set.
+    let mut new_flow = true;
+    let mut chosen: Option<(u32, BackendInfo)> = None;
+    if let Some(v) = LB_CONNTRACK.get_ptr(flow) {
+        let id = unsafe { (*v).backend_id };
+        match backend_of(&vip, id) {
+            Some(b) => {
+                count(stat::CONNTRACK_HIT);
+                new_flow = false;
+                chosen = Some((id, b));
+            }
+            None => count(stat::CONNTRACK_STALE),
+        }
+    } else if track {
+        count(stat::CONNTRACK_MISS);
+    }
+
+    // 2. Maglev: the slot of the flow hash in the VIP's live table.
+    let (id, backend) = match chosen {
+        Some(c) => c,
+        None => {
+            let Some(cfg) = LB_CONFIG.get(0) else {
+                return (XDP_DROP, stat::DROP_NO_BACKEND);
+            };
+            if cfg.table_size == 0 {
+                return (XDP_DROP, stat::DROP_NO_BACKEND);
+            }
+            let slot = flow_hash(flow, cfg.hash_seed) % cfg.table_size;
+            let index = table_index(vip.vip_id, vip.active_table, cfg.table_size, slot);
+            let id = match LB_TABLES.get(index) {
+                Some(id) if *id != NO_BACKEND => *id,
+                _ => return (XDP_DROP, stat::DROP_NO_BACKEND),
+            };
+            let Some(b) = backend_of(&vip, id) else {
+                warn!(ctx, "table of vip {} names backend {} outside its set", vip.vip_id, id);
+                return (XDP_DROP, stat::DROP_BAD_BACKEND);
+            };
+            if track {
+                let _ = LB_CONNTRACK.insert(flow, FlowValue { backend_id: id, _pad: 0 }, 0);
+            }
+            (id, b)
+        }
+    };
+
+    count_traffic(&LB_VIP_STATS, vip.vip_id, bytes, new_flow && track);
+    count_traffic(&LB_BACKEND_STATS, id, bytes, new_flow && track);
+    forward(ctx, &backend)
+}
+
+/// L2 direct server return: only the Ethernet addresses change.
+#[inline(always)]
+fn forward(ctx: &XdpContext, backend: &BackendInfo) -> Outcome {
+    if backend.flags & BACKEND_F_LOCAL != 0 {
+        return (XDP_PASS, stat::PASS_LOCAL_BACKEND);
+    }
+    let Ok(eth) = ptr_at::<[u8; 12]>(ctx, 0) else {
+        return (XDP_PASS, stat::PASS_MALFORMED);
+    };
+    unsafe {
+        let eth = &mut *eth;
+        eth[..6].copy_from_slice(&backend.dst_mac);
+        eth[6..].copy_from_slice(&backend.src_mac);
+    }
+    let action = if backend.ifindex == 0 {
+        XDP_TX
+    } else {
+        unsafe { bpf_redirect(backend.ifindex, 0) as u32 }
+    };
+    (action, stat::FORWARDED)
+}
+
+/// The benchmark baseline: the least an XDP forwarder can do (swap the MACs, send it back).
+#[xdp]
+pub fn lb_baseline(ctx: XdpContext) -> u32 {
+    match ptr_at::<[u8; 12]>(&ctx, 0) {
+        Ok(eth) => {
+            unsafe {
+                let eth = &mut *eth;
+                let mut dst = [0u8; 6];
+                dst.copy_from_slice(&eth[..6]);
+                eth.copy_within(6..12, 0);
+                eth[6..].copy_from_slice(&dst);
+            }
+            XDP_TX
+        }
+        Err(_) => XDP_PASS,
+    }
+}
+
+/// Attached to the peer of a native-mode veth so that XDP_TX frames are delivered (a kernel
+/// requirement for veth, see docs/architecture.md).
+#[xdp]
+pub fn lb_pass(_ctx: XdpContext) -> u32 {
+    XDP_PASS
+}
+
+#[cfg(not(test))]
+#[panic_handler]
+fn panic(_info: &core::panic::PanicInfo) -> ! {
+    loop {}
+}
+
+#[unsafe(link_section = "license")]
+#[unsafe(no_mangle)]
+static LICENSE: [u8; 4] = *b"GPL\0";

@@ -1,0 +1,69 @@
+//! Every map the program uses, pinned by name under the bpffs directory user space chooses, so
+//! that a restarted `lbd` adopts them and forwarding never stops. Sizes marked "at load time" are
+//! overridden by user space (`EbpfLoader::set_max_entries`).
+
+use aya_ebpf::{
+    bindings::BPF_F_NO_PREALLOC,
+    macros::map,
+    maps::{Array, HashMap, LruHashMap, PerCpuArray},
+};
+use lb_common::{
+    BackendInfo, Counters, DEFAULT_CONNTRACK_SIZE, DEFAULT_TABLE_SIZE, FlowKey, FlowValue,
+    LbConfig, MAX_BACKENDS, MAX_VIP_ADDRS, MAX_VIPS, VipInfo, VipKey, stat,
+};
+
+/// One entry: hash seed and table size.
+#[map]
+pub static LB_CONFIG: Array<LbConfig> = Array::pinned(1, 0);
+
+/// VIP services. Not preallocated: an update of a VIP's entry is then RCU-safe for readers.
+#[map]
+pub static LB_VIPS: HashMap<VipKey, VipInfo> = HashMap::pinned(MAX_VIPS, BPF_F_NO_PREALLOC);
+
+/// Every address that is a VIP (port and protocol zero), to recognise fragments sent to a VIP.
+#[map]
+pub static LB_VIP_ADDRS: HashMap<VipKey, u32> =
+    HashMap::pinned(MAX_VIP_ADDRS, BPF_F_NO_PREALLOC);
+
+/// (VIP, backend) pairs indexed by backend id.
+#[map]
+pub static LB_BACKENDS: Array<BackendInfo> = Array::pinned(MAX_BACKENDS, 0);
+
+/// Two Maglev tables per VIP, flat: see `lb_common::table_index`. Size at load time.
+#[map]
+pub static LB_TABLES: Array<u32> = Array::pinned(MAX_VIPS * 2 * DEFAULT_TABLE_SIZE, 0);
+
+/// The connection table: 5-tuple -> backend id. Size at load time.
+#[map]
+pub static LB_CONNTRACK: LruHashMap<FlowKey, FlowValue> =
+    LruHashMap::pinned(DEFAULT_CONNTRACK_SIZE, 0);
+
+#[map]
+pub static LB_STATS: PerCpuArray<u64> = PerCpuArray::pinned(stat::COUNT, 0);
+
+#[map]
+pub static LB_VIP_STATS: PerCpuArray<Counters> = PerCpuArray::pinned(MAX_VIPS, 0);
+
+#[map]
+pub static LB_BACKEND_STATS: PerCpuArray<Counters> = PerCpuArray::pinned(MAX_BACKENDS, 0);
+
+#[inline(always)]
+pub fn count(index: u32) {
+    if let Some(c) = LB_STATS.get_ptr_mut(index) {
+        // Per-CPU value: no other writer, a plain add is enough.
+        unsafe { *c += 1 };
+    }
+}
+
+#[inline(always)]
+pub fn count_traffic(map: &PerCpuArray<Counters>, index: u32, bytes: u64, new_flow: bool) {
+    if let Some(c) = map.get_ptr_mut(index) {
+        unsafe {
+            (*c).packets += 1;
+            (*c).bytes += bytes;
+            if new_flow {
+                (*c).new_flows += 1;
+            }
+        }
+    }
+}

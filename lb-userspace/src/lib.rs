@@ -1,0 +1,21 @@
+//! lb user space: the daemon's parts, one concern per module. `lbd` wires them together; `lbctl`
+//! only talks to the API.
+//!
+//! - [`config`]: the TOML config and its validation (pure).
+//! - [`maglev`]: the weighted Maglev table builder (pure).
+//! - [`dataplane`]: loads and attaches the XDP program; the only writer of its maps.
+//! - [`netlink`]: interface, neighbour and address facts through rtnetlink.
+//! - [`vrrp`]: VRRP codec, pure state machine, socket I/O and VIP announcement.
+//! - [`health`]: backend health checks (HTTPS, HTTP, TCP) with rise/fall.
+//! - [`api`]: the JSON HTTP API over a unix socket (server and the client lbctl uses).
+
+pub mod api;
+pub mod config;
+pub mod dataplane;
+pub mod health;
+pub mod maglev;
+pub mod netlink;
+pub mod vrrp;
+
+/// The XDP object built by build.rs (empty when built without the eBPF toolchain).
+pub static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/lb"));

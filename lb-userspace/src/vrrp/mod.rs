@@ -1,0 +1,1 @@
+//! VRRP: see submodules.
