@@ -3,7 +3,7 @@
 //! overridden by user space (`EbpfLoader::set_max_entries`).
 
 use aya_ebpf::{
-    bindings::BPF_F_NO_PREALLOC,
+    bindings::{BPF_F_MMAPABLE, BPF_F_NO_PREALLOC},
     macros::map,
     maps::{Array, HashMap, LruHashMap, PerCpuArray},
 };
@@ -30,8 +30,9 @@ pub static LB_VIP_ADDRS: HashMap<VipKey, u32> =
 pub static LB_BACKENDS: Array<BackendInfo> = Array::pinned(MAX_BACKENDS, 0);
 
 /// Two Maglev tables per VIP, flat: see `lb_common::table_index`. Size at load time.
+/// Memory-mappable: user space writes a whole table with plain stores, then flips `active_table`.
 #[map]
-pub static LB_TABLES: Array<u32> = Array::pinned(MAX_VIPS * 2 * DEFAULT_TABLE_SIZE, 0);
+pub static LB_TABLES: Array<u32> = Array::pinned(MAX_VIPS * 2 * DEFAULT_TABLE_SIZE, BPF_F_MMAPABLE);
 
 /// The connection table: 5-tuple -> backend id. Size at load time.
 #[map]

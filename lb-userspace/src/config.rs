@@ -1,1 +1,353 @@
-//! TODO
+//! The daemon's configuration (TOML) and its validation. Pure: parsing never touches the system.
+//!
+//! Every error names the field (`vips[1].backends[0].weight`) and the reason, so a bad config is
+//! refused with something an operator can act on. See `docs/config.md` for an example.
+
+use std::{collections::HashSet, net::IpAddr, path::PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::{health::HealthConfig, maglev::is_prime};
+
+// TEMPORARY until vrrp::InstanceConfig lands.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct InstanceConfig {
+    pub name: String,
+}
+impl InstanceConfig {
+    fn validate(&self, _i: usize) -> Result<(), String> {
+        Ok(())
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read {path}: {source}")]
+    Read { path: PathBuf, source: std::io::Error },
+    #[error("{0}")]
+    Parse(String),
+    #[error("{field}: {reason}")]
+    Invalid { field: String, reason: String },
+}
+
+fn invalid(field: impl Into<String>, reason: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid { field: field.into(), reason: reason.into() }
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum XdpMode {
+    /// Driver mode, falling back to generic (skb) mode if the driver has no XDP support.
+    #[default]
+    Auto,
+    Driver,
+    Skb,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Protocol {
+    Tcp,
+    Udp,
+}
+
+impl Protocol {
+    pub fn number(self) -> u8 {
+        match self {
+            Protocol::Tcp => lb_common::PROTO_TCP,
+            Protocol::Udp => lb_common::PROTO_UDP,
+        }
+    }
+    pub fn name(self) -> &'static str {
+        match self {
+            Protocol::Tcp => "tcp",
+            Protocol::Udp => "udp",
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// Interface the XDP program attaches to and the VIPs live on.
+    pub interface: String,
+    /// Name of this load balancer: maps and links are pinned under /sys/fs/bpf/<name>/.
+    #[serde(default = "default_name")]
+    pub name: String,
+    /// The API's unix socket.
+    #[serde(default = "default_socket")]
+    pub api_socket: PathBuf,
+    /// Optional TCP listener for /metrics, /healthz and /readyz only (e.g. "0.0.0.0:9444").
+    #[serde(default)]
+    pub metrics_listen: Option<std::net::SocketAddr>,
+    #[serde(default)]
+    pub xdp_mode: XdpMode,
+    /// Flow-hash seed; must be the same on every node so flows keep their backend on failover.
+    #[serde(default = "default_seed")]
+    pub hash_seed: u32,
+    /// Maglev table size: a prime, at least 10x the largest backend count of a VIP.
+    #[serde(default = "default_table_size")]
+    pub table_size: u32,
+    /// Connection-table entries (LRU).
+    #[serde(default = "default_conntrack_size")]
+    pub conntrack_size: u32,
+    #[serde(default)]
+    pub vips: Vec<VipConfig>,
+    #[serde(default)]
+    pub vrrp: Vec<InstanceConfig>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VipConfig {
+    /// Short name used by lbctl and metrics (e.g. "api", "ingress").
+    pub name: String,
+    pub address: IpAddr,
+    /// Service ports; empty means every port of the address.
+    #[serde(default)]
+    pub ports: Vec<u16>,
+    #[serde(default = "default_protocol")]
+    pub protocol: Protocol,
+    /// Static ownership when no VRRP instance decides it.
+    #[serde(default = "default_true")]
+    pub owned: bool,
+    /// Name of the VRRP instance whose master state makes this node the owner.
+    #[serde(default)]
+    pub vrrp: Option<String>,
+    #[serde(default)]
+    pub health: HealthConfig,
+    #[serde(default)]
+    pub backends: Vec<BackendConfig>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BackendConfig {
+    pub address: IpAddr,
+    #[serde(default = "default_weight")]
+    pub weight: u32,
+}
+
+fn default_name() -> String {
+    "lb".into()
+}
+fn default_socket() -> PathBuf {
+    "/run/lbd/lbd.sock".into()
+}
+fn default_seed() -> u32 {
+    0x1b_5eed
+}
+fn default_table_size() -> u32 {
+    lb_common::DEFAULT_TABLE_SIZE
+}
+fn default_conntrack_size() -> u32 {
+    lb_common::DEFAULT_CONNTRACK_SIZE
+}
+fn default_protocol() -> Protocol {
+    Protocol::Tcp
+}
+fn default_true() -> bool {
+    true
+}
+fn default_weight() -> u32 {
+    1
+}
+
+/// Highest weight: keeps the Maglev credit arithmetic small and the shares meaningful.
+pub const MAX_WEIGHT: u32 = 1000;
+pub const MAX_TABLE_SIZE: u32 = 1_000_003;
+
+impl Config {
+    pub fn load(path: &std::path::Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|source| ConfigError::Read { path: path.to_owned(), source })?;
+        Self::parse(&text)
+    }
+
+    pub fn parse(text: &str) -> Result<Config, ConfigError> {
+        let cfg: Config = toml::from_str(text).map_err(|e| ConfigError::Parse(e.to_string()))?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// Every VIP service (address, port, protocol) this config defines, in config order.
+    pub fn services(&self) -> Vec<(usize, u16)> {
+        let mut out = Vec::new();
+        for (i, v) in self.vips.iter().enumerate() {
+            if v.ports.is_empty() {
+                out.push((i, lb_common::ALL_PORTS));
+            } else {
+                out.extend(v.ports.iter().map(|p| (i, *p)));
+            }
+        }
+        out
+    }
+
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.interface.is_empty() || self.interface.len() > 15 {
+            return Err(invalid("interface", "must be an interface name of 1-15 characters"));
+        }
+        if self.name.is_empty()
+            || self.name.len() > 32
+            || !self.name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+        {
+            return Err(invalid("name", "must be 1-32 characters of [A-Za-z0-9_-]"));
+        }
+        if !is_prime(self.table_size) || self.table_size > MAX_TABLE_SIZE {
+            return Err(invalid(
+                "table_size",
+                format!("must be a prime <= {MAX_TABLE_SIZE}, got {}", self.table_size),
+            ));
+        }
+        if self.conntrack_size < 1024 {
+            return Err(invalid("conntrack_size", "must be at least 1024"));
+        }
+        let services = self.services();
+        if services.len() > lb_common::MAX_VIPS as usize {
+            return Err(invalid(
+                "vips",
+                format!(
+                    "{} services (address, port) exceed the limit of {}",
+                    services.len(),
+                    lb_common::MAX_VIPS
+                ),
+            ));
+        }
+        let mut names = HashSet::new();
+        let mut keys = HashSet::new();
+        let mut pairs = 0usize;
+        for (i, v) in self.vips.iter().enumerate() {
+            let f = format!("vips[{i}]");
+            if v.name.is_empty() || !names.insert(v.name.as_str()) {
+                return Err(invalid(format!("{f}.name"), "must be non-empty and unique"));
+            }
+            if v.address.is_unspecified() || v.address.is_multicast() {
+                return Err(invalid(format!("{f}.address"), "must be a unicast address"));
+            }
+            let ports: Vec<u16> = if v.ports.is_empty() { vec![0] } else { v.ports.clone() };
+            for (j, p) in v.ports.iter().enumerate() {
+                if *p == 0 {
+                    return Err(invalid(
+                        format!("{f}.ports[{j}]"),
+                        "0 is not a port; leave `ports` empty for all ports",
+                    ));
+                }
+            }
+            for p in ports {
+                if !keys.insert((v.address, p, v.protocol)) {
+                    return Err(invalid(
+                        format!("{f}"),
+                        format!("{} port {p} {} is defined twice", v.address, v.protocol.name()),
+                    ));
+                }
+            }
+            if let Some(name) = &v.vrrp
+                && !self.vrrp.iter().any(|r| &r.name == name)
+            {
+                return Err(invalid(format!("{f}.vrrp"), format!("no VRRP instance named {name:?}")));
+            }
+            v.health
+                .validate(&format!("{f}.health"))
+                .map_err(|reason| ConfigError::Parse(reason))?;
+            let mut seen = HashSet::new();
+            for (j, b) in v.backends.iter().enumerate() {
+                let bf = format!("{f}.backends[{j}]");
+                if b.address.is_ipv4() != v.address.is_ipv4() {
+                    return Err(invalid(
+                        format!("{bf}.address"),
+                        "must be the same address family as the VIP (L2 DSR does not translate)",
+                    ));
+                }
+                if b.address.is_unspecified() || b.address.is_multicast() {
+                    return Err(invalid(format!("{bf}.address"), "must be a unicast address"));
+                }
+                if !seen.insert(b.address) {
+                    return Err(invalid(format!("{bf}.address"), "listed twice"));
+                }
+                if b.weight > MAX_WEIGHT {
+                    return Err(invalid(
+                        format!("{bf}.weight"),
+                        format!("must be 0..={MAX_WEIGHT}, got {}", b.weight),
+                    ));
+                }
+            }
+            if (self.table_size as usize) < v.backends.len() * 10 {
+                return Err(invalid(
+                    "table_size",
+                    format!("must be at least 10x the backends of {f} ({})", v.backends.len()),
+                ));
+            }
+            pairs += v.backends.len() * v.ports.len().max(1);
+        }
+        if pairs > lb_common::MAX_BACKENDS as usize {
+            return Err(invalid(
+                "vips",
+                format!("{pairs} (service, backend) pairs exceed {}", lb_common::MAX_BACKENDS),
+            ));
+        }
+        let mut vrrp_names = HashSet::new();
+        for (i, r) in self.vrrp.iter().enumerate() {
+            if !vrrp_names.insert(r.name.as_str()) {
+                return Err(invalid(format!("vrrp[{i}].name"), "must be unique"));
+            }
+            r.validate(i).map_err(|e| ConfigError::Parse(e.to_string()))?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = r#"
+interface = "eth0"
+[[vips]]
+name = "api"
+address = "192.168.111.5"
+ports = [6443, 22623]
+[[vips.backends]]
+address = "192.168.111.20"
+[[vips.backends]]
+address = "192.168.111.21"
+weight = 2
+"#;
+
+    fn err(text: &str) -> String {
+        Config::parse(text).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn parses_a_good_config_with_defaults() {
+        let c = Config::parse(GOOD).unwrap();
+        assert_eq!(c.table_size, 65537);
+        assert_eq!(c.vips[0].protocol, Protocol::Tcp);
+        assert!(c.vips[0].owned);
+        assert_eq!(c.vips[0].backends[1].weight, 2);
+        assert_eq!(c.services(), vec![(0, 6443), (0, 22623)]);
+    }
+
+    #[test]
+    fn errors_name_the_field() {
+        let e = err(&GOOD.replace("weight = 2", "weight = 5000"));
+        assert!(e.starts_with("vips[0].backends[1].weight:"), "{e}");
+        let e = err(&format!("table_size = 65536\n{GOOD}"));
+        assert!(e.starts_with("table_size:"), "{e}");
+        let e = err(&GOOD.replace("192.168.111.21", "fd00::21"));
+        assert!(e.contains("vips[0].backends[1].address"), "{e}");
+        let e = err(&GOOD.replace("192.168.111.21", "192.168.111.20"));
+        assert!(e.contains("listed twice"), "{e}");
+        let e = err(&GOOD.replace("ports = [6443, 22623]", "ports = [0]"));
+        assert!(e.starts_with("vips[0].ports[0]:"), "{e}");
+        let e = err(&GOOD.replace("name = \"api\"", "name = \"api\"\nvrrp = \"nope\""));
+        assert!(e.starts_with("vips[0].vrrp:"), "{e}");
+    }
+
+    #[test]
+    fn unknown_fields_and_type_errors_are_refused() {
+        let e = err(&GOOD.replace("weight = 2", "wieght = 2"));
+        assert!(e.contains("wieght"), "{e}");
+        let e = err(&GOOD.replace("\"192.168.111.5\"", "\"not-an-ip\""));
+        assert!(e.contains("address"), "{e}");
+    }
+}

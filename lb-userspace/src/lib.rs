@@ -7,14 +7,20 @@
 //! - [`netlink`]: interface, neighbour and address facts through rtnetlink.
 //! - [`vrrp`]: VRRP codec, pure state machine, socket I/O and VIP announcement.
 //! - [`health`]: backend health checks (HTTPS, HTTP, TCP) with rise/fall.
+//! - [`plan`]: from config and facts to what the data plane should do (pure).
+//! - [`daemon`]: `lbd`'s wiring of the above.
+//! - [`metrics`]: Prometheus text rendering.
 //! - [`api`]: the JSON HTTP API over a unix socket (server and the client lbctl uses).
 
 pub mod api;
 pub mod config;
+pub mod daemon;
 pub mod dataplane;
 pub mod health;
 pub mod maglev;
+pub mod metrics;
 pub mod netlink;
+pub mod plan;
 pub mod vrrp;
 
 /// The XDP object built by build.rs (empty when built without the eBPF toolchain).

@@ -1,1 +1,184 @@
-//! TODO
+//! Facts from the kernel through rtnetlink: interfaces, local addresses and the neighbour table
+//! (backend MACs). Read-only except for [`trigger_resolution`], which makes the kernel resolve a
+//! missing neighbour.
+
+use std::{
+    collections::{HashMap, HashSet},
+    net::IpAddr,
+};
+
+use anyhow::{Context, Result, anyhow};
+use futures::TryStreamExt;
+use rtnetlink::{
+    Handle,
+    packet_route::{
+        address::AddressAttribute,
+        link::LinkAttribute,
+        neighbour::{NeighbourAddress, NeighbourAttribute, NeighbourState},
+    },
+};
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Link {
+    pub index: u32,
+    pub name: String,
+    pub mac: [u8; 6],
+    pub up: bool,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Neighbour {
+    pub ifindex: u32,
+    pub addr: IpAddr,
+    pub mac: [u8; 6],
+    pub state: String,
+}
+
+/// A connection to rtnetlink (its I/O runs as a tokio task).
+#[derive(Clone)]
+pub struct Netlink {
+    handle: Handle,
+}
+
+impl Netlink {
+    pub fn new() -> Result<Self> {
+        let (conn, handle, _) = rtnetlink::new_connection().context("open rtnetlink")?;
+        tokio::spawn(conn);
+        Ok(Netlink { handle })
+    }
+
+    pub fn handle(&self) -> &Handle {
+        &self.handle
+    }
+
+    pub async fn links(&self) -> Result<Vec<Link>> {
+        let mut out = Vec::new();
+        let mut s = self.handle.link().get().execute();
+        while let Some(msg) = s.try_next().await? {
+            let mut link = Link {
+                index: msg.header.index,
+                name: String::new(),
+                mac: [0; 6],
+                up: msg.header.flags.contains(rtnetlink::packet_route::link::LinkFlags::Up),
+            };
+            for a in msg.attributes {
+                match a {
+                    LinkAttribute::IfName(n) => link.name = n,
+                    LinkAttribute::Address(m) if m.len() == 6 => link.mac.copy_from_slice(&m),
+                    _ => {}
+                }
+            }
+            out.push(link);
+        }
+        Ok(out)
+    }
+
+    pub async fn link(&self, name: &str) -> Result<Link> {
+        self.links()
+            .await?
+            .into_iter()
+            .find(|l| l.name == name)
+            .ok_or_else(|| anyhow!("interface {name:?} not found"))
+    }
+
+    /// Every address configured on this node (any interface, lo included).
+    pub async fn local_addresses(&self) -> Result<HashSet<IpAddr>> {
+        let mut out = HashSet::new();
+        let mut s = self.handle.address().get().execute();
+        while let Some(msg) = s.try_next().await? {
+            for a in msg.attributes {
+                if let AddressAttribute::Address(ip) = a {
+                    out.insert(ip);
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Neighbour entries with a usable MAC (reachable, stale, delay, probe or permanent).
+    pub async fn neighbours(&self) -> Result<Vec<Neighbour>> {
+        let mut out = Vec::new();
+        let mut s = self.handle.neighbours().get().execute();
+        while let Some(msg) = s.try_next().await? {
+            let state = msg.header.state;
+            if matches!(state, NeighbourState::Incomplete | NeighbourState::Failed | NeighbourState::None) {
+                continue;
+            }
+            let mut addr = None;
+            let mut mac = None;
+            for a in msg.attributes {
+                match a {
+                    NeighbourAttribute::Destination(NeighbourAddress::Inet(ip)) => addr = Some(IpAddr::V4(ip)),
+                    NeighbourAttribute::Destination(NeighbourAddress::Inet6(ip)) => addr = Some(IpAddr::V6(ip)),
+                    NeighbourAttribute::LinkLocalAddress(m) if m.len() == 6 => {
+                        let mut b = [0u8; 6];
+                        b.copy_from_slice(&m);
+                        mac = Some(b);
+                    }
+                    _ => {}
+                }
+            }
+            if let (Some(addr), Some(mac)) = (addr, mac) {
+                out.push(Neighbour { ifindex: msg.header.ifindex, addr, mac, state: format!("{state:?}").to_lowercase() });
+            }
+        }
+        Ok(out)
+    }
+
+    /// MACs of `addrs` on interface `ifindex`.
+    pub async fn macs_on(&self, ifindex: u32, addrs: &[IpAddr]) -> Result<HashMap<IpAddr, [u8; 6]>> {
+        let want: HashSet<&IpAddr> = addrs.iter().collect();
+        Ok(self
+            .neighbours()
+            .await?
+            .into_iter()
+            .filter(|n| n.ifindex == ifindex && want.contains(&n.addr))
+            .map(|n| (n.addr, n.mac))
+            .collect())
+    }
+}
+
+/// Make the kernel resolve `addr`'s MAC: a zero-length UDP datagram to the discard port, sent out
+/// of `interface`. The backend's reply (if any) is irrelevant; the ARP/ND exchange is the point.
+pub fn trigger_resolution(interface: &str, addr: IpAddr) {
+    let bind: std::net::SocketAddr = match addr {
+        IpAddr::V4(_) => "0.0.0.0:0".parse().expect("literal"),
+        IpAddr::V6(_) => "[::]:0".parse().expect("literal"),
+    };
+    if let Ok(sock) = std::net::UdpSocket::bind(bind) {
+        let name = interface.as_bytes();
+        unsafe {
+            libc::setsockopt(
+                std::os::fd::AsRawFd::as_raw_fd(&sock),
+                libc::SOL_SOCKET,
+                libc::SO_BINDTODEVICE,
+                name.as_ptr().cast(),
+                name.len() as libc::socklen_t,
+            );
+        }
+        let _ = sock.send_to(&[], (addr, 9));
+    }
+}
+
+/// A stream of "the neighbour table changed" signals (RTNLGRP_NEIGH notifications), so backend
+/// MACs follow the kernel live. Each item is just a wake-up; the caller re-reads the table.
+pub fn neighbour_changes() -> Result<tokio::sync::mpsc::UnboundedReceiver<()>> {
+    use rtnetlink::sys::{AsyncSocket, SocketAddr};
+    const RTMGRP_NEIGH: u32 = 4;
+    let (mut conn, _handle, mut messages) = rtnetlink::new_connection().context("open rtnetlink")?;
+    conn.socket_mut()
+        .socket_mut()
+        .bind(&SocketAddr::new(0, RTMGRP_NEIGH))
+        .context("subscribe to neighbour notifications")?;
+    tokio::spawn(conn);
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        use futures::StreamExt;
+        while messages.next().await.is_some() {
+            if tx.send(()).is_err() {
+                break;
+            }
+        }
+    });
+    Ok(rx)
+}

@@ -1,0 +1,400 @@
+//! `lbd`'s wiring: gathers facts (netlink, health, VRRP), asks [`crate::plan`] what the data
+//! plane should do, hands that to [`crate::dataplane`], and answers the API. No policy lives here.
+
+use std::{
+    collections::HashSet,
+    net::IpAddr,
+    path::PathBuf,
+    sync::Arc,
+    time::{Duration, Instant, SystemTime},
+};
+
+use anyhow::{Context, Result, bail};
+use serde::Serialize;
+use tokio::sync::Mutex;
+
+use crate::{
+    api::{self, Request, Response},
+    config::Config,
+    dataplane::{Dataplane, LoadOptions, vip_key},
+    metrics,
+    netlink::{self, Netlink},
+    plan::{self, BackendPlan, Facts},
+};
+
+/// Where pins live unless LB_BPFFS overrides it (tests and labs use their own directory).
+pub fn bpffs_root() -> PathBuf {
+    std::env::var_os("LB_BPFFS").map(PathBuf::from).unwrap_or_else(|| "/sys/fs/bpf".into())
+}
+
+pub fn load_options(cfg: &Config) -> LoadOptions {
+    LoadOptions {
+        name: cfg.name.clone(),
+        bpffs_root: bpffs_root(),
+        table_size: cfg.table_size,
+        conntrack_size: cfg.conntrack_size,
+        hash_seed: cfg.hash_seed,
+    }
+}
+
+/// One row of `lbctl backends list`.
+#[derive(Clone, Debug, Serialize)]
+pub struct BackendRow {
+    pub vip_name: String,
+    pub vip: IpAddr,
+    pub port: u16,
+    pub protocol: &'static str,
+    pub backend: IpAddr,
+    pub mac: String,
+    pub weight: u32,
+    pub state: &'static str,
+    pub reason: String,
+    pub local: bool,
+    pub packets: u64,
+    pub bytes: u64,
+    pub new_flows: u64,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct VipRow {
+    pub name: String,
+    pub vip: IpAddr,
+    pub port: u16,
+    pub protocol: &'static str,
+    pub owned: bool,
+    pub vrrp: Option<String>,
+    pub backends_active: usize,
+    pub backends_total: usize,
+    pub packets: u64,
+    pub bytes: u64,
+    pub new_flows: u64,
+}
+
+pub fn format_mac(m: &[u8; 6]) -> String {
+    m.iter().map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(":")
+}
+
+struct Inner {
+    cfg: Config,
+    config_path: PathBuf,
+    dp: Dataplane,
+    facts: Facts,
+    rows: Vec<BackendPlan>,
+    ifindex: u32,
+    reloads: u64,
+    reload_failures: u64,
+    last_reload_error: Option<String>,
+}
+
+pub struct Daemon {
+    inner: Mutex<Inner>,
+    netlink: Netlink,
+    started: SystemTime,
+    ready: std::sync::atomic::AtomicBool,
+}
+
+impl Daemon {
+    /// Load the program, adopt or create pinned state, attach, and apply the config once.
+    pub async fn start(config_path: PathBuf, cfg: Config) -> Result<Arc<Daemon>> {
+        let netlink = Netlink::new()?;
+        let link = netlink.link(&cfg.interface).await?;
+        let mut dp = Dataplane::load(load_options(&cfg))?;
+        dp.attach(&cfg.interface, cfg.xdp_mode)?;
+        let daemon = Arc::new(Daemon {
+            inner: Mutex::new(Inner {
+                cfg,
+                config_path,
+                dp,
+                facts: Facts { if_mac: link.mac, ..Default::default() },
+                rows: Vec::new(),
+                ifindex: link.index,
+                reloads: 0,
+                reload_failures: 0,
+                last_reload_error: None,
+            }),
+            netlink,
+            started: SystemTime::now(),
+            ready: false.into(),
+        });
+        daemon.refresh().await?;
+        daemon.ready.store(true, std::sync::atomic::Ordering::SeqCst);
+        Ok(daemon)
+    }
+
+    /// Re-read kernel facts (neighbours, local addresses) and re-apply the plan.
+    pub async fn refresh(&self) -> Result<()> {
+        let (ifindex, iface, backends) = {
+            let g = self.inner.lock().await;
+            let backends: Vec<IpAddr> =
+                g.cfg.vips.iter().flat_map(|v| v.backends.iter().map(|b| b.address)).collect();
+            (g.ifindex, g.cfg.interface.clone(), backends)
+        };
+        let macs = self.netlink.macs_on(ifindex, &backends).await?;
+        let local_addrs = self.netlink.local_addresses().await?;
+        for b in &backends {
+            if !macs.contains_key(b) && !local_addrs.contains(b) {
+                netlink::trigger_resolution(&iface, *b);
+            }
+        }
+        let mut g = self.inner.lock().await;
+        g.facts.macs = macs;
+        // Only unicast addresses of real interfaces count; VIPs themselves are not backends.
+        let vips: HashSet<IpAddr> = g.cfg.vips.iter().map(|v| v.address).collect();
+        g.facts.local_addrs = local_addrs.into_iter().filter(|a| !vips.contains(a)).collect();
+        g.apply()
+    }
+
+    /// Re-read the config file; an invalid config is refused and the running one kept.
+    pub async fn reload(&self) -> Result<()> {
+        let mut g = self.inner.lock().await;
+        let path = g.config_path.clone();
+        let result = Config::load(&path).map_err(anyhow::Error::from).and_then(|new| {
+            check_reloadable(&g.cfg, &new)?;
+            Ok(new)
+        });
+        match result {
+            Ok(new) => {
+                let old = std::mem::replace(&mut g.cfg, new);
+                if let Err(e) = g.apply() {
+                    // The data plane refused it (e.g. limits): put the old config back.
+                    g.cfg = old;
+                    g.apply()?;
+                    g.reload_failures += 1;
+                    g.last_reload_error = Some(format!("{e:#}"));
+                    return Err(e.context("new config refused by the data plane; kept the running one"));
+                }
+                g.reloads += 1;
+                g.last_reload_error = None;
+                tracing::info!(path = %path.display(), "config reloaded");
+                drop(g);
+                self.refresh().await
+            }
+            Err(e) => {
+                g.reload_failures += 1;
+                g.last_reload_error = Some(format!("{e:#}"));
+                tracing::error!(error = %format!("{e:#}"), "config refused; the running config stays");
+                Err(e)
+            }
+        }
+    }
+
+    pub async fn set_drained(&self, vip: &str, backend: IpAddr, drained: bool) -> Result<()> {
+        let mut g = self.inner.lock().await;
+        let Some(v) = g.cfg.vips.iter().find(|v| v.name == vip || v.address.to_string() == vip) else {
+            bail!("no VIP named {vip:?}");
+        };
+        if !v.backends.iter().any(|b| b.address == backend) {
+            bail!("{backend} is not a backend of VIP {}", v.name);
+        }
+        let pair = (v.name.clone(), backend);
+        if drained {
+            g.facts.drained.insert(pair);
+        } else {
+            g.facts.drained.remove(&pair);
+        }
+        g.apply()
+    }
+
+    /// Update facts from outside (health, VRRP) and re-apply.
+    pub async fn update_facts(&self, f: impl FnOnce(&mut Facts)) -> Result<()> {
+        let mut g = self.inner.lock().await;
+        f(&mut g.facts);
+        g.apply()
+    }
+
+    pub async fn config(&self) -> Config {
+        self.inner.lock().await.cfg.clone()
+    }
+
+    pub async fn backends(&self) -> Result<Vec<BackendRow>> {
+        let g = self.inner.lock().await;
+        let mut out = Vec::new();
+        for (i, port) in g.cfg.services() {
+            let v = &g.cfg.vips[i];
+            let key = vip_key(v.address, port, v.protocol.number());
+            let installed = g.dp.installed(&key);
+            for r in g.rows.iter().filter(|r| r.vip == v.name) {
+                let traffic = installed
+                    .iter()
+                    .find(|b| b.spec.addr == r.addr)
+                    .map(|b| g.dp.backend_traffic(b.id))
+                    .transpose()?
+                    .unwrap_or_default();
+                out.push(BackendRow {
+                    vip_name: v.name.clone(),
+                    vip: v.address,
+                    port,
+                    protocol: v.protocol.name(),
+                    backend: r.addr,
+                    mac: if r.local { "local".into() } else { r.mac.map(|m| format_mac(&m)).unwrap_or_default() },
+                    weight: r.weight,
+                    state: r.state.as_str(),
+                    reason: r.reason.clone(),
+                    local: r.local,
+                    packets: traffic.packets,
+                    bytes: traffic.bytes,
+                    new_flows: traffic.new_flows,
+                });
+            }
+        }
+        Ok(out)
+    }
+
+    pub async fn vips(&self) -> Result<Vec<VipRow>> {
+        let g = self.inner.lock().await;
+        let mut out = Vec::new();
+        for (i, port) in g.cfg.services() {
+            let v = &g.cfg.vips[i];
+            let key = vip_key(v.address, port, v.protocol.number());
+            let traffic = match g.dp.vip_id(&key) {
+                Some(id) => g.dp.vip_traffic(id)?,
+                None => Default::default(),
+            };
+            let rows: Vec<&BackendPlan> = g.rows.iter().filter(|r| r.vip == v.name).collect();
+            out.push(VipRow {
+                name: v.name.clone(),
+                vip: v.address,
+                port,
+                protocol: v.protocol.name(),
+                owned: plan::owned(&g.cfg, i, &g.facts),
+                vrrp: v.vrrp.clone(),
+                backends_active: rows.iter().filter(|r| r.state == plan::BackendState::Active).count(),
+                backends_total: rows.len(),
+                packets: traffic.packets,
+                bytes: traffic.bytes,
+                new_flows: traffic.new_flows,
+            });
+        }
+        Ok(out)
+    }
+
+    pub async fn stats(&self) -> Result<serde_json::Value> {
+        let g = self.inner.lock().await;
+        let counters: serde_json::Map<String, serde_json::Value> =
+            g.dp.global_stats()?.into_iter().map(|(k, v)| (k.to_string(), v.into())).collect();
+        Ok(serde_json::json!({
+            "interface": g.cfg.interface,
+            "uptime_s": self.started.elapsed().map(|d| d.as_secs()).unwrap_or(0),
+            "conntrack_entries": g.dp.conntrack_entries(),
+            "conntrack_size": g.cfg.conntrack_size,
+            "table_size": g.cfg.table_size,
+            "reloads": g.reloads,
+            "reload_failures": g.reload_failures,
+            "last_reload_error": g.last_reload_error,
+            "counters": counters,
+        }))
+    }
+
+    async fn metrics(&self) -> Result<String> {
+        let stats = self.stats().await?;
+        let backends = self.backends().await?;
+        let vips = self.vips().await?;
+        Ok(metrics::render(&stats, &vips, &backends, &serde_json::Value::Null))
+    }
+}
+
+/// Settings that shape the pinned maps cannot change without a restart.
+fn check_reloadable(old: &Config, new: &Config) -> Result<()> {
+    let fields = [
+        ("interface", old.interface != new.interface),
+        ("name", old.name != new.name),
+        ("table_size", old.table_size != new.table_size),
+        ("conntrack_size", old.conntrack_size != new.conntrack_size),
+        ("hash_seed", old.hash_seed != new.hash_seed),
+        ("api_socket", old.api_socket != new.api_socket),
+    ];
+    for (field, changed) in fields {
+        if changed {
+            bail!("{field}: cannot change on reload (restart lbd to change it)");
+        }
+    }
+    Ok(())
+}
+
+impl Inner {
+    fn apply(&mut self) -> Result<()> {
+        let (desired, rows) = plan::plan(&self.cfg, &self.facts);
+        self.dp.apply(&desired).context("apply to the data plane")?;
+        self.rows = rows;
+        Ok(())
+    }
+}
+
+impl api::Handler for Daemon {
+    async fn handle(&self, req: Request) -> Response {
+        let result: Result<Response> = async {
+            Ok(match req {
+                Request::Backends => Response::json(&self.backends().await?),
+                Request::Vips => Response::json(&self.vips().await?),
+                Request::Stats => Response::json(&self.stats().await?),
+                Request::Vrrp => Response::json(&Vec::<serde_json::Value>::new()),
+                Request::Drain(d) => {
+                    self.set_drained(&d.vip, d.backend, true).await?;
+                    Response::json(&serde_json::json!({"drained": d.backend, "vip": d.vip}))
+                }
+                Request::Undrain(d) => {
+                    self.set_drained(&d.vip, d.backend, false).await?;
+                    Response::json(&serde_json::json!({"undrained": d.backend, "vip": d.vip}))
+                }
+                Request::Reload => match self.reload().await {
+                    Ok(()) => Response::json(&serde_json::json!({"reloaded": true})),
+                    Err(e) => Response::error(422, format!("{e:#}")),
+                },
+                Request::Healthz => Response::text(200, "ok\n".into()),
+                Request::Readyz => {
+                    if self.ready.load(std::sync::atomic::Ordering::SeqCst) {
+                        Response::text(200, "ready\n".into())
+                    } else {
+                        Response::text(503, "starting\n".into())
+                    }
+                }
+                Request::Metrics => Response::text(200, self.metrics().await?),
+            })
+        }
+        .await;
+        result.unwrap_or_else(|e| Response::error(400, format!("{e:#}")))
+    }
+}
+
+/// Run until SIGTERM/SIGINT: API, neighbour watcher, periodic refresh, SIGHUP reload.
+pub async fn run(config_path: PathBuf) -> Result<()> {
+    let cfg = Config::load(&config_path).with_context(|| format!("config {}", config_path.display()))?;
+    let daemon = Daemon::start(config_path, cfg.clone()).await?;
+    tracing::info!(interface = %cfg.interface, vips = cfg.vips.len(), "lbd running");
+
+    let api = tokio::spawn(api::serve_unix(cfg.api_socket.clone(), daemon.clone()));
+    if let Some(addr) = cfg.metrics_listen {
+        let d = daemon.clone();
+        tokio::spawn(async move {
+            if let Err(e) = api::serve_tcp(addr, d).await {
+                tracing::error!(error = %format!("{e:#}"), "metrics listener failed");
+            }
+        });
+    }
+    let mut neigh = netlink::neighbour_changes()?;
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())?;
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    let mut last_neigh = Instant::now() - Duration::from_secs(1);
+    loop {
+        tokio::select! {
+            Some(()) = neigh.recv() => {
+                // Coalesce bursts of notifications.
+                if last_neigh.elapsed() > Duration::from_millis(20) {
+                    last_neigh = Instant::now();
+                    if let Err(e) = daemon.refresh().await { tracing::warn!(error = %format!("{e:#}"), "refresh"); }
+                }
+            }
+            _ = tick.tick() => {
+                if let Err(e) = daemon.refresh().await { tracing::warn!(error = %format!("{e:#}"), "refresh"); }
+            }
+            _ = hup.recv() => { let _ = daemon.reload().await; }
+            _ = term.recv() => break,
+            _ = tokio::signal::ctrl_c() => break,
+        }
+    }
+    api.abort();
+    let _ = std::fs::remove_file(&cfg.api_socket);
+    tracing::info!("lbd stopping; the XDP program and pinned maps stay for the next lbd");
+    Ok(())
+}

@@ -1,0 +1,214 @@
+//! From what we know to what the data plane should do. Pure: the daemon gathers [`Facts`]
+//! (neighbour table, local addresses, health, drains, VRRP ownership) and this module decides,
+//! per service and backend, what goes into the maps and why.
+
+use std::{
+    collections::{HashMap, HashSet},
+    net::IpAddr,
+};
+
+use serde::Serialize;
+
+use crate::{
+    config::Config,
+    dataplane::{BackendSpec, Desired, ServiceSpec, vip_key},
+};
+
+/// Everything outside the config that decides the data plane.
+#[derive(Clone, Debug, Default)]
+pub struct Facts {
+    /// MAC of the XDP interface (source of rewritten frames).
+    pub if_mac: [u8; 6],
+    /// Resolved backend MACs on the XDP interface.
+    pub macs: HashMap<IpAddr, [u8; 6]>,
+    /// Addresses of this node: a backend that is one of them is served locally.
+    pub local_addrs: HashSet<IpAddr>,
+    /// Health per (VIP name, backend): `Some(false)` failed, `None` not checked yet / no check.
+    pub health: HashMap<(String, IpAddr), HealthFact>,
+    /// Drained (VIP name, backend) pairs.
+    pub drained: HashSet<(String, IpAddr)>,
+    /// Ownership decided by VRRP, per VRRP instance name (true = master).
+    pub vrrp_master: HashMap<String, bool>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct HealthFact {
+    pub healthy: bool,
+    pub reason: String,
+}
+
+/// The state of one backend as `lbctl backends list` shows it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum BackendState {
+    /// In the table, receiving new flows.
+    Active,
+    /// Established flows only.
+    Drained,
+    /// Failing health checks.
+    Down,
+    /// No MAC in the neighbour table yet.
+    Unresolved,
+    /// Weight 0.
+    Disabled,
+}
+
+impl BackendState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BackendState::Active => "active",
+            BackendState::Drained => "drained",
+            BackendState::Down => "down",
+            BackendState::Unresolved => "unresolved",
+            BackendState::Disabled => "disabled",
+        }
+    }
+}
+
+/// Why a backend is in the state it is in (for operators).
+#[derive(Clone, Debug, PartialEq)]
+pub struct BackendPlan {
+    pub vip: String,
+    pub addr: IpAddr,
+    pub weight: u32,
+    pub mac: Option<[u8; 6]>,
+    pub local: bool,
+    pub state: BackendState,
+    pub reason: String,
+}
+
+/// Whether this node owns VIP `i` of the config.
+pub fn owned(cfg: &Config, i: usize, facts: &Facts) -> bool {
+    let v = &cfg.vips[i];
+    match &v.vrrp {
+        Some(name) => facts.vrrp_master.get(name).copied().unwrap_or(false),
+        None => v.owned,
+    }
+}
+
+pub fn plan(cfg: &Config, facts: &Facts) -> (Desired, Vec<BackendPlan>) {
+    let mut rows = Vec::new();
+    let mut specs_per_vip: Vec<Vec<BackendSpec>> = Vec::new();
+    for v in &cfg.vips {
+        let mut specs = Vec::new();
+        for b in &v.backends {
+            let local = facts.local_addrs.contains(&b.address);
+            let mac = if local { None } else { facts.macs.get(&b.address).copied() };
+            let pair = (v.name.clone(), b.address);
+            let health = facts.health.get(&pair);
+            let healthy = health.map(|h| h.healthy).unwrap_or(true);
+            let drained = facts.drained.contains(&pair);
+            let spec = BackendSpec {
+                addr: b.address,
+                weight: b.weight,
+                mac,
+                src_mac: facts.if_mac,
+                ifindex: 0,
+                local,
+                healthy,
+                drained,
+            };
+            let (state, reason) = if !healthy {
+                (BackendState::Down, health.map(|h| h.reason.clone()).unwrap_or_default())
+            } else if !local && mac.is_none() {
+                (BackendState::Unresolved, "no MAC in the neighbour table yet".to_string())
+            } else if drained {
+                (BackendState::Drained, "drained by operator".to_string())
+            } else if b.weight == 0 {
+                (BackendState::Disabled, "weight 0".to_string())
+            } else {
+                (BackendState::Active, health.map(|h| h.reason.clone()).unwrap_or_default())
+            };
+            debug_assert_eq!(spec.in_table(), state == BackendState::Active);
+            rows.push(BackendPlan {
+                vip: v.name.clone(),
+                addr: b.address,
+                weight: b.weight,
+                mac,
+                local,
+                state,
+                reason,
+            });
+            specs.push(spec);
+        }
+        specs_per_vip.push(specs);
+    }
+    let services = cfg
+        .services()
+        .into_iter()
+        .map(|(i, port)| {
+            let v = &cfg.vips[i];
+            ServiceSpec {
+                key: vip_key(v.address, port, v.protocol.number()),
+                owned: owned(cfg, i, facts),
+                backends: specs_per_vip[i].clone(),
+            }
+        })
+        .collect();
+    (Desired { services }, rows)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg() -> Config {
+        Config::parse(
+            r#"
+interface = "eth0"
+[[vips]]
+name = "api"
+address = "10.0.0.100"
+ports = [6443]
+[[vips.backends]]
+address = "10.0.0.1"
+[[vips.backends]]
+address = "10.0.0.2"
+[[vips.backends]]
+address = "10.0.0.3"
+[[vips.backends]]
+address = "10.0.0.4"
+"#,
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn states_follow_facts() {
+        let cfg = cfg();
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        let mut f = Facts::default();
+        f.macs.insert(ip("10.0.0.1"), [2, 0, 0, 0, 0, 1]);
+        f.macs.insert(ip("10.0.0.2"), [2, 0, 0, 0, 0, 2]);
+        f.local_addrs.insert(ip("10.0.0.3"));
+        f.drained.insert(("api".into(), ip("10.0.0.2")));
+        f.health.insert(
+            ("api".into(), ip("10.0.0.1")),
+            HealthFact { healthy: false, reason: "timeout".into() },
+        );
+        let (d, rows) = plan(&cfg, &f);
+        let states: Vec<_> = rows.iter().map(|r| r.state).collect();
+        assert_eq!(
+            states,
+            [BackendState::Down, BackendState::Drained, BackendState::Active, BackendState::Unresolved]
+        );
+        assert_eq!(rows[0].reason, "timeout");
+        let s = &d.services[0];
+        assert!(s.owned);
+        assert_eq!(s.key.port, 6443);
+        assert!(!s.backends[0].in_set(), "failed backend leaves the set");
+        assert!(s.backends[1].in_set() && !s.backends[1].in_table(), "drained keeps flows only");
+        assert!(s.backends[2].local && s.backends[2].in_table());
+        assert!(!s.backends[3].in_set(), "no MAC, not in the set");
+    }
+
+    #[test]
+    fn vrrp_decides_ownership_when_named() {
+        let mut cfg = cfg();
+        cfg.vips[0].vrrp = Some("api".into());
+        let mut f = Facts::default();
+        assert!(!plan(&cfg, &f).0.services[0].owned, "not master until VRRP says so");
+        f.vrrp_master.insert("api".into(), true);
+        assert!(plan(&cfg, &f).0.services[0].owned);
+    }
+}
