@@ -204,10 +204,24 @@ pub mod maps {
     pub const PROGRAM: &str = "lb_xdp";
 }
 
-/// Index of slot `slot` of table `which` (0/1) of VIP `vip_id` in the flat `LB_TABLES` array.
+/// Slots per table in `LB_TABLES`, rounded up to even: the array's elements are `[u32; 2]`
+/// (the kernel rounds array elements to 8 bytes, and user space writes the memory-mapped array
+/// as a dense run of u32 slots).
+#[inline(always)]
+pub fn table_stride(table_size: u32) -> u32 {
+    (table_size + 1) & !1
+}
+
+/// Elements of `LB_TABLES` for a table size.
+pub fn table_elements(table_size: u32) -> u32 {
+    MAX_VIPS * table_stride(table_size)
+}
+
+/// Position (counted in u32 slots) of slot `slot` of table `which` (0/1) of VIP `vip_id` in the
+/// flat `LB_TABLES` array: element `pos / 2`, lane `pos % 2`.
 #[inline(always)]
 pub fn table_index(vip_id: u32, which: u32, table_size: u32, slot: u32) -> u32 {
-    (vip_id * 2 + (which & 1)) * table_size + slot
+    (vip_id * 2 + (which & 1)) * table_stride(table_size) + slot
 }
 
 #[inline(always)]
@@ -322,9 +336,11 @@ mod tests {
 
     #[test]
     fn table_index_separates_vips_and_halves() {
+        assert_eq!(table_stride(7), 8);
         assert_eq!(table_index(0, 0, 7, 3), 3);
-        assert_eq!(table_index(0, 1, 7, 3), 10);
-        assert_eq!(table_index(1, 0, 7, 0), 14);
-        assert_eq!(table_index(1, 3, 7, 0), 21, "which is masked to one bit");
+        assert_eq!(table_index(0, 1, 7, 3), 11);
+        assert_eq!(table_index(1, 0, 7, 0), 16);
+        assert_eq!(table_index(1, 3, 7, 0), 24, "which is masked to one bit");
+        assert_eq!(table_elements(65537) * 2, MAX_VIPS * 2 * 65538);
     }
 }

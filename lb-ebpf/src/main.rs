@@ -175,11 +175,14 @@ fn balance(ctx: &XdpContext, flow: &FlowKey, track: bool) -> Outcome {
                 return (XDP_DROP, stat::DROP_NO_BACKEND);
             }
             let slot = flow_hash(flow, cfg.hash_seed) % cfg.table_size;
-            let index = table_index(vip.vip_id, vip.active_table, cfg.table_size, slot);
-            let id = match LB_TABLES.get(index) {
-                Some(id) if *id != NO_BACKEND => *id,
-                _ => return (XDP_DROP, stat::DROP_NO_BACKEND),
+            let pos = table_index(vip.vip_id, vip.active_table, cfg.table_size, slot);
+            let id = match LB_TABLES.get(pos >> 1) {
+                Some(pair) => pair[(pos & 1) as usize],
+                None => NO_BACKEND,
             };
+            if id == NO_BACKEND {
+                return (XDP_DROP, stat::DROP_NO_BACKEND);
+            }
             let Some(b) = backend_of(&vip, id) else {
                 warn!(ctx, "table of vip {} names backend {} outside its set", vip.vip_id, id);
                 return (XDP_DROP, stat::DROP_BAD_BACKEND);

@@ -32,7 +32,8 @@ pub static LB_BACKENDS: Array<BackendInfo> = Array::pinned(MAX_BACKENDS, 0);
 /// Two Maglev tables per VIP, flat: see `lb_common::table_index`. Size at load time.
 /// Memory-mappable: user space writes a whole table with plain stores, then flips `active_table`.
 #[map]
-pub static LB_TABLES: Array<u32> = Array::pinned(MAX_VIPS * 2 * DEFAULT_TABLE_SIZE, BPF_F_MMAPABLE);
+/// Elements hold two slots each (see `lb_common::table_stride`).
+pub static LB_TABLES: Array<[u32; 2]> = Array::pinned(MAX_VIPS * (DEFAULT_TABLE_SIZE + 1), BPF_F_MMAPABLE);
 
 /// The connection table: 5-tuple -> backend id. Size at load time.
 #[map]

@@ -37,33 +37,17 @@ pub fn ptr_at<T>(ctx: &XdpContext, offset: usize) -> Result<*mut T, ParseError> 
     Ok((start + offset) as *mut T)
 }
 
+/// Two bytes at a (possibly variable) offset. There is deliberately no one-byte reader: LLVM turns
+/// `p + 1 > end` into `p >= end`, which the verifier cannot use to prove a read at `p`.
 #[inline(always)]
-pub fn u8_at(ctx: &XdpContext, offset: usize) -> Result<u8, ParseError> {
-    Ok(unsafe { *ptr_at::<u8>(ctx, offset)? })
+pub fn pair_at(ctx: &XdpContext, offset: usize) -> Result<[u8; 2], ParseError> {
+    Ok(unsafe { *ptr_at::<[u8; 2]>(ctx, offset)? })
 }
 
 #[inline(always)]
 pub fn be16_at(ctx: &XdpContext, offset: usize) -> Result<u16, ParseError> {
     let p = ptr_at::<[u8; 2]>(ctx, offset)?;
     Ok(u16::from_be_bytes(unsafe { *p }))
-}
-
-#[inline(always)]
-fn addr4_at(ctx: &XdpContext, offset: usize) -> Result<[u8; 16], ParseError> {
-    let p = ptr_at::<[u8; 4]>(ctx, offset)?;
-    let a = unsafe { *p };
-    let mut out = [0u8; 16];
-    out[0] = a[0];
-    out[1] = a[1];
-    out[2] = a[2];
-    out[3] = a[3];
-    Ok(out)
-}
-
-#[inline(always)]
-fn addr6_at(ctx: &XdpContext, offset: usize) -> Result<[u8; 16], ParseError> {
-    let p = ptr_at::<[u8; 16]>(ctx, offset)?;
-    Ok(unsafe { *p })
 }
 
 /// The layer-3 facts the pipeline needs.
@@ -79,45 +63,67 @@ pub struct L3 {
     pub fragment: bool,
 }
 
-/// Parse an IPv4 header at `off`, honouring IHL (options allowed).
+/// The fixed 20 bytes of an IPv4 header, read through one bounds check, and the check that the
+/// whole header (options included) is in the frame. Returns the facts and the total length.
 #[inline(always)]
-pub fn ipv4(ctx: &XdpContext, off: usize) -> Result<L3, ParseError> {
-    let ver_ihl = u8_at(ctx, off)?;
-    let ihl = ((ver_ihl & 0x0f) as usize) * 4;
-    if ver_ihl >> 4 != 4 || ihl < 20 {
+fn ipv4_fixed(ctx: &XdpContext, off: usize) -> Result<(L3, usize, u16), ParseError> {
+    let h = unsafe { *ptr_at::<[u8; 20]>(ctx, off)? };
+    let ihl = ((h[0] & 0x0f) as usize) * 4;
+    if h[0] >> 4 != 4 || ihl < 20 {
         return Err(ParseError::Malformed);
     }
-    // The whole header, options included, must be in the frame.
-    ptr_at::<u8>(ctx, off + ihl - 1)?;
-    let frag = be16_at(ctx, off + 6)?;
-    Ok(L3 {
+    ptr_at::<[u8; 4]>(ctx, off + ihl - 4)?;
+    let mut src = [0u8; 16];
+    let mut dst = [0u8; 16];
+    src[..4].copy_from_slice(&h[12..16]);
+    dst[..4].copy_from_slice(&h[16..20]);
+    let frag = u16::from_be_bytes([h[6], h[7]]);
+    let l3 = L3 {
         family: FAMILY_V4,
-        proto: u8_at(ctx, off + 9)?,
-        src: addr4_at(ctx, off + 12)?,
-        dst: addr4_at(ctx, off + 16)?,
+        proto: h[9],
+        src,
+        dst,
         l4_off: off + ihl,
         // MF set, or a non-zero fragment offset.
         fragment: frag & 0x3fff != 0,
-    })
+    };
+    Ok((l3, u16::from_be_bytes([h[2], h[3]]) as usize, frag))
+}
+
+/// Parse an IPv4 header at `off`, honouring IHL (options allowed).
+#[inline(always)]
+pub fn ipv4(ctx: &XdpContext, off: usize) -> Result<L3, ParseError> {
+    let (l3, total, _) = ipv4_fixed(ctx, off)?;
+    // The datagram must fit in the frame: a truncated datagram is malformed even if all its
+    // headers are present.
+    if total < l3.l4_off - off || off + total > ctx.data_end() - ctx.data() {
+        return Err(ParseError::Malformed);
+    }
+    Ok(l3)
 }
 
 /// Parse an IPv6 header at `off` and walk up to `MAX_IPV6_EXT_HEADERS` extension headers.
 #[inline(always)]
 pub fn ipv6(ctx: &XdpContext, off: usize) -> Result<L3, ParseError> {
-    let ver = u8_at(ctx, off)?;
-    if ver >> 4 != 6 {
+    let (mut l3, payload) = ipv6_fixed(ctx, off)?;
+    // Payload length 0 would mean a jumbogram: not ours to handle, and it cannot be checked.
+    if payload == 0 || off + IPV6_HLEN + payload > ctx.data_end() - ctx.data() {
         return Err(ParseError::Malformed);
     }
-    ptr_at::<[u8; IPV6_HLEN]>(ctx, off)?;
-    let mut next = u8_at(ctx, off + 6)?;
+    let mut next = l3.proto;
     let mut l4_off = off + IPV6_HLEN;
     let mut fragment = false;
     for _ in 0..MAX_IPV6_EXT_HEADERS {
-        let len = match next {
-            IPPROTO_HOPOPTS | IPPROTO_ROUTING | IPPROTO_DSTOPTS => {
-                (u8_at(ctx, l4_off + 1)? as usize + 1) * 8
+        // Every extension header starts with (next header, length).
+        let [hdr_next, hdr_len] = match next {
+            IPPROTO_HOPOPTS | IPPROTO_ROUTING | IPPROTO_DSTOPTS | IPPROTO_AH | IPPROTO_FRAGMENT => {
+                pair_at(ctx, l4_off)?
             }
-            IPPROTO_AH => (u8_at(ctx, l4_off + 1)? as usize + 2) * 4,
+            _ => break,
+        };
+        let len = match next {
+            IPPROTO_HOPOPTS | IPPROTO_ROUTING | IPPROTO_DSTOPTS => (hdr_len as usize + 1) * 8,
+            IPPROTO_AH => (hdr_len as usize + 2) * 4,
             IPPROTO_FRAGMENT => {
                 // Any fragment header marks the datagram as fragmented (atomic fragments too:
                 // they are rare and treating them alike is the safe side).
@@ -126,7 +132,7 @@ pub fn ipv6(ctx: &XdpContext, off: usize) -> Result<L3, ParseError> {
             }
             _ => break,
         };
-        next = u8_at(ctx, l4_off)?;
+        next = hdr_next;
         l4_off += len;
         if l4_off > MAX_OFFSET {
             return Err(ParseError::Malformed);
@@ -138,14 +144,26 @@ pub fn ipv6(ctx: &XdpContext, off: usize) -> Result<L3, ParseError> {
     ) {
         return Err(ParseError::ExtLimit);
     }
-    Ok(L3 {
-        family: FAMILY_V6,
-        proto: next,
-        src: addr6_at(ctx, off + 8)?,
-        dst: addr6_at(ctx, off + 24)?,
-        l4_off,
-        fragment,
-    })
+    l3.proto = next;
+    l3.l4_off = l4_off;
+    l3.fragment = fragment;
+    Ok(l3)
+}
+
+/// The fixed 40-byte IPv6 header through one bounds check; returns the facts (proto = the first
+/// next-header) and the payload length.
+#[inline(always)]
+fn ipv6_fixed(ctx: &XdpContext, off: usize) -> Result<(L3, usize), ParseError> {
+    let h = unsafe { &*ptr_at::<[u8; IPV6_HLEN]>(ctx, off)? };
+    if h[0] >> 4 != 6 {
+        return Err(ParseError::Malformed);
+    }
+    let mut src = [0u8; 16];
+    let mut dst = [0u8; 16];
+    src.copy_from_slice(&h[8..24]);
+    dst.copy_from_slice(&h[24..40]);
+    let l3 = L3 { family: FAMILY_V6, proto: h[6], src, dst, l4_off: off + IPV6_HLEN, fragment: false };
+    Ok((l3, u16::from_be_bytes([h[4], h[5]]) as usize))
 }
 
 /// Source and destination ports of a TCP or UDP header at `off`; the whole minimal header
@@ -153,8 +171,9 @@ pub fn ipv6(ctx: &XdpContext, off: usize) -> Result<L3, ParseError> {
 #[inline(always)]
 pub fn ports(ctx: &XdpContext, proto: u8, off: usize) -> Result<(u16, u16), ParseError> {
     let min = if proto == PROTO_TCP { 20 } else { 8 };
-    ptr_at::<u8>(ctx, off + min - 1)?;
-    Ok((be16_at(ctx, off)?, be16_at(ctx, off + 2)?))
+    ptr_at::<[u8; 4]>(ctx, off + min - 4)?;
+    let p = unsafe { *ptr_at::<[u8; 4]>(ctx, off)? };
+    Ok((u16::from_be_bytes([p[0], p[1]]), u16::from_be_bytes([p[2], p[3]])))
 }
 
 pub fn has_ports(proto: u8) -> bool {
@@ -172,8 +191,7 @@ pub struct Embedded {
 #[inline(always)]
 pub fn icmp_too_big(ctx: &XdpContext, outer: &L3) -> Result<Option<Embedded>, ParseError> {
     let off = outer.l4_off;
-    let ty = u8_at(ctx, off)?;
-    let code = u8_at(ctx, off + 1)?;
+    let [ty, code] = pair_at(ctx, off)?;
     let inner = if outer.proto == PROTO_ICMP && outer.family == FAMILY_V4 {
         if ty != 3 || code != 4 {
             return Ok(None);
@@ -191,30 +209,23 @@ pub fn icmp_too_big(ctx: &XdpContext, outer: &L3) -> Result<Option<Embedded>, Pa
         return Ok(None);
     }
     // Only the first 8 bytes of the embedded transport header are guaranteed: read just ports.
-    let sport = be16_at(ctx, inner.l4_off)?;
-    let dport = be16_at(ctx, inner.l4_off + 2)?;
+    let p = unsafe { *ptr_at::<[u8; 4]>(ctx, inner.l4_off)? };
+    let (sport, dport) = (u16::from_be_bytes([p[0], p[1]]), u16::from_be_bytes([p[2], p[3]]));
     Ok(Some(Embedded { l3: inner, sport, dport }))
 }
 
 #[inline(always)]
 fn ipv4_embedded(ctx: &XdpContext, off: usize) -> Result<L3, ParseError> {
-    ipv4(ctx, off)
+    // An ICMP error quotes only the start of the datagram: its total length is not checked,
+    // and a quoted first fragment still carries the ports.
+    let (mut l3, _, frag) = ipv4_fixed(ctx, off)?;
+    l3.fragment = frag & 0x1fff != 0;
+    Ok(l3)
 }
 
 #[inline(always)]
 fn ipv6_embedded(ctx: &XdpContext, off: usize) -> Result<L3, ParseError> {
     // No extension-header walk inside an ICMP payload: the embedded header must be followed
     // directly by TCP or UDP, anything else is not treated as a VIP flow.
-    let ver = u8_at(ctx, off)?;
-    if ver >> 4 != 6 {
-        return Err(ParseError::Malformed);
-    }
-    Ok(L3 {
-        family: FAMILY_V6,
-        proto: u8_at(ctx, off + 6)?,
-        src: addr6_at(ctx, off + 8)?,
-        dst: addr6_at(ctx, off + 24)?,
-        l4_off: off + IPV6_HLEN,
-        fragment: false,
-    })
+    Ok(ipv6_fixed(ctx, off)?.0)
 }

@@ -26,7 +26,7 @@ use aya::{
 };
 use lb_common::{
     BACKEND_F_IN_SET, BACKEND_F_LOCAL, BackendInfo, Counters, FAMILY_V4, FAMILY_V6, FlowKey,
-    FlowValue, LbConfig, MAX_BACKENDS, MAX_VIPS, NO_BACKEND, VIP_F_OWNED, VipInfo, VipKey, maps,
+    FlowValue, LbConfig, MAX_BACKENDS, MAX_VIPS, VIP_F_OWNED, VipInfo, VipKey, maps,
     stat, table_index,
 };
 
@@ -142,7 +142,8 @@ struct InstalledService {
     backends: BTreeMap<IpAddr, InstalledBackend>,
 }
 
-/// The memory-mapped `LB_TABLES` array.
+/// The memory-mapped `LB_TABLES` array, seen as a dense run of u32 slots (elements are
+/// `[u32; 2]`, exactly 8 bytes, so the kernel adds no padding between them).
 struct TableMemory {
     ptr: *mut u32,
     len: usize,
@@ -153,9 +154,9 @@ struct TableMemory {
 unsafe impl Send for TableMemory {}
 
 impl TableMemory {
-    fn map(map: &MapData, entries: u32) -> Result<Self> {
+    fn map(map: &MapData, slots: u32) -> Result<Self> {
         let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as usize;
-        let bytes = (entries as usize * 4).div_ceil(page) * page;
+        let bytes = (slots as usize * 4).div_ceil(page) * page;
         let fd = map.fd().as_fd().as_raw_fd();
         let ptr = unsafe {
             libc::mmap(
@@ -170,7 +171,7 @@ impl TableMemory {
         if ptr == libc::MAP_FAILED {
             bail!("mmap of {}: {}", maps::TABLES, std::io::Error::last_os_error());
         }
-        Ok(TableMemory { ptr: ptr.cast(), len: entries as usize, bytes })
+        Ok(TableMemory { ptr: ptr.cast(), len: slots as usize, bytes })
     }
 
     fn slice(&self, start: usize, len: usize) -> &[u32] {
@@ -252,7 +253,7 @@ impl Dataplane {
         let pin_dir = opts.pin_dir();
         std::fs::create_dir_all(&pin_dir)
             .with_context(|| format!("create pin directory {}", pin_dir.display()))?;
-        let table_entries = MAX_VIPS * 2 * opts.table_size;
+        let table_entries = lb_common::table_elements(opts.table_size);
         drop_mismatched_pins(&pin_dir, &[(maps::TABLES, table_entries), (maps::CONNTRACK, opts.conntrack_size)])?;
 
         let mut ebpf = EbpfLoader::new()
@@ -272,7 +273,7 @@ impl Dataplane {
             Some(Map::Array(m)) => m,
             _ => bail!("map {} missing or not an array", maps::TABLES),
         };
-        let tables = TableMemory::map(&tables_map, table_entries)?;
+        let tables = TableMemory::map(&tables_map, table_entries * 2)?;
 
         let mut dp = Dataplane {
             config: take(&mut ebpf, maps::CONFIG)?,
@@ -481,7 +482,9 @@ impl Dataplane {
                     vip_id,
                     active: 0,
                     owned: false,
-                    table: vec![NO_BACKEND; self.opts.table_size as usize],
+                    // Empty: differs from any built table, so the first apply always writes one
+                    // (the idle half may hold a previous VIP's slots).
+                    table: Vec::new(),
                     backends: BTreeMap::new(),
                 },
             );

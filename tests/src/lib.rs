@@ -1,1 +1,70 @@
+//! Test support for lb: hand-built frames, a data plane loaded into the real kernel for
+//! BPF_PROG_TEST_RUN, and network-namespace labs. Everything here needs root.
 
+pub mod frames;
+pub mod lab;
+
+use std::{
+    net::IpAddr,
+    path::PathBuf,
+    sync::atomic::{AtomicU32, Ordering},
+};
+
+use lb_userspace::dataplane::{BackendSpec, Dataplane, LoadOptions};
+
+static SEQ: AtomicU32 = AtomicU32::new(0);
+
+/// A unique short name for kernel objects of this test run.
+pub fn unique(prefix: &str) -> String {
+    format!("{prefix}{}x{}", std::process::id() % 100_000, SEQ.fetch_add(1, Ordering::SeqCst))
+}
+
+/// A data plane loaded (not attached) with its pins in a directory of its own, removed on drop.
+pub struct TestDataplane {
+    pub dp: Dataplane,
+    pub opts: LoadOptions,
+}
+
+impl TestDataplane {
+    pub fn new(table_size: u32) -> Self {
+        let opts = LoadOptions {
+            name: unique("lbt"),
+            bpffs_root: PathBuf::from("/sys/fs/bpf"),
+            table_size,
+            conntrack_size: 4096,
+            hash_seed: 0x1b_5eed,
+        };
+        let dp = Dataplane::load(opts.clone()).expect("load the XDP program (needs root and `cargo xtask setup`)");
+        TestDataplane { dp, opts }
+    }
+}
+
+impl Drop for TestDataplane {
+    fn drop(&mut self) {
+        let _ = Dataplane::teardown(&self.opts);
+    }
+}
+
+/// A remote backend with a resolved MAC whose last byte is `n`.
+pub fn backend(addr: &str, n: u8) -> BackendSpec {
+    BackendSpec {
+        addr: addr.parse::<IpAddr>().unwrap(),
+        weight: 1,
+        mac: Some([0x02, 0xbe, 0, 0, 0, n]),
+        src_mac: frames::LB_MAC,
+        ifindex: 0,
+        local: false,
+        healthy: true,
+        drained: false,
+    }
+}
+
+/// Directory of the workspace's binaries (lbd, lbctl): LB_BIN_DIR, or next to the test binary.
+pub fn bin_dir() -> PathBuf {
+    if let Some(d) = std::env::var_os("LB_BIN_DIR") {
+        return d.into();
+    }
+    let exe = std::env::current_exe().expect("current exe");
+    // target/<profile>/deps/<test> -> target/<profile>
+    exe.parent().and_then(|p| p.parent()).expect("target dir").to_path_buf()
+}
