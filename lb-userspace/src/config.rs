@@ -246,9 +246,16 @@ impl Config {
             {
                 return Err(invalid(format!("{f}.vrrp"), format!("no VRRP instance named {name:?}")));
             }
-            v.health
-                .validate(&format!("{f}.health"))
-                .map_err(|reason| ConfigError::Parse(reason))?;
+            v.health.validate(&format!("{f}.health")).map_err(ConfigError::Parse)?;
+            if v.health.kind != crate::health::CheckKind::None && v.health.port.is_none() && v.ports.is_empty() {
+                return Err(invalid(
+                    format!("{f}.health.port"),
+                    "required when the VIP serves all ports (which port should be checked?)",
+                ));
+            }
+            if v.name.contains('/') {
+                return Err(invalid(format!("{f}.name"), "must not contain '/'"));
+            }
             let mut seen = HashSet::new();
             for (j, b) in v.backends.iter().enumerate() {
                 let bf = format!("{f}.backends[{j}]");

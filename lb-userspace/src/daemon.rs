@@ -16,11 +16,50 @@ use tokio::sync::Mutex;
 use crate::{
     api::{self, Request, Response},
     config::Config,
+    health::{CheckKind, Health, HealthEvent, HealthMonitor, Target},
     dataplane::{Dataplane, LoadOptions, vip_key},
     metrics,
     netlink::{self, Netlink},
-    plan::{self, BackendPlan, Facts},
+    plan::{self, BackendPlan, Facts, HealthFact},
 };
+
+/// Health-check targets for every checked backend. Ids are `<vip name>/<backend address>`.
+/// `up` lists pairs known good (adopted from a previous lbd): they start up, so a restart changes
+/// no table until a check says otherwise. Others start unknown and get no flows until they pass.
+pub fn health_targets(cfg: &Config, up: &HashSet<(String, IpAddr)>) -> Vec<Target> {
+    let mut out = Vec::new();
+    for v in &cfg.vips {
+        if v.health.kind == CheckKind::None {
+            continue;
+        }
+        let Some(port) = v.health.port.or(v.ports.first().copied()) else { continue };
+        for b in &v.backends {
+            let mut t = Target::new(format!("{}/{}", v.name, b.address), std::net::SocketAddr::new(b.address, port), v.health.clone());
+            if up.contains(&(v.name.clone(), b.address)) {
+                t = t.starting(Health::Up);
+            }
+            out.push(t);
+        }
+    }
+    out
+}
+
+/// Facts for checked backends before any result: pairs known good are up, the rest wait.
+fn initial_health(cfg: &Config, up: &HashSet<(String, IpAddr)>) -> std::collections::HashMap<(String, IpAddr), HealthFact> {
+    let mut m = std::collections::HashMap::new();
+    for v in &cfg.vips {
+        if v.health.kind == CheckKind::None {
+            continue;
+        }
+        for b in &v.backends {
+            let pair = (v.name.clone(), b.address);
+            let healthy = up.contains(&pair);
+            let reason = if healthy { "adopted as up; rechecking" } else { "not checked yet" };
+            m.insert(pair, HealthFact { healthy, reason: reason.into() });
+        }
+    }
+    m
+}
 
 /// Where pins live unless LB_BPFFS overrides it (tests and labs use their own directory).
 pub fn bpffs_root() -> PathBuf {
@@ -84,6 +123,7 @@ struct Inner {
     reloads: u64,
     reload_failures: u64,
     last_reload_error: Option<String>,
+    health: HealthMonitor,
 }
 
 pub struct Daemon {
@@ -95,22 +135,30 @@ pub struct Daemon {
 
 impl Daemon {
     /// Load the program, adopt or create pinned state, attach, and apply the config once.
-    pub async fn start(config_path: PathBuf, cfg: Config) -> Result<Arc<Daemon>> {
+    /// Health events arrive on the returned receiver; feed them to [`Daemon::health_event`].
+    pub async fn start(
+        config_path: PathBuf,
+        cfg: Config,
+    ) -> Result<(Arc<Daemon>, tokio::sync::mpsc::UnboundedReceiver<HealthEvent>)> {
         let netlink = Netlink::new()?;
         let link = netlink.link(&cfg.interface).await?;
         let mut dp = Dataplane::load(load_options(&cfg))?;
         dp.attach(&cfg.interface, cfg.xdp_mode)?;
+        let up = adopted_up(&cfg, &dp);
+        let (health, events) = HealthMonitor::start(health_targets(&cfg, &up));
+        let facts = Facts { if_mac: link.mac, health: initial_health(&cfg, &up), ..Default::default() };
         let daemon = Arc::new(Daemon {
             inner: Mutex::new(Inner {
                 cfg,
                 config_path,
                 dp,
-                facts: Facts { if_mac: link.mac, ..Default::default() },
+                facts,
                 rows: Vec::new(),
                 ifindex: link.index,
                 reloads: 0,
                 reload_failures: 0,
                 last_reload_error: None,
+                health,
             }),
             netlink,
             started: SystemTime::now(),
@@ -118,7 +166,23 @@ impl Daemon {
         });
         daemon.refresh().await?;
         daemon.ready.store(true, std::sync::atomic::Ordering::SeqCst);
-        Ok(daemon)
+        Ok((daemon, events))
+    }
+
+    /// A backend's health changed: rebuild that VIP's table (the plan does the rest).
+    pub async fn health_event(&self, e: HealthEvent) -> Result<()> {
+        let Some((vip, addr)) = e.id.rsplit_once('/') else { return Ok(()) };
+        let Ok(addr) = addr.parse::<IpAddr>() else { return Ok(()) };
+        tracing::info!(vip, backend = %addr, healthy = e.healthy, reason = %e.reason, "backend health changed");
+        let fact = HealthFact { healthy: e.healthy, reason: e.reason.clone() };
+        self.update_facts(|f| {
+            f.health.insert((vip.to_string(), addr), fact);
+        })
+        .await
+    }
+
+    pub async fn health_status(&self) -> Vec<crate::health::TargetStatus> {
+        self.inner.lock().await.health.status()
     }
 
     /// Re-read kernel facts (neighbours, local addresses) and re-apply the plan.
@@ -165,6 +229,19 @@ impl Daemon {
                 }
                 g.reloads += 1;
                 g.last_reload_error = None;
+                // Pairs that are up now stay up across the reload; new ones wait for a check.
+                let up: HashSet<(String, IpAddr)> =
+                    g.facts.health.iter().filter(|(_, h)| h.healthy).map(|(k, _)| k.clone()).collect();
+                let targets = health_targets(&g.cfg, &up);
+                g.health.set_targets(targets);
+                let mut fresh = initial_health(&g.cfg, &up);
+                for (k, v) in g.facts.health.drain() {
+                    if fresh.contains_key(&k) {
+                        fresh.insert(k, v);
+                    }
+                }
+                g.facts.health = fresh;
+                g.apply()?;
                 tracing::info!(path = %path.display(), "config reloaded");
                 drop(g);
                 self.refresh().await
@@ -311,6 +388,20 @@ fn check_reloadable(old: &Config, new: &Config) -> Result<()> {
     Ok(())
 }
 
+/// (VIP name, backend) pairs that a previous lbd left in the set: known good at adoption.
+fn adopted_up(cfg: &Config, dp: &Dataplane) -> HashSet<(String, IpAddr)> {
+    let mut up = HashSet::new();
+    for (i, port) in cfg.services() {
+        let v = &cfg.vips[i];
+        for b in dp.installed(&vip_key(v.address, port, v.protocol.number())) {
+            if b.spec.healthy {
+                up.insert((v.name.clone(), b.spec.addr));
+            }
+        }
+    }
+    up
+}
+
 impl Inner {
     fn apply(&mut self) -> Result<()> {
         let (desired, rows) = plan::plan(&self.cfg, &self.facts);
@@ -359,8 +450,16 @@ impl api::Handler for Daemon {
 /// Run until SIGTERM/SIGINT: API, neighbour watcher, periodic refresh, SIGHUP reload.
 pub async fn run(config_path: PathBuf) -> Result<()> {
     let cfg = Config::load(&config_path).with_context(|| format!("config {}", config_path.display()))?;
-    let daemon = Daemon::start(config_path, cfg.clone()).await?;
+    let (daemon, mut health_events) = Daemon::start(config_path, cfg.clone()).await?;
     tracing::info!(interface = %cfg.interface, vips = cfg.vips.len(), "lbd running");
+    let d = daemon.clone();
+    tokio::spawn(async move {
+        while let Some(e) = health_events.recv().await {
+            if let Err(err) = d.health_event(e).await {
+                tracing::error!(error = %format!("{err:#}"), "applying a health change");
+            }
+        }
+    });
 
     let api = tokio::spawn(api::serve_unix(cfg.api_socket.clone(), daemon.clone()));
     if let Some(addr) = cfg.metrics_listen {

@@ -1,1 +1,249 @@
-//! lab
+//! Network-namespace labs: nodes on one bridge, each in its own namespace, cleaned up on drop.
+//!
+//! Every address used here lives inside namespaces the lab created; nothing leaves the machine.
+//! Processes run in a node's network namespace through `nsenter --net` (not `ip netns exec`,
+//! which remounts /sys and hides bpffs from lbd).
+
+use std::{
+    collections::HashMap,
+    path::PathBuf,
+    process::{Child, Command, Output, Stdio},
+    time::{Duration, Instant},
+};
+
+/// Run a command, panic with its output if it fails.
+pub fn sh(args: &[&str]) -> Output {
+    let out = Command::new(args[0]).args(&args[1..]).output().unwrap_or_else(|e| panic!("run {args:?}: {e}"));
+    if !out.status.success() {
+        panic!(
+            "{args:?} failed: {}\nstdout: {}\nstderr: {}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    out
+}
+
+/// Run a command, returning its output whatever the status.
+pub fn try_sh(args: &[&str]) -> Output {
+    Command::new(args[0]).args(&args[1..]).output().unwrap_or_else(|e| panic!("run {args:?}: {e}"))
+}
+
+#[derive(Clone, Debug)]
+pub struct Node {
+    pub name: String,
+    pub netns: String,
+    pub v4: String,
+    pub v6: String,
+    pub mac: String,
+}
+
+pub struct Lab {
+    pub prefix: String,
+    switch: String,
+    pub nodes: HashMap<String, Node>,
+    children: Vec<(String, Child)>,
+    pub dir: PathBuf,
+    cleanup_paths: Vec<PathBuf>,
+}
+
+impl Lab {
+    /// A bridge in a namespace of its own; nodes attach with [`Lab::add_node`].
+    pub fn new(prefix: &str) -> Lab {
+        let prefix = crate::unique(prefix);
+        let switch = format!("{prefix}-sw");
+        sh(&["ip", "netns", "add", &switch]);
+        let lab = Lab {
+            dir: std::env::temp_dir().join(&prefix),
+            prefix,
+            switch,
+            nodes: HashMap::new(),
+            children: Vec::new(),
+            cleanup_paths: Vec::new(),
+        };
+        std::fs::create_dir_all(&lab.dir).unwrap();
+        lab.ip(&lab.switch, &["link", "add", "br0", "type", "bridge", "mcast_snooping", "0"]);
+        lab.ip(&lab.switch, &["link", "set", "br0", "up"]);
+        lab.ip(&lab.switch, &["link", "set", "lo", "up"]);
+        lab
+    }
+
+    fn ip(&self, netns: &str, args: &[&str]) -> Output {
+        let mut a = vec!["ip", "-n", netns];
+        a.extend_from_slice(args);
+        sh(&a)
+    }
+
+    /// A node with `eth0` on the bridge, addresses `v4/24` and `v6/64`.
+    pub fn add_node(&mut self, name: &str, v4: &str, v6: &str) -> Node {
+        let netns = format!("{}-{name}", self.prefix);
+        sh(&["ip", "netns", "add", &netns]);
+        // The switch-side end is named after the node.
+        self.ip(&self.switch, &["link", "add", name, "type", "veth", "peer", "name", "eth0", "netns", &netns]);
+        self.ip(&self.switch, &["link", "set", name, "master", "br0", "up"]);
+        for (k, v) in [
+            ("net.ipv6.conf.all.accept_dad", "0"),
+            ("net.ipv6.conf.default.accept_dad", "0"),
+            ("net.ipv6.conf.all.accept_ra", "0"),
+            ("net.ipv6.conf.default.accept_ra", "0"),
+        ] {
+            self.sysctl(&netns, k, v);
+        }
+        self.ip(&netns, &["link", "set", "lo", "up"]);
+        self.ip(&netns, &["addr", "add", &format!("{v4}/24"), "dev", "eth0"]);
+        self.ip(&netns, &["addr", "add", &format!("{v6}/64"), "dev", "eth0", "nodad"]);
+        self.ip(&netns, &["link", "set", "eth0", "up"]);
+        let mac = self.mac_of(&netns, "eth0");
+        let node = Node { name: name.into(), netns, v4: v4.into(), v6: v6.into(), mac };
+        self.nodes.insert(name.into(), node.clone());
+        node
+    }
+
+    fn mac_of(&self, netns: &str, dev: &str) -> String {
+        let out = self.ip(netns, &["-j", "link", "show", dev]);
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        v[0]["address"].as_str().unwrap().to_string()
+    }
+
+    pub fn sysctl(&self, netns: &str, key: &str, value: &str) {
+        sh(&["nsenter", &format!("--net=/run/netns/{netns}"), "sysctl", "-qw", &format!("{key}={value}")]);
+    }
+
+    /// Make `node` a DSR backend for `vips`: each VIP is a local address (on lo for IPv4, a
+    /// nodad /128 on lo for IPv6) that the node never announces or answers ARP/ND for.
+    pub fn make_dsr_backend(&self, node: &str, vips: &[&str]) {
+        let n = &self.nodes[node];
+        for (k, v) in [
+            ("net.ipv4.conf.all.arp_ignore", "1"),
+            ("net.ipv4.conf.all.arp_announce", "2"),
+            ("net.ipv4.conf.eth0.arp_ignore", "1"),
+            ("net.ipv4.conf.eth0.arp_announce", "2"),
+        ] {
+            self.sysctl(&n.netns, k, v);
+        }
+        for vip in vips {
+            if vip.contains(':') {
+                self.ip(&n.netns, &["addr", "add", &format!("{vip}/128"), "dev", "lo", "nodad"]);
+            } else {
+                self.ip(&n.netns, &["addr", "add", &format!("{vip}/32"), "dev", "lo"]);
+            }
+        }
+    }
+
+    /// Add `addr` to a node's eth0 (what a VIP owner has). An IPv6 VIP is added deprecated
+    /// (preferred_lft 0) so the node never picks it as the source of its own connections: a
+    /// backend holding the same VIP would answer itself.
+    pub fn add_address(&self, node: &str, addr: &str) {
+        let n = &self.nodes[node];
+        let cidr = if addr.contains(':') { format!("{addr}/128") } else { format!("{addr}/32") };
+        let mut args = vec!["addr", "add", cidr.as_str(), "dev", "eth0"];
+        if addr.contains(':') {
+            args.extend(["nodad", "preferred_lft", "0"]);
+        }
+        self.ip(&n.netns, &args);
+    }
+
+    /// A command that runs in `node`'s network namespace.
+    pub fn cmd(&self, node: &str, program: impl AsRef<std::ffi::OsStr>) -> Command {
+        let mut c = Command::new("nsenter");
+        c.arg(format!("--net=/run/netns/{}", self.nodes[node].netns)).arg("--").arg(program);
+        c
+    }
+
+    /// Run to completion in `node`, panic on failure.
+    pub fn run(&self, node: &str, program: impl AsRef<std::ffi::OsStr>, args: &[&str]) -> Output {
+        let out = self.cmd(node, program).args(args).output().unwrap();
+        if !out.status.success() {
+            panic!(
+                "{args:?} in {node} failed: {}\nstdout: {}\nstderr: {}",
+                out.status,
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        out
+    }
+
+    /// Start a long-running process in `node`; its output goes to `<lab dir>/<tag>.log`.
+    /// Killed (SIGKILL) when the lab is dropped unless stopped before.
+    pub fn spawn(&mut self, node: &str, tag: &str, program: impl AsRef<std::ffi::OsStr>, args: &[&str]) -> u32 {
+        let log = std::fs::File::create(self.dir.join(format!("{tag}.log"))).unwrap();
+        let child = self
+            .cmd(node, program)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        let pid = child.id();
+        self.children.push((tag.into(), child));
+        pid
+    }
+
+    pub fn log(&self, tag: &str) -> String {
+        std::fs::read_to_string(self.dir.join(format!("{tag}.log"))).unwrap_or_default()
+    }
+
+    /// Send `signal` to the process started as `tag` and wait for it to exit.
+    pub fn stop(&mut self, tag: &str, signal: i32) {
+        if let Some(i) = self.children.iter().position(|(t, _)| t == tag) {
+            let (_, mut child) = self.children.remove(i);
+            // nsenter execs the program, so the child's pid is the program's.
+            unsafe { libc::kill(child.id() as i32, signal) };
+            let _ = child.wait();
+        }
+    }
+
+    /// Remove this path when the lab is dropped (pin directories, sockets).
+    pub fn cleanup(&mut self, path: PathBuf) {
+        self.cleanup_paths.push(path);
+    }
+
+    /// Packet counters of a node's eth0: (rx_packets, tx_packets).
+    pub fn counters(&self, node: &str) -> (u64, u64) {
+        let out = self.ip(&self.nodes[node].netns, &["-s", "-j", "link", "show", "eth0"]);
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let s = &v[0]["stats64"];
+        (s["rx"]["packets"].as_u64().unwrap(), s["tx"]["packets"].as_u64().unwrap())
+    }
+
+    pub fn node(&self, name: &str) -> &Node {
+        &self.nodes[name]
+    }
+}
+
+impl Drop for Lab {
+    fn drop(&mut self) {
+        for (_, child) in &mut self.children {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        for n in self.nodes.values() {
+            let _ = try_sh(&["ip", "netns", "del", &n.netns]);
+        }
+        let _ = try_sh(&["ip", "netns", "del", &self.switch]);
+        for p in &self.cleanup_paths {
+            let _ = std::fs::remove_dir_all(p);
+            let _ = std::fs::remove_file(p);
+        }
+        if std::env::var_os("LB_KEEP_LAB_LOGS").is_none() {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
+/// Poll `f` until it returns Some or `timeout` passes.
+pub fn wait_for<T>(timeout: Duration, mut f: impl FnMut() -> Option<T>) -> Option<T> {
+    let start = Instant::now();
+    loop {
+        if let Some(v) = f() {
+            return Some(v);
+        }
+        if start.elapsed() > timeout {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}

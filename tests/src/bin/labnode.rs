@@ -1,0 +1,182 @@
+//! Lab traffic tools (std only, run inside a lab namespace):
+//!
+//! - `labnode serve-id PORT ID`: a TCP server on [::]:PORT (v4 and v6) that writes `ID\n` to
+//!   every connection, then echoes what it reads until the peer closes.
+//! - `labnode connect-many ADDR PORT COUNT CONCURRENCY TIMEOUT_MS`: COUNT short connections
+//!   (connect, read the id line, close); prints JSON `{"ok", "failed", "by_id", "errors"}`.
+//! - `labnode hold ADDR PORT COUNT SECONDS INTERVAL_MS`: COUNT long-lived connections that
+//!   send a line every INTERVAL_MS and expect it echoed; prints JSON with how many survived.
+use std::{
+    collections::BTreeMap,
+    io::{BufRead, BufReader, Read, Write},
+    net::{IpAddr, SocketAddr, TcpListener, TcpStream},
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+fn serve_id(port: u16, id: String) {
+    let listener = TcpListener::bind(SocketAddr::new("::".parse().unwrap(), port)).expect("bind");
+    println!("listening on {port}");
+    for stream in listener.incoming() {
+        let Ok(mut s) = stream else { continue };
+        let id = id.clone();
+        std::thread::spawn(move || {
+            let _ = s.set_nodelay(true);
+            if s.write_all(format!("{id}\n").as_bytes()).is_err() {
+                return;
+            }
+            let mut buf = [0u8; 4096];
+            loop {
+                match s.read(&mut buf) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => {
+                        if s.write_all(&buf[..n]).is_err() {
+                            break;
+                        }
+                    }
+                }
+            }
+        });
+    }
+}
+
+fn read_line(s: &TcpStream) -> std::io::Result<String> {
+    let mut r = BufReader::new(s);
+    let mut line = String::new();
+    r.read_line(&mut line)?;
+    if line.is_empty() {
+        return Err(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "closed before the id"));
+    }
+    Ok(line.trim().to_string())
+}
+
+fn one(addr: SocketAddr, timeout: Duration) -> Result<String, String> {
+    let s = TcpStream::connect_timeout(&addr, timeout).map_err(|e| format!("connect: {}", e.kind()))?;
+    s.set_read_timeout(Some(timeout)).ok();
+    read_line(&s).map_err(|e| format!("read: {}", e.kind()))
+}
+
+#[derive(Default)]
+struct Tally {
+    ok: u64,
+    failed: u64,
+    by_id: BTreeMap<String, u64>,
+    errors: BTreeMap<String, u64>,
+}
+
+fn connect_many(addr: SocketAddr, count: u64, conc: u64, timeout: Duration) {
+    let tally = Arc::new(Mutex::new(Tally::default()));
+    let next = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let start = Instant::now();
+    let threads: Vec<_> = (0..conc)
+        .map(|_| {
+            let tally = tally.clone();
+            let next = next.clone();
+            std::thread::spawn(move || {
+                while next.fetch_add(1, std::sync::atomic::Ordering::SeqCst) < count {
+                    let r = one(addr, timeout);
+                    let mut t = tally.lock().unwrap();
+                    match r {
+                        Ok(id) => {
+                            t.ok += 1;
+                            *t.by_id.entry(id).or_default() += 1;
+                        }
+                        Err(e) => {
+                            t.failed += 1;
+                            *t.errors.entry(e).or_default() += 1;
+                        }
+                    }
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        let _ = t.join();
+    }
+    let t = tally.lock().unwrap();
+    println!(
+        "{{\"ok\":{},\"failed\":{},\"by_id\":{:?},\"errors\":{:?},\"elapsed_ms\":{}}}",
+        t.ok,
+        t.failed,
+        t.by_id,
+        t.errors,
+        start.elapsed().as_millis()
+    );
+}
+
+/// Long-lived connections: each sends a line every `interval` and expects it echoed back.
+fn hold(addr: SocketAddr, count: u64, secs: u64, interval: Duration) {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    let results = Arc::new(Mutex::new((0u64, 0u64, BTreeMap::<String, u64>::new())));
+    let threads: Vec<_> = (0..count)
+        .map(|i| {
+            let results = results.clone();
+            std::thread::spawn(move || {
+                let outcome = (|| -> Result<String, String> {
+                    let s = TcpStream::connect_timeout(&addr, Duration::from_secs(3)).map_err(|e| format!("connect: {e}"))?;
+                    s.set_read_timeout(Some(Duration::from_secs(3))).ok();
+                    let mut r = BufReader::new(s.try_clone().map_err(|e| e.to_string())?);
+                    let mut w = s;
+                    let mut id = String::new();
+                    r.read_line(&mut id).map_err(|e| format!("id: {e}"))?;
+                    let mut n = 0u64;
+                    while Instant::now() < deadline {
+                        let msg = format!("c{i} m{n}\n");
+                        w.write_all(msg.as_bytes()).map_err(|e| format!("write: {}", e.kind()))?;
+                        let mut back = String::new();
+                        r.read_line(&mut back).map_err(|e| format!("echo: {}", e.kind()))?;
+                        if back != msg {
+                            return Err(format!("echo mismatch: {back:?}"));
+                        }
+                        n += 1;
+                        std::thread::sleep(interval);
+                    }
+                    Ok(id.trim().to_string())
+                })();
+                let mut g = results.lock().unwrap();
+                match outcome {
+                    Ok(_) => g.0 += 1,
+                    Err(e) => {
+                        g.1 += 1;
+                        *g.2.entry(e).or_default() += 1;
+                    }
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        let _ = t.join();
+    }
+    let g = results.lock().unwrap();
+    println!("{{\"survived\":{},\"failed\":{},\"errors\":{:?}}}", g.0, g.1, g.2);
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let arg = |i: usize| args.get(i).cloned().unwrap_or_else(|| panic!("missing argument {i}; see the source"));
+    match args.get(1).map(String::as_str) {
+        Some("serve-id") => serve_id(arg(2).parse().unwrap(), arg(3)),
+        Some("connect-many") => {
+            let ip: IpAddr = arg(2).parse().unwrap();
+            connect_many(
+                SocketAddr::new(ip, arg(3).parse().unwrap()),
+                arg(4).parse().unwrap(),
+                arg(5).parse().unwrap(),
+                Duration::from_millis(arg(6).parse().unwrap()),
+            )
+        }
+        Some("hold") => {
+            let ip: IpAddr = arg(2).parse().unwrap();
+            hold(
+                SocketAddr::new(ip, arg(3).parse().unwrap()),
+                arg(4).parse().unwrap(),
+                arg(5).parse().unwrap(),
+                Duration::from_millis(arg(6).parse().unwrap()),
+            )
+        }
+        _ => {
+            eprintln!("usage: labnode serve-id PORT ID | connect-many ADDR PORT COUNT CONC TIMEOUT_MS | hold ADDR PORT COUNT SECS INTERVAL_MS");
+            std::process::exit(2);
+        }
+    }
+}
