@@ -16,6 +16,16 @@ fn main() -> anyhow::Result<()> {
         );
         fs::write(&out, b"")?;
         println!("cargo:rerun-if-changed=../lb-ebpf/src");
+        // Build again once setup has installed the linker.
+        let home = env::var_os("CARGO_HOME")
+            .map(PathBuf::from)
+            .or_else(|| env::var_os("HOME").map(|h| PathBuf::from(h).join(".cargo")));
+        if let Some(home) = home {
+            println!(
+                "cargo:rerun-if-changed={}",
+                home.join("bin/bpf-linker").display()
+            );
+        }
         return Ok(());
     }
     let package = aya_build::Package {

@@ -129,8 +129,14 @@ pub struct LbConfig {
     pub hash_seed: u32,
     /// Maglev table size (prime); 0 until user space has configured the program.
     pub table_size: u32,
+    /// `CONFIG_F_*` bits.
+    pub flags: u32,
+    pub _pad: u32,
 }
-const _: () = assert!(size_of::<LbConfig>() == 8);
+const _: () = assert!(size_of::<LbConfig>() == 16);
+
+/// `LbConfig::flags`: some service matches all ports (a second VIP lookup is needed on a miss).
+pub const CONFIG_F_ALL_PORTS: u32 = 1;
 
 /// Global counters, one per verdict and per pass/drop reason, indexes into `LB_STATS`.
 pub mod stat {
@@ -315,7 +321,12 @@ mod tests {
     fn hash_spreads_ports_evenly() {
         // 65537 slots, 60000 source ports: every 1/8 of the table gets close to 1/8 of the flows.
         let mut buckets = [0u32; 8];
-        let mut k = FlowKey { proto: PROTO_TCP, family: FAMILY_V4, dport: 443, ..Default::default() };
+        let mut k = FlowKey {
+            proto: PROTO_TCP,
+            family: FAMILY_V4,
+            dport: 443,
+            ..Default::default()
+        };
         k.src[..4].copy_from_slice(&[192, 0, 2, 7]);
         for p in 1024..61024u32 {
             k.sport = p as u16;

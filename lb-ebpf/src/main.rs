@@ -19,49 +19,54 @@ use aya_ebpf::{
 };
 use aya_log_ebpf::warn;
 use lb_common::{
-    ALL_PORTS, BACKEND_F_IN_SET, BACKEND_F_LOCAL, BackendInfo, FlowKey, FlowValue, NO_BACKEND,
-    VIP_F_OWNED, VipInfo, VipKey, flow_hash, stat, table_index,
+    ALL_PORTS, BACKEND_F_IN_SET, BACKEND_F_LOCAL, BackendInfo, CONFIG_F_ALL_PORTS, FlowKey,
+    FlowValue, NO_BACKEND, VIP_F_OWNED, VipInfo, VipKey, flow_hash, stat, table_index,
 };
 use maps::{
     LB_BACKEND_STATS, LB_BACKENDS, LB_CONFIG, LB_CONNTRACK, LB_TABLES, LB_VIP_ADDRS, LB_VIP_STATS,
-    LB_VIPS, count, count_traffic,
+    LB_VIPS, NONE, count, count_traffic,
 };
 use packet::{ETH_HLEN, ETH_P_IP, ETH_P_IPV6, L3, ParseError, be16_at, has_ports, ptr_at};
 
 #[xdp]
 pub fn lb_xdp(ctx: XdpContext) -> u32 {
-    let (action, reason) = match try_lb(&ctx) {
+    let (action, reason, conntrack) = match try_lb(&ctx) {
         Ok(v) => v,
-        Err(ParseError::Malformed) => (XDP_PASS, stat::PASS_MALFORMED),
-        Err(ParseError::ExtLimit) => (XDP_PASS, stat::PASS_IPV6_EXT_LIMIT),
+        Err(ParseError::Malformed) => (XDP_PASS, stat::PASS_MALFORMED, NONE),
+        Err(ParseError::ExtLimit) => (XDP_PASS, stat::PASS_IPV6_EXT_LIMIT, NONE),
     };
-    count(reason);
-    count(match action {
+    let verdict = match action {
         XDP_PASS => stat::VERDICT_PASS,
         XDP_DROP => stat::VERDICT_DROP,
         XDP_TX => stat::VERDICT_TX,
         _ => stat::VERDICT_REDIRECT,
-    });
+    };
+    count([verdict, reason, conntrack]);
     action
 }
 
-/// A verdict and the counter that explains it.
-type Outcome = (u32, u32);
+/// A verdict, the counter that explains it, and the connection-table counter (or `NONE`).
+type Outcome = (u32, u32, u32);
 
 #[inline(always)]
 fn try_lb(ctx: &XdpContext) -> Result<Outcome, ParseError> {
     let l3 = match be16_at(ctx, 12)? {
         ETH_P_IP => packet::ipv4(ctx, ETH_HLEN)?,
         ETH_P_IPV6 => packet::ipv6(ctx, ETH_HLEN)?,
-        _ => return Ok((XDP_PASS, stat::PASS_NOT_VIP)),
+        _ => return Ok((XDP_PASS, stat::PASS_NOT_VIP, NONE)),
     };
     if l3.fragment {
         return Ok(fragment(&l3));
     }
     if has_ports(l3.proto) {
-        let (sport, dport) = packet::ports(ctx, l3.proto, l3.l4_off)?;
+        let (sport, dport, syn) = packet::ports(ctx, l3.proto, l3.l4_off)?;
         let flow = flow_key(&l3, sport, dport);
-        return Ok(balance(ctx, &flow, true));
+        let track = if syn {
+            Track::NewConnection
+        } else {
+            Track::Yes
+        };
+        return Ok(balance(ctx, &flow, track));
     }
     if let Some(inner) = packet::icmp_too_big(ctx, &l3)? {
         // The embedded packet is one the VIP sent to the client: swap it back into the flow
@@ -76,16 +81,16 @@ fn try_lb(ctx: &XdpContext) -> Result<Outcome, ParseError> {
             _pad: [0; 2],
         };
         if flow.dst != l3.dst || lookup_vip(&flow).is_none() {
-            return Ok((XDP_PASS, stat::PASS_ICMP_NOT_VIP));
+            return Ok((XDP_PASS, stat::PASS_ICMP_NOT_VIP, NONE));
         }
-        let (action, reason) = balance(ctx, &flow, false);
+        let (action, reason, conntrack) = balance(ctx, &flow, Track::LookupOnly);
         let reason = match reason {
             stat::FORWARDED | stat::PASS_LOCAL_BACKEND => stat::ICMP_FORWARDED,
             other => other,
         };
-        return Ok((action, reason));
+        return Ok((action, reason, conntrack));
     }
-    Ok((XDP_PASS, stat::PASS_NOT_VIP))
+    Ok((XDP_PASS, stat::PASS_NOT_VIP, NONE))
 }
 
 #[inline(always)]
@@ -106,20 +111,38 @@ fn flow_key(l3: &L3, sport: u16, dport: u16) -> FlowKey {
 /// backends, never sent to a wrong one); other fragments are not ours and pass.
 #[inline(always)]
 fn fragment(l3: &L3) -> Outcome {
-    let key = VipKey { addr: l3.dst, port: 0, proto: 0, family: l3.family };
+    let key = VipKey {
+        addr: l3.dst,
+        port: 0,
+        proto: 0,
+        family: l3.family,
+    };
     if LB_VIP_ADDRS.get_ptr(&key).is_some() {
-        (XDP_DROP, stat::DROP_FRAGMENT)
+        (XDP_DROP, stat::DROP_FRAGMENT, NONE)
     } else {
-        (XDP_PASS, stat::PASS_NOT_VIP)
+        (XDP_PASS, stat::PASS_NOT_VIP, NONE)
     }
 }
 
 /// The VIP service for this flow: the exact port first, then the "all ports" entry.
 #[inline(always)]
 fn lookup_vip(flow: &FlowKey) -> Option<VipInfo> {
-    let mut key = VipKey { addr: flow.dst, port: flow.dport, proto: flow.proto, family: flow.family };
+    let mut key = VipKey {
+        addr: flow.dst,
+        port: flow.dport,
+        proto: flow.proto,
+        family: flow.family,
+    };
     if let Some(v) = LB_VIPS.get_ptr(&key) {
         return Some(unsafe { *v });
+    }
+    // Most nodes have no "all ports" service: then non-VIP traffic costs one lookup, not two.
+    let all_ports = LB_CONFIG
+        .get(0)
+        .map(|c| c.flags & CONFIG_F_ALL_PORTS != 0)
+        .unwrap_or(true);
+    if !all_ports {
+        return None;
     }
     key.port = ALL_PORTS;
     LB_VIPS.get_ptr(&key).map(|v| unsafe { *v })
@@ -136,32 +159,47 @@ fn backend_of(vip: &VipInfo, id: u32) -> Option<BackendInfo> {
     }
 }
 
+/// How a packet uses the connection table.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Track {
+    /// Look up; on a miss choose by Maglev and remember the choice.
+    Yes,
+    /// A TCP SYN starts a new connection: choose by Maglev (never an old entry for a reused
+    /// 5-tuple) and remember the choice.
+    NewConnection,
+    /// Look up, choose by Maglev on a miss, remember nothing (ICMP errors about a flow).
+    LookupOnly,
+}
+
 #[inline(always)]
-fn balance(ctx: &XdpContext, flow: &FlowKey, track: bool) -> Outcome {
+fn balance(ctx: &XdpContext, flow: &FlowKey, track: Track) -> Outcome {
     let Some(vip) = lookup_vip(flow) else {
-        return (XDP_PASS, stat::PASS_NOT_VIP);
+        return (XDP_PASS, stat::PASS_NOT_VIP, NONE);
     };
     if vip.flags & VIP_F_OWNED == 0 {
         // Not the owner: the local stack serves the VIP (this node may be a DSR backend).
-        return (XDP_PASS, stat::PASS_NOT_OWNER);
+        return (XDP_PASS, stat::PASS_NOT_OWNER, NONE);
     }
     let bytes = (ctx.data_end() - ctx.data()) as u64;
 
     // 1. Connection table: an established flow stays on its backend while it is in the set.
     let mut new_flow = true;
     let mut chosen: Option<(u32, BackendInfo)> = None;
-    if let Some(v) = LB_CONNTRACK.get_ptr(flow) {
+    let mut ct = NONE;
+    if track == Track::NewConnection {
+        ct = stat::CONNTRACK_MISS;
+    } else if let Some(v) = LB_CONNTRACK.get_ptr(flow) {
         let id = unsafe { (*v).backend_id };
         match backend_of(&vip, id) {
             Some(b) => {
-                count(stat::CONNTRACK_HIT);
+                ct = stat::CONNTRACK_HIT;
                 new_flow = false;
                 chosen = Some((id, b));
             }
-            None => count(stat::CONNTRACK_STALE),
+            None => ct = stat::CONNTRACK_STALE,
         }
-    } else if track {
-        count(stat::CONNTRACK_MISS);
+    } else if track == Track::Yes {
+        ct = stat::CONNTRACK_MISS;
     }
 
     // 2. Maglev: the slot of the flow hash in the VIP's live table.
@@ -169,10 +207,10 @@ fn balance(ctx: &XdpContext, flow: &FlowKey, track: bool) -> Outcome {
         Some(c) => c,
         None => {
             let Some(cfg) = LB_CONFIG.get(0) else {
-                return (XDP_DROP, stat::DROP_NO_BACKEND);
+                return (XDP_DROP, stat::DROP_NO_BACKEND, ct);
             };
             if cfg.table_size == 0 {
-                return (XDP_DROP, stat::DROP_NO_BACKEND);
+                return (XDP_DROP, stat::DROP_NO_BACKEND, ct);
             }
             let slot = flow_hash(flow, cfg.hash_seed) % cfg.table_size;
             let pos = table_index(vip.vip_id, vip.active_table, cfg.table_size, slot);
@@ -181,32 +219,44 @@ fn balance(ctx: &XdpContext, flow: &FlowKey, track: bool) -> Outcome {
                 None => NO_BACKEND,
             };
             if id == NO_BACKEND {
-                return (XDP_DROP, stat::DROP_NO_BACKEND);
+                return (XDP_DROP, stat::DROP_NO_BACKEND, ct);
             }
             let Some(b) = backend_of(&vip, id) else {
-                warn!(ctx, "table of vip {} names backend {} outside its set", vip.vip_id, id);
-                return (XDP_DROP, stat::DROP_BAD_BACKEND);
+                warn!(
+                    ctx,
+                    "table of vip {} names backend {} outside its set", vip.vip_id, id
+                );
+                return (XDP_DROP, stat::DROP_BAD_BACKEND, ct);
             };
-            if track {
-                let _ = LB_CONNTRACK.insert(flow, FlowValue { backend_id: id, _pad: 0 }, 0);
+            if track != Track::LookupOnly {
+                let _ = LB_CONNTRACK.insert(
+                    flow,
+                    FlowValue {
+                        backend_id: id,
+                        _pad: 0,
+                    },
+                    0,
+                );
             }
             (id, b)
         }
     };
 
-    count_traffic(&LB_VIP_STATS, vip.vip_id, bytes, new_flow && track);
-    count_traffic(&LB_BACKEND_STATS, id, bytes, new_flow && track);
-    forward(ctx, &backend)
+    let counted_new = new_flow && track != Track::LookupOnly;
+    count_traffic(&LB_VIP_STATS, vip.vip_id, bytes, counted_new);
+    count_traffic(&LB_BACKEND_STATS, id, bytes, counted_new);
+    let (action, reason, _) = forward(ctx, &backend);
+    (action, reason, ct)
 }
 
 /// L2 direct server return: only the Ethernet addresses change.
 #[inline(always)]
 fn forward(ctx: &XdpContext, backend: &BackendInfo) -> Outcome {
     if backend.flags & BACKEND_F_LOCAL != 0 {
-        return (XDP_PASS, stat::PASS_LOCAL_BACKEND);
+        return (XDP_PASS, stat::PASS_LOCAL_BACKEND, NONE);
     }
     let Ok(eth) = ptr_at::<[u8; 12]>(ctx, 0) else {
-        return (XDP_PASS, stat::PASS_MALFORMED);
+        return (XDP_PASS, stat::PASS_MALFORMED, NONE);
     };
     unsafe {
         let eth = &mut *eth;
@@ -218,7 +268,7 @@ fn forward(ctx: &XdpContext, backend: &BackendInfo) -> Outcome {
     } else {
         unsafe { bpf_redirect(backend.ifindex, 0) as u32 }
     };
-    (action, stat::FORWARDED)
+    (action, stat::FORWARDED, NONE)
 }
 
 /// The benchmark baseline: the least an XDP forwarder can do (swap the MACs, send it back).

@@ -22,8 +22,7 @@ pub static LB_VIPS: HashMap<VipKey, VipInfo> = HashMap::pinned(MAX_VIPS, BPF_F_N
 
 /// Every address that is a VIP (port and protocol zero), to recognise fragments sent to a VIP.
 #[map]
-pub static LB_VIP_ADDRS: HashMap<VipKey, u32> =
-    HashMap::pinned(MAX_VIP_ADDRS, BPF_F_NO_PREALLOC);
+pub static LB_VIP_ADDRS: HashMap<VipKey, u32> = HashMap::pinned(MAX_VIP_ADDRS, BPF_F_NO_PREALLOC);
 
 /// (VIP, backend) pairs indexed by backend id.
 #[map]
@@ -33,15 +32,17 @@ pub static LB_BACKENDS: Array<BackendInfo> = Array::pinned(MAX_BACKENDS, 0);
 /// Memory-mappable: user space writes a whole table with plain stores, then flips `active_table`.
 #[map]
 /// Elements hold two slots each (see `lb_common::table_stride`).
-pub static LB_TABLES: Array<[u32; 2]> = Array::pinned(MAX_VIPS * (DEFAULT_TABLE_SIZE + 1), BPF_F_MMAPABLE);
+pub static LB_TABLES: Array<[u32; 2]> =
+    Array::pinned(MAX_VIPS * (DEFAULT_TABLE_SIZE + 1), BPF_F_MMAPABLE);
 
 /// The connection table: 5-tuple -> backend id. Size at load time.
 #[map]
 pub static LB_CONNTRACK: LruHashMap<FlowKey, FlowValue> =
     LruHashMap::pinned(DEFAULT_CONNTRACK_SIZE, 0);
 
+/// Global counters: one per-CPU entry holding every counter, so a packet costs one lookup.
 #[map]
-pub static LB_STATS: PerCpuArray<u64> = PerCpuArray::pinned(stat::COUNT, 0);
+pub static LB_STATS: PerCpuArray<[u64; stat::COUNT as usize]> = PerCpuArray::pinned(1, 0);
 
 #[map]
 pub static LB_VIP_STATS: PerCpuArray<Counters> = PerCpuArray::pinned(MAX_VIPS, 0);
@@ -49,13 +50,22 @@ pub static LB_VIP_STATS: PerCpuArray<Counters> = PerCpuArray::pinned(MAX_VIPS, 0
 #[map]
 pub static LB_BACKEND_STATS: PerCpuArray<Counters> = PerCpuArray::pinned(MAX_BACKENDS, 0);
 
+/// Add one to each of `indexes` (`NONE` skips a slot).
 #[inline(always)]
-pub fn count(index: u32) {
-    if let Some(c) = LB_STATS.get_ptr_mut(index) {
+pub fn count(indexes: [u32; 3]) {
+    if let Some(c) = LB_STATS.get_ptr_mut(0) {
         // Per-CPU value: no other writer, a plain add is enough.
-        unsafe { *c += 1 };
+        let c = unsafe { &mut *c };
+        for i in indexes {
+            if let Some(v) = c.get_mut(i as usize) {
+                *v += 1;
+            }
+        }
     }
 }
+
+/// "No counter" in a [`count`] slot.
+pub const NONE: u32 = u32::MAX;
 
 #[inline(always)]
 pub fn count_traffic(map: &PerCpuArray<Counters>, index: u32, bytes: u64, new_flow: bool) {

@@ -2,7 +2,9 @@
 //! as raw bytes or integers at a bounds-checked offset.
 
 use aya_ebpf::programs::XdpContext;
-use lb_common::{FAMILY_V4, FAMILY_V6, MAX_IPV6_EXT_HEADERS, PROTO_ICMP, PROTO_ICMPV6, PROTO_TCP, PROTO_UDP};
+use lb_common::{
+    FAMILY_V4, FAMILY_V6, MAX_IPV6_EXT_HEADERS, PROTO_ICMP, PROTO_ICMPV6, PROTO_TCP, PROTO_UDP,
+};
 
 pub const ETH_HLEN: usize = 14;
 pub const ETH_P_IP: u16 = 0x0800;
@@ -162,18 +164,38 @@ fn ipv6_fixed(ctx: &XdpContext, off: usize) -> Result<(L3, usize), ParseError> {
     let mut dst = [0u8; 16];
     src.copy_from_slice(&h[8..24]);
     dst.copy_from_slice(&h[24..40]);
-    let l3 = L3 { family: FAMILY_V6, proto: h[6], src, dst, l4_off: off + IPV6_HLEN, fragment: false };
+    let l3 = L3 {
+        family: FAMILY_V6,
+        proto: h[6],
+        src,
+        dst,
+        l4_off: off + IPV6_HLEN,
+        fragment: false,
+    };
     Ok((l3, u16::from_be_bytes([h[4], h[5]]) as usize))
 }
 
-/// Source and destination ports of a TCP or UDP header at `off`; the whole minimal header
-/// (20 bytes for TCP, 8 for UDP) must be present.
+/// Transport facts of a TCP or UDP header at `off`: ports, and for TCP whether it is a SYN
+/// without ACK (a connection attempt). The whole minimal header (20 bytes for TCP, 8 for UDP)
+/// must be present.
 #[inline(always)]
-pub fn ports(ctx: &XdpContext, proto: u8, off: usize) -> Result<(u16, u16), ParseError> {
-    let min = if proto == PROTO_TCP { 20 } else { 8 };
-    ptr_at::<[u8; 4]>(ctx, off + min - 4)?;
-    let p = unsafe { *ptr_at::<[u8; 4]>(ctx, off)? };
-    Ok((u16::from_be_bytes([p[0], p[1]]), u16::from_be_bytes([p[2], p[3]])))
+pub fn ports(ctx: &XdpContext, proto: u8, off: usize) -> Result<(u16, u16, bool), ParseError> {
+    if proto == PROTO_TCP {
+        let t = unsafe { *ptr_at::<[u8; 20]>(ctx, off)? };
+        let syn_only = t[13] & 0x12 == 0x02;
+        Ok((
+            u16::from_be_bytes([t[0], t[1]]),
+            u16::from_be_bytes([t[2], t[3]]),
+            syn_only,
+        ))
+    } else {
+        let u = unsafe { *ptr_at::<[u8; 8]>(ctx, off)? };
+        Ok((
+            u16::from_be_bytes([u[0], u[1]]),
+            u16::from_be_bytes([u[2], u[3]]),
+            false,
+        ))
+    }
 }
 
 pub fn has_ports(proto: u8) -> bool {
@@ -210,8 +232,15 @@ pub fn icmp_too_big(ctx: &XdpContext, outer: &L3) -> Result<Option<Embedded>, Pa
     }
     // Only the first 8 bytes of the embedded transport header are guaranteed: read just ports.
     let p = unsafe { *ptr_at::<[u8; 4]>(ctx, inner.l4_off)? };
-    let (sport, dport) = (u16::from_be_bytes([p[0], p[1]]), u16::from_be_bytes([p[2], p[3]]));
-    Ok(Some(Embedded { l3: inner, sport, dport }))
+    let (sport, dport) = (
+        u16::from_be_bytes([p[0], p[1]]),
+        u16::from_be_bytes([p[2], p[3]]),
+    );
+    Ok(Some(Embedded {
+        l3: inner,
+        sport,
+        dport,
+    }))
 }
 
 #[inline(always)]

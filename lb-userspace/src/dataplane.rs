@@ -26,8 +26,8 @@ use aya::{
 };
 use lb_common::{
     BACKEND_F_IN_SET, BACKEND_F_LOCAL, BackendInfo, Counters, FAMILY_V4, FAMILY_V6, FlowKey,
-    FlowValue, LbConfig, MAX_BACKENDS, MAX_VIPS, VIP_F_OWNED, VipInfo, VipKey, maps,
-    stat, table_index,
+    FlowValue, LbConfig, MAX_BACKENDS, MAX_VIPS, VIP_F_OWNED, VipInfo, VipKey, maps, stat,
+    table_index,
 };
 
 use crate::maglev;
@@ -78,7 +78,12 @@ impl BackendSpec {
 
 pub fn vip_key(addr: IpAddr, port: u16, proto: u8) -> VipKey {
     let (bytes, family) = addr_bytes(addr);
-    VipKey { addr: bytes, port, proto, family }
+    VipKey {
+        addr: bytes,
+        port,
+        proto,
+        family,
+    }
 }
 
 pub fn addr_bytes(addr: IpAddr) -> ([u8; 16], u8) {
@@ -169,9 +174,17 @@ impl TableMemory {
             )
         };
         if ptr == libc::MAP_FAILED {
-            bail!("mmap of {}: {}", maps::TABLES, std::io::Error::last_os_error());
+            bail!(
+                "mmap of {}: {}",
+                maps::TABLES,
+                std::io::Error::last_os_error()
+            );
         }
-        Ok(TableMemory { ptr: ptr.cast(), len: slots as usize, bytes })
+        Ok(TableMemory {
+            ptr: ptr.cast(),
+            len: slots as usize,
+            bytes,
+        })
     }
 
     fn slice(&self, start: usize, len: usize) -> &[u32] {
@@ -203,7 +216,7 @@ pub struct Dataplane {
     backends: Array<MapData, BackendInfo>,
     /// An LRU hash in the kernel; aya's HashMap type serves both kinds.
     conntrack: BpfHashMap<MapData, FlowKey, FlowValue>,
-    stats: PerCpuArray<MapData, u64>,
+    stats: PerCpuArray<MapData, [u64; stat::COUNT as usize]>,
     vip_stats: PerCpuArray<MapData, Counters>,
     backend_stats: PerCpuArray<MapData, Counters>,
     tables: TableMemory,
@@ -220,7 +233,9 @@ where
     T: TryFrom<Map>,
     <T as TryFrom<Map>>::Error: std::error::Error + Send + Sync + 'static,
 {
-    let map = ebpf.take_map(name).ok_or_else(|| anyhow!("map {name} missing from the object"))?;
+    let map = ebpf
+        .take_map(name)
+        .ok_or_else(|| anyhow!("map {name} missing from the object"))?;
     T::try_from(map).with_context(|| format!("map {name}"))
 }
 
@@ -235,7 +250,11 @@ pub fn ensure_bpffs(root: &Path) -> Result<()> {
     let ty = std::ffi::CString::new("bpf")?;
     let rc = unsafe { libc::mount(ty.as_ptr(), c.as_ptr(), ty.as_ptr(), 0, std::ptr::null()) };
     if rc != 0 {
-        bail!("mount bpffs at {}: {}", root.display(), std::io::Error::last_os_error());
+        bail!(
+            "mount bpffs at {}: {}",
+            root.display(),
+            std::io::Error::last_os_error()
+        );
     }
     Ok(())
 }
@@ -254,7 +273,13 @@ impl Dataplane {
         std::fs::create_dir_all(&pin_dir)
             .with_context(|| format!("create pin directory {}", pin_dir.display()))?;
         let table_entries = lb_common::table_elements(opts.table_size);
-        drop_mismatched_pins(&pin_dir, &[(maps::TABLES, table_entries), (maps::CONNTRACK, opts.conntrack_size)])?;
+        drop_mismatched_pins(
+            &pin_dir,
+            &[
+                (maps::TABLES, table_entries),
+                (maps::CONNTRACK, opts.conntrack_size),
+            ],
+        )?;
 
         let mut ebpf = EbpfLoader::new()
             .default_map_pin_directory(&pin_dir)
@@ -267,7 +292,8 @@ impl Dataplane {
                 .program_mut(name)
                 .ok_or_else(|| anyhow!("program {name} missing"))?
                 .try_into()?;
-            prog.load().with_context(|| format!("verify and load {name}"))?;
+            prog.load()
+                .with_context(|| format!("verify and load {name}"))?;
         }
         let tables_map: MapData = match ebpf.take_map(maps::TABLES) {
             Some(Map::Array(m)) => m,
@@ -293,9 +319,14 @@ impl Dataplane {
             attached: None,
             opts,
         };
-        let cfg = LbConfig { hash_seed: dp.opts.hash_seed, table_size: dp.opts.table_size };
         let old = dp.config.get(&0, 0).unwrap_or_default();
-        if old.table_size != 0 && old != cfg {
+        let cfg = LbConfig {
+            hash_seed: dp.opts.hash_seed,
+            table_size: dp.opts.table_size,
+            ..old
+        };
+        if old.table_size != 0 && (old.hash_seed, old.table_size) != (cfg.hash_seed, cfg.table_size)
+        {
             // Another seed or size invalidates the adopted tables: start clean.
             tracing::warn!(?old, new = ?cfg, "pinned state used other settings; resetting it");
             dp.clear_all()?;
@@ -337,8 +368,12 @@ impl Dataplane {
             if b.flags == 0 && b.family == 0 {
                 continue;
             }
-            let Some((key, _)) = by_id.get(&b.vip_id) else { continue };
-            let Some(svc) = services.get_mut(key) else { continue };
+            let Some((key, _)) = by_id.get(&b.vip_id) else {
+                continue;
+            };
+            let Some(svc) = services.get_mut(key) else {
+                continue;
+            };
             let addr = key_addr(&b.addr, b.family);
             used[id as usize] = true;
             max_id = max_id.max(id + 1);
@@ -388,7 +423,11 @@ impl Dataplane {
     /// a previous `lbd` (restart without a gap). The link is pinned so forwarding survives us.
     pub fn attach(&mut self, interface: &str, mode: crate::config::XdpMode) -> Result<()> {
         let link_path = self.opts.pin_dir().join(format!("link_{interface}"));
-        let prog: &mut Xdp = self.ebpf.program_mut(maps::PROGRAM).expect("loaded").try_into()?;
+        let prog: &mut Xdp = self
+            .ebpf
+            .program_mut(maps::PROGRAM)
+            .expect("loaded")
+            .try_into()?;
         if link_path.exists() {
             let pinned = PinnedLink::from_pin(&link_path)
                 .with_context(|| format!("open pinned link {}", link_path.display()))?;
@@ -409,7 +448,8 @@ impl Dataplane {
                 },
             };
             let link: FdLink = prog.take_link(id)?.try_into()?;
-            link.pin(&link_path).with_context(|| format!("pin {}", link_path.display()))?;
+            link.pin(&link_path)
+                .with_context(|| format!("pin {}", link_path.display()))?;
             tracing::info!(interface, ?mode, "attached XDP program");
         }
         self.attached = Some(interface.to_owned());
@@ -418,7 +458,11 @@ impl Dataplane {
 
     /// Attach the pass-only program (for the bridge-side peer of a native-mode veth).
     pub fn attach_pass(&mut self, interface: &str) -> Result<()> {
-        let prog: &mut Xdp = self.ebpf.program_mut("lb_pass").expect("loaded").try_into()?;
+        let prog: &mut Xdp = self
+            .ebpf
+            .program_mut("lb_pass")
+            .expect("loaded")
+            .try_into()?;
         let id = prog.attach(interface, XdpMode::Driver)?;
         let link: FdLink = prog.take_link(id)?.try_into()?;
         std::mem::forget(link);
@@ -442,10 +486,16 @@ impl Dataplane {
     /// before any table names them, and are taken out of the set only after the tables stop
     /// naming them.
     pub fn apply(&mut self, want: &Desired) -> Result<()> {
-        let wanted: HashMap<VipKey, &ServiceSpec> = want.services.iter().map(|s| (s.key, s)).collect();
+        let wanted: HashMap<VipKey, &ServiceSpec> =
+            want.services.iter().map(|s| (s.key, s)).collect();
 
         // 1. Services that are gone.
-        let gone: Vec<VipKey> = self.services.keys().filter(|k| !wanted.contains_key(k)).copied().collect();
+        let gone: Vec<VipKey> = self
+            .services
+            .keys()
+            .filter(|k| !wanted.contains_key(k))
+            .copied()
+            .collect();
         for key in gone {
             self.remove_service(&key)?;
         }
@@ -456,12 +506,25 @@ impl Dataplane {
             self.apply_service(spec)?;
         }
         self.sync_vip_addrs()?;
+        let mut cfg = self.config.get(&0, 0)?;
+        let all_ports = self.services.keys().any(|k| k.port == lb_common::ALL_PORTS);
+        let flags = if all_ports {
+            lb_common::CONFIG_F_ALL_PORTS
+        } else {
+            0
+        };
+        if cfg.flags != flags {
+            cfg.flags = flags;
+            self.config.set(0, cfg, 0)?;
+        }
         Ok(())
     }
 
     fn alloc_vip_id(&self) -> Result<u32> {
         let used: Vec<u32> = self.services.values().map(|s| s.vip_id).collect();
-        (0..MAX_VIPS).find(|i| !used.contains(i)).ok_or_else(|| anyhow!("more than {MAX_VIPS} VIP services"))
+        (0..MAX_VIPS)
+            .find(|i| !used.contains(i))
+            .ok_or_else(|| anyhow!("more than {MAX_VIPS} VIP services"))
     }
 
     fn alloc_backend_id(&mut self) -> Result<u32> {
@@ -469,7 +532,9 @@ impl Dataplane {
             self.next_backend_id += 1;
             return Ok(self.next_backend_id - 1);
         }
-        self.free_backend_ids.pop().ok_or_else(|| anyhow!("more than {MAX_BACKENDS} backends"))
+        self.free_backend_ids
+            .pop()
+            .ok_or_else(|| anyhow!("more than {MAX_BACKENDS} backends"))
     }
 
     fn apply_service(&mut self, spec: &ServiceSpec) -> Result<()> {
@@ -506,13 +571,27 @@ impl Dataplane {
                 }
             };
             let svc = self.services.get_mut(&key).expect("present");
-            let changed = svc.backends.get(&b.addr).map(|i| &i.spec != b).unwrap_or(true);
-            svc.backends.insert(b.addr, InstalledBackend { id, spec: b.clone() });
+            let changed = svc
+                .backends
+                .get(&b.addr)
+                .map(|i| &i.spec != b)
+                .unwrap_or(true);
+            svc.backends.insert(
+                b.addr,
+                InstalledBackend {
+                    id,
+                    spec: b.clone(),
+                },
+            );
             if changed {
                 self.backends.set(id, backend_info(vip_id, b), 0)?;
             }
             if b.in_table() {
-                entries.push(maglev::Entry { addr: b.addr, weight: b.weight, id });
+                entries.push(maglev::Entry {
+                    addr: b.addr,
+                    weight: b.weight,
+                    id,
+                });
             }
         }
 
@@ -559,13 +638,19 @@ impl Dataplane {
     fn reset_counters(&mut self, id: u32, vip: bool) -> Result<()> {
         let cpus = aya::util::nr_cpus().map_err(|(what, e)| anyhow!("{what}: {e}"))?;
         let zero = aya::maps::PerCpuValues::try_from(vec![Counters::default(); cpus])?;
-        let map = if vip { &mut self.vip_stats } else { &mut self.backend_stats };
+        let map = if vip {
+            &mut self.vip_stats
+        } else {
+            &mut self.backend_stats
+        };
         map.set(id, zero, 0)?;
         Ok(())
     }
 
     fn remove_service(&mut self, key: &VipKey) -> Result<()> {
-        let Some(svc) = self.services.remove(key) else { return Ok(()) };
+        let Some(svc) = self.services.remove(key) else {
+            return Ok(());
+        };
         // The VIP entry goes first: after it, no packet can reach this service's backends.
         let _ = self.vips.remove(key);
         for b in svc.backends.values() {
@@ -579,7 +664,14 @@ impl Dataplane {
     fn sync_vip_addrs(&mut self) -> Result<()> {
         let mut want: HashMap<VipKey, u32> = HashMap::new();
         for k in self.services.keys() {
-            *want.entry(VipKey { addr: k.addr, port: 0, proto: 0, family: k.family }).or_default() += 1;
+            *want
+                .entry(VipKey {
+                    addr: k.addr,
+                    port: 0,
+                    proto: 0,
+                    family: k.family,
+                })
+                .or_default() += 1;
         }
         let have: Vec<VipKey> = self.vip_addrs.keys().collect::<Result<_, _>>()?;
         for k in have {
@@ -621,7 +713,10 @@ impl Dataplane {
 
     /// Installed backends of a service, with their ids.
     pub fn installed(&self, key: &VipKey) -> Vec<InstalledBackend> {
-        self.services.get(key).map(|s| s.backends.values().cloned().collect()).unwrap_or_default()
+        self.services
+            .get(key)
+            .map(|s| s.backends.values().cloned().collect())
+            .unwrap_or_default()
     }
 
     /// Slots per backend id in the live table of a service.
@@ -640,12 +735,12 @@ impl Dataplane {
     }
 
     pub fn global_stats(&self) -> Result<Vec<(&'static str, u64)>> {
-        let mut out = Vec::new();
-        for (i, name) in stat::NAMES.iter().enumerate() {
-            let v = self.stats.get(&(i as u32), 0)?;
-            out.push((*name, v.iter().sum()));
-        }
-        Ok(out)
+        let per_cpu = self.stats.get(&0, 0)?;
+        Ok(stat::NAMES
+            .iter()
+            .enumerate()
+            .map(|(i, name)| (*name, per_cpu.iter().map(|c| c[i]).sum()))
+            .collect())
     }
 
     fn sum(map: &PerCpuArray<MapData, Counters>, id: u32) -> Result<Traffic> {
@@ -676,9 +771,17 @@ impl Dataplane {
 
     /// Run one of the object's XDP programs on `frame` with BPF_PROG_TEST_RUN.
     /// Returns (verdict, output frame, average ns per run).
-    pub fn test_run(&mut self, program: &str, frame: &[u8], repeat: u32) -> Result<(u32, Vec<u8>, f64)> {
-        let prog: &mut Xdp =
-            self.ebpf.program_mut(program).ok_or_else(|| anyhow!("no program {program}"))?.try_into()?;
+    pub fn test_run(
+        &mut self,
+        program: &str,
+        frame: &[u8],
+        repeat: u32,
+    ) -> Result<(u32, Vec<u8>, f64)> {
+        let prog: &mut Xdp = self
+            .ebpf
+            .program_mut(program)
+            .ok_or_else(|| anyhow!("no program {program}"))?
+            .try_into()?;
         let mut out = vec![0u8; frame.len() + 256];
         let opts = TestRunOptions {
             data_in: Some(frame),

@@ -8,7 +8,11 @@ pub const LB_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x02];
 fn csum(data: &[u8]) -> u16 {
     let mut sum = 0u32;
     for c in data.chunks(2) {
-        let w = if c.len() == 2 { u16::from_be_bytes([c[0], c[1]]) } else { u16::from_be_bytes([c[0], 0]) };
+        let w = if c.len() == 2 {
+            u16::from_be_bytes([c[0], c[1]])
+        } else {
+            u16::from_be_bytes([c[0], 0])
+        };
         sum += w as u32;
     }
     while sum >> 16 != 0 {
@@ -49,7 +53,14 @@ pub fn udp(sport: u16, dport: u16, payload_len: usize) -> Vec<u8> {
 }
 
 /// IPv4 header with `options` (a multiple of 4 bytes) and a correct checksum.
-pub fn ipv4_header(src: [u8; 4], dst: [u8; 4], proto: u8, options: &[u8], payload_len: usize, frag: u16) -> Vec<u8> {
+pub fn ipv4_header(
+    src: [u8; 4],
+    dst: [u8; 4],
+    proto: u8,
+    options: &[u8],
+    payload_len: usize,
+    frag: u16,
+) -> Vec<u8> {
     let ihl = 20 + options.len();
     let mut h = vec![0u8; 20];
     h[0] = 0x40 | (ihl / 4) as u8;
@@ -69,7 +80,14 @@ pub fn ipv4_frame(src: [u8; 4], dst: [u8; 4], proto: u8, l4: &[u8]) -> Vec<u8> {
     ipv4_frame_opts(src, dst, proto, &[], l4, 0x4000)
 }
 
-pub fn ipv4_frame_opts(src: [u8; 4], dst: [u8; 4], proto: u8, options: &[u8], l4: &[u8], frag: u16) -> Vec<u8> {
+pub fn ipv4_frame_opts(
+    src: [u8; 4],
+    dst: [u8; 4],
+    proto: u8,
+    options: &[u8],
+    l4: &[u8],
+    frag: u16,
+) -> Vec<u8> {
     let mut f = eth(0x0800);
     f.extend(ipv4_header(src, dst, proto, options, l4.len(), frag));
     f.extend_from_slice(l4);
@@ -77,7 +95,13 @@ pub fn ipv4_frame_opts(src: [u8; 4], dst: [u8; 4], proto: u8, options: &[u8], l4
 }
 
 /// IPv6 with a chain of extension headers: each `(type, body_len_in_8_octets_minus_1)`.
-pub fn ipv6_frame_ext(src: [u8; 16], dst: [u8; 16], proto: u8, ext: &[(u8, u8)], l4: &[u8]) -> Vec<u8> {
+pub fn ipv6_frame_ext(
+    src: [u8; 16],
+    dst: [u8; 16],
+    proto: u8,
+    ext: &[(u8, u8)],
+    l4: &[u8],
+) -> Vec<u8> {
     let mut exts = Vec::new();
     for (i, (_, len)) in ext.iter().enumerate() {
         let next = ext.get(i + 1).map(|e| e.0).unwrap_or(proto);
@@ -114,7 +138,13 @@ pub fn ipv6_fragment(src: [u8; 16], dst: [u8; 16], proto: u8, l4: &[u8]) -> Vec<
 }
 
 /// ICMPv4 "fragmentation needed" quoting a packet the VIP sent to the client.
-pub fn icmp4_frag_needed(router: [u8; 4], vip: [u8; 4], client: [u8; 4], vport: u16, cport: u16) -> Vec<u8> {
+pub fn icmp4_frag_needed(
+    router: [u8; 4],
+    vip: [u8; 4],
+    client: [u8; 4],
+    vport: u16,
+    cport: u16,
+) -> Vec<u8> {
     let quoted_l4 = tcp(vport, cport, ACK);
     let mut quoted = ipv4_header(vip, client, 6, &[], 1400, 0x4000);
     quoted.extend_from_slice(&quoted_l4[..8]);
@@ -126,7 +156,13 @@ pub fn icmp4_frag_needed(router: [u8; 4], vip: [u8; 4], client: [u8; 4], vport: 
 }
 
 /// ICMPv6 "packet too big" quoting a packet the VIP sent to the client.
-pub fn icmp6_too_big(router: [u8; 16], vip: [u8; 16], client: [u8; 16], vport: u16, cport: u16) -> Vec<u8> {
+pub fn icmp6_too_big(
+    router: [u8; 16],
+    vip: [u8; 16],
+    client: [u8; 16],
+    vport: u16,
+    cport: u16,
+) -> Vec<u8> {
     let quoted_l4 = tcp(vport, cport, ACK);
     let mut q = vec![0u8; 40];
     q[0] = 0x60;

@@ -13,7 +13,10 @@ use std::{
 
 /// Run a command, panic with its output if it fails.
 pub fn sh(args: &[&str]) -> Output {
-    let out = Command::new(args[0]).args(&args[1..]).output().unwrap_or_else(|e| panic!("run {args:?}: {e}"));
+    let out = Command::new(args[0])
+        .args(&args[1..])
+        .output()
+        .unwrap_or_else(|e| panic!("run {args:?}: {e}"));
     if !out.status.success() {
         panic!(
             "{args:?} failed: {}\nstdout: {}\nstderr: {}",
@@ -27,7 +30,10 @@ pub fn sh(args: &[&str]) -> Output {
 
 /// Run a command, returning its output whatever the status.
 pub fn try_sh(args: &[&str]) -> Output {
-    Command::new(args[0]).args(&args[1..]).output().unwrap_or_else(|e| panic!("run {args:?}: {e}"))
+    Command::new(args[0])
+        .args(&args[1..])
+        .output()
+        .unwrap_or_else(|e| panic!("run {args:?}: {e}"))
 }
 
 #[derive(Clone, Debug)]
@@ -63,7 +69,18 @@ impl Lab {
             cleanup_paths: Vec::new(),
         };
         std::fs::create_dir_all(&lab.dir).unwrap();
-        lab.ip(&lab.switch, &["link", "add", "br0", "type", "bridge", "mcast_snooping", "0"]);
+        lab.ip(
+            &lab.switch,
+            &[
+                "link",
+                "add",
+                "br0",
+                "type",
+                "bridge",
+                "mcast_snooping",
+                "0",
+            ],
+        );
         lab.ip(&lab.switch, &["link", "set", "br0", "up"]);
         lab.ip(&lab.switch, &["link", "set", "lo", "up"]);
         lab
@@ -80,7 +97,12 @@ impl Lab {
         let netns = format!("{}-{name}", self.prefix);
         sh(&["ip", "netns", "add", &netns]);
         // The switch-side end is named after the node.
-        self.ip(&self.switch, &["link", "add", name, "type", "veth", "peer", "name", "eth0", "netns", &netns]);
+        self.ip(
+            &self.switch,
+            &[
+                "link", "add", name, "type", "veth", "peer", "name", "eth0", "netns", &netns,
+            ],
+        );
         self.ip(&self.switch, &["link", "set", name, "master", "br0", "up"]);
         for (k, v) in [
             ("net.ipv6.conf.all.accept_dad", "0"),
@@ -92,10 +114,19 @@ impl Lab {
         }
         self.ip(&netns, &["link", "set", "lo", "up"]);
         self.ip(&netns, &["addr", "add", &format!("{v4}/24"), "dev", "eth0"]);
-        self.ip(&netns, &["addr", "add", &format!("{v6}/64"), "dev", "eth0", "nodad"]);
+        self.ip(
+            &netns,
+            &["addr", "add", &format!("{v6}/64"), "dev", "eth0", "nodad"],
+        );
         self.ip(&netns, &["link", "set", "eth0", "up"]);
         let mac = self.mac_of(&netns, "eth0");
-        let node = Node { name: name.into(), netns, v4: v4.into(), v6: v6.into(), mac };
+        let node = Node {
+            name: name.into(),
+            netns,
+            v4: v4.into(),
+            v6: v6.into(),
+            mac,
+        };
         self.nodes.insert(name.into(), node.clone());
         node
     }
@@ -107,7 +138,13 @@ impl Lab {
     }
 
     pub fn sysctl(&self, netns: &str, key: &str, value: &str) {
-        sh(&["nsenter", &format!("--net=/run/netns/{netns}"), "sysctl", "-qw", &format!("{key}={value}")]);
+        sh(&[
+            "nsenter",
+            &format!("--net=/run/netns/{netns}"),
+            "sysctl",
+            "-qw",
+            &format!("{key}={value}"),
+        ]);
     }
 
     /// Make `node` a DSR backend for `vips`: each VIP is a local address (on lo for IPv4, a
@@ -124,9 +161,15 @@ impl Lab {
         }
         for vip in vips {
             if vip.contains(':') {
-                self.ip(&n.netns, &["addr", "add", &format!("{vip}/128"), "dev", "lo", "nodad"]);
+                self.ip(
+                    &n.netns,
+                    &["addr", "add", &format!("{vip}/128"), "dev", "lo", "nodad"],
+                );
             } else {
-                self.ip(&n.netns, &["addr", "add", &format!("{vip}/32"), "dev", "lo"]);
+                self.ip(
+                    &n.netns,
+                    &["addr", "add", &format!("{vip}/32"), "dev", "lo"],
+                );
             }
         }
     }
@@ -136,7 +179,11 @@ impl Lab {
     /// backend holding the same VIP would answer itself.
     pub fn add_address(&self, node: &str, addr: &str) {
         let n = &self.nodes[node];
-        let cidr = if addr.contains(':') { format!("{addr}/128") } else { format!("{addr}/32") };
+        let cidr = if addr.contains(':') {
+            format!("{addr}/128")
+        } else {
+            format!("{addr}/32")
+        };
         let mut args = vec!["addr", "add", cidr.as_str(), "dev", "eth0"];
         if addr.contains(':') {
             args.extend(["nodad", "preferred_lft", "0"]);
@@ -147,7 +194,9 @@ impl Lab {
     /// A command that runs in `node`'s network namespace.
     pub fn cmd(&self, node: &str, program: impl AsRef<std::ffi::OsStr>) -> Command {
         let mut c = Command::new("nsenter");
-        c.arg(format!("--net=/run/netns/{}", self.nodes[node].netns)).arg("--").arg(program);
+        c.arg(format!("--net=/run/netns/{}", self.nodes[node].netns))
+            .arg("--")
+            .arg(program);
         c
     }
 
@@ -167,7 +216,13 @@ impl Lab {
 
     /// Start a long-running process in `node`; its output goes to `<lab dir>/<tag>.log`.
     /// Killed (SIGKILL) when the lab is dropped unless stopped before.
-    pub fn spawn(&mut self, node: &str, tag: &str, program: impl AsRef<std::ffi::OsStr>, args: &[&str]) -> u32 {
+    pub fn spawn(
+        &mut self,
+        node: &str,
+        tag: &str,
+        program: impl AsRef<std::ffi::OsStr>,
+        args: &[&str],
+    ) -> u32 {
         let log = std::fs::File::create(self.dir.join(format!("{tag}.log"))).unwrap();
         let child = self
             .cmd(node, program)
@@ -203,10 +258,16 @@ impl Lab {
 
     /// Packet counters of a node's eth0: (rx_packets, tx_packets).
     pub fn counters(&self, node: &str) -> (u64, u64) {
-        let out = self.ip(&self.nodes[node].netns, &["-s", "-j", "link", "show", "eth0"]);
+        let out = self.ip(
+            &self.nodes[node].netns,
+            &["-s", "-j", "link", "show", "eth0"],
+        );
         let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
         let s = &v[0]["stats64"];
-        (s["rx"]["packets"].as_u64().unwrap(), s["tx"]["packets"].as_u64().unwrap())
+        (
+            s["rx"]["packets"].as_u64().unwrap(),
+            s["tx"]["packets"].as_u64().unwrap(),
+        )
     }
 
     pub fn node(&self, name: &str) -> &Node {

@@ -1,6 +1,7 @@
 //! Test support for lb: hand-built frames, a data plane loaded into the real kernel for
 //! BPF_PROG_TEST_RUN, and network-namespace labs. Everything here needs root.
 
+pub mod dsr;
 pub mod frames;
 pub mod lab;
 
@@ -16,7 +17,11 @@ static SEQ: AtomicU32 = AtomicU32::new(0);
 
 /// A unique short name for kernel objects of this test run.
 pub fn unique(prefix: &str) -> String {
-    format!("{prefix}{}x{}", std::process::id() % 100_000, SEQ.fetch_add(1, Ordering::SeqCst))
+    format!(
+        "{prefix}{}x{}",
+        std::process::id() % 100_000,
+        SEQ.fetch_add(1, Ordering::SeqCst)
+    )
 }
 
 /// A data plane loaded (not attached) with its pins in a directory of its own, removed on drop.
@@ -34,7 +39,8 @@ impl TestDataplane {
             conntrack_size: 4096,
             hash_seed: 0x1b_5eed,
         };
-        let dp = Dataplane::load(opts.clone()).expect("load the XDP program (needs root and `cargo xtask setup`)");
+        let dp = Dataplane::load(opts.clone())
+            .expect("load the XDP program (needs root and `cargo xtask setup`)");
         TestDataplane { dp, opts }
     }
 }
@@ -66,5 +72,8 @@ pub fn bin_dir() -> PathBuf {
     }
     let exe = std::env::current_exe().expect("current exe");
     // target/<profile>/deps/<test> -> target/<profile>
-    exe.parent().and_then(|p| p.parent()).expect("target dir").to_path_buf()
+    exe.parent()
+        .and_then(|p| p.parent())
+        .expect("target dir")
+        .to_path_buf()
 }

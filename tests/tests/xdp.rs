@@ -26,11 +26,19 @@ fn ip(s: &str) -> IpAddr {
 }
 
 fn service(addr: IpAddr, port: u16, proto: u8, backends: Vec<BackendSpec>) -> ServiceSpec {
-    ServiceSpec { key: vip_key(addr, port, proto), owned: true, backends }
+    ServiceSpec {
+        key: vip_key(addr, port, proto),
+        owned: true,
+        backends,
+    }
 }
 
 fn three() -> Vec<BackendSpec> {
-    vec![backend("10.77.0.11", 11), backend("10.77.0.12", 12), backend("10.77.0.13", 13)]
+    vec![
+        backend("10.77.0.11", 11),
+        backend("10.77.0.12", 12),
+        backend("10.77.0.13", 13),
+    ]
 }
 
 fn setup(services: Vec<ServiceSpec>) -> TestDataplane {
@@ -49,15 +57,31 @@ fn expected_mac(t: &TestDataplane, key: &FlowKey, svc: &ServiceSpec) -> [u8; 6] 
     let entries: Vec<maglev::Entry> = installed
         .iter()
         .filter(|b| b.spec.in_table())
-        .map(|b| maglev::Entry { addr: b.spec.addr, weight: b.spec.weight, id: b.id })
+        .map(|b| maglev::Entry {
+            addr: b.spec.addr,
+            weight: b.spec.weight,
+            id: b.id,
+        })
         .collect();
     let table = maglev::build(&entries, SIZE);
     let id = table[(flow_hash(key, 0x1b_5eed) % SIZE) as usize];
-    installed.iter().find(|b| b.id == id).unwrap().spec.mac.unwrap()
+    installed
+        .iter()
+        .find(|b| b.id == id)
+        .unwrap()
+        .spec
+        .mac
+        .unwrap()
 }
 
 fn flow4(sport: u16, dport: u16, proto: u8) -> FlowKey {
-    let mut k = FlowKey { sport, dport, proto, family: 4, ..Default::default() };
+    let mut k = FlowKey {
+        sport,
+        dport,
+        proto,
+        family: 4,
+        ..Default::default()
+    };
     k.src[..4].copy_from_slice(&CLIENT);
     k.dst[..4].copy_from_slice(&VIP);
     k
@@ -72,7 +96,11 @@ fn run(t: &mut TestDataplane, frame: &[u8]) -> (u32, Vec<u8>) {
 fn assert_forwarded(input: &[u8], out: &[u8], mac: [u8; 6]) {
     assert_eq!(&out[0..6], &mac, "destination MAC is the backend's");
     assert_eq!(&out[6..12], &LB_MAC, "source MAC is the egress interface's");
-    assert_eq!(&out[12..], &input[12..], "nothing after the Ethernet addresses changes");
+    assert_eq!(
+        &out[12..],
+        &input[12..],
+        "nothing after the Ethernet addresses changes"
+    );
 }
 
 #[test]
@@ -116,7 +144,11 @@ fn tcp_syn_to_vip_is_forwarded_with_only_macs_changed() {
     let vip_id = t.dp.vip_id(&svc.key).unwrap();
     let traffic = t.dp.vip_traffic(vip_id).unwrap();
     assert_eq!((traffic.packets, traffic.new_flows), (50, 50));
-    let per_backend: u64 = t.dp.installed(&svc.key).iter().map(|b| t.dp.backend_traffic(b.id).unwrap().packets).sum();
+    let per_backend: u64 =
+        t.dp.installed(&svc.key)
+            .iter()
+            .map(|b| t.dp.backend_traffic(b.id).unwrap().packets)
+            .sum();
     assert_eq!(per_backend, 50);
 }
 
@@ -125,10 +157,21 @@ fn ipv4_options_are_honoured() {
     let svc = service(IpAddr::from(VIP), 6443, PROTO_TCP, three());
     let mut t = setup(vec![svc.clone()]);
     let opts = [1u8, 1, 1, 1, 1, 1, 1, 0]; // NOPs and an end-of-options: 8 bytes
-    let f = ipv4_frame_opts(CLIENT, VIP, PROTO_TCP, &opts, &tcp(40001, 6443, SYN), 0x4000);
+    let f = ipv4_frame_opts(
+        CLIENT,
+        VIP,
+        PROTO_TCP,
+        &opts,
+        &tcp(40001, 6443, SYN),
+        0x4000,
+    );
     let (v, out) = run(&mut t, &f);
     assert_eq!(v, TX);
-    assert_forwarded(&f, &out, expected_mac(&t, &flow4(40001, 6443, PROTO_TCP), &svc));
+    assert_forwarded(
+        &f,
+        &out,
+        expected_mac(&t, &flow4(40001, 6443, PROTO_TCP), &svc),
+    );
 }
 
 #[test]
@@ -145,22 +188,39 @@ fn established_flows_stick_while_their_backend_stays_in_the_set() {
     }
     let mut grown = svc.clone();
     grown.backends.push(backend("10.77.0.14", 14));
-    t.dp.apply(&Desired { services: vec![grown.clone()] }).unwrap();
+    t.dp.apply(&Desired {
+        services: vec![grown.clone()],
+    })
+    .unwrap();
     let mut would_move = 0;
     for (i, sport) in (41000..41400u16).enumerate() {
         let f = ipv4_frame(CLIENT, VIP, PROTO_TCP, &tcp(sport, 6443, ACK));
         let (v, out) = run(&mut t, &f);
         assert_eq!(v, TX);
-        assert_eq!(out[0..6], first[i][..], "flow {sport} moved although its backend stayed");
+        assert_eq!(
+            out[0..6],
+            first[i][..],
+            "flow {sport} moved although its backend stayed"
+        );
         if expected_mac(&t, &flow4(sport, 6443, PROTO_TCP), &grown)[..] != first[i][..] {
             would_move += 1;
         }
     }
-    assert!(would_move > 40, "the test must include flows the new table maps elsewhere ({would_move})");
+    assert!(
+        would_move > 40,
+        "the test must include flows the new table maps elsewhere ({would_move})"
+    );
     assert!(counter(&t, stat::CONNTRACK_HIT) >= 400);
     // New flows do use the fourth backend.
     let macs: std::collections::HashSet<Vec<u8>> = (42000..42100u16)
-        .map(|sport| run(&mut t, &ipv4_frame(CLIENT, VIP, PROTO_TCP, &tcp(sport, 6443, SYN))).1[0..6].to_vec())
+        .map(|sport| {
+            run(
+                &mut t,
+                &ipv4_frame(CLIENT, VIP, PROTO_TCP, &tcp(sport, 6443, SYN)),
+            )
+            .1[0..6]
+                .to_vec()
+        })
         .collect();
     assert!(macs.contains(&vec![0x02, 0xbe, 0, 0, 0, 14]));
 }
@@ -171,7 +231,10 @@ fn flows_of_a_removed_or_failed_backend_move() {
     let mut t = setup(vec![svc.clone()]);
     let mut on_12 = Vec::new();
     for sport in 43000..43100u16 {
-        let (_, out) = run(&mut t, &ipv4_frame(CLIENT, VIP, PROTO_TCP, &tcp(sport, 6443, SYN)));
+        let (_, out) = run(
+            &mut t,
+            &ipv4_frame(CLIENT, VIP, PROTO_TCP, &tcp(sport, 6443, SYN)),
+        );
         if out[5] == 12 {
             on_12.push(sport);
         }
@@ -179,9 +242,15 @@ fn flows_of_a_removed_or_failed_backend_move() {
     assert!(!on_12.is_empty());
     let mut failed = svc.clone();
     failed.backends[1].healthy = false;
-    t.dp.apply(&Desired { services: vec![failed] }).unwrap();
+    t.dp.apply(&Desired {
+        services: vec![failed],
+    })
+    .unwrap();
     for sport in &on_12 {
-        let (v, out) = run(&mut t, &ipv4_frame(CLIENT, VIP, PROTO_TCP, &tcp(*sport, 6443, ACK)));
+        let (v, out) = run(
+            &mut t,
+            &ipv4_frame(CLIENT, VIP, PROTO_TCP, &tcp(*sport, 6443, ACK)),
+        );
         assert_eq!(v, TX);
         assert_ne!(out[5], 12, "flow {sport} still sent to the failed backend");
     }
@@ -194,20 +263,32 @@ fn drained_backend_keeps_established_flows_but_gets_no_new_ones() {
     let mut t = setup(vec![svc.clone()]);
     let mut on_11 = Vec::new();
     for sport in 44000..44100u16 {
-        let (_, out) = run(&mut t, &ipv4_frame(CLIENT, VIP, PROTO_TCP, &tcp(sport, 6443, SYN)));
+        let (_, out) = run(
+            &mut t,
+            &ipv4_frame(CLIENT, VIP, PROTO_TCP, &tcp(sport, 6443, SYN)),
+        );
         if out[5] == 11 {
             on_11.push(sport);
         }
     }
     let mut drained = svc.clone();
     drained.backends[0].drained = true;
-    t.dp.apply(&Desired { services: vec![drained] }).unwrap();
+    t.dp.apply(&Desired {
+        services: vec![drained],
+    })
+    .unwrap();
     for sport in &on_11 {
-        let (_, out) = run(&mut t, &ipv4_frame(CLIENT, VIP, PROTO_TCP, &tcp(*sport, 6443, ACK)));
+        let (_, out) = run(
+            &mut t,
+            &ipv4_frame(CLIENT, VIP, PROTO_TCP, &tcp(*sport, 6443, ACK)),
+        );
         assert_eq!(out[5], 11, "established flow left the drained backend");
     }
     for sport in 45000..45200u16 {
-        let (_, out) = run(&mut t, &ipv4_frame(CLIENT, VIP, PROTO_TCP, &tcp(sport, 6443, SYN)));
+        let (_, out) = run(
+            &mut t,
+            &ipv4_frame(CLIENT, VIP, PROTO_TCP, &tcp(sport, 6443, SYN)),
+        );
         assert_ne!(out[5], 11, "new flow sent to the drained backend");
     }
 }
@@ -250,29 +331,58 @@ fn all_ports_vip_and_udp() {
         let f = ipv4_frame(CLIENT, VIP, PROTO_UDP, &udp(5000, port, 16));
         let (v, out) = run(&mut t, &f);
         assert_eq!(v, TX, "port {port}");
-        assert_forwarded(&f, &out, expected_mac(&t, &flow4(5000, port, PROTO_UDP), &svc));
+        assert_forwarded(
+            &f,
+            &out,
+            expected_mac(&t, &flow4(5000, port, PROTO_UDP), &svc),
+        );
     }
 }
 
 #[test]
 fn ipv6_tcp_and_extension_headers() {
-    let svc = service(ip(VIP6), 443, PROTO_TCP, vec![backend("fd77::11", 11), backend("fd77::12", 12)]);
+    let svc = service(
+        ip(VIP6),
+        443,
+        PROTO_TCP,
+        vec![backend("fd77::11", 11), backend("fd77::12", 12)],
+    );
     let mut t = setup(vec![svc.clone()]);
     let (src, dst) = (addr_bytes(ip(CLIENT6)).0, addr_bytes(ip(VIP6)).0);
-    let key = FlowKey { src, dst, sport: 50000, dport: 443, proto: PROTO_TCP, family: 6, _pad: [0; 2] };
+    let key = FlowKey {
+        src,
+        dst,
+        sport: 50000,
+        dport: 443,
+        proto: PROTO_TCP,
+        family: 6,
+        _pad: [0; 2],
+    };
     let f = ipv6_frame(src, dst, PROTO_TCP, &tcp(50000, 443, SYN));
     let (v, out) = run(&mut t, &f);
     assert_eq!(v, TX);
     assert_forwarded(&f, &out, expected_mac(&t, &key, &svc));
 
     // Hop-by-hop + destination options: walked, same flow, same backend.
-    let f2 = ipv6_frame_ext(src, dst, PROTO_TCP, &[(0, 0), (60, 1)], &tcp(50000, 443, ACK));
+    let f2 = ipv6_frame_ext(
+        src,
+        dst,
+        PROTO_TCP,
+        &[(0, 0), (60, 1)],
+        &tcp(50000, 443, ACK),
+    );
     let (v, out2) = run(&mut t, &f2);
     assert_eq!(v, TX);
     assert_eq!(out2[0..6], out[0..6]);
 
     // A chain longer than we walk is passed and counted, never forwarded.
-    let long = ipv6_frame_ext(src, dst, PROTO_TCP, &[(60, 0), (60, 0), (60, 0), (60, 0), (60, 0)], &tcp(50000, 443, ACK));
+    let long = ipv6_frame_ext(
+        src,
+        dst,
+        PROTO_TCP,
+        &[(60, 0), (60, 0), (60, 0), (60, 0), (60, 0)],
+        &tcp(50000, 443, ACK),
+    );
     let (v, out3) = run(&mut t, &long);
     assert_eq!((v, out3), (PASS, long));
     assert_eq!(counter(&t, stat::PASS_IPV6_EXT_LIMIT), 1);
@@ -281,11 +391,23 @@ fn ipv6_tcp_and_extension_headers() {
 #[test]
 fn icmp_too_big_reaches_the_flows_backend() {
     let svc = service(IpAddr::from(VIP), 6443, PROTO_TCP, three());
-    let svc6 = service(ip(VIP6), 6443, PROTO_TCP, vec![backend("fd77::11", 21), backend("fd77::12", 22), backend("fd77::13", 23)]);
+    let svc6 = service(
+        ip(VIP6),
+        6443,
+        PROTO_TCP,
+        vec![
+            backend("fd77::11", 21),
+            backend("fd77::12", 22),
+            backend("fd77::13", 23),
+        ],
+    );
     let mut t = setup(vec![svc.clone(), svc6.clone()]);
     for sport in [40000u16, 40001, 40002, 40003, 40004, 40005] {
         // The flow's data packets go to backend X ...
-        let (_, out) = run(&mut t, &ipv4_frame(CLIENT, VIP, PROTO_TCP, &tcp(sport, 6443, SYN)));
+        let (_, out) = run(
+            &mut t,
+            &ipv4_frame(CLIENT, VIP, PROTO_TCP, &tcp(sport, 6443, SYN)),
+        );
         // ... and the router's complaint about X's reply (VIP -> client) goes to X too.
         let icmp = icmp4_frag_needed([10, 77, 0, 254], VIP, CLIENT, 6443, sport);
         let (v, iout) = run(&mut t, &icmp);
@@ -295,11 +417,22 @@ fn icmp_too_big_reaches_the_flows_backend() {
     // Without a connection-table entry the hash alone gives the same answer.
     let icmp = icmp4_frag_needed([10, 77, 0, 254], VIP, CLIENT, 6443, 49999);
     let (_, iout) = run(&mut t, &icmp);
-    assert_eq!(iout[0..6], expected_mac(&t, &flow4(49999, 6443, PROTO_TCP), &svc));
+    assert_eq!(
+        iout[0..6],
+        expected_mac(&t, &flow4(49999, 6443, PROTO_TCP), &svc)
+    );
     assert_eq!(counter(&t, stat::ICMP_FORWARDED), 7);
 
     let (c6, v6b) = (addr_bytes(ip(CLIENT6)).0, addr_bytes(ip(VIP6)).0);
-    let key = FlowKey { src: c6, dst: v6b, sport: 51000, dport: 6443, proto: PROTO_TCP, family: 6, _pad: [0; 2] };
+    let key = FlowKey {
+        src: c6,
+        dst: v6b,
+        sport: 51000,
+        dport: 6443,
+        proto: PROTO_TCP,
+        family: 6,
+        _pad: [0; 2],
+    };
     let icmp6 = icmp6_too_big(addr_bytes(ip("fd77::fe")).0, v6b, c6, 6443, 51000);
     let (v, out) = run(&mut t, &icmp6);
     assert_eq!(v, TX);
@@ -321,8 +454,17 @@ fn fragments_to_a_vip_are_dropped_and_counted() {
     let other = ipv4_frame_opts(CLIENT, [10, 77, 0, 5], PROTO_TCP, &[], &[0u8; 24], 0x2000);
     assert_eq!(run(&mut t, &first).0, DROP);
     assert_eq!(run(&mut t, &later).0, DROP);
-    assert_eq!(run(&mut t, &other).0, PASS, "fragments to other addresses are not ours");
-    let f6 = ipv6_fragment(addr_bytes(ip(CLIENT6)).0, addr_bytes(ip(VIP6)).0, PROTO_TCP, &tcp(1, 443, ACK));
+    assert_eq!(
+        run(&mut t, &other).0,
+        PASS,
+        "fragments to other addresses are not ours"
+    );
+    let f6 = ipv6_fragment(
+        addr_bytes(ip(CLIENT6)).0,
+        addr_bytes(ip(VIP6)).0,
+        PROTO_TCP,
+        &tcp(1, 443, ACK),
+    );
     assert_eq!(run(&mut t, &f6).0, DROP);
     assert_eq!(counter(&t, stat::DROP_FRAGMENT), 3);
     assert_eq!(counter(&t, stat::FORWARDED), 0);
@@ -335,7 +477,14 @@ fn empty_backend_set_drops_and_counts() {
         x.healthy = false;
     }
     let mut t = setup(vec![service(IpAddr::from(VIP), 6443, PROTO_TCP, b)]);
-    assert_eq!(run(&mut t, &ipv4_frame(CLIENT, VIP, PROTO_TCP, &tcp(40000, 6443, SYN))).0, DROP);
+    assert_eq!(
+        run(
+            &mut t,
+            &ipv4_frame(CLIENT, VIP, PROTO_TCP, &tcp(40000, 6443, SYN))
+        )
+        .0,
+        DROP
+    );
     assert_eq!(counter(&t, stat::DROP_NO_BACKEND), 1);
 }
 
@@ -359,14 +508,22 @@ fn every_truncation_and_bad_header_is_passed_or_dropped_never_forwarded() {
     ];
     let mut runs = 0u64;
     for f in &valid {
-        assert_ne!(run(&mut t, f).0, PASS, "the untruncated frame is a VIP packet");
+        assert_ne!(
+            run(&mut t, f).0,
+            PASS,
+            "the untruncated frame is a VIP packet"
+        );
         // BPF_PROG_TEST_RUN refuses frames shorter than an Ethernet header (and no NIC hands
         // such a frame to XDP), so truncations start at 14 bytes.
         for len in 14..f.len() {
             let cut = &f[..len];
             let (v, out) = run(&mut t, cut);
             runs += 1;
-            assert!(v == PASS || v == DROP, "truncated to {len} of {} bytes: verdict {v}", f.len());
+            assert!(
+                v == PASS || v == DROP,
+                "truncated to {len} of {} bytes: verdict {v}",
+                f.len()
+            );
             assert_eq!(out, cut, "a truncated frame is not modified");
         }
     }
@@ -383,11 +540,15 @@ fn every_truncation_and_bad_header_is_passed_or_dropped_never_forwarded() {
     assert_eq!(run(&mut t, &bad).0, PASS);
     runs += 1;
     let malformed = counter(&t, stat::PASS_MALFORMED);
-    let counted = malformed + counter(&t, stat::PASS_NOT_VIP) + counter(&t, stat::PASS_ICMP_NOT_VIP);
+    let counted =
+        malformed + counter(&t, stat::PASS_NOT_VIP) + counter(&t, stat::PASS_ICMP_NOT_VIP);
     assert!(malformed > 0);
     assert_eq!(counter(&t, stat::FORWARDED), valid.len() as u64 - 2);
     assert_eq!(counter(&t, stat::ICMP_FORWARDED), 2);
-    assert!(counted >= runs, "every pass is counted with its reason ({counted} < {runs})");
+    assert!(
+        counted >= runs,
+        "every pass is counted with its reason ({counted} < {runs})"
+    );
 }
 
 #[test]
@@ -400,7 +561,9 @@ fn a_table_slot_naming_a_backend_outside_the_set_is_dropped_not_forwarded() {
     let mut backends: aya::maps::Array<_, lb_common::BackendInfo> =
         aya::maps::Array::try_from(aya::maps::Map::Array(pinned)).unwrap();
     for b in t.dp.installed(&svc.key) {
-        backends.set(b.id, lb_common::BackendInfo::default(), 0).unwrap();
+        backends
+            .set(b.id, lb_common::BackendInfo::default(), 0)
+            .unwrap();
     }
     let f = ipv4_frame(CLIENT, VIP, PROTO_TCP, &tcp(40000, 6443, SYN));
     let (v, out) = run(&mut t, &f);

@@ -1,1 +1,297 @@
-fn main(){}
+//! Project tasks. `cargo xtask setup | test | demo | bench [PART]`.
+//!
+//! Everything a fresh machine of this project's kind needs is installed by `setup`, idempotently:
+//! the nightly rust-src component, a bpf-linker linked against the nightly toolchain's own LLVM,
+//! and the Debian packages the tests and the demo use. `test`, `demo` and `bench` run it first.
+
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+    time::Instant,
+};
+
+use anyhow::{Context, Result, bail};
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "xtask", about = "lb project tasks")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Install what the build and the tests need (idempotent; seconds when already done).
+    Setup,
+    /// Setup, then every test: unit tests, BPF_PROG_TEST_RUN tests, namespace labs, fuzzing.
+    Test {
+        /// Only tests whose name contains this (passed to the kernel/lab test binaries).
+        filter: Option<String>,
+        /// Skip the bounded fuzz run.
+        #[arg(long)]
+        no_fuzz: bool,
+    },
+    /// Setup, build, and run the demo lab (network namespaces; needs root).
+    Demo,
+    /// Setup, build (release), and run benchmarks; JSON under target/bench/.
+    Bench {
+        /// micro | table | failover | detect | e2e | all
+        #[arg(default_value = "micro")]
+        part: String,
+    },
+}
+
+/// Debian packages used by the tests, the demo and the benchmarks.
+const DEBIAN_PACKAGES: &[&str] = &[
+    "iproute2",
+    "iputils-arping",
+    "ndisc6",
+    "util-linux",
+    "procps",
+    "keepalived",
+    "haproxy",
+    "wrk",
+    "tcpdump",
+];
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
+}
+
+fn cargo_home() -> PathBuf {
+    std::env::var_os("CARGO_HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var("HOME").unwrap_or_else(|_| "/root".into())).join(".cargo")
+        })
+}
+
+fn run(cmd: &mut Command) -> Result<()> {
+    eprintln!("+ {:?}", cmd);
+    let status = cmd.status().with_context(|| format!("spawn {cmd:?}"))?;
+    if !status.success() {
+        bail!("{cmd:?} failed: {status}");
+    }
+    Ok(())
+}
+
+fn output(cmd: &mut Command) -> Option<String> {
+    let out = cmd.output().ok()?;
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).to_string())
+}
+
+fn step(name: &str) {
+    eprintln!("\n== {name}");
+}
+
+fn setup() -> Result<()> {
+    let t = Instant::now();
+    step("setup: nightly rust-src");
+    let installed = output(Command::new("rustup").args([
+        "component",
+        "list",
+        "--toolchain",
+        "nightly",
+        "--installed",
+    ]))
+    .unwrap_or_default();
+    if !installed.lines().any(|l| l.starts_with("rust-src")) {
+        run(Command::new("rustup").args([
+            "component",
+            "add",
+            "rust-src",
+            "--toolchain",
+            "nightly",
+        ]))?;
+    } else {
+        eprintln!("rust-src present");
+    }
+
+    step("setup: bpf-linker (against nightly's LLVM)");
+    let linker = cargo_home().join("bin/bpf-linker");
+    let sysroot = output(Command::new("rustc").args(["+nightly", "--print", "sysroot"]))
+        .context("the nightly toolchain is needed to build the XDP program")?;
+    let lib = PathBuf::from(sysroot.trim()).join("lib");
+    let llvm = std::fs::read_dir(&lib)?
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().to_string())
+        .find(|n| n.starts_with("libLLVM") && n.contains(".so"))
+        .with_context(|| format!("no libLLVM in {}", lib.display()))?;
+    // bpf-linker links against this prefix and keeps an rpath to it, so the prefix must stay.
+    // It holds the library under both names: libLLVM.so (to link) and its soname (to run).
+    let prefix = cargo_home().join("lb-bpf-llvm");
+    std::fs::create_dir_all(prefix.join("lib"))?;
+    for name in ["libLLVM.so", llvm.as_str()] {
+        let link = prefix.join("lib").join(name);
+        if std::fs::read_link(&link).ok() != Some(lib.join(&llvm)) {
+            let _ = std::fs::remove_file(&link);
+            std::os::unix::fs::symlink(lib.join(&llvm), &link)?;
+        }
+    }
+    let works = linker.exists() && output(Command::new(&linker).arg("--version")).is_some();
+    if works {
+        eprintln!("bpf-linker present");
+    } else {
+        let major = llvm
+            .split(['-', '.'])
+            .find_map(|p| p.parse::<u32>().ok())
+            .unwrap_or(22);
+        let install = |locked: bool| {
+            let mut c = Command::new("cargo");
+            c.args([
+                "install",
+                "bpf-linker",
+                "--force",
+                "--no-default-features",
+                "--features",
+            ])
+            .arg(format!("llvm-{major}"))
+            .env("LLVM_PREFIX", &prefix);
+            if locked {
+                c.arg("--locked");
+            }
+            run(&mut c)
+        };
+        install(true).or_else(|_| install(false))?;
+    }
+
+    step("setup: Debian packages");
+    let missing: Vec<&str> = DEBIAN_PACKAGES
+        .iter()
+        .copied()
+        .filter(|p| {
+            output(Command::new("dpkg-query").args(["-W", "-f=${Status}", p]))
+                .map(|s| !s.contains("install ok installed"))
+                .unwrap_or(true)
+        })
+        .collect();
+    if missing.is_empty() {
+        eprintln!("all present: {}", DEBIAN_PACKAGES.join(" "));
+    } else {
+        run(Command::new("apt-get")
+            .arg("update")
+            .env("DEBIAN_FRONTEND", "noninteractive"))?;
+        run(Command::new("apt-get")
+            .args(["install", "-y", "--no-install-recommends"])
+            .args(&missing)
+            .env("DEBIAN_FRONTEND", "noninteractive"))?;
+        // The packaged services must not run on the host: the labs start their own instances.
+        for svc in ["keepalived", "haproxy"] {
+            let _ = Command::new("systemctl")
+                .args(["disable", "--now", svc])
+                .status();
+            let _ = Command::new("pkill").args(["-x", svc]).status();
+        }
+    }
+    eprintln!("setup done in {:.1}s", t.elapsed().as_secs_f64());
+    Ok(())
+}
+
+fn cargo() -> Command {
+    let mut c = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    c.current_dir(root());
+    c
+}
+
+fn require_root() -> Result<()> {
+    if unsafe { libc_geteuid() } != 0 {
+        bail!("this needs root (XDP, BPF_PROG_TEST_RUN, network namespaces)");
+    }
+    Ok(())
+}
+
+unsafe extern "C" {
+    #[link_name = "geteuid"]
+    fn libc_geteuid() -> u32;
+}
+
+fn test(filter: Option<String>, no_fuzz: bool) -> Result<()> {
+    setup()?;
+    require_root()?;
+    let t = Instant::now();
+    step("unit tests (default members: lb-common, lb-userspace, xtask)");
+    run(cargo().args(["test"]))?;
+
+    step("build lbd, lbctl and the test tools");
+    run(cargo().args(["build", "-p", "lb-userspace", "--bins"]))?;
+    run(cargo().args(["build", "-p", "lb-tests", "--bins"]))?;
+
+    step("kernel tests: BPF_PROG_TEST_RUN and network-namespace labs (root, one at a time)");
+    let bin_dir = root().join("target/debug");
+    let mut c = cargo();
+    c.args(["test", "-p", "lb-tests", "--", "--test-threads=1"]);
+    if let Some(f) = &filter {
+        c.arg(f);
+    }
+    run(c.env("LB_BIN_DIR", &bin_dir))?;
+
+    if !no_fuzz && root().join("fuzz/Cargo.toml").exists() {
+        step("bounded fuzz run of the VRRP decoder");
+        fuzz()?;
+    }
+    eprintln!("\nall tests passed in {:.0}s", t.elapsed().as_secs_f64());
+    Ok(())
+}
+
+fn fuzz() -> Result<()> {
+    let have = output(Command::new("cargo").args(["fuzz", "--version"])).is_some();
+    if !have {
+        run(Command::new("cargo").args(["install", "cargo-fuzz", "--locked"]))
+            .or_else(|_| run(Command::new("cargo").args(["install", "cargo-fuzz"])))?;
+    }
+    let secs = std::env::var("LB_FUZZ_SECONDS").unwrap_or_else(|_| "30".into());
+    run(Command::new("cargo")
+        .current_dir(root().join("fuzz"))
+        .args(["+nightly", "fuzz", "run", "vrrp_decode", "--"])
+        .arg(format!("-max_total_time={secs}"))
+        .env("LB_SKIP_EBPF", "1"))
+}
+
+fn tool(name: &str, release: bool) -> Result<PathBuf> {
+    let mut c = cargo();
+    c.args(["build", "-p", "lb-userspace", "--bins"]);
+    if release {
+        c.arg("--release");
+    }
+    run(&mut c)?;
+    let mut c = cargo();
+    c.args(["build", "-p", "lb-tests", "--bins"]);
+    if release {
+        c.arg("--release");
+    }
+    run(&mut c)?;
+    Ok(root()
+        .join("target")
+        .join(if release { "release" } else { "debug" })
+        .join(name))
+}
+
+fn main() -> Result<()> {
+    let cli = Cli::parse();
+    match cli.cmd {
+        Cmd::Setup => setup(),
+        Cmd::Test { filter, no_fuzz } => test(filter, no_fuzz),
+        Cmd::Demo => {
+            setup()?;
+            require_root()?;
+            let demo = tool("demo", false)?;
+            run(Command::new(demo).env("LB_BIN_DIR", root().join("target/debug")))
+        }
+        Cmd::Bench { part } => {
+            setup()?;
+            require_root()?;
+            let bench = tool("bench", true)?;
+            std::fs::create_dir_all(root().join("target/bench"))?;
+            run(Command::new(bench)
+                .arg(&part)
+                .env("LB_BIN_DIR", root().join("target/release"))
+                .env("LB_BENCH_DIR", root().join("target/bench")))
+        }
+    }
+}

@@ -45,13 +45,17 @@ fn read_line(s: &TcpStream) -> std::io::Result<String> {
     let mut line = String::new();
     r.read_line(&mut line)?;
     if line.is_empty() {
-        return Err(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "closed before the id"));
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::UnexpectedEof,
+            "closed before the id",
+        ));
     }
     Ok(line.trim().to_string())
 }
 
 fn one(addr: SocketAddr, timeout: Duration) -> Result<String, String> {
-    let s = TcpStream::connect_timeout(&addr, timeout).map_err(|e| format!("connect: {}", e.kind()))?;
+    let s =
+        TcpStream::connect_timeout(&addr, timeout).map_err(|e| format!("connect: {}", e.kind()))?;
     s.set_read_timeout(Some(timeout)).ok();
     read_line(&s).map_err(|e| format!("read: {}", e.kind()))
 }
@@ -113,7 +117,8 @@ fn hold(addr: SocketAddr, count: u64, secs: u64, interval: Duration) {
             let results = results.clone();
             std::thread::spawn(move || {
                 let outcome = (|| -> Result<String, String> {
-                    let s = TcpStream::connect_timeout(&addr, Duration::from_secs(3)).map_err(|e| format!("connect: {e}"))?;
+                    let s = TcpStream::connect_timeout(&addr, Duration::from_secs(3))
+                        .map_err(|e| format!("connect: {e}"))?;
                     s.set_read_timeout(Some(Duration::from_secs(3))).ok();
                     let mut r = BufReader::new(s.try_clone().map_err(|e| e.to_string())?);
                     let mut w = s;
@@ -122,9 +127,11 @@ fn hold(addr: SocketAddr, count: u64, secs: u64, interval: Duration) {
                     let mut n = 0u64;
                     while Instant::now() < deadline {
                         let msg = format!("c{i} m{n}\n");
-                        w.write_all(msg.as_bytes()).map_err(|e| format!("write: {}", e.kind()))?;
+                        w.write_all(msg.as_bytes())
+                            .map_err(|e| format!("write: {}", e.kind()))?;
                         let mut back = String::new();
-                        r.read_line(&mut back).map_err(|e| format!("echo: {}", e.kind()))?;
+                        r.read_line(&mut back)
+                            .map_err(|e| format!("echo: {}", e.kind()))?;
                         if back != msg {
                             return Err(format!("echo mismatch: {back:?}"));
                         }
@@ -148,12 +155,19 @@ fn hold(addr: SocketAddr, count: u64, secs: u64, interval: Duration) {
         let _ = t.join();
     }
     let g = results.lock().unwrap();
-    println!("{{\"survived\":{},\"failed\":{},\"errors\":{:?}}}", g.0, g.1, g.2);
+    println!(
+        "{{\"survived\":{},\"failed\":{},\"errors\":{:?}}}",
+        g.0, g.1, g.2
+    );
 }
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
-    let arg = |i: usize| args.get(i).cloned().unwrap_or_else(|| panic!("missing argument {i}; see the source"));
+    let arg = |i: usize| {
+        args.get(i)
+            .cloned()
+            .unwrap_or_else(|| panic!("missing argument {i}; see the source"))
+    };
     match args.get(1).map(String::as_str) {
         Some("serve-id") => serve_id(arg(2).parse().unwrap(), arg(3)),
         Some("connect-many") => {
@@ -175,7 +189,9 @@ fn main() {
             )
         }
         _ => {
-            eprintln!("usage: labnode serve-id PORT ID | connect-many ADDR PORT COUNT CONC TIMEOUT_MS | hold ADDR PORT COUNT SECS INTERVAL_MS");
+            eprintln!(
+                "usage: labnode serve-id PORT ID | connect-many ADDR PORT COUNT CONC TIMEOUT_MS | hold ADDR PORT COUNT SECS INTERVAL_MS"
+            );
             std::process::exit(2);
         }
     }
