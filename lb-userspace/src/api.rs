@@ -43,7 +43,8 @@ impl Response {
     pub fn json<T: Serialize>(v: &T) -> Response {
         Response {
             status: 200,
-            body: serde_json::to_string_pretty(v).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}")),
+            body: serde_json::to_string_pretty(v)
+                .unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}")),
             content_type: "application/json",
         }
     }
@@ -55,7 +56,11 @@ impl Response {
         }
     }
     pub fn text(status: u16, body: String) -> Response {
-        Response { status, body, content_type: "text/plain; version=0.0.4" }
+        Response {
+            status,
+            body,
+            content_type: "text/plain; version=0.0.4",
+        }
     }
 }
 
@@ -65,14 +70,23 @@ pub trait Handler: Send + Sync + 'static {
 
 fn route(method: &Method, path: &str, body: &[u8], full_api: bool) -> Result<Request, Response> {
     let parse = |b: &[u8]| {
-        serde_json::from_slice::<DrainRequest>(b)
-            .map_err(|e| Response::error(400, format!("body: {e} (want {{\"vip\":..,\"backend\":..}})")))
+        serde_json::from_slice::<DrainRequest>(b).map_err(|e| {
+            Response::error(
+                400,
+                format!("body: {e} (want {{\"vip\":..,\"backend\":..}})"),
+            )
+        })
     };
     let req = match (method, path) {
         (&Method::GET, "/healthz") => Request::Healthz,
         (&Method::GET, "/readyz") => Request::Readyz,
         (&Method::GET, "/metrics") => Request::Metrics,
-        _ if !full_api => return Err(Response::error(404, format!("{path}: not served on this listener"))),
+        _ if !full_api => {
+            return Err(Response::error(
+                404,
+                format!("{path}: not served on this listener"),
+            ));
+        }
         (&Method::GET, "/v1/backends") => Request::Backends,
         (&Method::GET, "/v1/vips") => Request::Vips,
         (&Method::GET, "/v1/stats") => Request::Stats,
@@ -80,7 +94,12 @@ fn route(method: &Method, path: &str, body: &[u8], full_api: bool) -> Result<Req
         (&Method::POST, "/v1/backends/drain") => Request::Drain(parse(body)?),
         (&Method::POST, "/v1/backends/undrain") => Request::Undrain(parse(body)?),
         (&Method::POST, "/v1/reload") => Request::Reload,
-        _ => return Err(Response::error(404, format!("{method} {path}: no such endpoint"))),
+        _ => {
+            return Err(Response::error(
+                404,
+                format!("{method} {path}: no such endpoint"),
+            ));
+        }
     };
     Ok(req)
 }
@@ -94,19 +113,29 @@ where
         let handler = handler.clone();
         async move {
             let (parts, body) = req.into_parts();
-            let body = body.collect().await.map(|b| b.to_bytes()).unwrap_or_default();
+            let body = body
+                .collect()
+                .await
+                .map(|b| b.to_bytes())
+                .unwrap_or_default();
             let resp = match route(&parts.method, parts.uri.path(), &body, full_api) {
                 Ok(r) => handler.handle(r).await,
                 Err(resp) => resp,
             };
             let mut out = hyper::Response::new(Full::new(Bytes::from(resp.body)));
-            *out.status_mut() = StatusCode::from_u16(resp.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-            out.headers_mut()
-                .insert(hyper::header::CONTENT_TYPE, hyper::header::HeaderValue::from_static(resp.content_type));
+            *out.status_mut() =
+                StatusCode::from_u16(resp.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+            out.headers_mut().insert(
+                hyper::header::CONTENT_TYPE,
+                hyper::header::HeaderValue::from_static(resp.content_type),
+            );
             Ok::<_, std::convert::Infallible>(out)
         }
     });
-    if let Err(e) = http1::Builder::new().serve_connection(TokioIo::new(io), svc).await {
+    if let Err(e) = http1::Builder::new()
+        .serve_connection(TokioIo::new(io), svc)
+        .await
+    {
         tracing::debug!(error = %e, "API connection ended with an error");
     }
 }
@@ -118,7 +147,8 @@ pub async fn serve_unix<H: Handler>(path: std::path::PathBuf, handler: Arc<H>) -
         std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
     }
     let _ = std::fs::remove_file(path);
-    let listener = tokio::net::UnixListener::bind(path).with_context(|| format!("bind {}", path.display()))?;
+    let listener =
+        tokio::net::UnixListener::bind(path).with_context(|| format!("bind {}", path.display()))?;
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
     loop {
@@ -129,7 +159,9 @@ pub async fn serve_unix<H: Handler>(path: std::path::PathBuf, handler: Arc<H>) -
 
 /// Serve only /metrics, /healthz and /readyz on TCP (for probes and Prometheus).
 pub async fn serve_tcp<H: Handler>(addr: std::net::SocketAddr, handler: Arc<H>) -> Result<()> {
-    let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("bind {addr}"))?;
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("bind {addr}"))?;
     loop {
         let (stream, _) = listener.accept().await?;
         tokio::spawn(serve_conn(stream, handler.clone(), false));
@@ -143,14 +175,27 @@ pub struct Client {
 
 impl Client {
     pub fn new(socket: impl Into<std::path::PathBuf>) -> Self {
-        Client { socket: socket.into() }
+        Client {
+            socket: socket.into(),
+        }
     }
 
-    pub async fn call(&self, method: Method, path: &str, body: Option<String>) -> Result<serde_json::Value> {
-        let stream = tokio::net::UnixStream::connect(&self.socket).await.with_context(|| {
-            format!("connect to lbd at {} (is lbd running? see --socket)", self.socket.display())
-        })?;
-        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
+    pub async fn call(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<String>,
+    ) -> Result<serde_json::Value> {
+        let stream = tokio::net::UnixStream::connect(&self.socket)
+            .await
+            .with_context(|| {
+                format!(
+                    "connect to lbd at {} (is lbd running? see --socket)",
+                    self.socket.display()
+                )
+            })?;
+        let (mut sender, conn) =
+            hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
         tokio::spawn(conn);
         let req = hyper::Request::builder()
             .method(method)
@@ -172,7 +217,8 @@ impl Client {
         if path == "/metrics" {
             return Ok(serde_json::Value::String(text));
         }
-        Ok(serde_json::from_str(&text).with_context(|| format!("lbd's answer to {path} is not JSON"))?)
+        Ok(serde_json::from_str(&text)
+            .with_context(|| format!("lbd's answer to {path} is not JSON"))?)
     }
 }
 
@@ -184,14 +230,26 @@ mod tests {
     fn routes() {
         let r = route(&Method::GET, "/v1/backends", b"", true).ok().unwrap();
         assert!(matches!(r, Request::Backends));
-        let r = route(&Method::POST, "/v1/backends/drain", br#"{"vip":"api","backend":"10.0.0.1"}"#, true)
-            .ok()
-            .unwrap();
+        let r = route(
+            &Method::POST,
+            "/v1/backends/drain",
+            br#"{"vip":"api","backend":"10.0.0.1"}"#,
+            true,
+        )
+        .ok()
+        .unwrap();
         assert!(matches!(r, Request::Drain(d) if d.vip == "api"));
-        let e = route(&Method::POST, "/v1/backends/drain", b"{}", true).err().unwrap();
+        let e = route(&Method::POST, "/v1/backends/drain", b"{}", true)
+            .err()
+            .unwrap();
         assert_eq!(e.status, 400);
-        let e = route(&Method::GET, "/v1/backends", b"", false).err().unwrap();
-        assert_eq!(e.status, 404, "the TCP listener serves probes and metrics only");
+        let e = route(&Method::GET, "/v1/backends", b"", false)
+            .err()
+            .unwrap();
+        assert_eq!(
+            e.status, 404,
+            "the TCP listener serves probes and metrics only"
+        );
         assert!(route(&Method::GET, "/metrics", b"", false).is_ok());
     }
 }

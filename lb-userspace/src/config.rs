@@ -23,7 +23,10 @@ impl InstanceConfig {
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     #[error("cannot read {path}: {source}")]
-    Read { path: PathBuf, source: std::io::Error },
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("{0}")]
     Parse(String),
     #[error("{field}: {reason}")]
@@ -31,7 +34,10 @@ pub enum ConfigError {
 }
 
 fn invalid(field: impl Into<String>, reason: impl Into<String>) -> ConfigError {
-    ConfigError::Invalid { field: field.into(), reason: reason.into() }
+    ConfigError::Invalid {
+        field: field.into(),
+        reason: reason.into(),
+    }
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -159,8 +165,10 @@ pub const MAX_TABLE_SIZE: u32 = 1_000_003;
 
 impl Config {
     pub fn load(path: &std::path::Path) -> Result<Config, ConfigError> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|source| ConfigError::Read { path: path.to_owned(), source })?;
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
         Self::parse(&text)
     }
 
@@ -185,18 +193,27 @@ impl Config {
 
     pub fn validate(&self) -> Result<(), ConfigError> {
         if self.interface.is_empty() || self.interface.len() > 15 {
-            return Err(invalid("interface", "must be an interface name of 1-15 characters"));
+            return Err(invalid(
+                "interface",
+                "must be an interface name of 1-15 characters",
+            ));
         }
         if self.name.is_empty()
             || self.name.len() > 32
-            || !self.name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+            || !self
+                .name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
         {
             return Err(invalid("name", "must be 1-32 characters of [A-Za-z0-9_-]"));
         }
         if !is_prime(self.table_size) || self.table_size > MAX_TABLE_SIZE {
             return Err(invalid(
                 "table_size",
-                format!("must be a prime <= {MAX_TABLE_SIZE}, got {}", self.table_size),
+                format!(
+                    "must be a prime <= {MAX_TABLE_SIZE}, got {}",
+                    self.table_size
+                ),
             ));
         }
         if self.conntrack_size < 1024 {
@@ -224,7 +241,11 @@ impl Config {
             if v.address.is_unspecified() || v.address.is_multicast() {
                 return Err(invalid(format!("{f}.address"), "must be a unicast address"));
             }
-            let ports: Vec<u16> = if v.ports.is_empty() { vec![0] } else { v.ports.clone() };
+            let ports: Vec<u16> = if v.ports.is_empty() {
+                vec![0]
+            } else {
+                v.ports.clone()
+            };
             for (j, p) in v.ports.iter().enumerate() {
                 if *p == 0 {
                     return Err(invalid(
@@ -237,17 +258,29 @@ impl Config {
                 if !keys.insert((v.address, p, v.protocol)) {
                     return Err(invalid(
                         format!("{f}"),
-                        format!("{} port {p} {} is defined twice", v.address, v.protocol.name()),
+                        format!(
+                            "{} port {p} {} is defined twice",
+                            v.address,
+                            v.protocol.name()
+                        ),
                     ));
                 }
             }
             if let Some(name) = &v.vrrp
                 && !self.vrrp.iter().any(|r| &r.name == name)
             {
-                return Err(invalid(format!("{f}.vrrp"), format!("no VRRP instance named {name:?}")));
+                return Err(invalid(
+                    format!("{f}.vrrp"),
+                    format!("no VRRP instance named {name:?}"),
+                ));
             }
-            v.health.validate(&format!("{f}.health")).map_err(ConfigError::Parse)?;
-            if v.health.kind != crate::health::CheckKind::None && v.health.port.is_none() && v.ports.is_empty() {
+            v.health
+                .validate(&format!("{f}.health"))
+                .map_err(ConfigError::Parse)?;
+            if v.health.kind != crate::health::CheckKind::None
+                && v.health.port.is_none()
+                && v.ports.is_empty()
+            {
                 return Err(invalid(
                     format!("{f}.health.port"),
                     "required when the VIP serves all ports (which port should be checked?)",
@@ -266,7 +299,10 @@ impl Config {
                     ));
                 }
                 if b.address.is_unspecified() || b.address.is_multicast() {
-                    return Err(invalid(format!("{bf}.address"), "must be a unicast address"));
+                    return Err(invalid(
+                        format!("{bf}.address"),
+                        "must be a unicast address",
+                    ));
                 }
                 if !seen.insert(b.address) {
                     return Err(invalid(format!("{bf}.address"), "listed twice"));
@@ -281,7 +317,10 @@ impl Config {
             if (self.table_size as usize) < v.backends.len() * 10 {
                 return Err(invalid(
                     "table_size",
-                    format!("must be at least 10x the backends of {f} ({})", v.backends.len()),
+                    format!(
+                        "must be at least 10x the backends of {f} ({})",
+                        v.backends.len()
+                    ),
                 ));
             }
             pairs += v.backends.len() * v.ports.len().max(1);
@@ -289,7 +328,10 @@ impl Config {
         if pairs > lb_common::MAX_BACKENDS as usize {
             return Err(invalid(
                 "vips",
-                format!("{pairs} (service, backend) pairs exceed {}", lb_common::MAX_BACKENDS),
+                format!(
+                    "{pairs} (service, backend) pairs exceed {}",
+                    lb_common::MAX_BACKENDS
+                ),
             ));
         }
         let mut vrrp_names = HashSet::new();
@@ -297,7 +339,8 @@ impl Config {
             if !vrrp_names.insert(r.name.as_str()) {
                 return Err(invalid(format!("vrrp[{i}].name"), "must be unique"));
             }
-            r.validate(i).map_err(|e| ConfigError::Parse(e.to_string()))?;
+            r.validate(i)
+                .map_err(|e| ConfigError::Parse(e.to_string()))?;
         }
         Ok(())
     }

@@ -16,8 +16,8 @@ use tokio::sync::Mutex;
 use crate::{
     api::{self, Request, Response},
     config::Config,
-    health::{CheckKind, Health, HealthEvent, HealthMonitor, Target},
     dataplane::{Dataplane, LoadOptions, vip_key},
+    health::{CheckKind, Health, HealthEvent, HealthMonitor, Target},
     metrics,
     netlink::{self, Netlink},
     plan::{self, BackendPlan, Facts, HealthFact},
@@ -32,9 +32,15 @@ pub fn health_targets(cfg: &Config, up: &HashSet<(String, IpAddr)>) -> Vec<Targe
         if v.health.kind == CheckKind::None {
             continue;
         }
-        let Some(port) = v.health.port.or(v.ports.first().copied()) else { continue };
+        let Some(port) = v.health.port.or(v.ports.first().copied()) else {
+            continue;
+        };
         for b in &v.backends {
-            let mut t = Target::new(format!("{}/{}", v.name, b.address), std::net::SocketAddr::new(b.address, port), v.health.clone());
+            let mut t = Target::new(
+                format!("{}/{}", v.name, b.address),
+                std::net::SocketAddr::new(b.address, port),
+                v.health.clone(),
+            );
             if up.contains(&(v.name.clone(), b.address)) {
                 t = t.starting(Health::Up);
             }
@@ -45,7 +51,10 @@ pub fn health_targets(cfg: &Config, up: &HashSet<(String, IpAddr)>) -> Vec<Targe
 }
 
 /// Facts for checked backends before any result: pairs known good are up, the rest wait.
-fn initial_health(cfg: &Config, up: &HashSet<(String, IpAddr)>) -> std::collections::HashMap<(String, IpAddr), HealthFact> {
+fn initial_health(
+    cfg: &Config,
+    up: &HashSet<(String, IpAddr)>,
+) -> std::collections::HashMap<(String, IpAddr), HealthFact> {
     let mut m = std::collections::HashMap::new();
     for v in &cfg.vips {
         if v.health.kind == CheckKind::None {
@@ -54,8 +63,18 @@ fn initial_health(cfg: &Config, up: &HashSet<(String, IpAddr)>) -> std::collecti
         for b in &v.backends {
             let pair = (v.name.clone(), b.address);
             let healthy = up.contains(&pair);
-            let reason = if healthy { "adopted as up; rechecking" } else { "not checked yet" };
-            m.insert(pair, HealthFact { healthy, reason: reason.into() });
+            let reason = if healthy {
+                "adopted as up; rechecking"
+            } else {
+                "not checked yet"
+            };
+            m.insert(
+                pair,
+                HealthFact {
+                    healthy,
+                    reason: reason.into(),
+                },
+            );
         }
     }
     m
@@ -63,7 +82,9 @@ fn initial_health(cfg: &Config, up: &HashSet<(String, IpAddr)>) -> std::collecti
 
 /// Where pins live unless LB_BPFFS overrides it (tests and labs use their own directory).
 pub fn bpffs_root() -> PathBuf {
-    std::env::var_os("LB_BPFFS").map(PathBuf::from).unwrap_or_else(|| "/sys/fs/bpf".into())
+    std::env::var_os("LB_BPFFS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| "/sys/fs/bpf".into())
 }
 
 pub fn load_options(cfg: &Config) -> LoadOptions {
@@ -110,7 +131,10 @@ pub struct VipRow {
 }
 
 pub fn format_mac(m: &[u8; 6]) -> String {
-    m.iter().map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(":")
+    m.iter()
+        .map(|b| format!("{b:02x}"))
+        .collect::<Vec<_>>()
+        .join(":")
 }
 
 struct Inner {
@@ -139,14 +163,21 @@ impl Daemon {
     pub async fn start(
         config_path: PathBuf,
         cfg: Config,
-    ) -> Result<(Arc<Daemon>, tokio::sync::mpsc::UnboundedReceiver<HealthEvent>)> {
+    ) -> Result<(
+        Arc<Daemon>,
+        tokio::sync::mpsc::UnboundedReceiver<HealthEvent>,
+    )> {
         let netlink = Netlink::new()?;
         let link = netlink.link(&cfg.interface).await?;
         let mut dp = Dataplane::load(load_options(&cfg))?;
         dp.attach(&cfg.interface, cfg.xdp_mode)?;
         let up = adopted_up(&cfg, &dp);
         let (health, events) = HealthMonitor::start(health_targets(&cfg, &up));
-        let facts = Facts { if_mac: link.mac, health: initial_health(&cfg, &up), ..Default::default() };
+        let facts = Facts {
+            if_mac: link.mac,
+            health: initial_health(&cfg, &up),
+            ..Default::default()
+        };
         let daemon = Arc::new(Daemon {
             inner: Mutex::new(Inner {
                 cfg,
@@ -165,16 +196,25 @@ impl Daemon {
             ready: false.into(),
         });
         daemon.refresh().await?;
-        daemon.ready.store(true, std::sync::atomic::Ordering::SeqCst);
+        daemon
+            .ready
+            .store(true, std::sync::atomic::Ordering::SeqCst);
         Ok((daemon, events))
     }
 
     /// A backend's health changed: rebuild that VIP's table (the plan does the rest).
     pub async fn health_event(&self, e: HealthEvent) -> Result<()> {
-        let Some((vip, addr)) = e.id.rsplit_once('/') else { return Ok(()) };
-        let Ok(addr) = addr.parse::<IpAddr>() else { return Ok(()) };
+        let Some((vip, addr)) = e.id.rsplit_once('/') else {
+            return Ok(());
+        };
+        let Ok(addr) = addr.parse::<IpAddr>() else {
+            return Ok(());
+        };
         tracing::info!(vip, backend = %addr, healthy = e.healthy, reason = %e.reason, "backend health changed");
-        let fact = HealthFact { healthy: e.healthy, reason: e.reason.clone() };
+        let fact = HealthFact {
+            healthy: e.healthy,
+            reason: e.reason.clone(),
+        };
         self.update_facts(|f| {
             f.health.insert((vip.to_string(), addr), fact);
         })
@@ -189,8 +229,12 @@ impl Daemon {
     pub async fn refresh(&self) -> Result<()> {
         let (ifindex, iface, backends) = {
             let g = self.inner.lock().await;
-            let backends: Vec<IpAddr> =
-                g.cfg.vips.iter().flat_map(|v| v.backends.iter().map(|b| b.address)).collect();
+            let backends: Vec<IpAddr> = g
+                .cfg
+                .vips
+                .iter()
+                .flat_map(|v| v.backends.iter().map(|b| b.address))
+                .collect();
             (g.ifindex, g.cfg.interface.clone(), backends)
         };
         let macs = self.netlink.macs_on(ifindex, &backends).await?;
@@ -204,7 +248,10 @@ impl Daemon {
         g.facts.macs = macs;
         // Only unicast addresses of real interfaces count; VIPs themselves are not backends.
         let vips: HashSet<IpAddr> = g.cfg.vips.iter().map(|v| v.address).collect();
-        g.facts.local_addrs = local_addrs.into_iter().filter(|a| !vips.contains(a)).collect();
+        g.facts.local_addrs = local_addrs
+            .into_iter()
+            .filter(|a| !vips.contains(a))
+            .collect();
         g.apply()
     }
 
@@ -212,10 +259,12 @@ impl Daemon {
     pub async fn reload(&self) -> Result<()> {
         let mut g = self.inner.lock().await;
         let path = g.config_path.clone();
-        let result = Config::load(&path).map_err(anyhow::Error::from).and_then(|new| {
-            check_reloadable(&g.cfg, &new)?;
-            Ok(new)
-        });
+        let result = Config::load(&path)
+            .map_err(anyhow::Error::from)
+            .and_then(|new| {
+                check_reloadable(&g.cfg, &new)?;
+                Ok(new)
+            });
         match result {
             Ok(new) => {
                 let old = std::mem::replace(&mut g.cfg, new);
@@ -225,13 +274,20 @@ impl Daemon {
                     g.apply()?;
                     g.reload_failures += 1;
                     g.last_reload_error = Some(format!("{e:#}"));
-                    return Err(e.context("new config refused by the data plane; kept the running one"));
+                    return Err(
+                        e.context("new config refused by the data plane; kept the running one")
+                    );
                 }
                 g.reloads += 1;
                 g.last_reload_error = None;
                 // Pairs that are up now stay up across the reload; new ones wait for a check.
-                let up: HashSet<(String, IpAddr)> =
-                    g.facts.health.iter().filter(|(_, h)| h.healthy).map(|(k, _)| k.clone()).collect();
+                let up: HashSet<(String, IpAddr)> = g
+                    .facts
+                    .health
+                    .iter()
+                    .filter(|(_, h)| h.healthy)
+                    .map(|(k, _)| k.clone())
+                    .collect();
                 let targets = health_targets(&g.cfg, &up);
                 g.health.set_targets(targets);
                 let mut fresh = initial_health(&g.cfg, &up);
@@ -257,7 +313,12 @@ impl Daemon {
 
     pub async fn set_drained(&self, vip: &str, backend: IpAddr, drained: bool) -> Result<()> {
         let mut g = self.inner.lock().await;
-        let Some(v) = g.cfg.vips.iter().find(|v| v.name == vip || v.address.to_string() == vip) else {
+        let Some(v) = g
+            .cfg
+            .vips
+            .iter()
+            .find(|v| v.name == vip || v.address.to_string() == vip)
+        else {
             bail!("no VIP named {vip:?}");
         };
         if !v.backends.iter().any(|b| b.address == backend) {
@@ -303,7 +364,11 @@ impl Daemon {
                     port,
                     protocol: v.protocol.name(),
                     backend: r.addr,
-                    mac: if r.local { "local".into() } else { r.mac.map(|m| format_mac(&m)).unwrap_or_default() },
+                    mac: if r.local {
+                        "local".into()
+                    } else {
+                        r.mac.map(|m| format_mac(&m)).unwrap_or_default()
+                    },
                     weight: r.weight,
                     state: r.state.as_str(),
                     reason: r.reason.clone(),
@@ -335,7 +400,10 @@ impl Daemon {
                 protocol: v.protocol.name(),
                 owned: plan::owned(&g.cfg, i, &g.facts),
                 vrrp: v.vrrp.clone(),
-                backends_active: rows.iter().filter(|r| r.state == plan::BackendState::Active).count(),
+                backends_active: rows
+                    .iter()
+                    .filter(|r| r.state == plan::BackendState::Active)
+                    .count(),
                 backends_total: rows.len(),
                 packets: traffic.packets,
                 bytes: traffic.bytes,
@@ -348,7 +416,10 @@ impl Daemon {
     pub async fn stats(&self) -> Result<serde_json::Value> {
         let g = self.inner.lock().await;
         let counters: serde_json::Map<String, serde_json::Value> =
-            g.dp.global_stats()?.into_iter().map(|(k, v)| (k.to_string(), v.into())).collect();
+            g.dp.global_stats()?
+                .into_iter()
+                .map(|(k, v)| (k.to_string(), v.into()))
+                .collect();
         Ok(serde_json::json!({
             "interface": g.cfg.interface,
             "uptime_s": self.started.elapsed().map(|d| d.as_secs()).unwrap_or(0),
@@ -366,7 +437,12 @@ impl Daemon {
         let stats = self.stats().await?;
         let backends = self.backends().await?;
         let vips = self.vips().await?;
-        Ok(metrics::render(&stats, &vips, &backends, &serde_json::Value::Null))
+        Ok(metrics::render(
+            &stats,
+            &vips,
+            &backends,
+            &serde_json::Value::Null,
+        ))
     }
 }
 
@@ -449,7 +525,8 @@ impl api::Handler for Daemon {
 
 /// Run until SIGTERM/SIGINT: API, neighbour watcher, periodic refresh, SIGHUP reload.
 pub async fn run(config_path: PathBuf) -> Result<()> {
-    let cfg = Config::load(&config_path).with_context(|| format!("config {}", config_path.display()))?;
+    let cfg =
+        Config::load(&config_path).with_context(|| format!("config {}", config_path.display()))?;
     let (daemon, mut health_events) = Daemon::start(config_path, cfg.clone()).await?;
     tracing::info!(interface = %cfg.interface, vips = cfg.vips.len(), "lbd running");
     let d = daemon.clone();

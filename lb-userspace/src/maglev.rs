@@ -58,7 +58,10 @@ fn addr_bytes(addr: &IpAddr) -> Vec<u8> {
 /// Build a table of `size` slots (a prime). Backends with weight 0 get no slots; an empty set
 /// (or all weights 0) gives a table of [`NO_BACKEND`].
 pub fn build(entries: &[Entry], size: u32) -> Vec<u32> {
-    assert!(is_prime(size), "Maglev table size must be prime, got {size}");
+    assert!(
+        is_prime(size),
+        "Maglev table size must be prime, got {size}"
+    );
     let m = size as u64;
     let mut live: Vec<&Entry> = entries.iter().filter(|e| e.weight > 0).collect();
     let mut table = vec![NO_BACKEND; size as usize];
@@ -147,7 +150,10 @@ mod tests {
             let ideal = 65537.0 / n as f64;
             for (id, c) in s {
                 let dev = (c as f64 - ideal).abs() / ideal;
-                assert!(dev < 0.01, "n={n} backend {id}: {c} slots, ideal {ideal:.0}");
+                assert!(
+                    dev < 0.01,
+                    "n={n} backend {id}: {c} slots, ideal {ideal:.0}"
+                );
             }
         }
     }
@@ -163,7 +169,11 @@ mod tests {
         for e in &b {
             let ideal = 65537.0 * e.weight as f64 / total as f64;
             let got = s[&e.id] as f64;
-            assert!((got - ideal).abs() / ideal < 0.01, "weight {}: {got} vs {ideal:.0}", e.weight);
+            assert!(
+                (got - ideal).abs() / ideal < 0.01,
+                "weight {}: {got} vs {ideal:.0}",
+                e.weight
+            );
         }
     }
 

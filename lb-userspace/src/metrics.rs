@@ -6,7 +6,9 @@ use std::fmt::Write as _;
 use crate::daemon::{BackendRow, VipRow};
 
 fn esc(s: &str) -> String {
-    s.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
+    s.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
 }
 
 fn header(out: &mut String, name: &str, kind: &str, help: &str) {
@@ -15,48 +17,159 @@ fn header(out: &mut String, name: &str, kind: &str, help: &str) {
 }
 
 /// `stats` is the JSON of `/v1/stats`; `vrrp` the JSON array of `/v1/vrrp` (or null).
-pub fn render(stats: &serde_json::Value, vips: &[VipRow], backends: &[BackendRow], vrrp: &serde_json::Value) -> String {
+pub fn render(
+    stats: &serde_json::Value,
+    vips: &[VipRow],
+    backends: &[BackendRow],
+    vrrp: &serde_json::Value,
+) -> String {
     let mut o = String::new();
-    header(&mut o, "lb_xdp_packets_total", "counter", "Packets seen by the XDP program, by verdict or reason.");
+    header(
+        &mut o,
+        "lb_xdp_packets_total",
+        "counter",
+        "Packets seen by the XDP program, by verdict or reason.",
+    );
     if let Some(c) = stats.get("counters").and_then(|c| c.as_object()) {
         for (k, v) in c {
-            let _ = writeln!(o, "lb_xdp_packets_total{{reason=\"{}\"}} {}", esc(k), v.as_u64().unwrap_or(0));
+            let _ = writeln!(
+                o,
+                "lb_xdp_packets_total{{reason=\"{}\"}} {}",
+                esc(k),
+                v.as_u64().unwrap_or(0)
+            );
         }
     }
-    header(&mut o, "lb_conntrack_entries", "gauge", "Entries in the connection table.");
-    let _ = writeln!(o, "lb_conntrack_entries {}", stats["conntrack_entries"].as_u64().unwrap_or(0));
-    header(&mut o, "lb_conntrack_size", "gauge", "Capacity of the connection table.");
-    let _ = writeln!(o, "lb_conntrack_size {}", stats["conntrack_size"].as_u64().unwrap_or(0));
-    header(&mut o, "lb_config_reloads_total", "counter", "Config reloads, by result.");
-    let _ = writeln!(o, "lb_config_reloads_total{{result=\"ok\"}} {}", stats["reloads"].as_u64().unwrap_or(0));
-    let _ = writeln!(o, "lb_config_reloads_total{{result=\"refused\"}} {}", stats["reload_failures"].as_u64().unwrap_or(0));
+    header(
+        &mut o,
+        "lb_conntrack_entries",
+        "gauge",
+        "Entries in the connection table.",
+    );
+    let _ = writeln!(
+        o,
+        "lb_conntrack_entries {}",
+        stats["conntrack_entries"].as_u64().unwrap_or(0)
+    );
+    header(
+        &mut o,
+        "lb_conntrack_size",
+        "gauge",
+        "Capacity of the connection table.",
+    );
+    let _ = writeln!(
+        o,
+        "lb_conntrack_size {}",
+        stats["conntrack_size"].as_u64().unwrap_or(0)
+    );
+    header(
+        &mut o,
+        "lb_config_reloads_total",
+        "counter",
+        "Config reloads, by result.",
+    );
+    let _ = writeln!(
+        o,
+        "lb_config_reloads_total{{result=\"ok\"}} {}",
+        stats["reloads"].as_u64().unwrap_or(0)
+    );
+    let _ = writeln!(
+        o,
+        "lb_config_reloads_total{{result=\"refused\"}} {}",
+        stats["reload_failures"].as_u64().unwrap_or(0)
+    );
 
-    header(&mut o, "lb_vip_owned", "gauge", "1 if this node forwards the VIP service.");
+    header(
+        &mut o,
+        "lb_vip_owned",
+        "gauge",
+        "1 if this node forwards the VIP service.",
+    );
     for v in vips {
-        let _ = writeln!(o, "lb_vip_owned{{vip=\"{}\",address=\"{}\",port=\"{}\",protocol=\"{}\"}} {}", esc(&v.name), v.vip, v.port, v.protocol, v.owned as u8);
+        let _ = writeln!(
+            o,
+            "lb_vip_owned{{vip=\"{}\",address=\"{}\",port=\"{}\",protocol=\"{}\"}} {}",
+            esc(&v.name),
+            v.vip,
+            v.port,
+            v.protocol,
+            v.owned as u8
+        );
     }
     for (name, help, get) in [
-        ("lb_vip_packets_total", "Packets forwarded for the VIP service.", (|v: &VipRow| v.packets) as fn(&VipRow) -> u64),
-        ("lb_vip_bytes_total", "Bytes forwarded for the VIP service.", |v: &VipRow| v.bytes),
-        ("lb_vip_new_flows_total", "New flows of the VIP service.", |v: &VipRow| v.new_flows),
+        (
+            "lb_vip_packets_total",
+            "Packets forwarded for the VIP service.",
+            (|v: &VipRow| v.packets) as fn(&VipRow) -> u64,
+        ),
+        (
+            "lb_vip_bytes_total",
+            "Bytes forwarded for the VIP service.",
+            |v: &VipRow| v.bytes,
+        ),
+        (
+            "lb_vip_new_flows_total",
+            "New flows of the VIP service.",
+            |v: &VipRow| v.new_flows,
+        ),
     ] {
         header(&mut o, name, "counter", help);
         for v in vips {
-            let _ = writeln!(o, "{name}{{vip=\"{}\",address=\"{}\",port=\"{}\",protocol=\"{}\"}} {}", esc(&v.name), v.vip, v.port, v.protocol, get(v));
+            let _ = writeln!(
+                o,
+                "{name}{{vip=\"{}\",address=\"{}\",port=\"{}\",protocol=\"{}\"}} {}",
+                esc(&v.name),
+                v.vip,
+                v.port,
+                v.protocol,
+                get(v)
+            );
         }
     }
-    header(&mut o, "lb_backend_up", "gauge", "1 if the backend receives new flows (active).");
+    header(
+        &mut o,
+        "lb_backend_up",
+        "gauge",
+        "1 if the backend receives new flows (active).",
+    );
     for b in backends {
-        let _ = writeln!(o, "lb_backend_up{{vip=\"{}\",port=\"{}\",backend=\"{}\",state=\"{}\"}} {}", esc(&b.vip_name), b.port, b.backend, b.state, (b.state == "active") as u8);
+        let _ = writeln!(
+            o,
+            "lb_backend_up{{vip=\"{}\",port=\"{}\",backend=\"{}\",state=\"{}\"}} {}",
+            esc(&b.vip_name),
+            b.port,
+            b.backend,
+            b.state,
+            (b.state == "active") as u8
+        );
     }
     for (name, help, get) in [
-        ("lb_backend_packets_total", "Packets sent to the backend.", (|b: &BackendRow| b.packets) as fn(&BackendRow) -> u64),
-        ("lb_backend_bytes_total", "Bytes sent to the backend.", |b: &BackendRow| b.bytes),
-        ("lb_backend_new_flows_total", "New flows sent to the backend.", |b: &BackendRow| b.new_flows),
+        (
+            "lb_backend_packets_total",
+            "Packets sent to the backend.",
+            (|b: &BackendRow| b.packets) as fn(&BackendRow) -> u64,
+        ),
+        (
+            "lb_backend_bytes_total",
+            "Bytes sent to the backend.",
+            |b: &BackendRow| b.bytes,
+        ),
+        (
+            "lb_backend_new_flows_total",
+            "New flows sent to the backend.",
+            |b: &BackendRow| b.new_flows,
+        ),
     ] {
         header(&mut o, name, "counter", help);
         for b in backends {
-            let _ = writeln!(o, "{name}{{vip=\"{}\",port=\"{}\",backend=\"{}\"}} {}", esc(&b.vip_name), b.port, b.backend, get(b));
+            let _ = writeln!(
+                o,
+                "{name}{{vip=\"{}\",port=\"{}\",backend=\"{}\"}} {}",
+                esc(&b.vip_name),
+                b.port,
+                b.backend,
+                get(b)
+            );
         }
     }
     let _ = vrrp;

@@ -59,7 +59,10 @@ impl Netlink {
                 index: msg.header.index,
                 name: String::new(),
                 mac: [0; 6],
-                up: msg.header.flags.contains(rtnetlink::packet_route::link::LinkFlags::Up),
+                up: msg
+                    .header
+                    .flags
+                    .contains(rtnetlink::packet_route::link::LinkFlags::Up),
             };
             for a in msg.attributes {
                 match a {
@@ -101,15 +104,22 @@ impl Netlink {
         let mut s = self.handle.neighbours().get().execute();
         while let Some(msg) = s.try_next().await? {
             let state = msg.header.state;
-            if matches!(state, NeighbourState::Incomplete | NeighbourState::Failed | NeighbourState::None) {
+            if matches!(
+                state,
+                NeighbourState::Incomplete | NeighbourState::Failed | NeighbourState::None
+            ) {
                 continue;
             }
             let mut addr = None;
             let mut mac = None;
             for a in msg.attributes {
                 match a {
-                    NeighbourAttribute::Destination(NeighbourAddress::Inet(ip)) => addr = Some(IpAddr::V4(ip)),
-                    NeighbourAttribute::Destination(NeighbourAddress::Inet6(ip)) => addr = Some(IpAddr::V6(ip)),
+                    NeighbourAttribute::Destination(NeighbourAddress::Inet(ip)) => {
+                        addr = Some(IpAddr::V4(ip))
+                    }
+                    NeighbourAttribute::Destination(NeighbourAddress::Inet6(ip)) => {
+                        addr = Some(IpAddr::V6(ip))
+                    }
                     NeighbourAttribute::LinkLocalAddress(m) if m.len() == 6 => {
                         let mut b = [0u8; 6];
                         b.copy_from_slice(&m);
@@ -119,14 +129,23 @@ impl Netlink {
                 }
             }
             if let (Some(addr), Some(mac)) = (addr, mac) {
-                out.push(Neighbour { ifindex: msg.header.ifindex, addr, mac, state: format!("{state:?}").to_lowercase() });
+                out.push(Neighbour {
+                    ifindex: msg.header.ifindex,
+                    addr,
+                    mac,
+                    state: format!("{state:?}").to_lowercase(),
+                });
             }
         }
         Ok(out)
     }
 
     /// MACs of `addrs` on interface `ifindex`.
-    pub async fn macs_on(&self, ifindex: u32, addrs: &[IpAddr]) -> Result<HashMap<IpAddr, [u8; 6]>> {
+    pub async fn macs_on(
+        &self,
+        ifindex: u32,
+        addrs: &[IpAddr],
+    ) -> Result<HashMap<IpAddr, [u8; 6]>> {
         let want: HashSet<&IpAddr> = addrs.iter().collect();
         Ok(self
             .neighbours()
@@ -165,7 +184,8 @@ pub fn trigger_resolution(interface: &str, addr: IpAddr) {
 pub fn neighbour_changes() -> Result<tokio::sync::mpsc::UnboundedReceiver<()>> {
     use rtnetlink::sys::{AsyncSocket, SocketAddr};
     const RTMGRP_NEIGH: u32 = 4;
-    let (mut conn, _handle, mut messages) = rtnetlink::new_connection().context("open rtnetlink")?;
+    let (mut conn, _handle, mut messages) =
+        rtnetlink::new_connection().context("open rtnetlink")?;
     conn.socket_mut()
         .socket_mut()
         .bind(&SocketAddr::new(0, RTMGRP_NEIGH))

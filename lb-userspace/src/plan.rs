@@ -93,7 +93,11 @@ pub fn plan(cfg: &Config, facts: &Facts) -> (Desired, Vec<BackendPlan>) {
         let mut specs = Vec::new();
         for b in &v.backends {
             let local = facts.local_addrs.contains(&b.address);
-            let mac = if local { None } else { facts.macs.get(&b.address).copied() };
+            let mac = if local {
+                None
+            } else {
+                facts.macs.get(&b.address).copied()
+            };
             let pair = (v.name.clone(), b.address);
             let health = facts.health.get(&pair);
             let healthy = health.map(|h| h.healthy).unwrap_or(true);
@@ -109,15 +113,24 @@ pub fn plan(cfg: &Config, facts: &Facts) -> (Desired, Vec<BackendPlan>) {
                 drained,
             };
             let (state, reason) = if !healthy {
-                (BackendState::Down, health.map(|h| h.reason.clone()).unwrap_or_default())
+                (
+                    BackendState::Down,
+                    health.map(|h| h.reason.clone()).unwrap_or_default(),
+                )
             } else if !local && mac.is_none() {
-                (BackendState::Unresolved, "no MAC in the neighbour table yet".to_string())
+                (
+                    BackendState::Unresolved,
+                    "no MAC in the neighbour table yet".to_string(),
+                )
             } else if drained {
                 (BackendState::Drained, "drained by operator".to_string())
             } else if b.weight == 0 {
                 (BackendState::Disabled, "weight 0".to_string())
             } else {
-                (BackendState::Active, health.map(|h| h.reason.clone()).unwrap_or_default())
+                (
+                    BackendState::Active,
+                    health.map(|h| h.reason.clone()).unwrap_or_default(),
+                )
             };
             debug_assert_eq!(spec.in_table(), state == BackendState::Active);
             rows.push(BackendPlan {
@@ -184,20 +197,31 @@ address = "10.0.0.4"
         f.drained.insert(("api".into(), ip("10.0.0.2")));
         f.health.insert(
             ("api".into(), ip("10.0.0.1")),
-            HealthFact { healthy: false, reason: "timeout".into() },
+            HealthFact {
+                healthy: false,
+                reason: "timeout".into(),
+            },
         );
         let (d, rows) = plan(&cfg, &f);
         let states: Vec<_> = rows.iter().map(|r| r.state).collect();
         assert_eq!(
             states,
-            [BackendState::Down, BackendState::Drained, BackendState::Active, BackendState::Unresolved]
+            [
+                BackendState::Down,
+                BackendState::Drained,
+                BackendState::Active,
+                BackendState::Unresolved
+            ]
         );
         assert_eq!(rows[0].reason, "timeout");
         let s = &d.services[0];
         assert!(s.owned);
         assert_eq!(s.key.port, 6443);
         assert!(!s.backends[0].in_set(), "failed backend leaves the set");
-        assert!(s.backends[1].in_set() && !s.backends[1].in_table(), "drained keeps flows only");
+        assert!(
+            s.backends[1].in_set() && !s.backends[1].in_table(),
+            "drained keeps flows only"
+        );
         assert!(s.backends[2].local && s.backends[2].in_table());
         assert!(!s.backends[3].in_set(), "no MAC, not in the set");
     }
@@ -207,7 +231,10 @@ address = "10.0.0.4"
         let mut cfg = cfg();
         cfg.vips[0].vrrp = Some("api".into());
         let mut f = Facts::default();
-        assert!(!plan(&cfg, &f).0.services[0].owned, "not master until VRRP says so");
+        assert!(
+            !plan(&cfg, &f).0.services[0].owned,
+            "not master until VRRP says so"
+        );
         f.vrrp_master.insert("api".into(), true);
         assert!(plan(&cfg, &f).0.services[0].owned);
     }

@@ -8,10 +8,19 @@ use lb_userspace::api::{Client, DrainRequest};
 use serde_json::Value;
 
 #[derive(Parser)]
-#[command(name = "lbctl", version, about = "Inspect and steer lbd, the XDP load balancer")]
+#[command(
+    name = "lbctl",
+    version,
+    about = "Inspect and steer lbd, the XDP load balancer"
+)]
 struct Cli {
     /// lbd's API socket.
-    #[arg(long, global = true, env = "LBD_SOCKET", default_value = "/run/lbd/lbd.sock")]
+    #[arg(
+        long,
+        global = true,
+        env = "LBD_SOCKET",
+        default_value = "/run/lbd/lbd.sock"
+    )]
     socket: PathBuf,
     /// Output format.
     #[arg(long, short, global = true, value_enum, default_value = "table")]
@@ -89,7 +98,11 @@ fn table(headers: &[&str], rows: Vec<Vec<String>>) {
         }
     }
     let line = |cells: Vec<String>| {
-        let parts: Vec<String> = cells.iter().enumerate().map(|(i, c)| format!("{:<w$}", c, w = widths[i])).collect();
+        let parts: Vec<String> = cells
+            .iter()
+            .enumerate()
+            .map(|(i, c)| format!("{:<w$}", c, w = widths[i]))
+            .collect();
         println!("{}", parts.join("  ").trim_end());
     };
     line(headers.iter().map(|h| h.to_string()).collect());
@@ -101,29 +114,42 @@ fn table(headers: &[&str], rows: Vec<Vec<String>>) {
 async fn run(cli: Cli) -> Result<()> {
     let client = Client::new(&cli.socket);
     let json = cli.output == Output::Json;
-    let print_json = |v: &Value| println!("{}", serde_json::to_string_pretty(v).unwrap_or_default());
+    let print_json =
+        |v: &Value| println!("{}", serde_json::to_string_pretty(v).unwrap_or_default());
     match cli.command {
         Cmd::Backends(BackendsCmd::List) => {
             let v = client.call(Method::GET, "/v1/backends", None).await?;
             if json {
                 print_json(&v);
             } else {
-                let rows = v.as_array().cloned().unwrap_or_default().iter().map(|b| {
-                    vec![
-                        s(b, "vip_name"),
-                        s(b, "vip"),
-                        format!("{}/{}", s(b, "port"), s(b, "protocol")),
-                        s(b, "backend"),
-                        s(b, "mac"),
-                        s(b, "weight"),
-                        s(b, "state"),
-                        s(b, "packets"),
-                        s(b, "bytes"),
-                        s(b, "new_flows"),
-                        s(b, "reason"),
-                    ]
-                }).collect();
-                table(&["NAME", "VIP", "PORT", "BACKEND", "MAC", "WEIGHT", "STATE", "PACKETS", "BYTES", "FLOWS", "REASON"], rows);
+                let rows = v
+                    .as_array()
+                    .cloned()
+                    .unwrap_or_default()
+                    .iter()
+                    .map(|b| {
+                        vec![
+                            s(b, "vip_name"),
+                            s(b, "vip"),
+                            format!("{}/{}", s(b, "port"), s(b, "protocol")),
+                            s(b, "backend"),
+                            s(b, "mac"),
+                            s(b, "weight"),
+                            s(b, "state"),
+                            s(b, "packets"),
+                            s(b, "bytes"),
+                            s(b, "new_flows"),
+                            s(b, "reason"),
+                        ]
+                    })
+                    .collect();
+                table(
+                    &[
+                        "NAME", "VIP", "PORT", "BACKEND", "MAC", "WEIGHT", "STATE", "PACKETS",
+                        "BYTES", "FLOWS", "REASON",
+                    ],
+                    rows,
+                );
             }
         }
         Cmd::Backends(cmd @ (BackendsCmd::Drain { .. } | BackendsCmd::Undrain { .. })) => {
@@ -134,27 +160,47 @@ async fn run(cli: Cli) -> Result<()> {
             };
             let body = serde_json::to_string(&DrainRequest { vip, backend })?;
             let v = client.call(Method::POST, path, Some(body)).await?;
-            if json { print_json(&v) } else { println!("{}", v) }
+            if json {
+                print_json(&v)
+            } else {
+                println!("{}", v)
+            }
         }
         Cmd::Vips(VipsCmd::List) => {
             let v = client.call(Method::GET, "/v1/vips", None).await?;
             if json {
                 print_json(&v);
             } else {
-                let rows = v.as_array().cloned().unwrap_or_default().iter().map(|x| {
-                    vec![
-                        s(x, "name"),
-                        s(x, "vip"),
-                        format!("{}/{}", s(x, "port"), s(x, "protocol")),
-                        if x["owned"].as_bool() == Some(true) { "yes".into() } else { "no".into() },
-                        s(x, "vrrp"),
-                        format!("{}/{}", s(x, "backends_active"), s(x, "backends_total")),
-                        s(x, "packets"),
-                        s(x, "bytes"),
-                        s(x, "new_flows"),
-                    ]
-                }).collect();
-                table(&["NAME", "VIP", "PORT", "OWNED", "VRRP", "ACTIVE", "PACKETS", "BYTES", "FLOWS"], rows);
+                let rows = v
+                    .as_array()
+                    .cloned()
+                    .unwrap_or_default()
+                    .iter()
+                    .map(|x| {
+                        vec![
+                            s(x, "name"),
+                            s(x, "vip"),
+                            format!("{}/{}", s(x, "port"), s(x, "protocol")),
+                            if x["owned"].as_bool() == Some(true) {
+                                "yes".into()
+                            } else {
+                                "no".into()
+                            },
+                            s(x, "vrrp"),
+                            format!("{}/{}", s(x, "backends_active"), s(x, "backends_total")),
+                            s(x, "packets"),
+                            s(x, "bytes"),
+                            s(x, "new_flows"),
+                        ]
+                    })
+                    .collect();
+                table(
+                    &[
+                        "NAME", "VIP", "PORT", "OWNED", "VRRP", "ACTIVE", "PACKETS", "BYTES",
+                        "FLOWS",
+                    ],
+                    rows,
+                );
             }
         }
         Cmd::Vrrp(VrrpCmd::Status) => {
@@ -170,22 +216,43 @@ async fn run(cli: Cli) -> Result<()> {
             if json {
                 print_json(&v);
             } else {
-                for k in ["interface", "uptime_s", "conntrack_entries", "conntrack_size", "table_size", "reloads", "reload_failures", "last_reload_error"] {
+                for k in [
+                    "interface",
+                    "uptime_s",
+                    "conntrack_entries",
+                    "conntrack_size",
+                    "table_size",
+                    "reloads",
+                    "reload_failures",
+                    "last_reload_error",
+                ] {
                     println!("{k:<20} {}", s(&v, k));
                 }
                 println!();
-                let rows = v["counters"].as_object().cloned().unwrap_or_default().into_iter().map(|(k, c)| vec![k, c.to_string()]).collect();
+                let rows = v["counters"]
+                    .as_object()
+                    .cloned()
+                    .unwrap_or_default()
+                    .into_iter()
+                    .map(|(k, c)| vec![k, c.to_string()])
+                    .collect();
                 table(&["COUNTER", "PACKETS"], rows);
             }
         }
         Cmd::Reload => {
             let v = client.call(Method::POST, "/v1/reload", None).await?;
-            if json { print_json(&v) } else { println!("reloaded") }
+            if json {
+                print_json(&v)
+            } else {
+                println!("reloaded")
+            }
         }
         Cmd::VrIds { cluster_name } => {
             let (api, ingress): (u8, u8) = todo!("{cluster_name}");
             if json {
-                print_json(&serde_json::json!({"cluster": cluster_name, "api_vrid": api, "ingress_vrid": ingress}));
+                print_json(
+                    &serde_json::json!({"cluster": cluster_name, "api_vrid": api, "ingress_vrid": ingress}),
+                );
             } else {
                 println!("cluster {cluster_name}: api VRID {api}, ingress VRID {ingress}");
             }
@@ -199,7 +266,10 @@ async fn run(cli: Cli) -> Result<()> {
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
-    let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("lbctl: {e}");

@@ -4,7 +4,11 @@ use std::path::PathBuf;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "lbd", version, about = "XDP load balancer daemon with a VRRP speaker")]
+#[command(
+    name = "lbd",
+    version,
+    about = "XDP load balancer daemon with a VRRP speaker"
+)]
 struct Cli {
     /// Config file (TOML); see docs/config.md.
     #[arg(long, short, default_value = "/etc/lb/lbd.toml")]
@@ -37,16 +41,29 @@ fn main() -> std::process::ExitCode {
     let filter = tracing_subscriber::EnvFilter::try_from_env("LB_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     match cli.log_format {
-        LogFormat::Human => tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init(),
-        LogFormat::Json => tracing_subscriber::fmt().json().with_env_filter(filter).with_writer(std::io::stderr).init(),
+        LogFormat::Human => tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_writer(std::io::stderr)
+            .init(),
+        LogFormat::Json => tracing_subscriber::fmt()
+            .json()
+            .with_env_filter(filter)
+            .with_writer(std::io::stderr)
+            .init(),
     }
     let result = match cli.command.unwrap_or(Command::Run) {
-        Command::Check => lb_userspace::config::Config::load(&cli.config).map(|_| {
-            println!("{}: ok", cli.config.display());
-        }).map_err(anyhow::Error::from),
+        Command::Check => lb_userspace::config::Config::load(&cli.config)
+            .map(|_| {
+                println!("{}: ok", cli.config.display());
+            })
+            .map_err(anyhow::Error::from),
         Command::Teardown => lb_userspace::config::Config::load(&cli.config)
             .map_err(anyhow::Error::from)
-            .and_then(|cfg| lb_userspace::dataplane::Dataplane::teardown(&lb_userspace::daemon::load_options(&cfg))),
+            .and_then(|cfg| {
+                lb_userspace::dataplane::Dataplane::teardown(&lb_userspace::daemon::load_options(
+                    &cfg,
+                ))
+            }),
         Command::Run => tokio::runtime::Runtime::new()
             .map_err(anyhow::Error::from)
             .and_then(|rt| rt.block_on(lb_userspace::daemon::run(cli.config.clone()))),
