@@ -1,6 +1,7 @@
 //! Test support for lb: hand-built frames, a data plane loaded into the real kernel for
 //! BPF_PROG_TEST_RUN, and network-namespace labs. Everything here needs root.
 
+pub mod bench;
 pub mod dsr;
 pub mod frames;
 pub mod lab;

@@ -1,0 +1,24 @@
+//! Benchmarks behind `cargo xtask bench`: each part prints a table and writes JSON under
+//! target/bench/ (LB_BENCH_DIR). Ratios are measured in one run against a baseline.
+
+pub mod micro;
+
+use std::path::PathBuf;
+
+pub fn out_dir() -> PathBuf {
+    let d = std::env::var_os("LB_BENCH_DIR").map(PathBuf::from).unwrap_or_else(|| "target/bench".into());
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+pub fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    v[v.len() / 2]
+}
+
+/// Write `doc` as pretty JSON to `<out_dir>/<name>.json` and say so.
+pub fn write_json(name: &str, doc: &serde_json::Value) {
+    let path = out_dir().join(format!("{name}.json"));
+    std::fs::write(&path, serde_json::to_string_pretty(doc).unwrap()).unwrap();
+    println!("wrote {}", path.display());
+}
