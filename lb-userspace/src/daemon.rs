@@ -171,6 +171,7 @@ impl Daemon {
         let link = netlink.link(&cfg.interface).await?;
         let mut dp = Dataplane::load(load_options(&cfg))?;
         dp.attach(&cfg.interface, cfg.xdp_mode)?;
+        dp.spawn_log_reader()?;
         let up = adopted_up(&cfg, &dp);
         let (health, events) = HealthMonitor::start(health_targets(&cfg, &up));
         let facts = Facts {

@@ -221,6 +221,7 @@ pub struct Dataplane {
     backend_stats: PerCpuArray<MapData, Counters>,
     tables: TableMemory,
     _tables_map: MapData,
+    logger: Option<aya_log::EbpfLogger<&'static dyn log::Log>>,
     services: HashMap<VipKey, InstalledService>,
     /// Backend ids handed out; ids are reused only after every never-used one is gone.
     next_backend_id: u32,
@@ -295,6 +296,8 @@ impl Dataplane {
             prog.load()
                 .with_context(|| format!("verify and load {name}"))?;
         }
+        // The program's rare-path log lines (aya-log); optional so a missing map is not fatal.
+        let logger = aya_log::EbpfLogger::init(&mut ebpf).ok();
         let tables_map: MapData = match ebpf.take_map(maps::TABLES) {
             Some(Map::Array(m)) => m,
             _ => bail!("map {} missing or not an array", maps::TABLES),
@@ -313,6 +316,7 @@ impl Dataplane {
             ebpf,
             tables,
             _tables_map: tables_map,
+            logger,
             services: HashMap::new(),
             next_backend_id: 0,
             free_backend_ids: Vec::new(),
@@ -475,6 +479,21 @@ impl Dataplane {
         if dir.exists() {
             std::fs::remove_dir_all(&dir).with_context(|| format!("remove {}", dir.display()))?;
         }
+        Ok(())
+    }
+
+    /// Forward the program's log lines to `log` (and so to tracing) until the task is dropped.
+    pub fn spawn_log_reader(&mut self) -> Result<()> {
+        let Some(logger) = self.logger.take() else { return Ok(()) };
+        // SAFETY: the logger owns its ring-buffer fd and keeps it open for as long as it lives.
+        let mut fd = unsafe { tokio::io::unix::AsyncFd::register_with_interest(logger, tokio::io::Interest::READABLE)? };
+        tokio::spawn(async move {
+            loop {
+                let Ok(mut guard) = fd.readable_mut().await else { break };
+                guard.get_inner_mut().flush();
+                guard.clear_ready();
+            }
+        });
         Ok(())
     }
 
