@@ -106,7 +106,9 @@ const _: () = assert!(size_of::<FlowKey>() == 40);
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct FlowValue {
     pub backend_id: u32,
-    pub _pad: u32,
+    /// The VIP's generation when the entry was written (see `LB_VIP_GEN`). An entry whose
+    /// generation still matches, with the owned bit set, is forwarded without a VIP lookup.
+    pub vip_gen: u32,
 }
 const _: () = assert!(size_of::<FlowValue>() == 8);
 
@@ -120,6 +122,10 @@ pub struct Counters {
 }
 const _: () = assert!(size_of::<Counters>() == 24);
 
+/// Low bit of a VIP generation (`LB_VIP_GEN`): this node owns the VIP. The rest counts
+/// (re)allocations of the VIP id, so entries of a removed VIP never match a new one.
+pub const VIP_GEN_OWNED: u32 = 1;
+
 /// Global settings the XDP program reads (one entry in the `LB_CONFIG` array).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -132,8 +138,18 @@ pub struct LbConfig {
     /// `CONFIG_F_*` bits.
     pub flags: u32,
     pub _pad: u32,
+    /// A 256-bit filter of VIP addresses (bit `addr_filter_bit(addr)`): a destination whose bit
+    /// is clear is not a VIP, decided without a hash lookup.
+    pub addr_filter: [u64; 4],
 }
-const _: () = assert!(size_of::<LbConfig>() == 16);
+const _: () = assert!(size_of::<LbConfig>() == 48);
+
+/// The bit of `addr` in `LbConfig::addr_filter`.
+#[inline(always)]
+pub fn addr_filter_bit(addr: &[u8; 16]) -> u32 {
+    let x = word(addr, 0) ^ word(addr, 4) ^ word(addr, 8) ^ word(addr, 12);
+    x.wrapping_mul(0x9e37_79b1) >> 24
+}
 
 /// `LbConfig::flags`: some service matches all ports (a second VIP lookup is needed on a miss).
 pub const CONFIG_F_ALL_PORTS: u32 = 1;
@@ -206,6 +222,7 @@ pub mod maps {
     pub const STATS: &str = "LB_STATS";
     pub const VIP_STATS: &str = "LB_VIP_STATS";
     pub const BACKEND_STATS: &str = "LB_BACKEND_STATS";
+    pub const VIP_GEN: &str = "LB_VIP_GEN";
     /// The XDP program's name in the object.
     pub const PROGRAM: &str = "lb_xdp";
 }
@@ -336,6 +353,20 @@ mod tests {
         for b in buckets {
             assert!((7000..8000).contains(&b), "uneven bucket {b}: {buckets:?}");
         }
+    }
+
+    #[test]
+    fn addr_filter_bits_spread() {
+        let mut seen = [false; 256];
+        for i in 0..64u8 {
+            let mut a = [0u8; 16];
+            a[..4].copy_from_slice(&[10, 0, i, 100]);
+            seen[addr_filter_bit(&a) as usize] = true;
+        }
+        assert!(
+            seen.iter().filter(|b| **b).count() > 40,
+            "64 addresses land on many bits"
+        );
     }
 
     #[test]

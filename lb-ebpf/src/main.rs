@@ -20,11 +20,12 @@ use aya_ebpf::{
 use aya_log_ebpf::warn;
 use lb_common::{
     ALL_PORTS, BACKEND_F_IN_SET, BACKEND_F_LOCAL, BackendInfo, CONFIG_F_ALL_PORTS, FlowKey,
-    FlowValue, NO_BACKEND, VIP_F_OWNED, VipInfo, VipKey, flow_hash, stat, table_index,
+    FlowValue, NO_BACKEND, VIP_F_OWNED, VIP_GEN_OWNED, VipInfo, VipKey, addr_filter_bit, flow_hash,
+    stat, table_index,
 };
 use maps::{
-    LB_BACKEND_STATS, LB_BACKENDS, LB_CONFIG, LB_CONNTRACK, LB_TABLES, LB_VIP_ADDRS, LB_VIP_STATS,
-    LB_VIPS, NONE, count, count_traffic,
+    LB_BACKEND_STATS, LB_BACKENDS, LB_CONFIG, LB_CONNTRACK, LB_TABLES, LB_VIP_ADDRS, LB_VIP_GEN,
+    LB_VIP_STATS, LB_VIPS, NONE, count, count_traffic,
 };
 use packet::{ETH_HLEN, ETH_P_IP, ETH_P_IPV6, L3, ParseError, be16_at, has_ports, ptr_at};
 
@@ -55,6 +56,11 @@ fn try_lb(ctx: &XdpContext) -> Result<Outcome, ParseError> {
         ETH_P_IPV6 => packet::ipv6(ctx, ETH_HLEN)?,
         _ => return Ok((XDP_PASS, stat::PASS_NOT_VIP, NONE)),
     };
+    // Most traffic on a node is not for a VIP: a filter bit says so without a hash lookup.
+    // (Fragments and ICMP errors for a VIP flow are addressed to the VIP too.)
+    if !maybe_vip(&l3.dst) {
+        return Ok((XDP_PASS, stat::PASS_NOT_VIP, NONE));
+    }
     if l3.fragment {
         return Ok(fragment(&l3));
     }
@@ -91,6 +97,18 @@ fn try_lb(ctx: &XdpContext) -> Result<Outcome, ParseError> {
         return Ok((action, reason, conntrack));
     }
     Ok((XDP_PASS, stat::PASS_NOT_VIP, NONE))
+}
+
+#[inline(always)]
+fn maybe_vip(addr: &[u8; 16]) -> bool {
+    let Some(cfg) = LB_CONFIG.get(0) else {
+        return true;
+    };
+    let bit = addr_filter_bit(addr);
+    match cfg.addr_filter.get((bit >> 6) as usize) {
+        Some(w) => w & (1u64 << (bit & 63)) != 0,
+        None => true,
+    }
 }
 
 #[inline(always)]
@@ -172,7 +190,35 @@ enum Track {
 }
 
 #[inline(always)]
+fn vip_gen(vip_id: u32) -> u32 {
+    LB_VIP_GEN.get(vip_id).copied().unwrap_or(0)
+}
+
+#[inline(always)]
 fn balance(ctx: &XdpContext, flow: &FlowKey, track: Track) -> Outcome {
+    let bytes = (ctx.data_end() - ctx.data()) as u64;
+    // A TCP SYN starts a new connection: it never reuses an old entry of the same 5-tuple.
+    let cached = match track {
+        Track::NewConnection => None,
+        _ => LB_CONNTRACK.get_ptr(flow).map(|v| unsafe { *v }),
+    };
+
+    // 1. Fast path for established flows: the entry's backend is in its set, and the VIP's
+    //    generation (id allocation and ownership) is the one the entry was written under.
+    if let Some(v) = cached
+        && let Some(b) = LB_BACKENDS.get(v.backend_id)
+        && b.flags & BACKEND_F_IN_SET != 0
+        && v.vip_gen & VIP_GEN_OWNED != 0
+        && vip_gen(b.vip_id) == v.vip_gen
+    {
+        let b = *b;
+        count_traffic(&LB_VIP_STATS, b.vip_id, bytes, false);
+        count_traffic(&LB_BACKEND_STATS, v.backend_id, bytes, false);
+        let (action, reason, _) = forward(ctx, &b);
+        return (action, reason, stat::CONNTRACK_HIT);
+    }
+
+    // 2. Full path: the VIP service and the ownership gate.
     let Some(vip) = lookup_vip(flow) else {
         return (XDP_PASS, stat::PASS_NOT_VIP, NONE);
     };
@@ -180,29 +226,26 @@ fn balance(ctx: &XdpContext, flow: &FlowKey, track: Track) -> Outcome {
         // Not the owner: the local stack serves the VIP (this node may be a DSR backend).
         return (XDP_PASS, stat::PASS_NOT_OWNER, NONE);
     }
-    let bytes = (ctx.data_end() - ctx.data()) as u64;
+    let generation = vip_gen(vip.vip_id);
 
-    // 1. Connection table: an established flow stays on its backend while it is in the set.
-    let mut new_flow = true;
+    // 3. An entry written under another generation is still good while its backend is in
+    //    this VIP's set (e.g. after the node lost and regained ownership).
+    let mut ct = match (track, cached) {
+        (Track::NewConnection, _) => stat::CONNTRACK_MISS,
+        (_, Some(_)) => stat::CONNTRACK_STALE,
+        (Track::Yes, None) => stat::CONNTRACK_MISS,
+        (Track::LookupOnly, None) => NONE,
+    };
     let mut chosen: Option<(u32, BackendInfo)> = None;
-    let mut ct = NONE;
-    if track == Track::NewConnection {
-        ct = stat::CONNTRACK_MISS;
-    } else if let Some(v) = LB_CONNTRACK.get_ptr(flow) {
-        let id = unsafe { (*v).backend_id };
-        match backend_of(&vip, id) {
-            Some(b) => {
-                ct = stat::CONNTRACK_HIT;
-                new_flow = false;
-                chosen = Some((id, b));
-            }
-            None => ct = stat::CONNTRACK_STALE,
-        }
-    } else if track == Track::Yes {
-        ct = stat::CONNTRACK_MISS;
+    if let Some(v) = cached
+        && let Some(b) = backend_of(&vip, v.backend_id)
+    {
+        ct = stat::CONNTRACK_HIT;
+        chosen = Some((v.backend_id, b));
     }
+    let new_flow = chosen.is_none();
 
-    // 2. Maglev: the slot of the flow hash in the VIP's live table.
+    // 4. Maglev: the slot of the flow hash in the VIP's live table.
     let (id, backend) = match chosen {
         Some(c) => c,
         None => {
@@ -228,19 +271,19 @@ fn balance(ctx: &XdpContext, flow: &FlowKey, track: Track) -> Outcome {
                 );
                 return (XDP_DROP, stat::DROP_BAD_BACKEND, ct);
             };
-            if track != Track::LookupOnly {
-                let _ = LB_CONNTRACK.insert(
-                    flow,
-                    FlowValue {
-                        backend_id: id,
-                        _pad: 0,
-                    },
-                    0,
-                );
-            }
             (id, b)
         }
     };
+    if track != Track::LookupOnly && (new_flow || cached.map(|v| v.vip_gen) != Some(generation)) {
+        let _ = LB_CONNTRACK.insert(
+            flow,
+            FlowValue {
+                backend_id: id,
+                vip_gen: generation,
+            },
+            0,
+        );
+    }
 
     let counted_new = new_flow && track != Track::LookupOnly;
     count_traffic(&LB_VIP_STATS, vip.vip_id, bytes, counted_new);

@@ -24,6 +24,10 @@ pub static LB_VIPS: HashMap<VipKey, VipInfo> = HashMap::pinned(MAX_VIPS, BPF_F_N
 #[map]
 pub static LB_VIP_ADDRS: HashMap<VipKey, u32> = HashMap::pinned(MAX_VIP_ADDRS, BPF_F_NO_PREALLOC);
 
+/// Generation of each VIP id (`lb_common::VIP_GEN_OWNED` in the low bit).
+#[map]
+pub static LB_VIP_GEN: Array<u32> = Array::pinned(MAX_VIPS, 0);
+
 /// (VIP, backend) pairs indexed by backend id.
 #[map]
 pub static LB_BACKENDS: Array<BackendInfo> = Array::pinned(MAX_BACKENDS, 0);

@@ -218,6 +218,7 @@ pub struct Dataplane {
     conntrack: BpfHashMap<MapData, FlowKey, FlowValue>,
     stats: PerCpuArray<MapData, [u64; stat::COUNT as usize]>,
     vip_stats: PerCpuArray<MapData, Counters>,
+    vip_gen: Array<MapData, u32>,
     backend_stats: PerCpuArray<MapData, Counters>,
     tables: TableMemory,
     _tables_map: MapData,
@@ -312,6 +313,7 @@ impl Dataplane {
             conntrack: take(&mut ebpf, maps::CONNTRACK)?,
             stats: take(&mut ebpf, maps::STATS)?,
             vip_stats: take(&mut ebpf, maps::VIP_STATS)?,
+            vip_gen: take(&mut ebpf, maps::VIP_GEN)?,
             backend_stats: take(&mut ebpf, maps::BACKEND_STATS)?,
             ebpf,
             tables,
@@ -484,12 +486,18 @@ impl Dataplane {
 
     /// Forward the program's log lines to `log` (and so to tracing) until the task is dropped.
     pub fn spawn_log_reader(&mut self) -> Result<()> {
-        let Some(logger) = self.logger.take() else { return Ok(()) };
+        let Some(logger) = self.logger.take() else {
+            return Ok(());
+        };
         // SAFETY: the logger owns its ring-buffer fd and keeps it open for as long as it lives.
-        let mut fd = unsafe { tokio::io::unix::AsyncFd::register_with_interest(logger, tokio::io::Interest::READABLE)? };
+        let mut fd = unsafe {
+            tokio::io::unix::AsyncFd::register_with_interest(logger, tokio::io::Interest::READABLE)?
+        };
         tokio::spawn(async move {
             loop {
-                let Ok(mut guard) = fd.readable_mut().await else { break };
+                let Ok(mut guard) = fd.readable_mut().await else {
+                    break;
+                };
                 guard.get_inner_mut().flush();
                 guard.clear_ready();
             }
@@ -532,8 +540,14 @@ impl Dataplane {
         } else {
             0
         };
-        if cfg.flags != flags {
+        let mut filter = [0u64; 4];
+        for k in self.services.keys() {
+            let bit = lb_common::addr_filter_bit(&k.addr);
+            filter[(bit >> 6) as usize] |= 1 << (bit & 63);
+        }
+        if cfg.flags != flags || cfg.addr_filter != filter {
             cfg.flags = flags;
+            cfg.addr_filter = filter;
             self.config.set(0, cfg, 0)?;
         }
         Ok(())
@@ -572,8 +586,10 @@ impl Dataplane {
                     backends: BTreeMap::new(),
                 },
             );
-            // Counters of a reused id start from zero.
+            // Counters of a reused id start from zero, and its generation moves on so no
+            // connection-table entry of the id's previous VIP can match.
             self.reset_counters(vip_id, true)?;
+            self.bump_generation(vip_id, false)?;
         }
         let vip_id = self.services[&key].vip_id;
 
@@ -637,6 +653,8 @@ impl Dataplane {
             self.vips.insert(key, info, 0)?;
             svc.owned = spec.owned;
         }
+        self.set_gen_owned(vip_id, spec.owned)?;
+        let svc = self.services.get_mut(&key).expect("present");
 
         // Pairs no longer wanted: out of the set only now that no table names them.
         let wanted: Vec<IpAddr> = spec.backends.iter().map(|b| b.addr).collect();
@@ -666,12 +684,30 @@ impl Dataplane {
         Ok(())
     }
 
+    /// Start a new generation of `vip_id` (its entries in the connection table stop matching).
+    fn bump_generation(&mut self, vip_id: u32, owned: bool) -> Result<()> {
+        let old = self.vip_gen.get(&vip_id, 0)?;
+        let next = ((old >> 1).wrapping_add(1) << 1) | owned as u32;
+        self.vip_gen.set(vip_id, next, 0)?;
+        Ok(())
+    }
+
+    fn set_gen_owned(&mut self, vip_id: u32, owned: bool) -> Result<()> {
+        let old = self.vip_gen.get(&vip_id, 0)?;
+        let next = (old & !lb_common::VIP_GEN_OWNED) | owned as u32;
+        if next != old {
+            self.vip_gen.set(vip_id, next, 0)?;
+        }
+        Ok(())
+    }
+
     fn remove_service(&mut self, key: &VipKey) -> Result<()> {
         let Some(svc) = self.services.remove(key) else {
             return Ok(());
         };
-        // The VIP entry goes first: after it, no packet can reach this service's backends.
+        // The VIP entry and generation go first: after them, no packet reaches its backends.
         let _ = self.vips.remove(key);
+        self.bump_generation(svc.vip_id, false)?;
         for b in svc.backends.values() {
             self.backends.set(b.id, BackendInfo::default(), 0)?;
             self.free_backend_ids.push(b.id);
@@ -726,6 +762,8 @@ impl Dataplane {
             };
             self.vips.insert(key, info, 0)?;
             svc.owned = owned;
+            let vip_id = svc.vip_id;
+            self.set_gen_owned(vip_id, owned)?;
         }
         Ok(())
     }
