@@ -65,7 +65,8 @@ impl Response {
 }
 
 pub trait Handler: Send + Sync + 'static {
-    fn handle(&self, req: Request) -> impl std::future::Future<Output = Response> + Send;
+    fn handle(self: &Arc<Self>, req: Request)
+    -> impl std::future::Future<Output = Response> + Send;
 }
 
 fn route(method: &Method, path: &str, body: &[u8], full_api: bool) -> Result<Request, Response> {

@@ -7,18 +7,7 @@ use std::{collections::HashSet, net::IpAddr, path::PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::{health::HealthConfig, maglev::is_prime};
-
-// TEMPORARY until vrrp::InstanceConfig lands.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct InstanceConfig {
-    pub name: String,
-}
-impl InstanceConfig {
-    fn validate(&self, _i: usize) -> Result<(), String> {
-        Ok(())
-    }
-}
+use crate::{health::HealthConfig, maglev::is_prime, vrrp::InstanceConfig};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -101,6 +90,31 @@ pub struct Config {
     pub vips: Vec<VipConfig>,
     #[serde(default)]
     pub vrrp: Vec<InstanceConfig>,
+    /// Local checks that raise a VRRP instance's priority while they pass (OpenShift's tracked
+    /// scripts).
+    #[serde(default)]
+    pub track: Vec<TrackConfig>,
+    /// This node also serves the VIPs of its VRRP instances as a DSR backend: lbd holds each such
+    /// VIP on `lo` (never announced) and sets `arp_ignore=1`, `arp_announce=2`.
+    #[serde(default = "default_true")]
+    pub dsr_backend: bool,
+}
+
+/// A tracked local check: while it passes, `weight` is added to the instance's priority.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TrackConfig {
+    /// VRRP instance whose priority this changes.
+    pub instance: String,
+    pub name: String,
+    pub weight: i32,
+    /// What to check, e.g. "127.0.0.1:6443" for the local kube-apiserver. Without it, the check
+    /// is the load balancer's own readiness: this node has an active backend for every VIP of
+    /// the instance.
+    #[serde(default)]
+    pub address: Option<std::net::SocketAddr>,
+    #[serde(default)]
+    pub health: HealthConfig,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -335,12 +349,58 @@ impl Config {
             ));
         }
         let mut vrrp_names = HashSet::new();
+        let mut vrids = HashSet::new();
         for (i, r) in self.vrrp.iter().enumerate() {
             if !vrrp_names.insert(r.name.as_str()) {
                 return Err(invalid(format!("vrrp[{i}].name"), "must be unique"));
             }
-            r.validate(i)
-                .map_err(|e| ConfigError::Parse(e.to_string()))?;
+            r.validate_at(i).map_err(|e| invalid(e.field, e.reason))?;
+            let family = r.vips.first().map(|a| a.is_ipv4());
+            let iface = r.interface.as_deref().unwrap_or(&self.interface);
+            if !vrids.insert((iface.to_string(), r.vrid, family)) {
+                return Err(invalid(
+                    format!("vrrp[{i}].vrid"),
+                    format!("VRID {} is used twice on {iface}", r.vrid),
+                ));
+            }
+        }
+        for (i, v) in self.vips.iter().enumerate() {
+            if let Some(name) = &v.vrrp
+                && let Some(r) = self.vrrp.iter().find(|r| &r.name == name)
+                && !r.vips.contains(&v.address)
+            {
+                return Err(invalid(
+                    format!("vips[{i}].vrrp"),
+                    format!("instance {name:?} does not list {} in its vips", v.address),
+                ));
+            }
+        }
+        let mut track_names = HashSet::new();
+        for (i, t) in self.track.iter().enumerate() {
+            let f = format!("track[{i}]");
+            if !self.vrrp.iter().any(|r| r.name == t.instance) {
+                return Err(invalid(
+                    format!("{f}.instance"),
+                    format!("no VRRP instance named {:?}", t.instance),
+                ));
+            }
+            if t.name.is_empty() || t.name.contains('/') || !track_names.insert(t.name.as_str()) {
+                return Err(invalid(
+                    format!("{f}.name"),
+                    "must be non-empty, unique and without '/'",
+                ));
+            }
+            if !(-254..=254).contains(&t.weight) {
+                return Err(invalid(
+                    format!("{f}.weight"),
+                    format!("must be -254..=254, got {}", t.weight),
+                ));
+            }
+            if t.address.is_some() {
+                t.health
+                    .validate(&format!("{f}.health"))
+                    .map_err(ConfigError::Parse)?;
+            }
         }
         Ok(())
     }

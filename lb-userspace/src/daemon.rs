@@ -21,13 +21,28 @@ use crate::{
     metrics,
     netlink::{self, Netlink},
     plan::{self, BackendPlan, Facts, HealthFact},
+    vrrp::{Instance, InstanceConfig},
 };
+
+/// Health-check id prefix of tracked local checks (VRRP priority), next to `<vip>/<backend>`.
+const TRACK_PREFIX: &str = "track/";
 
 /// Health-check targets for every checked backend. Ids are `<vip name>/<backend address>`.
 /// `up` lists pairs known good (adopted from a previous lbd): they start up, so a restart changes
 /// no table until a check says otherwise. Others start unknown and get no flows until they pass.
 pub fn health_targets(cfg: &Config, up: &HashSet<(String, IpAddr)>) -> Vec<Target> {
-    let mut out = Vec::new();
+    let mut out: Vec<Target> = cfg
+        .track
+        .iter()
+        .filter_map(|t| {
+            let addr = t.address?;
+            Some(Target::new(
+                format!("{TRACK_PREFIX}{}", t.name),
+                addr,
+                t.health.clone(),
+            ))
+        })
+        .collect();
     for v in &cfg.vips {
         if v.health.kind == CheckKind::None {
             continue;
@@ -150,8 +165,18 @@ struct Inner {
     health: HealthMonitor,
 }
 
+/// A running VRRP instance and what its tracked checks last added to its priority.
+struct VrrpHandle {
+    cfg: InstanceConfig,
+    instance: Instance,
+    weight: i32,
+}
+
 pub struct Daemon {
     inner: Mutex<Inner>,
+    vrrp: Mutex<Vec<VrrpHandle>>,
+    /// Tracked checks by name: passing or not.
+    tracks: Mutex<std::collections::HashMap<String, bool>>,
     netlink: Netlink,
     started: SystemTime,
     ready: std::sync::atomic::AtomicBool,
@@ -193,6 +218,8 @@ impl Daemon {
                 health,
             }),
             netlink,
+            vrrp: Mutex::new(Vec::new()),
+            tracks: Mutex::new(std::collections::HashMap::new()),
             started: SystemTime::now(),
             ready: false.into(),
         });
@@ -203,8 +230,174 @@ impl Daemon {
         Ok((daemon, events))
     }
 
+    /// Prepare this node as a DSR backend of its VRRP VIPs, then start the VRRP instances; each
+    /// instance's master state drives the ownership of its VIPs in the data plane.
+    pub async fn start_vrrp(self: &Arc<Self>) -> Result<()> {
+        let cfg = self.config().await;
+        if cfg.vrrp.is_empty() {
+            return Ok(());
+        }
+        if cfg.dsr_backend {
+            netlink::set_arp_sysctls(&cfg.interface)?;
+            for r in &cfg.vrrp {
+                for vip in &r.vips {
+                    netlink::ensure_local_vip(self.netlink.handle(), *vip).await?;
+                }
+            }
+        }
+        for r in &cfg.vrrp {
+            self.spawn_instance(r.clone(), &cfg.interface).await?;
+        }
+        self.sync_tracking().await;
+        Ok(())
+    }
+
+    async fn spawn_instance(self: &Arc<Self>, r: InstanceConfig, interface: &str) -> Result<()> {
+        let instance = Instance::spawn(r.clone(), interface, self.netlink.handle().clone())
+            .await
+            .with_context(|| format!("start VRRP instance {}", r.name))?;
+        let mut owned = instance.ownership();
+        let (d, name) = (self.clone(), r.name.clone());
+        tokio::spawn(async move {
+            loop {
+                let master = *owned.borrow_and_update();
+                tracing::info!(instance = %name, master, "VRRP ownership");
+                if let Err(e) = d
+                    .update_facts(|f| {
+                        f.vrrp_master.insert(name.clone(), master);
+                    })
+                    .await
+                {
+                    tracing::error!(error = %format!("{e:#}"), "applying VRRP ownership");
+                }
+                if owned.changed().await.is_err() {
+                    break;
+                }
+            }
+        });
+        self.vrrp.lock().await.push(VrrpHandle {
+            cfg: r,
+            instance,
+            weight: 0,
+        });
+        Ok(())
+    }
+
+    /// Push each instance's tracked weight (checks passing, load balancer ready) if it changed.
+    async fn sync_tracking(&self) {
+        let passing = self.tracks.lock().await.clone();
+        let weights: Vec<(String, i32)> = {
+            let g = self.inner.lock().await;
+            g.cfg
+                .vrrp
+                .iter()
+                .map(|r| {
+                    (
+                        r.name.clone(),
+                        plan::track_weight(&g.cfg, &r.name, &passing, &g.rows),
+                    )
+                })
+                .collect()
+        };
+        let mut handles = self.vrrp.lock().await;
+        for h in handles.iter_mut() {
+            let w = weights
+                .iter()
+                .find(|(n, _)| *n == h.cfg.name)
+                .map(|(_, w)| *w)
+                .unwrap_or(0);
+            if w != h.weight {
+                tracing::info!(instance = %h.cfg.name, weight = w, "tracked weight changed");
+                h.instance.set_track_weight(w).await;
+                h.weight = w;
+            }
+        }
+    }
+
+    /// Stop every VRRP instance gracefully (priority-0 adverts, VIPs removed) and stop
+    /// forwarding for their VIPs.
+    pub async fn stop_vrrp(&self) {
+        let handles = std::mem::take(&mut *self.vrrp.lock().await);
+        for h in handles {
+            h.instance.shutdown().await;
+        }
+        let _ = self.update_facts(|f| f.vrrp_master.clear()).await;
+    }
+
+    /// Restart the instances whose config changed on reload (others keep running untouched).
+    async fn reconcile_vrrp(self: &Arc<Self>, new: &Config) -> Result<()> {
+        let mut keep = Vec::new();
+        let old = std::mem::take(&mut *self.vrrp.lock().await);
+        for h in old {
+            if new.vrrp.contains(&h.cfg) {
+                keep.push(h);
+            } else {
+                tracing::info!(instance = %h.cfg.name, "VRRP instance changed or removed; stopping it");
+                let name = h.cfg.name.clone();
+                h.instance.shutdown().await;
+                let _ = self
+                    .update_facts(|f| {
+                        f.vrrp_master.remove(&name);
+                    })
+                    .await;
+            }
+        }
+        let running: Vec<String> = keep.iter().map(|h| h.cfg.name.clone()).collect();
+        self.vrrp.lock().await.extend(keep);
+        for r in &new.vrrp {
+            if !running.contains(&r.name) {
+                if new.dsr_backend {
+                    for vip in &r.vips {
+                        netlink::ensure_local_vip(self.netlink.handle(), *vip).await?;
+                    }
+                }
+                self.spawn_instance(r.clone(), &new.interface).await?;
+            }
+        }
+        self.sync_tracking().await;
+        Ok(())
+    }
+
+    pub async fn vrrp_status(&self) -> serde_json::Value {
+        let passing = self.tracks.lock().await.clone();
+        let cfg = self.config().await;
+        let handles = self.vrrp.lock().await;
+        let list: Vec<serde_json::Value> = handles
+            .iter()
+            .map(|h| {
+                let mut v = serde_json::to_value(h.instance.status()).unwrap_or_default();
+                let tracks: Vec<serde_json::Value> = cfg
+                    .track
+                    .iter()
+                    .filter(|t| t.instance == h.cfg.name)
+                    .map(|t| {
+                        serde_json::json!({
+                            "name": t.name,
+                            "weight": t.weight,
+                            "check": t.address.map(|a| a.to_string()).unwrap_or_else(|| "load balancer ready".into()),
+                            "passing": t.address.map(|_| passing.get(&t.name).copied().unwrap_or(false)),
+                        })
+                    })
+                    .collect();
+                v["tracks"] = tracks.into();
+                v["track_weight"] = h.weight.into();
+                v
+            })
+            .collect();
+        list.into()
+    }
+
     /// A backend's health changed: rebuild that VIP's table (the plan does the rest).
     pub async fn health_event(&self, e: HealthEvent) -> Result<()> {
+        if let Some(track) = e.id.strip_prefix(TRACK_PREFIX) {
+            tracing::info!(track, passing = e.healthy, reason = %e.reason, "tracked check changed");
+            self.tracks
+                .lock()
+                .await
+                .insert(track.to_string(), e.healthy);
+            self.sync_tracking().await;
+            return Ok(());
+        }
         let Some((vip, addr)) = e.id.rsplit_once('/') else {
             return Ok(());
         };
@@ -254,6 +447,13 @@ impl Daemon {
             .filter(|a| !vips.contains(a))
             .collect();
         g.apply()
+    }
+
+    /// Reload the config (see [`Daemon::reload`]) and restart changed VRRP instances.
+    pub async fn reload_all(self: &Arc<Self>) -> Result<()> {
+        self.reload().await?;
+        let cfg = self.config().await;
+        self.reconcile_vrrp(&cfg).await
     }
 
     /// Re-read the config file; an invalid config is refused and the running one kept.
@@ -336,9 +536,13 @@ impl Daemon {
 
     /// Update facts from outside (health, VRRP) and re-apply.
     pub async fn update_facts(&self, f: impl FnOnce(&mut Facts)) -> Result<()> {
-        let mut g = self.inner.lock().await;
-        f(&mut g.facts);
-        g.apply()
+        {
+            let mut g = self.inner.lock().await;
+            f(&mut g.facts);
+            g.apply()?;
+        }
+        self.sync_tracking().await;
+        Ok(())
     }
 
     pub async fn config(&self) -> Config {
@@ -438,12 +642,8 @@ impl Daemon {
         let stats = self.stats().await?;
         let backends = self.backends().await?;
         let vips = self.vips().await?;
-        Ok(metrics::render(
-            &stats,
-            &vips,
-            &backends,
-            &serde_json::Value::Null,
-        ))
+        let vrrp = self.vrrp_status().await;
+        Ok(metrics::render(&stats, &vips, &backends, &vrrp))
     }
 }
 
@@ -489,13 +689,13 @@ impl Inner {
 }
 
 impl api::Handler for Daemon {
-    async fn handle(&self, req: Request) -> Response {
+    async fn handle(self: &Arc<Self>, req: Request) -> Response {
         let result: Result<Response> = async {
             Ok(match req {
                 Request::Backends => Response::json(&self.backends().await?),
                 Request::Vips => Response::json(&self.vips().await?),
                 Request::Stats => Response::json(&self.stats().await?),
-                Request::Vrrp => Response::json(&Vec::<serde_json::Value>::new()),
+                Request::Vrrp => Response::json(&self.vrrp_status().await),
                 Request::Drain(d) => {
                     self.set_drained(&d.vip, d.backend, true).await?;
                     Response::json(&serde_json::json!({"drained": d.backend, "vip": d.vip}))
@@ -504,7 +704,7 @@ impl api::Handler for Daemon {
                     self.set_drained(&d.vip, d.backend, false).await?;
                     Response::json(&serde_json::json!({"undrained": d.backend, "vip": d.vip}))
                 }
-                Request::Reload => match self.reload().await {
+                Request::Reload => match self.reload_all().await {
                     Ok(()) => Response::json(&serde_json::json!({"reloaded": true})),
                     Err(e) => Response::error(422, format!("{e:#}")),
                 },
@@ -529,6 +729,7 @@ pub async fn run(config_path: PathBuf) -> Result<()> {
     let cfg =
         Config::load(&config_path).with_context(|| format!("config {}", config_path.display()))?;
     let (daemon, mut health_events) = Daemon::start(config_path, cfg.clone()).await?;
+    daemon.start_vrrp().await?;
     tracing::info!(interface = %cfg.interface, vips = cfg.vips.len(), "lbd running");
     let d = daemon.clone();
     tokio::spawn(async move {
@@ -565,11 +766,12 @@ pub async fn run(config_path: PathBuf) -> Result<()> {
             _ = tick.tick() => {
                 if let Err(e) = daemon.refresh().await { tracing::warn!(error = %format!("{e:#}"), "refresh"); }
             }
-            _ = hup.recv() => { let _ = daemon.reload().await; }
+            _ = hup.recv() => { let _ = daemon.reload_all().await; }
             _ = term.recv() => break,
             _ = tokio::signal::ctrl_c() => break,
         }
     }
+    daemon.stop_vrrp().await;
     api.abort();
     let _ = std::fs::remove_file(&cfg.api_socket);
     tracing::info!("lbd stopping; the XDP program and pinned maps stay for the next lbd");

@@ -172,6 +172,126 @@ pub fn render(
             );
         }
     }
-    let _ = vrrp;
+    if let Some(instances) = vrrp.as_array() {
+        render_vrrp(&mut o, instances);
+    }
     o
+}
+
+fn render_vrrp(o: &mut String, instances: &[serde_json::Value]) {
+    let name = |i: &serde_json::Value| esc(i["name"].as_str().unwrap_or(""));
+    let n = |v: &serde_json::Value| v.as_u64().unwrap_or(0);
+    header(
+        o,
+        "lb_vrrp_state",
+        "gauge",
+        "1 for the instance's current state (initialize, backup, master, fault).",
+    );
+    for i in instances {
+        let state = i["state"].as_str().unwrap_or("").to_lowercase();
+        for s in ["initialize", "backup", "master", "fault"] {
+            let _ = writeln!(
+                o,
+                "lb_vrrp_state{{instance=\"{}\",state=\"{s}\"}} {}",
+                name(i),
+                (state == s) as u8
+            );
+        }
+    }
+    header(
+        o,
+        "lb_vrrp_priority",
+        "gauge",
+        "Priority: base, and effective (with tracked weights).",
+    );
+    for i in instances {
+        let _ = writeln!(
+            o,
+            "lb_vrrp_priority{{instance=\"{}\",kind=\"base\"}} {}",
+            name(i),
+            n(&i["base_priority"])
+        );
+        let _ = writeln!(
+            o,
+            "lb_vrrp_priority{{instance=\"{}\",kind=\"effective\"}} {}",
+            name(i),
+            n(&i["effective_priority"])
+        );
+    }
+    for (metric, field, help) in [
+        (
+            "lb_vrrp_transitions_total",
+            "transitions",
+            "State transitions.",
+        ),
+        (
+            "lb_vrrp_became_master_total",
+            "became_master",
+            "Transitions to master.",
+        ),
+        (
+            "lb_vrrp_adverts_sent_total",
+            "adverts_sent",
+            "Adverts sent.",
+        ),
+        (
+            "lb_vrrp_adverts_received_total",
+            "adverts_received",
+            "Valid adverts received.",
+        ),
+        (
+            "lb_vrrp_split_brain_total",
+            "split_brain",
+            "Other masters seen while master.",
+        ),
+    ] {
+        header(o, metric, "counter", help);
+        for i in instances {
+            let _ = writeln!(
+                o,
+                "{metric}{{instance=\"{}\"}} {}",
+                name(i),
+                n(&i["counters"][field])
+            );
+        }
+    }
+    header(
+        o,
+        "lb_vrrp_drops_total",
+        "counter",
+        "Adverts dropped, by reason.",
+    );
+    for i in instances {
+        if let Some(d) = i["counters"]["drops"].as_object() {
+            for (reason, v) in d {
+                let _ = writeln!(
+                    o,
+                    "lb_vrrp_drops_total{{instance=\"{}\",reason=\"{}\"}} {}",
+                    name(i),
+                    esc(reason),
+                    n(v)
+                );
+            }
+        }
+    }
+    header(
+        o,
+        "lb_vrrp_collisions_total",
+        "counter",
+        "Adverts on our VRID whose VIP set or authentication differ from ours.",
+    );
+    for i in instances {
+        let c = &i["collisions"];
+        let total: u64 = c["peers"]
+            .as_object()
+            .map(|p| p.values().map(|x| n(&x["count"])).sum())
+            .unwrap_or(0)
+            + n(&c["untracked"]);
+        let _ = writeln!(
+            o,
+            "lb_vrrp_collisions_total{{instance=\"{}\"}} {}",
+            name(i),
+            total
+        );
+    }
 }

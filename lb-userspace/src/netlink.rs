@@ -202,3 +202,42 @@ pub fn neighbour_changes() -> Result<tokio::sync::mpsc::UnboundedReceiver<()>> {
     });
     Ok(rx)
 }
+
+/// Hold `vip` as a local address on `lo` that is never announced (the DSR backend role): IPv4
+/// as /32, IPv6 as a nodad /128. Already present is fine.
+pub async fn ensure_local_vip(handle: &Handle, vip: IpAddr) -> Result<()> {
+    let lo = {
+        let mut s = handle.link().get().match_name("lo".into()).execute();
+        s.try_next()
+            .await?
+            .map(|m| m.header.index)
+            .ok_or_else(|| anyhow!("no lo"))?
+    };
+    let prefix = if vip.is_ipv4() { 32 } else { 128 };
+    let mut req = handle.address().add(lo, vip, prefix);
+    if vip.is_ipv6() {
+        use rtnetlink::packet_route::address::{AddressFlags, AddressHeaderFlags};
+        let msg = req.message_mut();
+        msg.header.flags |= AddressHeaderFlags::Nodad;
+        msg.attributes
+            .push(AddressAttribute::Flags(AddressFlags::Nodad));
+    }
+    match req.execute().await {
+        Ok(()) => Ok(()),
+        Err(rtnetlink::Error::NetlinkError(e)) if e.raw_code() == -libc::EEXIST => Ok(()),
+        Err(e) => Err(e).with_context(|| format!("add {vip} to lo")),
+    }
+}
+
+/// Make `interface` (and `all`) answer ARP only for addresses configured on the interface the
+/// request came in on, and use such an address as ARP source: then a VIP on `lo` is never
+/// announced, while the VRRP master's VIP on `interface` is.
+pub fn set_arp_sysctls(interface: &str) -> Result<()> {
+    for dev in ["all", interface] {
+        for (k, v) in [("arp_ignore", "1"), ("arp_announce", "2")] {
+            let path = format!("/proc/sys/net/ipv4/conf/{dev}/{k}");
+            std::fs::write(&path, v).with_context(|| format!("write {path}"))?;
+        }
+    }
+    Ok(())
+}

@@ -77,6 +77,37 @@ pub struct BackendPlan {
     pub reason: String,
 }
 
+/// The sum of tracked weights of VRRP instance `instance`: checks with an address count when
+/// `passing` says so; the load balancer's own readiness (a track without an address) counts when
+/// every VIP of the instance has an active backend here.
+pub fn track_weight(
+    cfg: &Config,
+    instance: &str,
+    passing: &HashMap<String, bool>,
+    rows: &[BackendPlan],
+) -> i32 {
+    let vips: Vec<&str> = cfg
+        .vips
+        .iter()
+        .filter(|v| v.vrrp.as_deref() == Some(instance))
+        .map(|v| v.name.as_str())
+        .collect();
+    let lb_ready = !vips.is_empty()
+        && vips.iter().all(|v| {
+            rows.iter()
+                .any(|r| r.vip == *v && r.state == BackendState::Active)
+        });
+    cfg.track
+        .iter()
+        .filter(|t| t.instance == instance)
+        .filter(|t| match t.address {
+            Some(_) => passing.get(&t.name).copied().unwrap_or(false),
+            None => lb_ready,
+        })
+        .map(|t| t.weight)
+        .sum()
+}
+
 /// Whether this node owns VIP `i` of the config.
 pub fn owned(cfg: &Config, i: usize, facts: &Facts) -> bool {
     let v = &cfg.vips[i];

@@ -111,6 +111,109 @@ fn table(headers: &[&str], rows: Vec<Vec<String>>) {
     }
 }
 
+/// `lbctl vrrp status` as text: one block per instance.
+fn vrrp_table(v: &Value) {
+    let list = v.as_array().cloned().unwrap_or_default();
+    if list.is_empty() {
+        println!("no VRRP instances");
+    }
+    for i in list {
+        println!(
+            "{} (VRID {}, VRRPv{}, {}): {}",
+            s(&i, "name"),
+            s(&i, "vrid"),
+            s(&i, "version"),
+            s(&i, "interface"),
+            s(&i, "state").to_uppercase()
+        );
+        println!(
+            "  priority     base {} effective {} (tracked {:+})",
+            s(&i, "base_priority"),
+            s(&i, "effective_priority"),
+            i["track_weight"].as_i64().unwrap_or(0)
+        );
+        println!(
+            "  master       {}   (we are {})",
+            s(&i, "master"),
+            s(&i, "primary_addr")
+        );
+        println!(
+            "  interval     {} ms (master advertises {} ms)",
+            s(&i, "advert_interval_ms"),
+            s(&i, "master_advert_interval_ms")
+        );
+        let vips: Vec<String> = i["vips"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+            .iter()
+            .map(|x| x.as_str().unwrap_or("").to_string())
+            .collect();
+        println!(
+            "  vips         {} (owned here: {})",
+            vips.join(", "),
+            s(&i, "owned")
+        );
+        if let Some(t) = i.get("last_transition").filter(|t| !t.is_null()) {
+            println!(
+                "  last change  {} -> {} at {}: {}",
+                s(t, "from"),
+                s(t, "to"),
+                s(t, "at_unix_ms"),
+                s(t, "reason")
+            );
+        }
+        let c = &i["counters"];
+        println!(
+            "  adverts      sent {} received {}; transitions {}; became master {}; split brain {}",
+            s(c, "adverts_sent"),
+            s(c, "adverts_received"),
+            s(c, "transitions"),
+            s(c, "became_master"),
+            s(c, "split_brain")
+        );
+        let drops: Vec<String> = c["drops"]
+            .as_object()
+            .cloned()
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|(_, n)| n.as_u64().unwrap_or(0) > 0)
+            .map(|(k, n)| format!("{k} {n}"))
+            .collect();
+        println!(
+            "  drops        {}",
+            if drops.is_empty() {
+                "none".into()
+            } else {
+                drops.join(", ")
+            }
+        );
+        let col = &i["collisions"];
+        println!(
+            "  collisions   {}",
+            if col.is_null() {
+                "-".into()
+            } else {
+                col.to_string()
+            }
+        );
+        for t in i["tracks"].as_array().cloned().unwrap_or_default() {
+            let state = match t["passing"].as_bool() {
+                Some(true) => "passing",
+                Some(false) => "failing",
+                None => "see effective priority",
+            };
+            println!(
+                "  track        {} ({}): {:+} {}",
+                s(&t, "name"),
+                s(&t, "check"),
+                t["weight"].as_i64().unwrap_or(0),
+                state
+            );
+        }
+    }
+}
+
 async fn run(cli: Cli) -> Result<()> {
     let client = Client::new(&cli.socket);
     let json = cli.output == Output::Json;
@@ -208,7 +311,7 @@ async fn run(cli: Cli) -> Result<()> {
             if json {
                 print_json(&v);
             } else {
-                print_json(&v); // TODO table
+                vrrp_table(&v);
             }
         }
         Cmd::Stats => {
@@ -248,7 +351,7 @@ async fn run(cli: Cli) -> Result<()> {
             }
         }
         Cmd::VrIds { cluster_name } => {
-            let (api, ingress): (u8, u8) = todo!("{cluster_name}");
+            let (api, ingress) = lb_userspace::vrrp::vrids::openshift_vrids(&cluster_name);
             if json {
                 print_json(
                     &serde_json::json!({"cluster": cluster_name, "api_vrid": api, "ingress_vrid": ingress}),

@@ -1,0 +1,333 @@
+//! Taking and giving up VIPs on an interface: the address itself (rtnetlink) and the
+//! announcements that move neighbours' caches to us (gratuitous ARP for IPv4, unsolicited
+//! neighbour advertisements for IPv6).
+
+use std::io;
+use std::mem::size_of;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+
+use anyhow::{Context, Result};
+use futures::TryStreamExt;
+use rtnetlink::Handle;
+use rtnetlink::packet_route::address::{AddressAttribute, AddressFlags, AddressHeaderFlags};
+
+use super::io::{bind_to_device, if_index, interface_info, setsockopt_int, sockaddr_in6};
+
+const ETH_P_ARP: u16 = 0x0806;
+const ETH_P_IPV4: u16 = 0x0800;
+const ARPOP_REQUEST: u16 = 1;
+const ICMPV6_NEIGHBOR_ADVERT: u8 = 136;
+/// Neighbour advertisement flags: Override (RFC 4861 4.4), so caches replace the old MAC.
+const NA_FLAG_OVERRIDE: u32 = 0x2000_0000;
+const ALL_NODES: Ipv6Addr = Ipv6Addr::new(0xff02, 0, 0, 0, 0, 0, 0, 1);
+
+/// A gratuitous ARP (an ARP request for the VIP from the VIP, RFC 5227 "announcement" form):
+/// the 28-byte ARP payload; the kernel adds the broadcast Ethernet header.
+pub fn arp_announcement(mac: [u8; 6], ip: Ipv4Addr) -> [u8; 28] {
+    let mut p = [0u8; 28];
+    p[0..2].copy_from_slice(&1u16.to_be_bytes()); // Ethernet
+    p[2..4].copy_from_slice(&ETH_P_IPV4.to_be_bytes());
+    p[4] = 6;
+    p[5] = 4;
+    p[6..8].copy_from_slice(&ARPOP_REQUEST.to_be_bytes());
+    p[8..14].copy_from_slice(&mac);
+    p[14..18].copy_from_slice(&ip.octets());
+    // Target hardware address stays zero; target protocol address is the VIP again.
+    p[24..28].copy_from_slice(&ip.octets());
+    p
+}
+
+/// An unsolicited neighbour advertisement for `ip` with the override flag and our MAC as the
+/// target link-layer address option. The checksum is left zero: the kernel fills it in on
+/// ICMPv6 raw sockets.
+pub fn unsolicited_na(mac: [u8; 6], ip: Ipv6Addr) -> [u8; 32] {
+    let mut p = [0u8; 32];
+    p[0] = ICMPV6_NEIGHBOR_ADVERT;
+    p[4..8].copy_from_slice(&NA_FLAG_OVERRIDE.to_be_bytes());
+    p[8..24].copy_from_slice(&ip.octets());
+    p[24] = 2; // option: target link-layer address
+    p[25] = 1; // length in units of 8 bytes
+    p[26..32].copy_from_slice(&mac);
+    p
+}
+
+/// Sends announcements for VIPs out of one interface.
+pub struct Announcer {
+    ifindex: u32,
+    mac: [u8; 6],
+    arp: OwnedFd,
+    nd: OwnedFd,
+}
+
+impl Announcer {
+    pub fn new(ifname: &str) -> io::Result<Self> {
+        let info = interface_info(ifname)?;
+        let mac = info.mac.ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("interface {ifname:?} has no Ethernet address"),
+            )
+        })?;
+        // SAFETY: socket(2) calls; results checked before being owned.
+        let arp = unsafe {
+            libc::socket(
+                libc::AF_PACKET,
+                libc::SOCK_DGRAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+                i32::from(ETH_P_ARP.to_be()),
+            )
+        };
+        if arp < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: fresh descriptor.
+        let arp = unsafe { OwnedFd::from_raw_fd(arp) };
+        // SAFETY: as above.
+        let nd = unsafe {
+            libc::socket(
+                libc::AF_INET6,
+                libc::SOCK_RAW | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+                libc::IPPROTO_ICMPV6,
+            )
+        };
+        if nd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: fresh descriptor.
+        let nd = unsafe { OwnedFd::from_raw_fd(nd) };
+        let s = nd.as_raw_fd();
+        bind_to_device(s, ifname)?;
+        // Hop limit 255 or receivers discard the NA (RFC 4861 7.1.2).
+        setsockopt_int(s, libc::IPPROTO_IPV6, libc::IPV6_MULTICAST_HOPS, 255)?;
+        setsockopt_int(
+            s,
+            libc::IPPROTO_IPV6,
+            libc::IPV6_MULTICAST_IF,
+            info.index as i32,
+        )?;
+        Ok(Announcer {
+            ifindex: info.index,
+            mac,
+            arp,
+            nd,
+        })
+    }
+
+    /// Announce every VIP once. Errors are returned after trying all of them.
+    pub fn announce(&self, vips: &[IpAddr]) -> io::Result<()> {
+        let mut last_err = None;
+        for vip in vips {
+            let r = match vip {
+                IpAddr::V4(ip) => self.send_arp(*ip),
+                IpAddr::V6(ip) => self.send_na(*ip),
+            };
+            if let Err(e) = r {
+                last_err = Some(e);
+            }
+        }
+        last_err.map_or(Ok(()), Err)
+    }
+
+    fn send_arp(&self, ip: Ipv4Addr) -> io::Result<()> {
+        let frame = arp_announcement(self.mac, ip);
+        // SAFETY: all-zero is a valid sockaddr_ll; we then fill the fields.
+        let mut sll: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
+        sll.sll_family = libc::AF_PACKET as u16;
+        sll.sll_protocol = ETH_P_ARP.to_be();
+        sll.sll_ifindex = self.ifindex as i32;
+        sll.sll_halen = 6;
+        sll.sll_addr[..6].copy_from_slice(&[0xff; 6]);
+        // SAFETY: frame and address are valid for the call.
+        let n = unsafe {
+            libc::sendto(
+                self.arp.as_raw_fd(),
+                frame.as_ptr().cast(),
+                frame.len(),
+                0,
+                (&sll as *const libc::sockaddr_ll).cast(),
+                size_of::<libc::sockaddr_ll>() as libc::socklen_t,
+            )
+        };
+        if n < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    fn send_na(&self, ip: Ipv6Addr) -> io::Result<()> {
+        let msg = unsolicited_na(self.mac, ip);
+        let sa = sockaddr_in6(ALL_NODES, self.ifindex);
+        // SAFETY: message and address are valid for the call.
+        let n = unsafe {
+            libc::sendto(
+                self.nd.as_raw_fd(),
+                msg.as_ptr().cast(),
+                msg.len(),
+                0,
+                (&sa as *const libc::sockaddr_in6).cast(),
+                size_of::<libc::sockaddr_in6>() as libc::socklen_t,
+            )
+        };
+        if n < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+}
+
+/// The label given to IPv4 VIPs, so `ip addr` shows which addresses lbd manages and a restart
+/// can find them. `None` when `<ifname>:lb` does not fit in IFNAMSIZ.
+pub fn vip_label(ifname: &str) -> Option<String> {
+    let label = format!("{ifname}:lb");
+    (label.len() < libc::IFNAMSIZ).then_some(label)
+}
+
+/// Add `vip` to `ifname`: IPv4 as /32 with the [`vip_label`], IPv6 as /128 without duplicate
+/// address detection (the VIP moves between nodes; DAD would delay it and fail on the move).
+/// Already present is fine.
+pub async fn add_vip(handle: &Handle, ifname: &str, vip: IpAddr) -> Result<()> {
+    let index = if_index(ifname)?;
+    let prefix = if vip.is_ipv4() { 32 } else { 128 };
+    let mut req = handle.address().add(index, vip, prefix);
+    let msg = req.message_mut();
+    match vip {
+        IpAddr::V4(_) => {
+            if let Some(label) = vip_label(ifname) {
+                msg.attributes.push(AddressAttribute::Label(label));
+            }
+        }
+        IpAddr::V6(_) => {
+            msg.header.flags |= AddressHeaderFlags::Nodad;
+            msg.attributes
+                .push(AddressAttribute::Flags(AddressFlags::Nodad));
+            // Deprecated (preferred lifetime 0): never chosen as the source of this node's own
+            // connections, or a backend holding the same VIP would answer itself.
+            let mut lifetimes = rtnetlink::packet_route::address::CacheInfo::default();
+            lifetimes.ifa_preferred = 0;
+            lifetimes.ifa_valid = u32::MAX;
+            msg.attributes.push(AddressAttribute::CacheInfo(lifetimes));
+        }
+    }
+    match req.execute().await {
+        Ok(()) => Ok(()),
+        Err(e) if errno(&e) == Some(libc::EEXIST) => Ok(()),
+        Err(e) => Err(e).with_context(|| format!("add VIP {vip} to {ifname}")),
+    }
+}
+
+/// Remove `vip` from `ifname`, whatever its prefix length. Not present is fine.
+pub async fn remove_vip(handle: &Handle, ifname: &str, vip: IpAddr) -> Result<()> {
+    let index = match if_index(ifname) {
+        Ok(i) => i,
+        // No interface, no address.
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e.into()),
+    };
+    let found: Vec<_> = handle
+        .address()
+        .get()
+        .set_link_index_filter(index)
+        .set_address_filter(vip)
+        .execute()
+        .try_collect()
+        .await
+        .with_context(|| format!("list addresses of {ifname}"))?;
+    for msg in found {
+        match handle.address().del(msg).execute().await {
+            Ok(()) => {}
+            Err(e)
+                if matches!(
+                    errno(&e),
+                    Some(libc::EADDRNOTAVAIL | libc::ENOENT | libc::ENODEV)
+                ) => {}
+            Err(e) => return Err(e).with_context(|| format!("remove VIP {vip} from {ifname}")),
+        }
+    }
+    Ok(())
+}
+
+/// Restart cleanup: remove the given VIPs from `ifname`, and every IPv4 address carrying our
+/// label (VIPs of a previous configuration). Run before an instance starts, so a crash never
+/// leaves a VIP on a node that is not master.
+pub async fn remove_stale(handle: &Handle, ifname: &str, vips: &[IpAddr]) -> Result<Vec<IpAddr>> {
+    let index = match if_index(ifname) {
+        Ok(i) => i,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e.into()),
+    };
+    let label = vip_label(ifname);
+    let mut stale = Vec::new();
+    let mut s = handle
+        .address()
+        .get()
+        .set_link_index_filter(index)
+        .execute();
+    while let Some(msg) = s
+        .try_next()
+        .await
+        .with_context(|| format!("list addresses of {ifname}"))?
+    {
+        let mut addr = None;
+        let mut labelled = false;
+        for a in &msg.attributes {
+            match a {
+                AddressAttribute::Address(ip) => addr = Some(*ip),
+                AddressAttribute::Label(l) => labelled = Some(l) == label.as_ref(),
+                _ => {}
+            }
+        }
+        if let Some(ip) = addr
+            && (labelled || vips.contains(&ip))
+            && !stale.contains(&ip)
+        {
+            stale.push(ip);
+        }
+    }
+    for ip in &stale {
+        remove_vip(handle, ifname, *ip).await?;
+    }
+    Ok(stale)
+}
+
+fn errno(e: &rtnetlink::Error) -> Option<i32> {
+    match e {
+        rtnetlink::Error::NetlinkError(m) => m.code.map(|c| -c.get()),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn arp_announcement_layout() {
+        let mac = [2, 0, 0, 0, 0, 1];
+        let p = arp_announcement(mac, Ipv4Addr::new(192, 0, 2, 100));
+        assert_eq!(&p[..8], &[0, 1, 8, 0, 6, 4, 0, 1]);
+        assert_eq!(&p[8..14], &mac);
+        assert_eq!(&p[14..18], &[192, 0, 2, 100]);
+        assert_eq!(&p[18..24], &[0; 6]);
+        assert_eq!(&p[24..28], &[192, 0, 2, 100]);
+    }
+
+    #[test]
+    fn na_layout() {
+        let mac = [2, 0, 0, 0, 0, 1];
+        let ip: Ipv6Addr = "2001:db8::100".parse().unwrap();
+        let p = unsolicited_na(mac, ip);
+        assert_eq!(p[0], 136);
+        assert_eq!(p[1], 0);
+        // Override set; Router and Solicited clear.
+        assert_eq!(&p[4..8], &[0x20, 0, 0, 0]);
+        assert_eq!(&p[8..24], &ip.octets());
+        assert_eq!(&p[24..32], &[2, 1, 2, 0, 0, 0, 0, 1]);
+    }
+
+    #[test]
+    fn labels_fit_ifnamsiz() {
+        assert_eq!(vip_label("eth0").as_deref(), Some("eth0:lb"));
+        assert_eq!(vip_label("enp0s31f6abcd").as_deref(), None);
+        assert_eq!(vip_label("enp0s31f6ab").as_deref(), Some("enp0s31f6ab:lb"));
+    }
+}

@@ -1,0 +1,560 @@
+//! VRRP sockets: raw IP protocol 112 for IPv4 and IPv6, bound to one interface, multicast
+//! (224.0.0.18 / ff02::12, joined on that interface) or unicast to configured peers.
+//!
+//! Sent with TTL / hop limit 255 and DSCP CS6 (as keepalived does); received packets whose TTL /
+//! hop limit is not 255 are dropped and reported as [`DecodeError::BadTtl`]. IPv4 uses
+//! `IP_HDRINCL` so the source address (which the v3 checksum covers) is exactly ours without
+//! binding the socket, which would also filter out multicast on receive; IPv6 sets the source
+//! per packet with `IPV6_PKTINFO` and reads the hop limit and destination from control messages.
+
+use std::ffi::CString;
+use std::io;
+use std::mem::{size_of, zeroed};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+
+use tokio::io::unix::AsyncFd;
+
+use super::codec::{self, Advert, DecodeError, IPPROTO_VRRP, VRRP_TOS, VRRP_TTL};
+
+/// What one receive produced.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Incoming {
+    Advert {
+        src: IpAddr,
+        advert: Advert,
+    },
+    Dropped {
+        src: Option<IpAddr>,
+        reason: DecodeError,
+    },
+}
+
+/// A raw VRRP socket on one interface, for one address family.
+pub struct VrrpSocket {
+    fd: AsyncFd<OwnedFd>,
+    ifindex: u32,
+    src: IpAddr,
+}
+
+impl VrrpSocket {
+    /// Open a socket on `ifname` that sends from `src` (its family selects IPv4 or IPv6). With
+    /// `multicast`, join the VRRP group on the interface.
+    pub fn open(ifname: &str, src: IpAddr, multicast: bool) -> io::Result<Self> {
+        let ifindex = if_index(ifname)?;
+        let v6 = src.is_ipv6();
+        let family = if v6 { libc::AF_INET6 } else { libc::AF_INET };
+        // SAFETY: plain socket(2) call; the result is checked before use.
+        let raw = unsafe {
+            libc::socket(
+                family,
+                libc::SOCK_RAW | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+                i32::from(IPPROTO_VRRP),
+            )
+        };
+        if raw < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: `raw` is a fresh, valid descriptor we own.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        let s = fd.as_raw_fd();
+        bind_to_device(s, ifname)?;
+        if v6 {
+            setsockopt_int(
+                s,
+                libc::IPPROTO_IPV6,
+                libc::IPV6_MULTICAST_HOPS,
+                i32::from(VRRP_TTL),
+            )?;
+            setsockopt_int(
+                s,
+                libc::IPPROTO_IPV6,
+                libc::IPV6_UNICAST_HOPS,
+                i32::from(VRRP_TTL),
+            )?;
+            setsockopt_int(
+                s,
+                libc::IPPROTO_IPV6,
+                libc::IPV6_TCLASS,
+                i32::from(VRRP_TOS),
+            )?;
+            setsockopt_int(s, libc::IPPROTO_IPV6, libc::IPV6_MULTICAST_LOOP, 0)?;
+            setsockopt_int(
+                s,
+                libc::IPPROTO_IPV6,
+                libc::IPV6_MULTICAST_IF,
+                ifindex as i32,
+            )?;
+            setsockopt_int(s, libc::IPPROTO_IPV6, libc::IPV6_RECVHOPLIMIT, 1)?;
+            setsockopt_int(s, libc::IPPROTO_IPV6, libc::IPV6_RECVPKTINFO, 1)?;
+            if multicast {
+                let mreq = libc::ipv6_mreq {
+                    ipv6mr_multiaddr: libc::in6_addr {
+                        s6_addr: codec::MCAST_V6.octets(),
+                    },
+                    ipv6mr_interface: ifindex,
+                };
+                setsockopt(s, libc::IPPROTO_IPV6, libc::IPV6_ADD_MEMBERSHIP, &mreq)?;
+            }
+        } else {
+            setsockopt_int(s, libc::IPPROTO_IP, libc::IP_HDRINCL, 1)?;
+            setsockopt_int(s, libc::IPPROTO_IP, libc::IP_MULTICAST_LOOP, 0)?;
+            let mreq = libc::ip_mreqn {
+                imr_multiaddr: in_addr(codec::MCAST_V4),
+                imr_address: in_addr(Ipv4Addr::UNSPECIFIED),
+                imr_ifindex: ifindex as i32,
+            };
+            setsockopt(s, libc::IPPROTO_IP, libc::IP_MULTICAST_IF, &mreq)?;
+            if multicast {
+                setsockopt(s, libc::IPPROTO_IP, libc::IP_ADD_MEMBERSHIP, &mreq)?;
+            }
+        }
+        // SAFETY: the OwnedFd is moved in and only closed when the AsyncFd drops it.
+        let fd = unsafe { AsyncFd::register(fd) }?;
+        Ok(VrrpSocket { fd, ifindex, src })
+    }
+
+    pub fn src(&self) -> IpAddr {
+        self.src
+    }
+
+    /// Send one encoded advert (the VRRP payload) to `dst`.
+    pub async fn send(&self, payload: &[u8], dst: IpAddr) -> io::Result<()> {
+        loop {
+            let mut guard = self.fd.writable().await?;
+            match guard.try_io(|fd| self.send_now(fd.as_raw_fd(), payload, dst)) {
+                Ok(r) => return r,
+                Err(_would_block) => continue,
+            }
+        }
+    }
+
+    fn send_now(&self, s: RawFd, payload: &[u8], dst: IpAddr) -> io::Result<()> {
+        match (self.src, dst) {
+            (IpAddr::V4(src), IpAddr::V4(dst)) => {
+                let packet = ipv4_packet(src, dst, payload)?;
+                let sa = sockaddr_in(dst);
+                // SAFETY: buffer and address are valid for the duration of the call.
+                let n = unsafe {
+                    libc::sendto(
+                        s,
+                        packet.as_ptr().cast(),
+                        packet.len(),
+                        0,
+                        (&sa as *const libc::sockaddr_in).cast(),
+                        size_of::<libc::sockaddr_in>() as libc::socklen_t,
+                    )
+                };
+                check_len(n)
+            }
+            (IpAddr::V6(src), IpAddr::V6(dst)) => {
+                let mut sa = sockaddr_in6(dst, self.ifindex);
+                let info = libc::in6_pktinfo {
+                    ipi6_addr: libc::in6_addr {
+                        s6_addr: src.octets(),
+                    },
+                    ipi6_ifindex: self.ifindex,
+                };
+                let mut cbuf = [0u64; 8]; // aligned, larger than one in6_pktinfo cmsg
+                let mut iov = libc::iovec {
+                    iov_base: payload.as_ptr() as *mut libc::c_void,
+                    iov_len: payload.len(),
+                };
+                // SAFETY: msghdr points at live locals; the cmsg is written inside `cbuf`,
+                // whose size CMSG_SPACE covers.
+                let n = unsafe {
+                    let mut msg: libc::msghdr = zeroed();
+                    msg.msg_name = (&mut sa as *mut libc::sockaddr_in6).cast();
+                    msg.msg_namelen = size_of::<libc::sockaddr_in6>() as libc::socklen_t;
+                    msg.msg_iov = &mut iov;
+                    msg.msg_iovlen = 1;
+                    msg.msg_control = cbuf.as_mut_ptr().cast();
+                    msg.msg_controllen =
+                        libc::CMSG_SPACE(size_of::<libc::in6_pktinfo>() as u32) as usize;
+                    let cmsg = libc::CMSG_FIRSTHDR(&msg);
+                    (*cmsg).cmsg_level = libc::IPPROTO_IPV6;
+                    (*cmsg).cmsg_type = libc::IPV6_PKTINFO;
+                    (*cmsg).cmsg_len =
+                        libc::CMSG_LEN(size_of::<libc::in6_pktinfo>() as u32) as usize;
+                    std::ptr::write_unaligned(
+                        libc::CMSG_DATA(cmsg).cast::<libc::in6_pktinfo>(),
+                        info,
+                    );
+                    libc::sendmsg(s, &msg, 0)
+                };
+                check_len(n)
+            }
+            _ => Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "destination and source address families differ",
+            )),
+        }
+    }
+
+    /// Receive the next packet: a decoded advert with its source, or a drop with its reason.
+    /// The advert is only decoded, not checked against the instance (see [`codec::check`]).
+    pub async fn recv(&self) -> io::Result<Incoming> {
+        loop {
+            let mut guard = self.fd.readable().await?;
+            match guard.try_io(|fd| self.recv_now(fd.as_raw_fd())) {
+                Ok(r) => return r,
+                Err(_would_block) => continue,
+            }
+        }
+    }
+
+    fn recv_now(&self, s: RawFd) -> io::Result<Incoming> {
+        let mut buf = [0u8; 2048];
+        if self.src.is_ipv4() {
+            // SAFETY: writing at most buf.len() bytes into buf.
+            let n = unsafe { libc::recv(s, buf.as_mut_ptr().cast(), buf.len(), 0) };
+            let n = usize::try_from(n).map_err(|_| io::Error::last_os_error())?;
+            return Ok(parse_ipv4(&buf[..n.min(buf.len())]));
+        }
+        let mut sa: libc::sockaddr_in6 = unsafe { zeroed() };
+        let mut cbuf = [0u64; 16];
+        let mut iov = libc::iovec {
+            iov_base: buf.as_mut_ptr().cast(),
+            iov_len: buf.len(),
+        };
+        // SAFETY: msghdr points at live locals of the stated sizes; control messages are read
+        // only through the CMSG_* helpers within msg_controllen, with unaligned reads.
+        unsafe {
+            let mut msg: libc::msghdr = zeroed();
+            msg.msg_name = (&mut sa as *mut libc::sockaddr_in6).cast();
+            msg.msg_namelen = size_of::<libc::sockaddr_in6>() as libc::socklen_t;
+            msg.msg_iov = &mut iov;
+            msg.msg_iovlen = 1;
+            msg.msg_control = cbuf.as_mut_ptr().cast();
+            msg.msg_controllen = size_of::<[u64; 16]>();
+            let n = libc::recvmsg(s, &mut msg, 0);
+            let n = usize::try_from(n).map_err(|_| io::Error::last_os_error())?;
+            let src = IpAddr::V6(Ipv6Addr::from(sa.sin6_addr.s6_addr));
+            let mut hops = None;
+            let mut dst = None;
+            let mut cmsg = libc::CMSG_FIRSTHDR(&msg);
+            while !cmsg.is_null() {
+                let (level, ty) = ((*cmsg).cmsg_level, (*cmsg).cmsg_type);
+                if level == libc::IPPROTO_IPV6 && ty == libc::IPV6_HOPLIMIT {
+                    hops = Some(std::ptr::read_unaligned(
+                        libc::CMSG_DATA(cmsg).cast::<i32>(),
+                    ));
+                } else if level == libc::IPPROTO_IPV6 && ty == libc::IPV6_PKTINFO {
+                    let info =
+                        std::ptr::read_unaligned(libc::CMSG_DATA(cmsg).cast::<libc::in6_pktinfo>());
+                    dst = Some(IpAddr::V6(Ipv6Addr::from(info.ipi6_addr.s6_addr)));
+                }
+                cmsg = libc::CMSG_NXTHDR(&msg, cmsg);
+            }
+            let truncated = msg.msg_flags & libc::MSG_TRUNC != 0;
+            Ok(classify(
+                src,
+                dst,
+                hops,
+                truncated,
+                &buf[..n.min(buf.len())],
+            ))
+        }
+    }
+}
+
+/// Check TTL / hop limit and decode. `dst` is needed for the v3 pseudo-header.
+fn classify(
+    src: IpAddr,
+    dst: Option<IpAddr>,
+    ttl: Option<i32>,
+    truncated: bool,
+    payload: &[u8],
+) -> Incoming {
+    let dropped = |reason| Incoming::Dropped {
+        src: Some(src),
+        reason,
+    };
+    if ttl != Some(i32::from(VRRP_TTL)) {
+        return dropped(DecodeError::BadTtl);
+    }
+    if truncated {
+        return dropped(DecodeError::LengthMismatch);
+    }
+    let Some(dst) = dst else {
+        return dropped(DecodeError::Truncated);
+    };
+    match codec::decode(payload, src, dst) {
+        Ok(advert) => Incoming::Advert { src, advert },
+        Err(reason) => dropped(reason),
+    }
+}
+
+/// Raw IPv4 sockets receive the IP header too: take source, destination and TTL from it.
+fn parse_ipv4(pkt: &[u8]) -> Incoming {
+    let bad = Incoming::Dropped {
+        src: None,
+        reason: DecodeError::Truncated,
+    };
+    if pkt.len() < 20 || pkt[0] >> 4 != 4 {
+        return bad;
+    }
+    let ihl = usize::from(pkt[0] & 0x0f) * 4;
+    let total = usize::from(u16::from_be_bytes([pkt[2], pkt[3]]));
+    if ihl < 20 || total < ihl || total > pkt.len() {
+        return bad;
+    }
+    let src = IpAddr::V4(Ipv4Addr::new(pkt[12], pkt[13], pkt[14], pkt[15]));
+    let dst = IpAddr::V4(Ipv4Addr::new(pkt[16], pkt[17], pkt[18], pkt[19]));
+    classify(
+        src,
+        Some(dst),
+        Some(i32::from(pkt[8])),
+        false,
+        &pkt[ihl..total],
+    )
+}
+
+/// An IPv4 packet for `IP_HDRINCL`: the kernel fills in the ID and header checksum.
+fn ipv4_packet(src: Ipv4Addr, dst: Ipv4Addr, payload: &[u8]) -> io::Result<Vec<u8>> {
+    let total = u16::try_from(20 + payload.len())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "advert too large"))?;
+    let mut p = Vec::with_capacity(usize::from(total));
+    p.extend_from_slice(&[0x45, VRRP_TOS]);
+    p.extend_from_slice(&total.to_be_bytes());
+    p.extend_from_slice(&[0, 0, 0, 0, VRRP_TTL, IPPROTO_VRRP, 0, 0]);
+    p.extend_from_slice(&src.octets());
+    p.extend_from_slice(&dst.octets());
+    p.extend_from_slice(payload);
+    Ok(p)
+}
+
+fn check_len(n: isize) -> io::Result<()> {
+    if n < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
+pub(crate) fn if_index(ifname: &str) -> io::Result<u32> {
+    let c = CString::new(ifname)
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "interface name has a NUL"))?;
+    // SAFETY: `c` is a valid NUL-terminated string.
+    let idx = unsafe { libc::if_nametoindex(c.as_ptr()) };
+    if idx == 0 {
+        return Err(io::Error::new(
+            io::ErrorKind::NotFound,
+            format!("interface {ifname:?} not found"),
+        ));
+    }
+    Ok(idx)
+}
+
+pub(crate) fn bind_to_device(s: RawFd, ifname: &str) -> io::Result<()> {
+    // SAFETY: the name buffer is valid for its length.
+    let r = unsafe {
+        libc::setsockopt(
+            s,
+            libc::SOL_SOCKET,
+            libc::SO_BINDTODEVICE,
+            ifname.as_ptr().cast(),
+            ifname.len() as libc::socklen_t,
+        )
+    };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+pub(crate) fn setsockopt<T>(s: RawFd, level: i32, name: i32, value: &T) -> io::Result<()> {
+    // SAFETY: `value` is a live T of the stated size.
+    let r = unsafe {
+        libc::setsockopt(
+            s,
+            level,
+            name,
+            (value as *const T).cast(),
+            size_of::<T>() as libc::socklen_t,
+        )
+    };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+pub(crate) fn setsockopt_int(s: RawFd, level: i32, name: i32, value: i32) -> io::Result<()> {
+    setsockopt(s, level, name, &value)
+}
+
+fn in_addr(a: Ipv4Addr) -> libc::in_addr {
+    libc::in_addr {
+        s_addr: u32::from_ne_bytes(a.octets()),
+    }
+}
+
+fn sockaddr_in(a: Ipv4Addr) -> libc::sockaddr_in {
+    // SAFETY: all-zero is a valid sockaddr_in.
+    let mut sa: libc::sockaddr_in = unsafe { zeroed() };
+    sa.sin_family = libc::AF_INET as libc::sa_family_t;
+    sa.sin_addr = in_addr(a);
+    sa
+}
+
+pub(crate) fn sockaddr_in6(a: Ipv6Addr, ifindex: u32) -> libc::sockaddr_in6 {
+    // SAFETY: all-zero is a valid sockaddr_in6.
+    let mut sa: libc::sockaddr_in6 = unsafe { zeroed() };
+    sa.sin6_family = libc::AF_INET6 as libc::sa_family_t;
+    sa.sin6_addr = libc::in6_addr {
+        s6_addr: a.octets(),
+    };
+    // Link-local and multicast destinations need the interface as scope.
+    sa.sin6_scope_id = ifindex;
+    sa
+}
+
+/// Facts about one interface from getifaddrs(3): cheap enough to poll for link state.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct InterfaceInfo {
+    pub index: u32,
+    pub mac: Option<[u8; 6]>,
+    /// Administratively up and with carrier (IFF_UP and IFF_RUNNING).
+    pub up: bool,
+    pub addrs: Vec<IpAddr>,
+}
+
+pub fn interface_info(ifname: &str) -> io::Result<InterfaceInfo> {
+    let mut info = InterfaceInfo {
+        index: if_index(ifname)?,
+        ..Default::default()
+    };
+    let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: getifaddrs fills `head` with a list we free below; every pointer is checked for
+    // null and each sockaddr is read according to its family.
+    unsafe {
+        if libc::getifaddrs(&mut head) < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let mut cur = head;
+        while !cur.is_null() {
+            let ifa = &*cur;
+            cur = ifa.ifa_next;
+            if ifa.ifa_name.is_null()
+                || std::ffi::CStr::from_ptr(ifa.ifa_name).to_bytes() != ifname.as_bytes()
+            {
+                continue;
+            }
+            let flags = ifa.ifa_flags as i32;
+            if flags & libc::IFF_UP != 0 && flags & libc::IFF_RUNNING != 0 {
+                info.up = true;
+            }
+            if ifa.ifa_addr.is_null() {
+                continue;
+            }
+            match i32::from((*ifa.ifa_addr).sa_family) {
+                libc::AF_INET => {
+                    let sa = std::ptr::read_unaligned(ifa.ifa_addr.cast::<libc::sockaddr_in>());
+                    info.addrs
+                        .push(IpAddr::V4(Ipv4Addr::from(sa.sin_addr.s_addr.to_ne_bytes())));
+                }
+                libc::AF_INET6 => {
+                    let sa = std::ptr::read_unaligned(ifa.ifa_addr.cast::<libc::sockaddr_in6>());
+                    info.addrs
+                        .push(IpAddr::V6(Ipv6Addr::from(sa.sin6_addr.s6_addr)));
+                }
+                libc::AF_PACKET => {
+                    let sa = std::ptr::read_unaligned(ifa.ifa_addr.cast::<libc::sockaddr_ll>());
+                    if sa.sll_halen == 6 {
+                        let mut mac = [0u8; 6];
+                        mac.copy_from_slice(&sa.sll_addr[..6]);
+                        info.mac = Some(mac);
+                    }
+                }
+                _ => {}
+            }
+        }
+        libc::freeifaddrs(head);
+    }
+    Ok(info)
+}
+
+impl InterfaceInfo {
+    /// The address adverts are sent from: for IPv6 the first link-local address (RFC 9568), for
+    /// IPv4 the first address that is not one of our VIPs.
+    pub fn primary_addr(&self, v6: bool, vips: &[IpAddr]) -> Option<IpAddr> {
+        self.addrs.iter().copied().find(|a| match a {
+            IpAddr::V4(_) => !v6 && !vips.contains(a),
+            IpAddr::V6(a6) => v6 && a6.segments()[0] & 0xffc0 == 0xfe80,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn adv() -> (Advert, Ipv4Addr, Ipv4Addr) {
+        let a = Advert {
+            version: codec::Version::V3,
+            vrid: 9,
+            priority: 100,
+            interval_cs: 10,
+            addrs: vec!["192.0.2.50".parse().unwrap()],
+            auth: codec::Auth::None,
+        };
+        (a, Ipv4Addr::new(192, 0, 2, 1), codec::MCAST_V4)
+    }
+
+    #[test]
+    fn ipv4_packet_parses_back() {
+        let (a, src, dst) = adv();
+        let payload = codec::encode(&a, src.into(), dst.into()).unwrap();
+        let pkt = ipv4_packet(src, dst, &payload).unwrap();
+        assert_eq!(
+            parse_ipv4(&pkt),
+            Incoming::Advert {
+                src: src.into(),
+                advert: a
+            }
+        );
+    }
+
+    #[test]
+    fn ttl_below_255_is_dropped() {
+        let (a, src, dst) = adv();
+        let payload = codec::encode(&a, src.into(), dst.into()).unwrap();
+        let mut pkt = ipv4_packet(src, dst, &payload).unwrap();
+        pkt[8] = 254;
+        assert_eq!(
+            parse_ipv4(&pkt),
+            Incoming::Dropped {
+                src: Some(src.into()),
+                reason: DecodeError::BadTtl
+            }
+        );
+        assert_eq!(
+            classify(src.into(), Some(dst.into()), None, false, &payload),
+            Incoming::Dropped {
+                src: Some(src.into()),
+                reason: DecodeError::BadTtl
+            }
+        );
+    }
+
+    #[test]
+    fn malformed_ipv4_headers_do_not_panic() {
+        for len in 0..40 {
+            let mut p = vec![0x4fu8; len];
+            let _ = parse_ipv4(&p);
+            if len > 4 {
+                p[2] = 0xff;
+                let _ = parse_ipv4(&p);
+            }
+        }
+    }
+
+    #[test]
+    fn loopback_has_no_mac_but_exists() {
+        let info = interface_info("lo").unwrap();
+        assert!(info.index > 0);
+        assert!(info.addrs.contains(&"127.0.0.1".parse().unwrap()));
+        assert!(interface_info("no-such-if0").is_err());
+    }
+}
