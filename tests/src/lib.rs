@@ -5,6 +5,7 @@ pub mod bench;
 pub mod dsr;
 pub mod frames;
 pub mod lab;
+pub mod vrrp_lab;
 
 use std::{
     net::IpAddr,
