@@ -251,6 +251,30 @@ impl Lab {
         }
     }
 
+    /// Wait up to `timeout` for the process started as `tag` to exit on its own; its status.
+    pub fn wait(&mut self, tag: &str, timeout: Duration) -> Option<std::process::ExitStatus> {
+        let i = self.children.iter().position(|(t, _)| t == tag)?;
+        let start = Instant::now();
+        loop {
+            if let Ok(Some(status)) = self.children[i].1.try_wait() {
+                self.children.remove(i);
+                return Some(status);
+            }
+            if start.elapsed() > timeout {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// The pid of the process started as `tag`, if it is still tracked.
+    pub fn pid(&self, tag: &str) -> Option<u32> {
+        self.children
+            .iter()
+            .find(|(t, _)| t == tag)
+            .map(|(_, c)| c.id())
+    }
+
     /// Remove this path when the lab is dropped (pin directories, sockets).
     pub fn cleanup(&mut self, path: PathBuf) {
         self.cleanup_paths.push(path);

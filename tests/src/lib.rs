@@ -2,6 +2,7 @@
 //! BPF_PROG_TEST_RUN, and network-namespace labs. Everything here needs root.
 
 pub mod bench;
+pub mod cluster;
 pub mod dsr;
 pub mod frames;
 pub mod lab;
@@ -73,9 +74,12 @@ pub fn bin_dir() -> PathBuf {
         return d.into();
     }
     let exe = std::env::current_exe().expect("current exe");
-    // target/<profile>/deps/<test> -> target/<profile>
-    exe.parent()
-        .and_then(|p| p.parent())
-        .expect("target dir")
-        .to_path_buf()
+    // Tests live in target/<profile>/deps/, binaries in target/<profile>/.
+    let dir = exe.parent().expect("exe dir");
+    if dir.ends_with("deps") {
+        dir.parent().expect("target dir")
+    } else {
+        dir
+    }
+    .to_path_buf()
 }

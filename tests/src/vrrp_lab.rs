@@ -1,24 +1,31 @@
 //! A cluster-shaped lab for VRRP: N nodes on one bridge, each running lbd (VRRP instance "api"
-//! for one VIP) and a `labnode serve-id` backend, plus a client. Every node is a DSR backend of
-//! the VIP (lbd holds it on lo); the VRRP master forwards with XDP.
+//! for one VIP) or a real keepalived in the same instance, plus a `labnode serve-id` backend on
+//! every node and a client. Every node is a DSR backend of the VIP (lbd holds it on lo; for a
+//! keepalived node the lab does that when lbd nodes are present); the lbd master forwards with
+//! XDP, a keepalived master serves the VIP itself.
+//!
+//! Node failure is simulated by taking the node's link down and killing its daemon with
+//! SIGKILL: killing lbd alone does not interrupt forwarding (the pinned XDP program keeps
+//! working), and the VIP would stay on the dead daemon's interface.
 
 use std::{
     path::PathBuf,
-    time::{Duration, Instant},
+    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
 
 use serde_json::Value;
 
 use crate::{
     bin_dir,
-    lab::{Lab, wait_for},
+    lab::{Lab, sh, try_sh, wait_for},
 };
 
 pub const VIP4: &str = "10.78.0.100";
 pub const VIP6: &str = "fd78::100";
 pub const PORT: &str = "8080";
+pub const VRID: u8 = 51;
 
-/// How one node's lbd is configured.
+/// How one node's VRRP speaker is configured.
 #[derive(Clone, Debug)]
 pub struct NodeOpts {
     pub priority: u8,
@@ -28,6 +35,10 @@ pub struct NodeOpts {
     pub unicast: bool,
     pub ipv6: bool,
     pub auth_pass: Option<String>,
+    /// Run a real keepalived (Debian package) instead of lbd on this node.
+    pub keepalived: bool,
+    /// The VIP this node's instance carries, if not the lab's (a VRID collision).
+    pub vip: Option<&'static str>,
 }
 
 impl Default for NodeOpts {
@@ -40,9 +51,37 @@ impl Default for NodeOpts {
             unicast: false,
             ipv6: false,
             auth_pass: None,
+            keepalived: false,
+            vip: None,
         }
     }
 }
+
+impl NodeOpts {
+    /// keepalived as OpenShift renders it: VRRPv2, advert_int 1, PASS auth, unicast peers.
+    pub fn openshift_keepalived(priority: u8) -> NodeOpts {
+        NodeOpts {
+            priority,
+            version: 2,
+            advert_ms: 1000,
+            unicast: true,
+            auth_pass: Some(OPENSHIFT_PASS.into()),
+            keepalived: true,
+            ..Default::default()
+        }
+    }
+
+    /// lbd configured to join such an instance.
+    pub fn openshift_lbd(priority: u8) -> NodeOpts {
+        NodeOpts {
+            keepalived: false,
+            ..NodeOpts::openshift_keepalived(priority)
+        }
+    }
+}
+
+/// `<cluster>_api_vip` cut to the 8 bytes that go on the wire (cluster "ostest").
+pub const OPENSHIFT_PASS: &str = "ostest_a";
 
 pub struct VrrpLab {
     pub lab: Lab,
@@ -52,9 +91,25 @@ pub struct VrrpLab {
     labnode: String,
 }
 
+pub fn unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
 impl VrrpLab {
-    /// Nodes n1..nN with the given options, and a client. lbd is started on every node.
+    /// Nodes n1..nN with the given options, and a client. lbd (or keepalived) is started on
+    /// every node.
     pub fn new(labnode: &str, opts: Vec<NodeOpts>) -> VrrpLab {
+        let mut l = VrrpLab::prepare(labnode, opts);
+        for i in 0..l.nodes.len() {
+            l.start(i);
+        }
+        l
+    }
+
+    /// As [`VrrpLab::new`] without starting any VRRP speaker.
+    pub fn prepare(labnode: &str, opts: Vec<NodeOpts>) -> VrrpLab {
         let ipv6 = opts.first().map(|o| o.ipv6).unwrap_or(false);
         let mut lab = Lab::new("vr");
         lab.add_node("client", "10.78.0.1", "fd78::1");
@@ -70,6 +125,7 @@ impl VrrpLab {
             nodes.push(n);
         }
         let vip = if ipv6 { VIP6 } else { VIP4 };
+        let any_lbd = opts.iter().any(|o| !o.keepalived);
         let l = VrrpLab {
             lab,
             nodes,
@@ -78,11 +134,15 @@ impl VrrpLab {
             labnode: labnode.to_string(),
         };
         for i in 0..l.nodes.len() {
-            l.write_config(i);
-        }
-        let mut l = l;
-        for i in 0..l.nodes.len() {
-            l.start(i);
+            if l.opts[i].keepalived {
+                // Next to lbd nodes a keepalived node is a DSR backend too, as lbd nodes are.
+                if any_lbd {
+                    l.lab.make_dsr_backend(&l.nodes[i], &[l.node_vip(i)]);
+                }
+                std::fs::write(l.keepalived_conf_path(i), l.keepalived_config(i)).unwrap();
+            } else {
+                l.write_config(i);
+            }
         }
         l
     }
@@ -94,6 +154,11 @@ impl VrrpLab {
         } else {
             n.v4.clone()
         }
+    }
+
+    /// The VIP node `i`'s instance carries.
+    pub fn node_vip(&self, i: usize) -> &'static str {
+        self.opts[i].vip.unwrap_or(self.vip)
     }
 
     pub fn socket(&self, i: usize) -> String {
@@ -108,46 +173,100 @@ impl VrrpLab {
         self.lab.dir.join(format!("{}.toml", self.nodes[i]))
     }
 
+    fn keepalived_conf_path(&self, i: usize) -> PathBuf {
+        self.lab.dir.join(format!("ka-{}.conf", self.nodes[i]))
+    }
+
+    fn keepalived_pid_paths(&self, i: usize) -> (PathBuf, PathBuf) {
+        let n = &self.nodes[i];
+        (
+            self.lab.dir.join(format!("ka-{n}.pid")),
+            self.lab.dir.join(format!("ka-{n}-vrrp.pid")),
+        )
+    }
+
     fn pin_name(&self, i: usize) -> String {
         format!("{}_{}", self.lab.prefix.replace('-', "_"), self.nodes[i])
     }
 
-    /// The config of node `i` from its options.
+    fn peers(&self, i: usize) -> Vec<String> {
+        let me = &self.nodes[i];
+        self.nodes
+            .iter()
+            .filter(|n| *n != me)
+            .map(|n| self.addr(n))
+            .collect()
+    }
+
+    /// The lbd config of node `i` from its options.
     pub fn config(&self, i: usize) -> String {
         let o = &self.opts[i];
+        let vip = self.node_vip(i);
         let mut c = format!(
             "interface = \"eth0\"\nname = \"{}\"\napi_socket = \"{}\"\nxdp_mode = \"skb\"\n",
             self.pin_name(i),
             self.socket(i)
         );
         c += &format!(
-            "\n[[vips]]\nname = \"api\"\naddress = \"{}\"\nports = [{PORT}]\nvrrp = \"api\"\n[vips.health]\nkind = \"tcp\"\ninterval_ms = 200\n",
-            self.vip
+            "\n[[vips]]\nname = \"api\"\naddress = \"{vip}\"\nports = [{PORT}]\nvrrp = \"api\"\n[vips.health]\nkind = \"tcp\"\ninterval_ms = 200\n",
         );
         for n in &self.nodes {
             c += &format!("[[vips.backends]]\naddress = \"{}\"\n", self.addr(n));
         }
         c += &format!(
-            "\n[[vrrp]]\nname = \"api\"\nvrid = 51\nversion = {}\npriority = {}\nadvert_interval_ms = {}\npreempt = {}\nvips = [\"{}\"]\n",
-            o.version, o.priority, o.advert_ms, o.preempt, self.vip
+            "\n[[vrrp]]\nname = \"api\"\nvrid = {VRID}\nversion = {}\npriority = {}\nadvert_interval_ms = {}\npreempt = {}\nvips = [\"{vip}\"]\n",
+            o.version, o.priority, o.advert_ms, o.preempt
         );
         if let Some(p) = &o.auth_pass {
             c += &format!("auth_pass = \"{p}\"\n");
         }
         if o.unicast {
-            let me = &self.nodes[i];
-            let peers: Vec<String> = self
-                .nodes
-                .iter()
-                .filter(|n| *n != me)
-                .map(|n| format!("\"{}\"", self.addr(n)))
-                .collect();
+            let peers: Vec<String> = self.peers(i).iter().map(|p| format!("\"{p}\"")).collect();
             c += &format!(
                 "unicast_src = \"{}\"\nunicast_peers = [{}]\n",
-                self.addr(me),
+                self.addr(&self.nodes[i]),
                 peers.join(", ")
             );
         }
+        c
+    }
+
+    /// keepalived.conf of node `i`, shaped like OpenShift's template (one API instance).
+    pub fn keepalived_config(&self, i: usize) -> String {
+        let o = &self.opts[i];
+        let vip = self.node_vip(i);
+        let prefix = if vip.contains(':') { 128 } else { 32 };
+        let mut c = format!(
+            "global_defs {{\n    router_id {}\n    vrrp_version {}\n    vrrp_garp_master_refresh 60\n}}\n\n",
+            self.nodes[i], o.version
+        );
+        c += "vrrp_instance ostest_API {\n    state BACKUP\n    interface eth0\n";
+        c += &format!(
+            "    virtual_router_id {VRID}\n    priority {}\n    advert_int {}\n",
+            o.priority,
+            f64::from(o.advert_ms) / 1000.0
+        );
+        if !o.preempt {
+            c += "    nopreempt\n";
+        }
+        if o.unicast {
+            c += &format!(
+                "    unicast_src_ip {}\n    unicast_peer {{\n",
+                self.addr(&self.nodes[i])
+            );
+            for p in self.peers(i) {
+                c += &format!("        {p}\n");
+            }
+            c += "    }\n";
+        }
+        if let Some(p) = &o.auth_pass {
+            c += &format!(
+                "    authentication {{\n        auth_type PASS\n        auth_pass {p}\n    }}\n"
+            );
+        }
+        c += &format!(
+            "    virtual_ipaddress {{\n        {vip}/{prefix} label eth0:vip\n    }}\n}}\n"
+        );
         c
     }
 
@@ -155,24 +274,135 @@ impl VrrpLab {
         std::fs::write(self.config_path(i), self.config(i)).unwrap();
     }
 
-    /// Start lbd on node `i` (its log tag is `lbd-<node>`).
+    fn tag(&self, i: usize) -> String {
+        let n = &self.nodes[i];
+        if self.opts[i].keepalived {
+            format!("ka-{n}")
+        } else {
+            format!("lbd-{n}")
+        }
+    }
+
+    /// The log of node `i`'s VRRP speaker.
+    pub fn log(&self, i: usize) -> String {
+        self.lab.log(&self.tag(i))
+    }
+
+    /// All speakers' logs, for failure messages.
+    pub fn logs(&self) -> String {
+        (0..self.nodes.len())
+            .map(|i| format!("---- {} ----\n{}", self.tag(i), self.log(i)))
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    /// Start lbd (log tag `lbd-<node>`) or keepalived (`ka-<node>`) on node `i`.
     pub fn start(&mut self, i: usize) {
         let n = self.nodes[i].clone();
+        let tag = self.tag(i);
+        if self.opts[i].keepalived {
+            let conf = self.keepalived_conf_path(i).display().to_string();
+            let (pid, vrrp_pid) = self.keepalived_pid_paths(i);
+            let (pid, vrrp_pid) = (pid.display().to_string(), vrrp_pid.display().to_string());
+            // -n: stay in the foreground (so the lab tracks it); -P: VRRP only; -l -D -G:
+            // detailed log on the console (the lab's log file), no syslog.
+            self.lab.spawn(
+                &n,
+                &tag,
+                "keepalived",
+                &[
+                    "-n", "-P", "-l", "-D", "-G", "-f", &conf, "-p", &pid, "-r", &vrrp_pid,
+                ],
+            );
+            return;
+        }
         let cfg = self.config_path(i).display().to_string();
         self.lab
             .cleanup(PathBuf::from("/sys/fs/bpf").join(self.pin_name(i)));
-        self.lab.spawn(
-            &n,
-            &format!("lbd-{n}"),
-            bin_dir().join("lbd"),
-            &["--config", &cfg],
-        );
+        self.lab
+            .spawn(&n, &tag, bin_dir().join("lbd"), &["--config", &cfg]);
     }
 
-    /// Stop lbd on node `i` with `signal` (SIGKILL: crash; SIGTERM: graceful).
+    /// keepalived's VRRP child of node `i`, if running (from its pid file, checked).
+    fn keepalived_child(&self, i: usize) -> Option<i32> {
+        let (_, vrrp_pid) = self.keepalived_pid_paths(i);
+        let pid: i32 = std::fs::read_to_string(vrrp_pid)
+            .ok()?
+            .trim()
+            .parse()
+            .ok()?;
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+        let conf = self.keepalived_conf_path(i).display().to_string();
+        String::from_utf8_lossy(&cmdline)
+            .contains(&conf)
+            .then_some(pid)
+    }
+
+    /// Stop node `i`'s speaker with `signal` and wait for it (SIGKILL: crash; SIGTERM:
+    /// graceful, lbd and keepalived send priority 0). A crashed keepalived's VRRP child is
+    /// killed too.
     pub fn stop(&mut self, i: usize, signal: i32) {
-        let n = self.nodes[i].clone();
-        self.lab.stop(&format!("lbd-{n}"), signal);
+        // The parent first (so it cannot respawn the child), then its VRRP child.
+        let child = self.opts[i]
+            .keepalived
+            .then(|| self.keepalived_child(i))
+            .flatten();
+        let tag = self.tag(i);
+        self.lab.stop(&tag, signal);
+        if let Some(pid) = child {
+            if signal == libc::SIGKILL {
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+            }
+            let _ = wait_for(Duration::from_secs(5), || {
+                self.keepalived_child(i).is_none().then_some(())
+            });
+        }
+    }
+
+    /// Send `signal` to node `i`'s speaker without waiting; the unix time in ms it was sent.
+    pub fn signal(&self, i: usize, signal: i32) -> u64 {
+        let pid = self.lab.pid(&self.tag(i)).expect("speaker running");
+        let at = unix_ms();
+        unsafe { libc::kill(pid as i32, signal) };
+        at
+    }
+
+    /// Set node `i`'s eth0 up or down.
+    pub fn set_link(&self, i: usize, up: bool) {
+        let netns = &self.lab.node(&self.nodes[i]).netns;
+        sh(&[
+            "ip",
+            "-n",
+            netns,
+            "link",
+            "set",
+            "eth0",
+            if up { "up" } else { "down" },
+        ]);
+    }
+
+    /// Node failure: the link goes down first (nothing more leaves the node, not even a
+    /// priority-0 advert), then the speaker is killed with SIGKILL.
+    pub fn fail_node(&mut self, i: usize) {
+        self.set_link(i, false);
+        self.stop(i, libc::SIGKILL);
+    }
+
+    /// Bring a failed node back: the VIP a crashed speaker left is gone as after a reboot for
+    /// keepalived (lbd removes its stale VIPs itself), the link comes up, the speaker starts.
+    pub fn restore_node(&mut self, i: usize) {
+        if self.opts[i].keepalived {
+            let netns = self.lab.node(&self.nodes[i]).netns.clone();
+            let vip = self.node_vip(i);
+            let cidr = if vip.contains(':') {
+                format!("{vip}/128")
+            } else {
+                format!("{vip}/32")
+            };
+            let _ = try_sh(&["ip", "-n", &netns, "addr", "del", &cidr, "dev", "eth0"]);
+        }
+        self.set_link(i, true);
+        self.start(i);
     }
 
     pub fn lbctl(&self, i: usize, args: &[&str]) -> Option<Value> {
@@ -189,10 +419,59 @@ impl VrrpLab {
             .flatten()
     }
 
-    /// VRRP state of node `i` ("master", "backup", ...), if its lbd answers.
-    pub fn state(&self, i: usize) -> Option<String> {
+    /// `lbctl vrrp status` of node `i`'s (only) instance.
+    pub fn status(&self, i: usize) -> Option<Value> {
         let v = self.lbctl(i, &["vrrp", "status"])?;
-        v[0]["state"].as_str().map(|s| s.to_lowercase())
+        Some(v[0].clone())
+    }
+
+    /// Whether node `i` holds the VIP on eth0 (what a master, lbd or keepalived, does).
+    pub fn holds_vip(&self, i: usize) -> bool {
+        let netns = &self.lab.node(&self.nodes[i]).netns;
+        let out = try_sh(&["ip", "-n", netns, "-j", "addr", "show", "dev", "eth0"]);
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+        let vip = self.node_vip(i);
+        v[0]["addr_info"]
+            .as_array()
+            .is_some_and(|a| a.iter().any(|x| x["local"] == vip))
+    }
+
+    /// VRRP state of node `i` ("master", "backup", ...): lbd's from lbctl; keepalived's from
+    /// whether it holds the VIP and its log (not running: None).
+    pub fn state(&self, i: usize) -> Option<String> {
+        if self.opts[i].keepalived {
+            self.lab.pid(&self.tag(i))?;
+            let last = self
+                .log(i)
+                .lines()
+                .rev()
+                .find_map(|l| {
+                    ["MASTER", "BACKUP", "FAULT"]
+                        .into_iter()
+                        .find(|s| l.contains(&format!("Entering {s} STATE")))
+                })
+                .map(str::to_lowercase);
+            return match last.as_deref() {
+                Some("master") if self.holds_vip(i) => Some("master".into()),
+                Some("master") => Some("becoming-master".into()),
+                other => other.map(String::from),
+            };
+        }
+        let v = self.status(i)?;
+        v["state"].as_str().map(|s| s.to_lowercase())
+    }
+
+    /// State transitions so far: lbd's counter, or keepalived's "Entering ... STATE" lines.
+    pub fn transitions(&self, i: usize) -> Option<u64> {
+        if self.opts[i].keepalived {
+            return Some(
+                self.log(i)
+                    .lines()
+                    .filter(|l| l.contains("Entering ") && l.contains(" STATE"))
+                    .count() as u64,
+            );
+        }
+        self.status(i)?["counters"]["transitions"].as_u64()
     }
 
     /// Indexes of nodes that say they are master.
@@ -204,16 +483,50 @@ impl VrrpLab {
             .collect()
     }
 
+    /// Wait until node `i` says it is master.
+    pub fn wait_master(&self, i: usize, timeout: Duration) -> bool {
+        wait_for(timeout, || {
+            (self.state(i).as_deref() == Some("master")).then_some(())
+        })
+        .is_some()
+    }
+
+    /// Indexes of nodes holding the VIP on eth0.
+    pub fn holders(&self, nodes: &[usize]) -> Vec<usize> {
+        nodes
+            .iter()
+            .copied()
+            .filter(|i| self.holds_vip(*i))
+            .collect()
+    }
+
     /// Wait until exactly one of `running` is master and the others backup, and it stays so for
     /// a few advert intervals (a preempting node may still be on its way); returns the master.
     pub fn wait_one_master(&self, running: &[usize], timeout: Duration) -> Option<usize> {
         let start = Instant::now();
-        let first = self.one_master_now(running, timeout)?;
-        std::thread::sleep(Duration::from_millis(800));
-        let again = self.one_master_now(running, timeout.saturating_sub(start.elapsed()))?;
-        (first == again)
-            .then_some(again)
-            .or_else(|| self.one_master_now(running, Duration::from_secs(2)))
+        let settle = self.settle_time(running);
+        loop {
+            let first = self.one_master_now(running, timeout.saturating_sub(start.elapsed()))?;
+            std::thread::sleep(settle);
+            let again = self.one_master_now(running, timeout.saturating_sub(start.elapsed()))?;
+            if first == again {
+                return Some(again);
+            }
+            if start.elapsed() > timeout {
+                return None;
+            }
+        }
+    }
+
+    /// Long enough for a (re)started node to preempt: its master-down interval (3 adverts plus
+    /// at most one of skew) of the slowest node, and some slack.
+    fn settle_time(&self, running: &[usize]) -> Duration {
+        let ms = running
+            .iter()
+            .map(|i| self.opts[*i].advert_ms)
+            .max()
+            .unwrap_or(100);
+        Duration::from_millis(u64::from(ms) * 9 / 2).max(Duration::from_millis(800))
     }
 
     fn one_master_now(&self, running: &[usize], timeout: Duration) -> Option<usize> {
@@ -230,7 +543,9 @@ impl VrrpLab {
                 .iter()
                 .filter(|s| s.as_deref() == Some("backup"))
                 .count();
-            (masters.len() == 1 && backups == running.len() - 1).then(|| masters[0])
+            let holders = self.holders(running);
+            (masters.len() == 1 && backups == running.len() - 1 && holders == masters)
+                .then(|| masters[0])
         })
     }
 
@@ -255,15 +570,41 @@ impl VrrpLab {
             .flatten()
     }
 
+    /// Short connections from the client for `secs` seconds (one at a time): (ok, failed).
+    pub fn probe_for(&self, secs: u64, timeout_ms: u64) -> (u64, u64) {
+        let out = self
+            .lab
+            .cmd("client", &self.labnode)
+            .args([
+                "connect-for",
+                self.vip,
+                PORT,
+                &secs.to_string(),
+                "1",
+                &timeout_ms.to_string(),
+            ])
+            .output()
+            .unwrap();
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+        (
+            v["ok"].as_u64().unwrap_or(0),
+            v["failed"].as_u64().unwrap_or(u64::MAX),
+        )
+    }
+
     /// Wait until the client gets answers through the VIP.
     pub fn wait_serving(&self, timeout: Duration) -> bool {
         wait_for(timeout, || self.probe(300).map(|_| ())).is_some()
     }
 
     /// Time from now until the client first gets an answer through the VIP, probing every 10 ms
-    /// with short timeouts (a failover measurement: call right after stopping the master).
+    /// with short timeouts (a failover measurement: call right after failing the master).
     pub fn time_to_answer(&self, limit: Duration) -> Option<Duration> {
-        let start = Instant::now();
+        self.answered_since(Instant::now(), limit)
+    }
+
+    /// As [`VrrpLab::time_to_answer`], counted from `start` (e.g. just before a failure).
+    pub fn answered_since(&self, start: Instant, limit: Duration) -> Option<Duration> {
         while start.elapsed() < limit {
             if self.probe(100).is_some() {
                 return Some(start.elapsed());
@@ -271,5 +612,16 @@ impl VrrpLab {
             std::thread::sleep(Duration::from_millis(10));
         }
         None
+    }
+}
+
+impl Drop for VrrpLab {
+    fn drop(&mut self) {
+        // keepalived forks its VRRP child; kill it too so nothing outlives the lab.
+        for i in 0..self.nodes.len() {
+            if self.opts[i].keepalived {
+                self.stop(i, libc::SIGKILL);
+            }
+        }
     }
 }

@@ -94,4 +94,3 @@ pub fn run() {
     let doc = json!({"baseline_ns": baseline, "repeat": repeat, "rounds": rounds, "cases": rows});
     write_json("micro", &doc);
 }
-

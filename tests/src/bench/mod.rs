@@ -1,12 +1,17 @@
 //! Benchmarks behind `cargo xtask bench`: each part prints a table and writes JSON under
 //! target/bench/ (LB_BENCH_DIR). Ratios are measured in one run against a baseline.
 
+pub mod detect;
+pub mod failover;
 pub mod micro;
+pub mod table;
 
 use std::path::PathBuf;
 
 pub fn out_dir() -> PathBuf {
-    let d = std::env::var_os("LB_BENCH_DIR").map(PathBuf::from).unwrap_or_else(|| "target/bench".into());
+    let d = std::env::var_os("LB_BENCH_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| "target/bench".into());
     std::fs::create_dir_all(&d).unwrap();
     d
 }

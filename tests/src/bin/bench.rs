@@ -3,11 +3,22 @@ use lb_tests::bench;
 
 fn main() {
     let part = std::env::args().nth(1).unwrap_or_else(|| "micro".into());
-    let parts: &[(&str, fn())] = &[("micro", bench::micro::run)];
-    let chosen: Vec<&(&str, fn())> = parts.iter().filter(|(n, _)| part == "all" || *n == part).collect();
+    let parts: &[(&str, fn())] = &[
+        ("micro", bench::micro::run),
+        ("table", bench::table::run),
+        ("detect", bench::detect::run),
+        ("failover", bench::failover::run),
+    ];
+    let chosen: Vec<&(&str, fn())> = parts
+        .iter()
+        .filter(|(n, _)| part == "all" || *n == part)
+        .collect();
     if chosen.is_empty() {
         let names: Vec<&str> = parts.iter().map(|(n, _)| *n).collect();
-        eprintln!("bench: unknown part {part:?} (one of: {} | all)", names.join(" | "));
+        eprintln!(
+            "bench: unknown part {part:?} (one of: {} | all)",
+            names.join(" | ")
+        );
         std::process::exit(2);
     }
     for (name, f) in chosen {

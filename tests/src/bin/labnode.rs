@@ -6,6 +6,11 @@
 //!   (connect, read the id line, close); prints JSON `{"ok", "failed", "by_id", "errors"}`.
 //! - `labnode hold ADDR PORT COUNT SECONDS INTERVAL_MS`: COUNT long-lived connections that
 //!   send a line every INTERVAL_MS and expect it echoed; prints JSON with how many survived.
+//! - `labnode hold-ids ADDR PORT COUNT SECONDS INTERVAL_MS`: as `hold`, tallied by the backend
+//!   id each connection got: JSON `{"survived_by_id", "failed_by_id", "errors"}` (a connection
+//!   that failed before reading its id counts under `"?"`).
+//! - `labnode connect-for ADDR PORT SECONDS CONCURRENCY TIMEOUT_MS`: as `connect-many`, but for
+//!   SECONDS instead of a count; same JSON.
 use std::{
     collections::BTreeMap,
     io::{BufRead, BufReader, Read, Write},
@@ -108,6 +113,106 @@ fn connect_many(addr: SocketAddr, count: u64, conc: u64, timeout: Duration) {
     );
 }
 
+/// Short connections like [`connect_many`], for `secs` seconds instead of a count.
+fn connect_for(addr: SocketAddr, secs: u64, conc: u64, timeout: Duration) {
+    let tally = Arc::new(Mutex::new(Tally::default()));
+    let start = Instant::now();
+    let deadline = start + Duration::from_secs(secs);
+    let threads: Vec<_> = (0..conc)
+        .map(|_| {
+            let tally = tally.clone();
+            std::thread::spawn(move || {
+                while Instant::now() < deadline {
+                    let r = one(addr, timeout);
+                    let mut t = tally.lock().unwrap();
+                    match r {
+                        Ok(id) => {
+                            t.ok += 1;
+                            *t.by_id.entry(id).or_default() += 1;
+                        }
+                        Err(e) => {
+                            t.failed += 1;
+                            *t.errors.entry(e).or_default() += 1;
+                        }
+                    }
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        let _ = t.join();
+    }
+    let t = tally.lock().unwrap();
+    println!(
+        "{{\"ok\":{},\"failed\":{},\"by_id\":{:?},\"errors\":{:?},\"elapsed_ms\":{}}}",
+        t.ok,
+        t.failed,
+        t.by_id,
+        t.errors,
+        start.elapsed().as_millis()
+    );
+}
+
+/// Long-lived connections like [`hold`], with the outcome tallied per backend id.
+fn hold_ids(addr: SocketAddr, count: u64, secs: u64, interval: Duration) {
+    type ByKey = BTreeMap<String, u64>;
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    let results = Arc::new(Mutex::new((ByKey::new(), ByKey::new(), ByKey::new())));
+    let threads: Vec<_> = (0..count)
+        .map(|i| {
+            let results = results.clone();
+            std::thread::spawn(move || {
+                let mut id = String::from("?");
+                let outcome = (|| -> Result<(), String> {
+                    let s = TcpStream::connect_timeout(&addr, Duration::from_secs(3))
+                        .map_err(|e| format!("connect: {}", e.kind()))?;
+                    s.set_read_timeout(Some(Duration::from_secs(3))).ok();
+                    let mut r = BufReader::new(s.try_clone().map_err(|e| e.to_string())?);
+                    let mut w = s;
+                    let mut line = String::new();
+                    r.read_line(&mut line)
+                        .map_err(|e| format!("id: {}", e.kind()))?;
+                    if line.is_empty() {
+                        return Err("closed before the id".into());
+                    }
+                    id = line.trim().to_string();
+                    let mut n = 0u64;
+                    while Instant::now() < deadline {
+                        let msg = format!("c{i} m{n}\n");
+                        w.write_all(msg.as_bytes())
+                            .map_err(|e| format!("write: {}", e.kind()))?;
+                        let mut back = String::new();
+                        r.read_line(&mut back)
+                            .map_err(|e| format!("echo: {}", e.kind()))?;
+                        if back != msg {
+                            return Err(format!("echo mismatch: {back:?}"));
+                        }
+                        n += 1;
+                        std::thread::sleep(interval);
+                    }
+                    Ok(())
+                })();
+                let mut g = results.lock().unwrap();
+                match outcome {
+                    Ok(()) => *g.0.entry(id).or_default() += 1,
+                    Err(e) => {
+                        *g.1.entry(id).or_default() += 1;
+                        *g.2.entry(e).or_default() += 1;
+                    }
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        let _ = t.join();
+    }
+    let g = results.lock().unwrap();
+    println!(
+        "{{\"survived_by_id\":{:?},\"failed_by_id\":{:?},\"errors\":{:?}}}",
+        g.0, g.1, g.2
+    );
+}
+
 /// Long-lived connections: each sends a line every `interval` and expects it echoed back.
 fn hold(addr: SocketAddr, count: u64, secs: u64, interval: Duration) {
     let deadline = Instant::now() + Duration::from_secs(secs);
@@ -188,9 +293,27 @@ fn main() {
                 Duration::from_millis(arg(6).parse().unwrap()),
             )
         }
+        Some("hold-ids") => {
+            let ip: IpAddr = arg(2).parse().unwrap();
+            hold_ids(
+                SocketAddr::new(ip, arg(3).parse().unwrap()),
+                arg(4).parse().unwrap(),
+                arg(5).parse().unwrap(),
+                Duration::from_millis(arg(6).parse().unwrap()),
+            )
+        }
+        Some("connect-for") => {
+            let ip: IpAddr = arg(2).parse().unwrap();
+            connect_for(
+                SocketAddr::new(ip, arg(3).parse().unwrap()),
+                arg(4).parse().unwrap(),
+                arg(5).parse().unwrap(),
+                Duration::from_millis(arg(6).parse().unwrap()),
+            )
+        }
         _ => {
             eprintln!(
-                "usage: labnode serve-id PORT ID | connect-many ADDR PORT COUNT CONC TIMEOUT_MS | hold ADDR PORT COUNT SECS INTERVAL_MS"
+                "usage: labnode serve-id PORT ID | connect-many ADDR PORT COUNT CONC TIMEOUT_MS | hold ADDR PORT COUNT SECS INTERVAL_MS | hold-ids ADDR PORT COUNT SECS INTERVAL_MS | connect-for ADDR PORT SECS CONC TIMEOUT_MS"
             );
             std::process::exit(2);
         }

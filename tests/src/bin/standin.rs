@@ -5,6 +5,8 @@
 //! standin http    --listen ADDR:PORT --id NAME [--ready-file PATH]
 //! standin hang    --listen ADDR:PORT                                 # accepts, never answers
 //! standin garbage --listen ADDR:PORT                                 # accepts, writes junk, closes
+//! standin get-many --target ADDR:PORT --count N [--tls] [--concurrency C] [--timeout-ms T]
+//! standin stream   --target ADDR:PORT [--tls] [--concurrency C] [--pause-ms P]
 //! ```
 //!
 //! `https`/`http`: `GET /readyz` and `/healthz` answer 200 `ok` while the ready file exists
@@ -12,6 +14,13 @@
 //! `rm` and ready again with `touch`. Any other path answers 200 with `<id>\n`, so a load test
 //! sees which backend answered. Each prints `listening on ADDR` once bound (port 0 works) and
 //! exits with status 0 on SIGTERM or SIGINT.
+//!
+//! Clients (for the labs): each request is a new connection (TLS without verification with
+//! `--tls`) sending `GET /id` and reading the answer, i.e. which backend served it.
+//! `get-many` makes COUNT requests, CONCURRENCY at a time, and prints JSON
+//! `{"ok", "failed", "by_id", "errors", "elapsed_ms"}`. `stream` requests without end (until
+//! SIGTERM/SIGINT) and prints one line per request, stamped with the Unix time in ms at which
+//! its connection started: `<ms> <id>` or `<ms> ERR <reason>`.
 
 use std::collections::hash_map::RandomState;
 use std::convert::Infallible;
@@ -53,6 +62,45 @@ enum Cmd {
     Hang(ListenArgs),
     /// Accept, write random bytes, close.
     Garbage(ListenArgs),
+    /// Client: COUNT requests, one connection each; prints a JSON tally by backend id.
+    GetMany(GetManyArgs),
+    /// Client: requests until stopped; one line per request (`<unix ms> <id>|ERR <reason>`).
+    Stream(StreamArgs),
+}
+
+#[derive(Args)]
+struct ClientArgs {
+    /// Where to connect (a VIP and port, or a proxy).
+    #[arg(long)]
+    target: SocketAddr,
+    /// Speak TLS (no certificate verification).
+    #[arg(long)]
+    tls: bool,
+    /// Requests in flight at once.
+    #[arg(long, default_value_t = 4)]
+    concurrency: usize,
+    /// Deadline of one request (connect, handshake, answer).
+    #[arg(long, default_value_t = 3000)]
+    timeout_ms: u64,
+    #[arg(long, default_value = "/id")]
+    path: String,
+}
+
+#[derive(Args)]
+struct GetManyArgs {
+    #[command(flatten)]
+    client: ClientArgs,
+    #[arg(long)]
+    count: u64,
+}
+
+#[derive(Args)]
+struct StreamArgs {
+    #[command(flatten)]
+    client: ClientArgs,
+    /// Pause of each worker between its requests.
+    #[arg(long, default_value_t = 0)]
+    pause_ms: u64,
 }
 
 #[derive(Args)]
@@ -101,9 +149,11 @@ impl Backend {
 #[tokio::main]
 async fn main() -> Result<()> {
     let cli = Cli::parse();
-    let addr = match &cli.cmd {
-        Cmd::Https(a) | Cmd::Http(a) => a.listen,
-        Cmd::Hang(a) | Cmd::Garbage(a) => a.listen,
+    let addr = match cli.cmd {
+        Cmd::Https(ref a) | Cmd::Http(ref a) => a.listen,
+        Cmd::Hang(ref a) | Cmd::Garbage(ref a) => a.listen,
+        Cmd::GetMany(a) => return get_many(a).await,
+        Cmd::Stream(a) => return stream(a).await,
     };
     let listener = TcpListener::bind(addr)
         .await
@@ -118,6 +168,7 @@ async fn main() -> Result<()> {
             Cmd::Http(a) => serve_http(listener, a, None).await,
             Cmd::Hang(_) => accept_loop(listener, hang).await,
             Cmd::Garbage(_) => accept_loop(listener, garbage).await,
+            Cmd::GetMany(_) | Cmd::Stream(_) => unreachable!("clients return above"),
         }
     };
     tokio::select! {
@@ -238,4 +289,200 @@ async fn garbage(mut s: TcpStream) {
         }
     })
     .await;
+}
+
+/// What a client needs for every request.
+#[derive(Clone)]
+struct Requester {
+    target: SocketAddr,
+    tls: Option<tokio_rustls::TlsConnector>,
+    timeout: Duration,
+    request: Arc<Vec<u8>>,
+}
+
+impl Requester {
+    fn new(a: &ClientArgs) -> Self {
+        let tls = a.tls.then(|| {
+            tokio_rustls::TlsConnector::from(lb_userspace::health::probe::tls_client_config())
+        });
+        let request = format!(
+            "GET {} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n",
+            a.path, a.target
+        );
+        Self {
+            target: a.target,
+            tls,
+            timeout: Duration::from_millis(a.timeout_ms),
+            request: Arc::new(request.into_bytes()),
+        }
+    }
+
+    /// One request on a new connection: the id the backend answered, or why it failed.
+    async fn one(&self) -> Result<String, String> {
+        let work = async {
+            let tcp = TcpStream::connect(self.target)
+                .await
+                .map_err(|e| format!("connect: {}", e.kind()))?;
+            let _ = tcp.set_nodelay(true);
+            match &self.tls {
+                Some(c) => {
+                    let name = rustls::pki_types::ServerName::IpAddress(self.target.ip().into());
+                    let s = c
+                        .connect(name, tcp)
+                        .await
+                        .map_err(|e| format!("tls: {}", e.kind()))?;
+                    exchange(s, &self.request).await
+                }
+                None => exchange(tcp, &self.request).await,
+            }
+        };
+        match tokio::time::timeout(self.timeout, work).await {
+            Ok(r) => r,
+            Err(_) => Err("timeout".into()),
+        }
+    }
+}
+
+/// Send `request`, read one response (status line, headers, `Content-Length` body) and return
+/// the body's first line when the status is 200.
+async fn exchange<S: AsyncRead + AsyncWrite + Unpin>(
+    mut s: S,
+    request: &[u8],
+) -> Result<String, String> {
+    s.write_all(request)
+        .await
+        .map_err(|e| format!("write: {}", e.kind()))?;
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&buf[..end]).to_string();
+            let status = head
+                .split_whitespace()
+                .nth(1)
+                .and_then(|c| c.parse::<u16>().ok())
+                .ok_or_else(|| "garbage status line".to_string())?;
+            let len = head
+                .lines()
+                .filter_map(|l| l.split_once(':'))
+                .find(|(k, _)| k.trim().eq_ignore_ascii_case("content-length"))
+                .and_then(|(_, v)| v.trim().parse::<usize>().ok())
+                .ok_or_else(|| "no content-length".to_string())?;
+            let body_start = end + 4;
+            if buf.len() >= body_start + len {
+                if status != 200 {
+                    return Err(format!("status {status}"));
+                }
+                let body = String::from_utf8_lossy(&buf[body_start..body_start + len]);
+                return Ok(body.lines().next().unwrap_or("").trim().to_string());
+            }
+        }
+        if buf.len() > 64 * 1024 {
+            return Err("response too long".into());
+        }
+        let n = s
+            .read(&mut chunk)
+            .await
+            .map_err(|e| format!("read: {}", e.kind()))?;
+        if n == 0 {
+            return Err("closed before the whole response".into());
+        }
+        buf.extend_from_slice(&chunk[..n]);
+    }
+}
+
+fn unix_ms() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis())
+        .unwrap_or(0)
+}
+
+async fn get_many(a: GetManyArgs) -> Result<()> {
+    use std::collections::BTreeMap;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    #[derive(Default)]
+    struct Tally {
+        ok: u64,
+        failed: u64,
+        by_id: BTreeMap<String, u64>,
+        errors: BTreeMap<String, u64>,
+    }
+    let req = Requester::new(&a.client);
+    let tally = Arc::new(std::sync::Mutex::new(Tally::default()));
+    let next = Arc::new(AtomicU64::new(0));
+    let started = std::time::Instant::now();
+    let workers: Vec<_> = (0..a.client.concurrency.max(1))
+        .map(|_| {
+            let (req, tally, next) = (req.clone(), tally.clone(), next.clone());
+            tokio::spawn(async move {
+                while next.fetch_add(1, Ordering::SeqCst) < a.count {
+                    let r = req.one().await;
+                    let mut t = tally.lock().unwrap();
+                    match r {
+                        Ok(id) => {
+                            t.ok += 1;
+                            *t.by_id.entry(id).or_default() += 1;
+                        }
+                        Err(e) => {
+                            t.failed += 1;
+                            *t.errors.entry(e).or_default() += 1;
+                        }
+                    }
+                }
+            })
+        })
+        .collect();
+    for w in workers {
+        w.await?;
+    }
+    let t = tally.lock().unwrap();
+    let doc = serde_json::json!({
+        "ok": t.ok,
+        "failed": t.failed,
+        "by_id": t.by_id,
+        "errors": t.errors,
+        "elapsed_ms": started.elapsed().as_millis() as u64,
+    });
+    println!("{doc}");
+    Ok(())
+}
+
+async fn stream(a: StreamArgs) -> Result<()> {
+    let req = Requester::new(&a.client);
+    let pause = Duration::from_millis(a.pause_ms);
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    let workers: Vec<_> = (0..a.client.concurrency.max(1))
+        .map(|_| {
+            let req = req.clone();
+            tokio::spawn(async move {
+                loop {
+                    let at = unix_ms();
+                    let line = match req.one().await {
+                        Ok(id) => format!("{at} {id}"),
+                        Err(e) => format!("{at} ERR {e}"),
+                    };
+                    // One write per line so concurrent workers never interleave within a line.
+                    {
+                        use std::io::Write;
+                        let mut out = std::io::stdout().lock();
+                        let _ = writeln!(out, "{line}");
+                        let _ = out.flush();
+                    }
+                    if !pause.is_zero() {
+                        tokio::time::sleep(pause).await;
+                    }
+                }
+            })
+        })
+        .collect();
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+    for w in workers {
+        w.abort();
+    }
+    Ok(())
 }

@@ -1,0 +1,432 @@
+//! Backends that follow health, end to end in network namespaces: real HTTPS backends
+//! (`standin https` with a ready file, health `kind = "https"`, `/readyz`, default timers)
+//! behind lbd (XDP, L2 DSR, `xdp_mode = "skb"`), plus `labnode serve-id` on a raw TCP port of
+//! the same VIP for long-lived connections. Needs root; `cargo xtask test`.
+//!
+//! Timing assertions are deliberately loose (a shared, noisy 2-core machine): the measured
+//! values are printed, the bounds are about twice the documented ones.
+
+use std::{
+    collections::BTreeMap,
+    time::{Duration, Instant},
+};
+
+use lb_tests::{
+    bench::detect::{HTTPS_PORT, HttpsLab, Kind, Sample, TCP_PORT, VIP, detect_ms, now_ms},
+    bin_dir,
+    lab::wait_for,
+};
+use serde_json::Value;
+
+fn three() -> HttpsLab {
+    HttpsLab::setup(&[
+        ("b1", Kind::Https),
+        ("b2", Kind::Https),
+        ("b3", Kind::Https),
+    ])
+}
+
+fn by_id(v: &Value, key: &str) -> BTreeMap<String, u64> {
+    serde_json::from_value(v[key].clone()).unwrap_or_default()
+}
+
+fn count(m: &BTreeMap<String, u64>, id: &str) -> u64 {
+    m.get(id).copied().unwrap_or(0)
+}
+
+/// Start `labnode hold-ids` through VIP:TCP_PORT in the client (result in the log `tag`).
+fn start_hold(l: &mut HttpsLab, tag: &str, count: u32, secs: u32) {
+    let labnode = bin_dir().join("labnode");
+    l.lab.spawn(
+        "client",
+        tag,
+        labnode,
+        &[
+            "hold-ids",
+            VIP,
+            &TCP_PORT.to_string(),
+            &count.to_string(),
+            &secs.to_string(),
+            "200",
+        ],
+    );
+}
+
+/// Wait for a JSON-printing client started with `spawn` to finish; its JSON.
+fn finish(l: &mut HttpsLab, tag: &str, timeout: Duration) -> Value {
+    let status = l.lab.wait(tag, timeout);
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "{tag} did not finish: {status:?}\n{}",
+        l.lab.log(tag)
+    );
+    let log = l.lab.log(tag);
+    let line = log.lines().rev().find(|x| x.starts_with('{')).unwrap_or("");
+    serde_json::from_str(line).unwrap_or_else(|e| panic!("{tag}: {e}: {log}"))
+}
+
+fn errors(samples: &[Sample]) -> Vec<&Sample> {
+    samples.iter().filter(|s| s.result.is_err()).collect()
+}
+
+fn ids_between(samples: &[Sample], from: u128, to: u128) -> BTreeMap<String, u64> {
+    let mut m = BTreeMap::new();
+    for s in samples.iter().filter(|s| s.at_ms >= from && s.at_ms < to) {
+        if let Ok(id) = &s.result {
+            *m.entry(id.clone()).or_default() += 1;
+        }
+    }
+    m
+}
+
+/// a. Unready -> no new connections within ~1 s, long-lived connections to the others
+/// untouched, `down` with a reason; ready again -> back after `rise`.
+#[test]
+fn unready_backend_stops_getting_new_connections() {
+    let mut l = three();
+    start_hold(&mut l, "hold", 30, 10);
+    let vip_target = format!("{VIP}:{HTTPS_PORT}");
+    l.start_stream("stream", &vip_target, 2, 10);
+    std::thread::sleep(Duration::from_millis(1500));
+
+    let failed_at = now_ms();
+    let t0 = Instant::now();
+    l.set_ready("b1", false);
+    let down = l.wait_state("b1", "down", Duration::from_secs(10));
+    let down_after = t0.elapsed();
+    assert!(down.is_some(), "b1 never marked down: {:?}", l.rows("b1"));
+    // Let the stream run well past the bound before judging it.
+    std::thread::sleep(Duration::from_millis(3000).saturating_sub(t0.elapsed()));
+    let after_failure = now_ms();
+    let samples = l.samples("stream");
+    let before = ids_between(&samples, failed_at.saturating_sub(1500), failed_at);
+    assert!(
+        count(&before, "b1") > 0,
+        "b1 got traffic before: {before:?}"
+    );
+    let last = detect_ms(&samples, "b1", failed_at, after_failure);
+    println!(
+        "b1 unready: lbctl shows down after {down_after:?}; last new connection to b1 {last:.0} ms after the failure"
+    );
+    assert!(
+        last < 2000.0,
+        "b1 got a new connection {last:.0} ms after it became unready"
+    );
+    let late = ids_between(&samples, failed_at + 2000, after_failure);
+    assert_eq!(count(&late, "b1"), 0, "{late:?}");
+    assert!(count(&late, "b2") > 0 && count(&late, "b3") > 0, "{late:?}");
+
+    for r in l.rows("b1").unwrap() {
+        assert_eq!(r["state"], "down", "{r}");
+        let reason = r["reason"].as_str().unwrap_or("");
+        assert!(!reason.is_empty(), "down without a reason: {r}");
+        println!("b1 down, reason: {reason}");
+    }
+
+    // Ready again: back after rise (2 x 200 ms), and new connections reach it.
+    let restored_at = now_ms();
+    let t1 = Instant::now();
+    l.set_ready("b1", true);
+    let back = l.wait_state("b1", "active", Duration::from_secs(10));
+    assert!(back.is_some(), "b1 never came back: {:?}", l.rows("b1"));
+    println!("b1 ready again: active after {:?}", t1.elapsed());
+    let returned = wait_for(Duration::from_secs(10), || {
+        let s = l.samples("stream");
+        s.iter()
+            .find(|s| s.at_ms > restored_at && s.result.as_deref() == Ok("b1"))
+            .map(|s| s.at_ms - restored_at)
+    });
+    assert!(
+        returned.is_some(),
+        "b1 gets no new connections after it is ready again"
+    );
+    println!(
+        "first new connection to b1 {} ms after it became ready",
+        returned.unwrap()
+    );
+    l.lab.stop("stream", libc::SIGTERM);
+
+    // Long-lived connections to b2 and b3 were untouched (those on b1 moved and broke).
+    let hold = finish(&mut l, "hold", Duration::from_secs(30));
+    println!("hold: {hold}");
+    let (ok, bad) = (by_id(&hold, "survived_by_id"), by_id(&hold, "failed_by_id"));
+    for id in ["b2", "b3"] {
+        assert_eq!(
+            count(&bad, id),
+            0,
+            "long-lived connections to {id} failed: {hold}"
+        );
+    }
+    assert!(count(&ok, "b2") + count(&ok, "b3") > 0, "{hold}");
+    assert_eq!(count(&bad, "?"), 0, "{hold}");
+
+    // Short connections: only those in flight to b1 when it left the set may have broken.
+    let samples = l.samples("stream");
+    let errs = errors(&samples);
+    println!(
+        "stream: {} requests, {} failed {:?}",
+        samples.len(),
+        errs.len(),
+        errs
+    );
+    assert!(errs.len() <= 4, "too many failed requests: {errs:?}");
+}
+
+/// b. Drain: established connections to the drained backend continue, new ones avoid it;
+/// undrain: it gets new ones again.
+#[test]
+fn drain_and_undrain() {
+    let mut l = three();
+    start_hold(&mut l, "hold", 30, 6);
+    std::thread::sleep(Duration::from_millis(1000));
+    let b1 = l.addr("b1");
+    let out = l.lbctl_raw(&["backends", "drain", VIP, &b1]);
+    assert!(out.status.success(), "drain: {out:?}");
+    for r in l.rows("b1").unwrap() {
+        assert_eq!(r["state"], "drained", "{r}");
+    }
+
+    let r = l.get_many(300, 4);
+    println!("drained, https: {r}");
+    assert_eq!(r["ok"], 300, "{r}");
+    assert_eq!(count(&by_id(&r, "by_id"), "b1"), 0, "{r}");
+    let r = l.connect_many(1000);
+    println!("drained, tcp: {r}");
+    assert_eq!(r["ok"], 1000, "{r}");
+    assert_eq!(count(&by_id(&r, "by_id"), "b1"), 0, "{r}");
+
+    let hold = finish(&mut l, "hold", Duration::from_secs(30));
+    println!("hold through the drain: {hold}");
+    assert_eq!(
+        by_id(&hold, "failed_by_id").values().sum::<u64>(),
+        0,
+        "{hold}"
+    );
+    assert!(
+        count(&by_id(&hold, "survived_by_id"), "b1") > 0,
+        "no long-lived connection was on b1: {hold}"
+    );
+
+    let out = l.lbctl_raw(&["backends", "undrain", VIP, &b1]);
+    assert!(out.status.success(), "undrain: {out:?}");
+    for r in l.rows("b1").unwrap() {
+        assert_eq!(r["state"], "active", "{r}");
+    }
+    let r = l.get_many(300, 4);
+    println!("undrained, https: {r}");
+    assert_eq!(r["ok"], 300, "{r}");
+    assert!(count(&by_id(&r, "by_id"), "b1") >= 40, "{r}");
+}
+
+/// c. Hanging and garbage-speaking backends are down; the healthy ones keep serving and their
+/// checks are not stalled (a healthy one turning unready is still noticed quickly).
+#[test]
+fn hanging_and_garbage_backends() {
+    let l = HttpsLab::setup(&[
+        ("b1", Kind::Https),
+        ("b2", Kind::Https),
+        ("b3", Kind::Hang),
+        ("b4", Kind::Garbage),
+    ]);
+    for n in ["b3", "b4"] {
+        assert!(
+            l.wait_state(n, "down", Duration::from_secs(10)).is_some(),
+            "{n}: {:?}",
+            l.rows(n)
+        );
+        // Stays down (no flapping up on a lucky probe).
+        std::thread::sleep(Duration::from_millis(600));
+        for r in l.rows(n).unwrap() {
+            assert_eq!(r["state"], "down", "{r}");
+            println!("{n} down, reason: {}", r["reason"]);
+            assert!(!r["reason"].as_str().unwrap_or("").is_empty(), "{r}");
+        }
+    }
+    let r = l.get_many(300, 4);
+    println!("https through the VIP: {r}");
+    assert_eq!(r["ok"], 300, "{r}");
+    let ids = by_id(&r, "by_id");
+    assert_eq!(count(&ids, "b1") + count(&ids, "b2"), 300, "{r}");
+    assert!(count(&ids, "b1") > 0 && count(&ids, "b2") > 0, "{r}");
+
+    // The hanging backend's probes do not hold up b1's.
+    let t0 = Instant::now();
+    l.set_ready("b1", false);
+    let down = l.wait_state("b1", "down", Duration::from_secs(10));
+    println!(
+        "b1 unready next to a hanging and a garbage backend: down after {:?}",
+        t0.elapsed()
+    );
+    assert!(
+        down.is_some_and(|d| d < Duration::from_secs(2)),
+        "b1: {down:?}"
+    );
+    let r = l.get_many(100, 4);
+    assert_eq!(r["ok"], 100, "{r}");
+    assert_eq!(count(&by_id(&r, "by_id"), "b2"), 100, "{r}");
+    l.set_ready("b1", true);
+    assert!(
+        l.wait_state("b1", "active", Duration::from_secs(10))
+            .is_some()
+    );
+}
+
+/// d. A bad config is refused naming the field and the running one keeps working; SIGHUP with
+/// a valid changed config applies it without failed connections.
+#[test]
+fn reload_refuses_bad_config_and_applies_good_one() {
+    let mut l = three();
+    let good = l.config(&[("b1", 1), ("b2", 1), ("b3", 1)]);
+    std::fs::write(&l.cfg_path, l.config(&[("b1", 1), ("b2", 5000), ("b3", 1)])).unwrap();
+    let out = l.lbctl_raw(&["reload"]);
+    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+    println!("lbctl reload with a bad config: {:?} {stderr}", out.status);
+    assert!(!out.status.success(), "a bad config was accepted");
+    assert!(
+        stderr.contains("vips[0].backends[1].weight"),
+        "error does not name the field: {stderr}"
+    );
+    let stats = l.lbctl(&["stats"]).unwrap();
+    assert!(stats["reload_failures"].as_u64().unwrap() >= 1, "{stats}");
+    // The running config stays: all three still take traffic with their old weights.
+    let r = l.get_many(300, 4);
+    assert_eq!(r["ok"], 300, "{r}");
+    let ids = by_id(&r, "by_id");
+    for id in ["b1", "b2", "b3"] {
+        assert!(count(&ids, id) >= 40, "{r}");
+    }
+    for r in l.backends_json().unwrap() {
+        assert_eq!(r["weight"], 1, "{r}");
+    }
+    std::fs::write(&l.cfg_path, &good).unwrap();
+
+    // A valid change (b3 weight 0: keeps established flows, takes no new ones), by SIGHUP,
+    // with traffic running.
+    let vip_target = format!("{VIP}:{HTTPS_PORT}");
+    l.start_stream("stream", &vip_target, 2, 5);
+    let labnode = bin_dir().join("labnode");
+    l.lab.spawn(
+        "client",
+        "tcp",
+        labnode,
+        &["connect-for", VIP, &TCP_PORT.to_string(), "5", "4", "3000"],
+    );
+    start_hold(&mut l, "hold", 20, 5);
+    std::thread::sleep(Duration::from_millis(1500));
+    std::fs::write(&l.cfg_path, l.config(&[("b1", 1), ("b2", 2), ("b3", 0)])).unwrap();
+    let pid = l.lab.pid("lbd").expect("lbd running");
+    unsafe { libc::kill(pid as i32, libc::SIGHUP) };
+    let hup_at = now_ms();
+    let applied = wait_for(Duration::from_secs(10), || {
+        let rows = l.rows("b3")?;
+        rows.iter()
+            .all(|r| r["weight"] == 0 && r["state"] == "disabled")
+            .then_some(())
+    });
+    assert!(
+        applied.is_some(),
+        "reload not applied: {:?}\n{}",
+        l.rows("b3"),
+        l.lab.log("lbd")
+    );
+    let applied_at = now_ms();
+    println!("SIGHUP applied after {} ms", applied_at - hup_at);
+    let tcp = finish(&mut l, "tcp", Duration::from_secs(30));
+    let hold = finish(&mut l, "hold", Duration::from_secs(30));
+    l.lab.stop("stream", libc::SIGTERM);
+    let samples = l.samples("stream");
+    println!(
+        "tcp: {tcp}\nhold: {hold}\nstream: {} requests",
+        samples.len()
+    );
+    assert_eq!(tcp["failed"], 0, "{tcp}");
+    assert!(tcp["ok"].as_u64().unwrap() > 100, "{tcp}");
+    assert_eq!(
+        by_id(&hold, "failed_by_id").values().sum::<u64>(),
+        0,
+        "{hold}"
+    );
+    assert!(errors(&samples).is_empty(), "{:?}", errors(&samples));
+    let after = ids_between(&samples, applied_at + 200, u128::MAX);
+    assert_eq!(
+        count(&after, "b3"),
+        0,
+        "weight 0 still gets new connections: {after:?}"
+    );
+    assert!(count(&after, "b1") + count(&after, "b2") > 0, "{after:?}");
+    let stats = l.lbctl(&["stats"]).unwrap();
+    assert!(stats["reloads"].as_u64().unwrap() >= 1, "{stats}");
+}
+
+/// e. lbd killed with SIGKILL under traffic and started again on the same config: the XDP
+/// program keeps forwarding from pinned state and the new lbd adopts it: zero failures.
+#[test]
+fn sigkill_restart_drops_nothing() {
+    let mut l = three();
+    let vip_target = format!("{VIP}:{HTTPS_PORT}");
+    l.start_stream("stream", &vip_target, 2, 5);
+    let labnode = bin_dir().join("labnode");
+    l.lab.spawn(
+        "client",
+        "tcp",
+        labnode,
+        &["connect-for", VIP, &TCP_PORT.to_string(), "8", "4", "3000"],
+    );
+    start_hold(&mut l, "hold", 30, 8);
+    std::thread::sleep(Duration::from_millis(2000));
+
+    let killed_at = now_ms();
+    l.lab.stop("lbd", libc::SIGKILL);
+    // Forwarding continues with nobody in user space.
+    std::thread::sleep(Duration::from_millis(1000));
+    let restarted_at = now_ms();
+    l.start_lbd("lbd2");
+    let back = wait_for(Duration::from_secs(10), || {
+        let rows = l.backends_json()?;
+        (rows.len() == 6 && rows.iter().all(|r| r["state"] == "active")).then_some(())
+    });
+    assert!(
+        back.is_some(),
+        "restarted lbd not serving: {:?}\n{}",
+        l.backends_json(),
+        l.lab.log("lbd2")
+    );
+    println!("restarted lbd up after {} ms", now_ms() - restarted_at);
+
+    let tcp = finish(&mut l, "tcp", Duration::from_secs(30));
+    let hold = finish(&mut l, "hold", Duration::from_secs(30));
+    l.lab.stop("stream", libc::SIGTERM);
+    let samples = l.samples("stream");
+    println!(
+        "tcp: {tcp}\nhold: {hold}\nstream: {} requests",
+        samples.len()
+    );
+    let log = l.lab.log("lbd2");
+    assert!(
+        log.contains("adopted"),
+        "the new lbd did not adopt the pinned state:\n{log}"
+    );
+
+    assert_eq!(tcp["failed"], 0, "{tcp}");
+    assert!(tcp["ok"].as_u64().unwrap() > 100, "{tcp}");
+    assert_eq!(
+        by_id(&hold, "failed_by_id").values().sum::<u64>(),
+        0,
+        "{hold}"
+    );
+    assert!(
+        by_id(&hold, "survived_by_id").values().sum::<u64>() == 30,
+        "{hold}"
+    );
+    assert!(errors(&samples).is_empty(), "{:?}", errors(&samples));
+    // Requests were served while lbd was dead and after the restart, by every backend.
+    let gap = ids_between(&samples, killed_at, restarted_at);
+    assert!(
+        gap.values().sum::<u64>() > 0,
+        "no requests while lbd was down"
+    );
+    let after = ids_between(&samples, restarted_at, u128::MAX);
+    for id in ["b1", "b2", "b3"] {
+        assert!(count(&after, id) > 0, "{id} after the restart: {after:?}");
+    }
+}

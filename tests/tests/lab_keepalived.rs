@@ -1,0 +1,136 @@
+//! Interop with a real keepalived (Debian package) in one VRRP instance with lbd nodes,
+//! configured the way OpenShift renders it: VRRPv2, PASS auth, advert_int 1, unicast peers;
+//! and the same in VRRPv3 mode. keepalived runs inside a lab namespace (`nsenter --net`) with
+//! its own pid files in the lab directory; it is killed with the lab. Needs root;
+//! `cargo xtask test`.
+//!
+//! The keepalived node is a DSR backend like the lbd nodes (the VIP on lo, ARP sysctls); as
+//! master it holds the VIP on eth0 too and serves it itself, as keepalived does.
+
+use std::time::{Duration, Instant};
+
+use lb_tests::vrrp_lab::{NodeOpts, VrrpLab};
+
+const LABNODE: &str = env!("CARGO_BIN_EXE_labnode");
+
+fn master_of(l: &VrrpLab, running: &[usize]) -> usize {
+    l.wait_one_master(running, Duration::from_secs(20))
+        .unwrap_or_else(|| {
+            let states: Vec<_> = running.iter().map(|i| l.state(*i)).collect();
+            panic!(
+                "no single master among {running:?}: {states:?}\n{}",
+                l.logs()
+            )
+        })
+}
+
+/// For `secs`, exactly `master` holds the VIP and nobody changes state (counted by lbd's
+/// transition counter and keepalived's "Entering ... STATE" log lines).
+fn steady(l: &VrrpLab, running: &[usize], master: usize, secs: u64) {
+    let before: Vec<_> = running.iter().map(|i| l.transitions(*i)).collect();
+    let start = Instant::now();
+    let mut samples = 0;
+    while start.elapsed() < Duration::from_secs(secs) {
+        assert_eq!(
+            l.holders(running),
+            vec![master],
+            "one VIP holder at a time\n{}",
+            l.logs()
+        );
+        samples += 1;
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let after: Vec<_> = running.iter().map(|i| l.transitions(*i)).collect();
+    assert_eq!(before, after, "no flapping over {secs} s\n{}", l.logs());
+    assert_eq!(l.masters(running), vec![master]);
+    assert!(samples > 5);
+}
+
+/// lbd node `i` hears `master`'s adverts and drops nothing.
+fn lbd_follows(l: &VrrpLab, i: usize, master: usize) {
+    let s = l.status(i).expect("lbd answers");
+    let addr = l.lab.node(&l.nodes[master]).v4.clone();
+    assert_eq!(s["state"], "backup", "{s}");
+    assert_eq!(s["master"], addr.as_str(), "{s}");
+    assert!(s["counters"]["adverts_received"].as_u64().unwrap() > 0);
+    let drops = s["counters"]["drops"].as_object().unwrap();
+    assert!(
+        drops.values().all(|v| v == 0),
+        "lbd dropped adverts: {drops:?}"
+    );
+    assert_eq!(s["collisions"]["peers"], serde_json::json!({}), "{s}");
+}
+
+fn interop(keepalived: NodeOpts, lbd: NodeOpts) {
+    // n1: keepalived (100); n2: lbd (150); n3: lbd (50).
+    let opts = vec![
+        NodeOpts {
+            priority: 100,
+            ..keepalived
+        },
+        NodeOpts {
+            priority: 150,
+            ..lbd.clone()
+        },
+        NodeOpts {
+            priority: 50,
+            ..lbd
+        },
+    ];
+    let mut l = VrrpLab::new(LABNODE, opts);
+    println!("keepalived.conf:\n{}", l.keepalived_config(0));
+    assert_eq!(master_of(&l, &[0, 1, 2]), 1, "lbd n2 (150) is master");
+    assert_eq!(
+        l.state(0).as_deref(),
+        Some("backup"),
+        "keepalived is backup"
+    );
+    assert!(l.wait_serving(Duration::from_secs(10)));
+    steady(&l, &[0, 1, 2], 1, 4);
+    lbd_follows(&l, 2, 1);
+
+    // lbd master -> keepalived takes over when lbd stops (priority 0 from lbd).
+    l.stop(1, libc::SIGTERM);
+    assert_eq!(master_of(&l, &[0, 2]), 0, "keepalived (100) takes over");
+    assert!(l.wait_serving(Duration::from_secs(10)));
+    steady(&l, &[0, 2], 0, 4);
+    lbd_follows(&l, 2, 0);
+
+    // keepalived master -> lbd takes over when keepalived stops.
+    l.stop(0, libc::SIGTERM);
+    assert!(!l.holds_vip(0), "keepalived gave the VIP back");
+    assert_eq!(master_of(&l, &[2]), 2, "lbd n3 takes over");
+    assert_eq!(l.holders(&[0, 1, 2]), vec![2]);
+    assert!(l.wait_serving(Duration::from_secs(10)));
+
+    // keepalived comes back with the higher priority and preempts lbd; then lbd n2 comes back
+    // and preempts keepalived.
+    l.start(0);
+    assert!(l.wait_master(0, Duration::from_secs(15)), "{}", l.logs());
+    assert_eq!(master_of(&l, &[0, 2]), 0, "keepalived preempts lbd");
+    lbd_follows(&l, 2, 0);
+    l.start(1);
+    assert!(l.wait_master(1, Duration::from_secs(15)), "{}", l.logs());
+    assert_eq!(master_of(&l, &[0, 1, 2]), 1, "lbd preempts keepalived");
+    steady(&l, &[0, 1, 2], 1, 3);
+    assert!(l.wait_serving(Duration::from_secs(10)));
+}
+
+#[test]
+fn keepalived_openshift_v2_and_lbd_share_one_instance() {
+    interop(
+        NodeOpts::openshift_keepalived(100),
+        NodeOpts::openshift_lbd(100),
+    );
+}
+
+#[test]
+fn keepalived_v3_and_lbd_share_one_instance() {
+    let v3 = |keepalived| NodeOpts {
+        version: 3,
+        auth_pass: None,
+        keepalived,
+        ..NodeOpts::openshift_keepalived(100)
+    };
+    interop(v3(true), v3(false));
+}
