@@ -67,6 +67,9 @@ const _: () = assert!(size_of::<VipInfo>() == 16);
 pub const BACKEND_F_IN_SET: u32 = 1;
 /// The backend is this node: its packets go to the local stack (`XDP_PASS`).
 pub const BACKEND_F_LOCAL: u32 = 2;
+/// Drained by the operator (not read by the program: the table already leaves it out). Kept in
+/// the pinned map so a restarted `lbd` keeps the drain.
+pub const BACKEND_F_DRAINED: u32 = 4;
 
 /// One (VIP, backend) pair, indexed by backend id.
 #[repr(C)]

@@ -198,10 +198,12 @@ impl Daemon {
         dp.attach(&cfg.interface, cfg.xdp_mode)?;
         dp.spawn_log_reader()?;
         let up = adopted_up(&cfg, &dp);
+        let drained = adopted_drained(&cfg, &dp);
         let (health, events) = HealthMonitor::start(health_targets(&cfg, &up));
         let facts = Facts {
             if_mac: link.mac,
             health: initial_health(&cfg, &up),
+            drained,
             ..Default::default()
         };
         let daemon = Arc::new(Daemon {
@@ -663,6 +665,20 @@ fn check_reloadable(old: &Config, new: &Config) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// (VIP name, backend) pairs that a previous lbd left drained: drains survive restarts.
+fn adopted_drained(cfg: &Config, dp: &Dataplane) -> HashSet<(String, IpAddr)> {
+    let mut out = HashSet::new();
+    for (i, port) in cfg.services() {
+        let v = &cfg.vips[i];
+        for b in dp.installed(&vip_key(v.address, port, v.protocol.number())) {
+            if b.spec.drained {
+                out.insert((v.name.clone(), b.spec.addr));
+            }
+        }
+    }
+    out
 }
 
 /// (VIP name, backend) pairs that a previous lbd left in the set: known good at adoption.

@@ -396,7 +396,7 @@ impl Dataplane {
                         ifindex: b.ifindex,
                         local: b.flags & BACKEND_F_LOCAL != 0,
                         healthy: in_set,
-                        drained: false,
+                        drained: b.flags & lb_common::BACKEND_F_DRAINED != 0,
                     },
                 },
             );
@@ -860,6 +860,9 @@ fn backend_info(vip_id: u32, b: &BackendSpec) -> BackendInfo {
     }
     if b.local {
         flags |= BACKEND_F_LOCAL;
+    }
+    if b.drained {
+        flags |= lb_common::BACKEND_F_DRAINED;
     }
     BackendInfo {
         addr,

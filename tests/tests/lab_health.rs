@@ -207,6 +207,25 @@ fn drain_and_undrain() {
         "no long-lived connection was on b1: {hold}"
     );
 
+    // A drain survives an lbd restart (it is kept in the pinned maps).
+    l.lab.stop("lbd", libc::SIGKILL);
+    l.start_lbd("lbd2");
+    let still = lb_tests::lab::wait_for(Duration::from_secs(10), || {
+        let rows = l.rows("b1")?;
+        (!rows.is_empty() && rows.iter().all(|r| r["state"] == "drained")).then_some(())
+    });
+    assert!(
+        still.is_some(),
+        "drain lost across the restart: {:?}",
+        l.rows("b1")
+    );
+    let r = l.connect_many(300);
+    assert_eq!(
+        count(&by_id(&r, "by_id"), "b1"),
+        0,
+        "new connections after restart: {r}"
+    );
+
     let out = l.lbctl_raw(&["backends", "undrain", VIP, &b1]);
     assert!(out.status.success(), "undrain: {out:?}");
     for r in l.rows("b1").unwrap() {
