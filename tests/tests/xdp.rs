@@ -92,6 +92,26 @@ fn run(t: &mut TestDataplane, frame: &[u8]) -> (u32, Vec<u8>) {
     (v, out)
 }
 
+/// Open an IPv4 TCP flow to VIP:6443: the SYN, then the handshake's ACK (which writes the
+/// connection-table entry). Returns the ACK's output frame.
+fn open(t: &mut TestDataplane, sport: u16) -> Vec<u8> {
+    let (_, syn_out) = run(
+        t,
+        &ipv4_frame(CLIENT, VIP, PROTO_TCP, &tcp(sport, 6443, SYN)),
+    );
+    let (v, out) = run(
+        t,
+        &ipv4_frame(CLIENT, VIP, PROTO_TCP, &tcp(sport, 6443, ACK)),
+    );
+    assert_eq!(v, TX);
+    assert_eq!(
+        syn_out[0..6],
+        out[0..6],
+        "SYN and ACK of one flow go to one backend"
+    );
+    out
+}
+
 /// Forwarded: only the MACs changed, to the backend's and the interface's.
 fn assert_forwarded(input: &[u8], out: &[u8], mac: [u8; 6]) {
     assert_eq!(&out[0..6], &mac, "destination MAC is the backend's");
@@ -140,16 +160,25 @@ fn tcp_syn_to_vip_is_forwarded_with_only_macs_changed() {
         seen.insert(mac);
     }
     assert_eq!(seen.len(), 3, "50 flows reach all three backends");
+    // SYNs write nothing to the connection table (a SYN flood cannot evict established flows);
+    // the handshake's ACK does.
+    assert_eq!(counter(&t, stat::CONNTRACK_MISS), 0);
+    assert_eq!(t.dp.conntrack_entries(), 0);
+    for sport in 40000..40050u16 {
+        let f = ipv4_frame(CLIENT, VIP, PROTO_TCP, &tcp(sport, 6443, ACK));
+        assert_eq!(run(&mut t, &f).0, TX);
+    }
     assert_eq!(counter(&t, stat::CONNTRACK_MISS), 50);
+    assert_eq!(t.dp.conntrack_entries(), 50);
     let vip_id = t.dp.vip_id(&svc.key).unwrap();
     let traffic = t.dp.vip_traffic(vip_id).unwrap();
-    assert_eq!((traffic.packets, traffic.new_flows), (50, 50));
+    assert_eq!((traffic.packets, traffic.new_flows), (100, 50));
     let per_backend: u64 =
         t.dp.installed(&svc.key)
             .iter()
             .map(|b| t.dp.backend_traffic(b.id).unwrap().packets)
             .sum();
-    assert_eq!(per_backend, 50);
+    assert_eq!(per_backend, 100);
 }
 
 #[test]
@@ -182,9 +211,7 @@ fn established_flows_stick_while_their_backend_stays_in_the_set() {
     // but flows already open must stay where they are.
     let mut first = Vec::new();
     for sport in 41000..41400u16 {
-        let f = ipv4_frame(CLIENT, VIP, PROTO_TCP, &tcp(sport, 6443, SYN));
-        let (_, out) = run(&mut t, &f);
-        first.push(out[0..6].to_vec());
+        first.push(open(&mut t, sport)[0..6].to_vec());
     }
     let mut grown = svc.clone();
     grown.backends.push(backend("10.77.0.14", 14));
@@ -211,6 +238,21 @@ fn established_flows_stick_while_their_backend_stays_in_the_set() {
         "the test must include flows the new table maps elsewhere ({would_move})"
     );
     assert!(counter(&t, stat::CONNTRACK_HIT) >= 400);
+    // A SYN for a reused 5-tuple is a new connection: it follows the new table.
+    let moved = (41000..41400u16)
+        .find(|p| {
+            expected_mac(&t, &flow4(*p, 6443, PROTO_TCP), &grown)[..]
+                != first[(p - 41000) as usize][..]
+        })
+        .unwrap();
+    let (_, out) = run(
+        &mut t,
+        &ipv4_frame(CLIENT, VIP, PROTO_TCP, &tcp(moved, 6443, SYN)),
+    );
+    assert_eq!(
+        out[0..6],
+        expected_mac(&t, &flow4(moved, 6443, PROTO_TCP), &grown)
+    );
     // New flows do use the fourth backend.
     let macs: std::collections::HashSet<Vec<u8>> = (42000..42100u16)
         .map(|sport| {
@@ -231,10 +273,7 @@ fn flows_of_a_removed_or_failed_backend_move() {
     let mut t = setup(vec![svc.clone()]);
     let mut on_12 = Vec::new();
     for sport in 43000..43100u16 {
-        let (_, out) = run(
-            &mut t,
-            &ipv4_frame(CLIENT, VIP, PROTO_TCP, &tcp(sport, 6443, SYN)),
-        );
+        let out = open(&mut t, sport);
         if out[5] == 12 {
             on_12.push(sport);
         }
@@ -263,10 +302,7 @@ fn drained_backend_keeps_established_flows_but_gets_no_new_ones() {
     let mut t = setup(vec![svc.clone()]);
     let mut on_11 = Vec::new();
     for sport in 44000..44100u16 {
-        let (_, out) = run(
-            &mut t,
-            &ipv4_frame(CLIENT, VIP, PROTO_TCP, &tcp(sport, 6443, SYN)),
-        );
+        let out = open(&mut t, sport);
         if out[5] == 11 {
             on_11.push(sport);
         }
