@@ -183,9 +183,9 @@ enum Track {
     /// Look up; on a miss choose by Maglev and remember the choice.
     Yes,
     /// A TCP SYN starts a new connection: choose by Maglev (never an old entry for a reused
-    /// 5-tuple) and remember nothing yet. The entry is written by the first packet after the
-    /// handshake, so a flood of (spoofed) SYNs never evicts established flows from the LRU
-    /// table, and a connection attempt costs no table write.
+    /// 5-tuple) and remember the choice at once, so the rest of the handshake follows the SYN
+    /// even if the table changes in between (writing the entry later, at the first ACK, was
+    /// tried: a table swap during a handshake then reset the connection).
     NewConnection,
     /// Look up, choose by Maglev on a miss, remember nothing (ICMP errors about a flow).
     LookupOnly,
@@ -233,7 +233,7 @@ fn balance(ctx: &XdpContext, flow: &FlowKey, track: Track) -> Outcome {
     // 3. An entry written under another generation is still good while its backend is in
     //    this VIP's set (e.g. after the node lost and regained ownership).
     let mut ct = match (track, cached) {
-        (Track::NewConnection, _) => NONE,
+        (Track::NewConnection, _) => stat::CONNTRACK_MISS,
         (_, Some(_)) => stat::CONNTRACK_STALE,
         (Track::Yes, None) => stat::CONNTRACK_MISS,
         (Track::LookupOnly, None) => NONE,
@@ -276,7 +276,12 @@ fn balance(ctx: &XdpContext, flow: &FlowKey, track: Track) -> Outcome {
             (id, b)
         }
     };
-    if track == Track::Yes && (new_flow || cached.map(|v| v.vip_gen) != Some(generation)) {
+    let remember = match track {
+        Track::NewConnection => true,
+        Track::Yes => new_flow || cached.map(|v| v.vip_gen) != Some(generation),
+        Track::LookupOnly => false,
+    };
+    if remember {
         let _ = LB_CONNTRACK.insert(
             flow,
             FlowValue {
@@ -287,12 +292,7 @@ fn balance(ctx: &XdpContext, flow: &FlowKey, track: Track) -> Outcome {
         );
     }
 
-    // A new flow is counted once: at its SYN for TCP, at its first packet otherwise.
-    let counted_new = match track {
-        Track::NewConnection => true,
-        Track::Yes => new_flow && flow.proto != lb_common::PROTO_TCP,
-        Track::LookupOnly => false,
-    };
+    let counted_new = new_flow && track != Track::LookupOnly;
     count_traffic(&LB_VIP_STATS, vip.vip_id, bytes, counted_new);
     count_traffic(&LB_BACKEND_STATS, id, bytes, counted_new);
     let (action, reason, _) = forward(ctx, &backend);
