@@ -147,7 +147,8 @@ impl VrrpLab {
         l
     }
 
-    fn addr(&self, node: &str) -> String {
+    /// A node's address in the VIP's family.
+    pub fn addr(&self, node: &str) -> String {
         let n = self.lab.node(node);
         if self.vip.contains(':') {
             n.v6.clone()
@@ -264,9 +265,13 @@ impl VrrpLab {
                 "    authentication {{\n        auth_type PASS\n        auth_pass {p}\n    }}\n"
             );
         }
-        c += &format!(
-            "    virtual_ipaddress {{\n        {vip}/{prefix} label eth0:vip\n    }}\n}}\n"
-        );
+        // IPv4 VIPs carry a label as OpenShift's do; IPv6 addresses have none.
+        let label = if vip.contains(':') {
+            ""
+        } else {
+            " label eth0:vip"
+        };
+        c += &format!("    virtual_ipaddress {{\n        {vip}/{prefix}{label}\n    }}\n}}\n");
         c
     }
 

@@ -1,6 +1,6 @@
 //! Interop with a real keepalived (Debian package) in one VRRP instance with lbd nodes,
 //! configured the way OpenShift renders it: VRRPv2, PASS auth, advert_int 1, unicast peers;
-//! and the same in VRRPv3 mode. keepalived runs inside a lab namespace (`nsenter --net`) with
+//! and the same in VRRPv3 mode over IPv6 (what OpenShift renders for IPv6 VIPs). keepalived runs inside a lab namespace (`nsenter --net`) with
 //! its own pid files in the lab directory; it is killed with the lab. Needs root;
 //! `cargo xtask test`.
 //!
@@ -49,7 +49,7 @@ fn steady(l: &VrrpLab, running: &[usize], master: usize, secs: u64) {
 /// lbd node `i` hears `master`'s adverts and drops nothing.
 fn lbd_follows(l: &VrrpLab, i: usize, master: usize) {
     let s = l.status(i).expect("lbd answers");
-    let addr = l.lab.node(&l.nodes[master]).v4.clone();
+    let addr = l.addr(&l.nodes[master]);
     assert_eq!(s["state"], "backup", "{s}");
     assert_eq!(s["master"], addr.as_str(), "{s}");
     assert!(s["counters"]["adverts_received"].as_u64().unwrap() > 0);
@@ -124,11 +124,13 @@ fn keepalived_openshift_v2_and_lbd_share_one_instance() {
     );
 }
 
+/// OpenShift runs keepalived in VRRPv3 mode for IPv6 VIPs: the same over IPv6 (fd78::100).
 #[test]
-fn keepalived_v3_and_lbd_share_one_instance() {
+fn keepalived_v3_ipv6_and_lbd_share_one_instance() {
     let v3 = |keepalived| NodeOpts {
         version: 3,
         auth_pass: None,
+        ipv6: true,
         keepalived,
         ..NodeOpts::openshift_keepalived(100)
     };

@@ -167,23 +167,30 @@ fn lbd_crash_alone_does_not_interrupt_and_a_backup_takes_over() {
 
 #[test]
 fn nopreempt_keeps_the_current_master() {
+    // n1 has the highest priority but preempt = false; it starts after n2 is master.
     let mut opts = vec![prio(150), prio(100), prio(50)];
     opts[0].preempt = false;
-    let mut l = VrrpLab::new(LABNODE, opts);
-    assert_eq!(master_of(&l, &[0, 1, 2]), 0);
-    l.stop(0, libc::SIGTERM);
+    let mut l = VrrpLab::prepare(LABNODE, opts);
+    l.start(1);
+    l.start(2);
     assert_eq!(master_of(&l, &[1, 2]), 1);
     let transitions = l.transitions(1).unwrap();
     l.start(0);
     assert_eq!(
         master_of(&l, &[0, 1, 2]),
         1,
-        "preempt = false: the restarted higher priority node stays backup"
+        "preempt = false: the higher priority newcomer stays backup"
     );
     std::thread::sleep(Duration::from_secs(1));
     assert_eq!(l.masters(&[0, 1, 2]), vec![1]);
     assert_eq!(l.transitions(1), Some(transitions), "n2 did not flap");
-    assert_eq!(l.status(0).unwrap()["counters"]["became_master"], 0);
+    let s1 = l.status(0).unwrap();
+    assert_eq!(s1["counters"]["became_master"], 0);
+    assert_eq!(s1["master"], l.lab.node("n2").v4.as_str());
+    // With preemption on, the same newcomer takes over (see the first test); here it only
+    // takes over when the master goes away.
+    l.stop(1, libc::SIGTERM);
+    assert_eq!(master_of(&l, &[0, 2]), 0, "n1 takes over when n2 stops");
 }
 
 #[test]

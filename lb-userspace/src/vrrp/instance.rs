@@ -517,7 +517,10 @@ impl Runner {
     async fn on_packet(&mut self, incoming: Incoming) {
         let (src, advert) = match incoming {
             Incoming::Advert { src, advert } => (src, advert),
-            Incoming::Dropped { reason, .. } => return self.count_drop(reason),
+            Incoming::Dropped { reason, src } => {
+                tracing::debug!(instance = %self.cfg.name, ?src, reason = reason.reason(), "VRRP packet dropped");
+                return self.count_drop(reason);
+            }
         };
         if src == self.socket.src() {
             return;

@@ -2,7 +2,10 @@
 //! (224.0.0.18 / ff02::12, joined on that interface) or unicast to configured peers.
 //!
 //! Sent with TTL / hop limit 255 and DSCP CS6 (as keepalived does); received packets whose TTL /
-//! hop limit is not 255 are dropped and reported as [`DecodeError::BadTtl`]. IPv4 uses
+//! hop limit is not 255 are dropped and reported as [`DecodeError::BadTtl`], except unicast
+//! adverts on a unicast instance: keepalived does not check those either, and sends its IPv6
+//! unicast adverts with the default hop limit (64) unless `unicast_ttl` is set, so OpenShift's
+//! IPv6 (VRRPv3, unicast) keepalived would otherwise never be heard. IPv4 uses
 //! `IP_HDRINCL` so the source address (which the v3 checksum covers) is exactly ours without
 //! binding the socket, which would also filter out multicast on receive; IPv6 sets the source
 //! per packet with `IPV6_PKTINFO` and reads the hop limit and destination from control messages.
@@ -35,6 +38,8 @@ pub struct VrrpSocket {
     fd: AsyncFd<OwnedFd>,
     ifindex: u32,
     src: IpAddr,
+    /// Multicast instance: every advert must arrive with TTL / hop limit 255.
+    multicast: bool,
 }
 
 impl VrrpSocket {
@@ -111,7 +116,12 @@ impl VrrpSocket {
         }
         // SAFETY: the OwnedFd is moved in and only closed when the AsyncFd drops it.
         let fd = unsafe { AsyncFd::register(fd) }?;
-        Ok(VrrpSocket { fd, ifindex, src })
+        Ok(VrrpSocket {
+            fd,
+            ifindex,
+            src,
+            multicast,
+        })
     }
 
     pub fn src(&self) -> IpAddr {
@@ -209,7 +219,7 @@ impl VrrpSocket {
             // SAFETY: writing at most buf.len() bytes into buf.
             let n = unsafe { libc::recv(s, buf.as_mut_ptr().cast(), buf.len(), 0) };
             let n = usize::try_from(n).map_err(|_| io::Error::last_os_error())?;
-            return Ok(parse_ipv4(&buf[..n.min(buf.len())]));
+            return Ok(parse_ipv4(&buf[..n.min(buf.len())], self.multicast));
         }
         let mut sa: libc::sockaddr_in6 = unsafe { zeroed() };
         let mut cbuf = [0u64; 16];
@@ -253,24 +263,29 @@ impl VrrpSocket {
                 hops,
                 truncated,
                 &buf[..n.min(buf.len())],
+                self.multicast,
             ))
         }
     }
 }
 
-/// Check TTL / hop limit and decode. `dst` is needed for the v3 pseudo-header.
+/// Check TTL / hop limit and decode. `dst` is needed for the v3 pseudo-header. The TTL must be
+/// 255 on a multicast instance and for any advert sent to a multicast group; a unicast advert
+/// on a unicast instance is accepted with any TTL, as keepalived does.
 fn classify(
     src: IpAddr,
     dst: Option<IpAddr>,
     ttl: Option<i32>,
     truncated: bool,
     payload: &[u8],
+    multicast: bool,
 ) -> Incoming {
     let dropped = |reason| Incoming::Dropped {
         src: Some(src),
         reason,
     };
-    if ttl != Some(i32::from(VRRP_TTL)) {
+    let strict = multicast || dst.is_none_or(|d| d.is_multicast());
+    if strict && ttl != Some(i32::from(VRRP_TTL)) {
         return dropped(DecodeError::BadTtl);
     }
     if truncated {
@@ -286,7 +301,7 @@ fn classify(
 }
 
 /// Raw IPv4 sockets receive the IP header too: take source, destination and TTL from it.
-fn parse_ipv4(pkt: &[u8]) -> Incoming {
+fn parse_ipv4(pkt: &[u8], multicast: bool) -> Incoming {
     let bad = Incoming::Dropped {
         src: None,
         reason: DecodeError::Truncated,
@@ -307,6 +322,7 @@ fn parse_ipv4(pkt: &[u8]) -> Incoming {
         Some(i32::from(pkt[8])),
         false,
         &pkt[ihl..total],
+        multicast,
     )
 }
 
@@ -508,7 +524,7 @@ mod tests {
         let payload = codec::encode(&a, src.into(), dst.into()).unwrap();
         let pkt = ipv4_packet(src, dst, &payload).unwrap();
         assert_eq!(
-            parse_ipv4(&pkt),
+            parse_ipv4(&pkt, true),
             Incoming::Advert {
                 src: src.into(),
                 advert: a
@@ -523,14 +539,14 @@ mod tests {
         let mut pkt = ipv4_packet(src, dst, &payload).unwrap();
         pkt[8] = 254;
         assert_eq!(
-            parse_ipv4(&pkt),
+            parse_ipv4(&pkt, true),
             Incoming::Dropped {
                 src: Some(src.into()),
                 reason: DecodeError::BadTtl
             }
         );
         assert_eq!(
-            classify(src.into(), Some(dst.into()), None, false, &payload),
+            classify(src.into(), Some(dst.into()), None, false, &payload, true),
             Incoming::Dropped {
                 src: Some(src.into()),
                 reason: DecodeError::BadTtl
@@ -539,13 +555,56 @@ mod tests {
     }
 
     #[test]
+    fn unicast_instances_accept_any_ttl_on_unicast_adverts() {
+        let a = adv().0;
+        let (src, peer) = (Ipv4Addr::new(192, 0, 2, 1), Ipv4Addr::new(192, 0, 2, 2));
+        let payload = codec::encode(&a, src.into(), peer.into()).unwrap();
+        let mut pkt = ipv4_packet(src, peer, &payload).unwrap();
+        pkt[8] = 64;
+        let ok = Incoming::Advert {
+            src: src.into(),
+            advert: a.clone(),
+        };
+        assert_eq!(parse_ipv4(&pkt, false), ok);
+        // keepalived's IPv6 unicast adverts: default hop limit.
+        let (s6, p6): (IpAddr, IpAddr) = ("fd00::1".parse().unwrap(), "fd00::2".parse().unwrap());
+        let a6 = Advert {
+            addrs: vec!["fd00::100".parse().unwrap()],
+            ..a
+        };
+        let payload6 = codec::encode(&a6, s6, p6).unwrap();
+        assert!(matches!(
+            classify(s6, Some(p6), Some(64), false, &payload6, false),
+            Incoming::Advert { .. }
+        ));
+        // A multicast instance, or an advert to the group, still needs 255.
+        assert!(matches!(
+            parse_ipv4(&pkt, true),
+            Incoming::Dropped {
+                reason: DecodeError::BadTtl,
+                ..
+            }
+        ));
+        let group = codec::encode(&adv().0, src.into(), codec::MCAST_V4.into()).unwrap();
+        let mut mpkt = ipv4_packet(src, codec::MCAST_V4, &group).unwrap();
+        mpkt[8] = 64;
+        assert!(matches!(
+            parse_ipv4(&mpkt, false),
+            Incoming::Dropped {
+                reason: DecodeError::BadTtl,
+                ..
+            }
+        ));
+    }
+
+    #[test]
     fn malformed_ipv4_headers_do_not_panic() {
         for len in 0..40 {
             let mut p = vec![0x4fu8; len];
-            let _ = parse_ipv4(&p);
+            let _ = parse_ipv4(&p, true);
             if len > 4 {
                 p[2] = 0xff;
-                let _ = parse_ipv4(&p);
+                let _ = parse_ipv4(&p, true);
             }
         }
     }

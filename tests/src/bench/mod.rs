@@ -2,6 +2,7 @@
 //! target/bench/ (LB_BENCH_DIR). Ratios are measured in one run against a baseline.
 
 pub mod detect;
+pub mod e2e;
 pub mod failover;
 pub mod micro;
 pub mod table;

@@ -7,6 +7,7 @@ fn main() {
         ("micro", bench::micro::run),
         ("table", bench::table::run),
         ("detect", bench::detect::run),
+        ("e2e", bench::e2e::run),
         ("failover", bench::failover::run),
     ];
     let chosen: Vec<&(&str, fn())> = parts
