@@ -29,7 +29,7 @@ fn config(lab: &Lab, name: &str, socket: &str) -> String {
         }
     };
     let mut c = format!(
-        "interface = \"eth0\"\nname = \"{name}\"\napi_socket = \"{socket}\"\nxdp_mode = \"skb\"\n"
+        "interface = \"eth0\"\nname = \"{name}\"\napi_socket = \"{socket}\"\nxdp_mode = \"skb\"\nmetrics_listen = \"127.0.0.1:9444\"\n"
     );
     for (vname, vip, v6) in [("web4", VIP4, false), ("web6", VIP6, true)] {
         c += &format!(

@@ -297,6 +297,25 @@ impl Lab {
     pub fn node(&self, name: &str) -> &Node {
         &self.nodes[name]
     }
+
+    /// Run `f` on a thread that has entered `node`'s network namespace (sockets it opens live
+    /// there), and return its result.
+    pub fn in_netns<T: Send + 'static>(
+        &self,
+        node: &str,
+        f: impl FnOnce() -> T + Send + 'static,
+    ) -> T {
+        let path = format!("/run/netns/{}", self.nodes[node].netns);
+        std::thread::spawn(move || {
+            let ns = std::fs::File::open(&path).unwrap_or_else(|e| panic!("open {path}: {e}"));
+            let rc =
+                unsafe { libc::setns(std::os::fd::AsRawFd::as_raw_fd(&ns), libc::CLONE_NEWNET) };
+            assert_eq!(rc, 0, "setns {path}: {}", std::io::Error::last_os_error());
+            f()
+        })
+        .join()
+        .expect("netns thread")
+    }
 }
 
 impl Drop for Lab {

@@ -136,3 +136,85 @@ fn dsr_lab_ipv4_and_ipv6() {
     let stats = l.lbctl(&["stats"]).unwrap();
     assert!(stats["counters"]["forwarded"].as_u64().unwrap() >= 2 * CONNECTIONS * 3);
 }
+
+/// A plain HTTP/1.0 GET on the node's loopback; returns (status, body).
+fn http_get(lab: &Lab, node: &str, path: &'static str) -> (u16, String) {
+    lab.in_netns(node, move || {
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect("127.0.0.1:9444").expect("metrics listener");
+        write!(s, "GET {path} HTTP/1.0\r\nHost: lbd\r\n\r\n").unwrap();
+        let mut text = String::new();
+        s.read_to_string(&mut text).unwrap();
+        let status = text
+            .split_whitespace()
+            .nth(1)
+            .and_then(|c| c.parse().ok())
+            .unwrap_or(0);
+        let body = text
+            .split_once("\r\n\r\n")
+            .map(|(_, b)| b.to_string())
+            .unwrap_or_default();
+        (status, body)
+    })
+}
+
+#[test]
+fn api_socket_metrics_and_probes() {
+    let l = setup(LABNODE);
+    // The API socket is private to root.
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(&l.socket).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600, "API socket mode");
+
+    let r = l.connect_many(LABNODE, VIP4, 200);
+    assert_eq!(r["ok"], 200, "{r}");
+
+    // The TCP listener serves probes and Prometheus metrics, nothing else.
+    assert_eq!(http_get(&l.lab, "lb", "/healthz").0, 200);
+    assert_eq!(http_get(&l.lab, "lb", "/readyz").0, 200);
+    assert_eq!(
+        http_get(&l.lab, "lb", "/v1/backends").0,
+        404,
+        "the full API is only on the unix socket"
+    );
+    let (status, metrics) = http_get(&l.lab, "lb", "/metrics");
+    assert_eq!(status, 200);
+    for line in metrics
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+    {
+        assert!(
+            line.starts_with("lb_"),
+            "metric without the lb_ prefix: {line}"
+        );
+    }
+    let forwarded: u64 = metrics
+        .lines()
+        .find(|l| l.starts_with("lb_xdp_packets_total{reason=\"forwarded\"}"))
+        .and_then(|l| l.split_whitespace().last()?.parse().ok())
+        .expect("forwarded counter");
+    assert!(forwarded >= 200 * 3, "{forwarded}");
+    let new_flows: u64 = metrics
+        .lines()
+        .filter(|l| l.starts_with("lb_backend_new_flows_total{vip=\"web4\""))
+        .filter_map(|l| l.split_whitespace().last()?.parse::<u64>().ok())
+        .sum();
+    // One new flow per connection (a retransmitted SYN would count again: allow a few).
+    assert!(
+        (200..=210).contains(&new_flows),
+        "new flows counted per backend: {new_flows}"
+    );
+    assert!(
+        metrics.contains("lb_backend_up{vip=\"web6\""),
+        "per-backend health for every VIP"
+    );
+
+    // lbctl vips list: both services owned, all backends active.
+    let vips = l.lbctl(&["vips", "list"]).unwrap();
+    let vips = vips.as_array().unwrap();
+    assert_eq!(vips.len(), 2);
+    for v in vips {
+        assert_eq!(v["owned"], true, "{v}");
+        assert_eq!(v["backends_active"], 3, "{v}");
+    }
+}
