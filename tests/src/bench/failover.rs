@@ -6,9 +6,11 @@
 //! Each side runs three nodes (priorities 150, 100, 50; preemption on, as both default) and a
 //! client on one bridge in network namespaces; every node runs a `labnode serve-id` server. The
 //! lbd owner forwards with XDP to the nodes (DSR); the keepalived owner serves the VIP it holds
-//! on eth0 itself. The client probes with one short TCP connection (100 ms timeout) every
-//! 10 ms. Each failure happens at a random point of the advert cycle. After each failure the node comes back, preempts, and the lab settles before the next
-//! round. `LB_FAILOVER_ROUNDS` (default 10) sets the repetitions.
+//! on eth0 itself. The client starts a short TCP connection (200 ms timeout) every 20 ms
+//! without waiting for earlier ones (`VrrpLab::answered_since`); the time is that of the first
+//! answer. Each failure happens at a random point of the advert cycle. After each failure the
+//! node comes back, preempts, and the lab settles before the next round.
+//! `LB_FAILOVER_ROUNDS` (default 10) sets the repetitions.
 
 use std::time::{Duration, Instant};
 
