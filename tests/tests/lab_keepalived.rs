@@ -41,7 +41,13 @@ fn steady(l: &VrrpLab, running: &[usize], master: usize, secs: u64) {
         std::thread::sleep(Duration::from_millis(200));
     }
     let after: Vec<_> = running.iter().map(|i| l.transitions(*i)).collect();
-    assert_eq!(before, after, "no flapping over {secs} s\n{}", l.logs());
+    if before != after {
+        let statuses: Vec<_> = running.iter().map(|i| l.status(*i)).collect();
+        panic!(
+            "flapping over {secs} s: transitions {before:?} -> {after:?}\nlbd status: {statuses:?}\n{}",
+            l.logs()
+        );
+    }
     assert_eq!(l.masters(running), vec![master]);
     assert!(samples > 5);
 }
