@@ -417,10 +417,6 @@ impl Daemon {
         .await
     }
 
-    pub async fn health_status(&self) -> Vec<crate::health::TargetStatus> {
-        self.inner.lock().await.health.status()
-    }
-
     /// Re-read kernel facts (neighbours, local addresses) and re-apply the plan.
     pub async fn refresh(&self) -> Result<()> {
         let (ifindex, iface, backends) = {

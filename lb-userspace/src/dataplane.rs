@@ -822,10 +822,6 @@ impl Dataplane {
         self.conntrack.keys().filter(|k| k.is_ok()).count()
     }
 
-    pub fn conntrack_lookup(&self, key: &FlowKey) -> Option<u32> {
-        self.conntrack.get(key, 0).ok().map(|v| v.backend_id)
-    }
-
     /// Run one of the object's XDP programs on `frame` with BPF_PROG_TEST_RUN.
     /// Returns (verdict, output frame, average ns per run).
     pub fn test_run(
