@@ -271,7 +271,7 @@ impl Config {
             for p in ports {
                 if !keys.insert((v.address, p, v.protocol)) {
                     return Err(invalid(
-                        format!("{f}"),
+                        f.to_string(),
                         format!(
                             "{} port {p} {} is defined twice",
                             v.address,

@@ -21,12 +21,12 @@ pub fn is_prime(n: u32) -> bool {
     if n < 2 {
         return false;
     }
-    if n % 2 == 0 {
+    if n.is_multiple_of(2) {
         return n == 2;
     }
     let mut d = 3u64;
     while d * d <= n as u64 {
-        if n as u64 % d == 0 {
+        if (n as u64).is_multiple_of(d) {
             return false;
         }
         d += 2;
