@@ -218,8 +218,7 @@ impl Client {
         if path == "/metrics" {
             return Ok(serde_json::Value::String(text));
         }
-        serde_json::from_str(&text)
-            .with_context(|| format!("lbd's answer to {path} is not JSON"))
+        serde_json::from_str(&text).with_context(|| format!("lbd's answer to {path} is not JSON"))
     }
 }
 

@@ -186,28 +186,11 @@ impl Cluster {
     }
 
     pub fn lbctl(&self, node: &str, args: &[&str]) -> Option<Value> {
-        let sock = self.socket(node);
-        let mut a = vec!["--socket", sock.as_str(), "-o", "json"];
-        a.extend_from_slice(args);
-        let out = std::process::Command::new(bin_dir().join("lbctl"))
-            .args(&a)
-            .output()
-            .ok()?;
-        out.status
-            .success()
-            .then(|| serde_json::from_slice(&out.stdout).ok())
-            .flatten()
+        crate::lbctl_json(&self.socket(node), args)
     }
 
     pub fn lbctl_text(&self, node: &str, args: &[&str]) -> String {
-        let sock = self.socket(node);
-        let mut a = vec!["--socket", sock.as_str()];
-        a.extend_from_slice(args);
-        let out = std::process::Command::new(bin_dir().join("lbctl"))
-            .args(&a)
-            .output()
-            .unwrap();
-        String::from_utf8_lossy(&out.stdout).to_string()
+        String::from_utf8_lossy(&crate::lbctl_output(&self.socket(node), args).stdout).to_string()
     }
 
     /// The node whose lbd says it is master of its instance, among `nodes`.

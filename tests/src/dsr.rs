@@ -88,16 +88,7 @@ pub fn setup(labnode: &str) -> DsrLab {
 
 impl DsrLab {
     pub fn lbctl(&self, args: &[&str]) -> Option<Value> {
-        let mut a = vec!["--socket", &self.socket, "-o", "json"];
-        a.extend_from_slice(args);
-        let out = std::process::Command::new(bin_dir().join("lbctl"))
-            .args(&a)
-            .output()
-            .ok()?;
-        if !out.status.success() {
-            return None;
-        }
-        serde_json::from_slice(&out.stdout).ok()
+        crate::lbctl_json(&self.socket, args)
     }
 
     pub fn backends(&self) -> Option<Vec<Value>> {

@@ -411,17 +411,7 @@ impl VrrpLab {
     }
 
     pub fn lbctl(&self, i: usize, args: &[&str]) -> Option<Value> {
-        let sock = self.socket(i);
-        let mut a = vec!["--socket", sock.as_str(), "-o", "json"];
-        a.extend_from_slice(args);
-        let out = std::process::Command::new(bin_dir().join("lbctl"))
-            .args(&a)
-            .output()
-            .ok()?;
-        out.status
-            .success()
-            .then(|| serde_json::from_slice(&out.stdout).ok())
-            .flatten()
+        crate::lbctl_json(&self.socket(i), args)
     }
 
     /// `lbctl vrrp status` of node `i`'s (only) instance.

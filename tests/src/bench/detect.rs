@@ -203,22 +203,11 @@ impl HttpsLab {
     }
 
     pub fn lbctl_raw(&self, args: &[&str]) -> Output {
-        let mut a = vec!["--socket", &self.socket];
-        a.extend_from_slice(args);
-        std::process::Command::new(bin_dir().join("lbctl"))
-            .args(&a)
-            .output()
-            .expect("run lbctl")
+        crate::lbctl_output(&self.socket, args)
     }
 
     pub fn lbctl(&self, args: &[&str]) -> Option<Value> {
-        let mut a = vec!["-o", "json"];
-        a.extend_from_slice(args);
-        let out = self.lbctl_raw(&a);
-        if !out.status.success() {
-            return None;
-        }
-        serde_json::from_slice(&out.stdout).ok()
+        crate::lbctl_json(&self.socket, args)
     }
 
     pub fn backends_json(&self) -> Option<Vec<Value>> {

@@ -264,17 +264,7 @@ impl E2eLab {
     }
 
     fn lbctl(&self, node: &str, args: &[&str]) -> Option<Value> {
-        let sock = self.socket(node);
-        let mut a = vec!["--socket", sock.as_str(), "-o", "json"];
-        a.extend_from_slice(args);
-        let out = std::process::Command::new(bin_dir().join("lbctl"))
-            .args(&a)
-            .output()
-            .ok()?;
-        out.status
-            .success()
-            .then(|| serde_json::from_slice(&out.stdout).ok())
-            .flatten()
+        crate::lbctl_json(&self.socket(node), args)
     }
 
     fn holds(&self, node: &str, vip: &str) -> bool {
