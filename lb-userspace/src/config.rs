@@ -454,6 +454,18 @@ weight = 2
     }
 
     #[test]
+    fn shipped_examples_are_valid() {
+        for (name, text) in [
+            ("control-plane", include_str!("../../deploy/examples/control-plane.toml")),
+            ("worker", include_str!("../../deploy/examples/worker.toml")),
+        ] {
+            let c = Config::parse(text).unwrap_or_else(|e| panic!("{name}: {e}"));
+            assert_eq!(c.vrrp.len(), 1, "{name}");
+            assert!(c.vips[0].vrrp.is_some(), "{name}");
+        }
+    }
+
+    #[test]
     fn unknown_fields_and_type_errors_are_refused() {
         let e = err(&GOOD.replace("weight = 2", "wieght = 2"));
         assert!(e.contains("wieght"), "{e}");
