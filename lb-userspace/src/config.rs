@@ -456,7 +456,10 @@ weight = 2
     #[test]
     fn shipped_examples_are_valid() {
         for (name, text) in [
-            ("control-plane", include_str!("../../deploy/examples/control-plane.toml")),
+            (
+                "control-plane",
+                include_str!("../../deploy/examples/control-plane.toml"),
+            ),
             ("worker", include_str!("../../deploy/examples/worker.toml")),
         ] {
             let c = Config::parse(text).unwrap_or_else(|e| panic!("{name}: {e}"));

@@ -6,7 +6,7 @@
 //!   (connect, read the id line, close); prints JSON `{"ok", "failed", "by_id", "errors"}`.
 //! - `labnode hold ADDR PORT COUNT SECONDS INTERVAL_MS`: COUNT long-lived connections that
 //!   send a line every INTERVAL_MS and expect it echoed; prints JSON with how many survived.
-//! - `labnode hold-ids ADDR PORT COUNT SECONDS INTERVAL_MS`: as `hold`, tallied by the backend
+//! - `labnode hold-ids ADDR PORT COUNT SECONDS INTERVAL_MS [READ_TIMEOUT_S]`: as `hold`, tallied by the backend
 //!   id each connection got: JSON `{"survived_by_id", "failed_by_id", "errors"}` (a connection
 //!   that failed before reading its id counts under `"?"`).
 //! - `labnode connect-for ADDR PORT SECONDS CONCURRENCY TIMEOUT_MS`: as `connect-many`, but for
@@ -154,7 +154,7 @@ fn connect_for(addr: SocketAddr, secs: u64, conc: u64, timeout: Duration) {
 }
 
 /// Long-lived connections like [`hold`], with the outcome tallied per backend id.
-fn hold_ids(addr: SocketAddr, count: u64, secs: u64, interval: Duration) {
+fn hold_ids(addr: SocketAddr, count: u64, secs: u64, interval: Duration, read_timeout: Duration) {
     type ByKey = BTreeMap<String, u64>;
     let deadline = Instant::now() + Duration::from_secs(secs);
     let results = Arc::new(Mutex::new((ByKey::new(), ByKey::new(), ByKey::new())));
@@ -166,7 +166,7 @@ fn hold_ids(addr: SocketAddr, count: u64, secs: u64, interval: Duration) {
                 let outcome = (|| -> Result<(), String> {
                     let s = TcpStream::connect_timeout(&addr, Duration::from_secs(3))
                         .map_err(|e| format!("connect: {}", e.kind()))?;
-                    s.set_read_timeout(Some(Duration::from_secs(3))).ok();
+                    s.set_read_timeout(Some(read_timeout)).ok();
                     let mut r = BufReader::new(s.try_clone().map_err(|e| e.to_string())?);
                     let mut w = s;
                     let mut line = String::new();
@@ -295,11 +295,14 @@ fn main() {
         }
         Some("hold-ids") => {
             let ip: IpAddr = arg(2).parse().unwrap();
+            // Optional 7th argument: how long a read may wait (seconds, default 3).
+            let read_timeout = args.get(7).map(|s| s.parse().unwrap()).unwrap_or(3);
             hold_ids(
                 SocketAddr::new(ip, arg(3).parse().unwrap()),
                 arg(4).parse().unwrap(),
                 arg(5).parse().unwrap(),
                 Duration::from_millis(arg(6).parse().unwrap()),
+                Duration::from_secs(read_timeout),
             )
         }
         Some("connect-for") => {
