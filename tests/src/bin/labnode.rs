@@ -4,11 +4,10 @@
 //!   every connection, then echoes what it reads until the peer closes.
 //! - `labnode connect-many ADDR PORT COUNT CONCURRENCY TIMEOUT_MS`: COUNT short connections
 //!   (connect, read the id line, close); prints JSON `{"ok", "failed", "by_id", "errors"}`.
-//! - `labnode hold ADDR PORT COUNT SECONDS INTERVAL_MS`: COUNT long-lived connections that
-//!   send a line every INTERVAL_MS and expect it echoed; prints JSON with how many survived.
-//! - `labnode hold-ids ADDR PORT COUNT SECONDS INTERVAL_MS [READ_TIMEOUT_S]`: as `hold`, tallied by the backend
-//!   id each connection got: JSON `{"survived_by_id", "failed_by_id", "errors"}` (a connection
-//!   that failed before reading its id counts under `"?"`).
+//! - `labnode hold-ids ADDR PORT COUNT SECONDS INTERVAL_MS [READ_TIMEOUT_S]`: COUNT long-lived
+//!   connections that send a line every INTERVAL_MS and expect it echoed, for SECONDS; JSON
+//!   `{"survived_by_id", "failed_by_id", "errors"}` by the backend id each connection got (a
+//!   connection that failed before reading its id counts under `"?"`).
 //! - `labnode connect-for ADDR PORT SECONDS CONCURRENCY TIMEOUT_MS`: as `connect-many`, but for
 //!   SECONDS instead of a count; same JSON.
 use std::{
@@ -73,7 +72,15 @@ struct Tally {
     errors: BTreeMap<String, u64>,
 }
 
-fn connect_many(addr: SocketAddr, count: u64, conc: u64, timeout: Duration) {
+/// When a run of short connections stops.
+#[derive(Clone, Copy)]
+enum Until {
+    Count(u64),
+    Deadline(Instant),
+}
+
+/// Short connections from `conc` threads until `until`; prints the JSON tally.
+fn short_connections(addr: SocketAddr, until: Until, conc: u64, timeout: Duration) {
     let tally = Arc::new(Mutex::new(Tally::default()));
     let next = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let start = Instant::now();
@@ -82,7 +89,11 @@ fn connect_many(addr: SocketAddr, count: u64, conc: u64, timeout: Duration) {
             let tally = tally.clone();
             let next = next.clone();
             std::thread::spawn(move || {
-                while next.fetch_add(1, std::sync::atomic::Ordering::SeqCst) < count {
+                let more = || match until {
+                    Until::Count(n) => next.fetch_add(1, std::sync::atomic::Ordering::SeqCst) < n,
+                    Until::Deadline(d) => Instant::now() < d,
+                };
+                while more() {
                     let r = one(addr, timeout);
                     let mut t = tally.lock().unwrap();
                     match r {
@@ -113,47 +124,8 @@ fn connect_many(addr: SocketAddr, count: u64, conc: u64, timeout: Duration) {
     );
 }
 
-/// Short connections like [`connect_many`], for `secs` seconds instead of a count.
-fn connect_for(addr: SocketAddr, secs: u64, conc: u64, timeout: Duration) {
-    let tally = Arc::new(Mutex::new(Tally::default()));
-    let start = Instant::now();
-    let deadline = start + Duration::from_secs(secs);
-    let threads: Vec<_> = (0..conc)
-        .map(|_| {
-            let tally = tally.clone();
-            std::thread::spawn(move || {
-                while Instant::now() < deadline {
-                    let r = one(addr, timeout);
-                    let mut t = tally.lock().unwrap();
-                    match r {
-                        Ok(id) => {
-                            t.ok += 1;
-                            *t.by_id.entry(id).or_default() += 1;
-                        }
-                        Err(e) => {
-                            t.failed += 1;
-                            *t.errors.entry(e).or_default() += 1;
-                        }
-                    }
-                }
-            })
-        })
-        .collect();
-    for t in threads {
-        let _ = t.join();
-    }
-    let t = tally.lock().unwrap();
-    println!(
-        "{{\"ok\":{},\"failed\":{},\"by_id\":{:?},\"errors\":{:?},\"elapsed_ms\":{}}}",
-        t.ok,
-        t.failed,
-        t.by_id,
-        t.errors,
-        start.elapsed().as_millis()
-    );
-}
-
-/// Long-lived connections like [`hold`], with the outcome tallied per backend id.
+/// Long-lived connections: each sends a line every `interval` and expects it echoed back;
+/// outcomes tallied per backend id.
 fn hold_ids(addr: SocketAddr, count: u64, secs: u64, interval: Duration, read_timeout: Duration) {
     type ByKey = BTreeMap<String, u64>;
     let deadline = Instant::now() + Duration::from_secs(secs);
@@ -213,59 +185,6 @@ fn hold_ids(addr: SocketAddr, count: u64, secs: u64, interval: Duration, read_ti
     );
 }
 
-/// Long-lived connections: each sends a line every `interval` and expects it echoed back.
-fn hold(addr: SocketAddr, count: u64, secs: u64, interval: Duration) {
-    let deadline = Instant::now() + Duration::from_secs(secs);
-    let results = Arc::new(Mutex::new((0u64, 0u64, BTreeMap::<String, u64>::new())));
-    let threads: Vec<_> = (0..count)
-        .map(|i| {
-            let results = results.clone();
-            std::thread::spawn(move || {
-                let outcome = (|| -> Result<String, String> {
-                    let s = TcpStream::connect_timeout(&addr, Duration::from_secs(3))
-                        .map_err(|e| format!("connect: {e}"))?;
-                    s.set_read_timeout(Some(Duration::from_secs(3))).ok();
-                    let mut r = BufReader::new(s.try_clone().map_err(|e| e.to_string())?);
-                    let mut w = s;
-                    let mut id = String::new();
-                    r.read_line(&mut id).map_err(|e| format!("id: {e}"))?;
-                    let mut n = 0u64;
-                    while Instant::now() < deadline {
-                        let msg = format!("c{i} m{n}\n");
-                        w.write_all(msg.as_bytes())
-                            .map_err(|e| format!("write: {}", e.kind()))?;
-                        let mut back = String::new();
-                        r.read_line(&mut back)
-                            .map_err(|e| format!("echo: {}", e.kind()))?;
-                        if back != msg {
-                            return Err(format!("echo mismatch: {back:?}"));
-                        }
-                        n += 1;
-                        std::thread::sleep(interval);
-                    }
-                    Ok(id.trim().to_string())
-                })();
-                let mut g = results.lock().unwrap();
-                match outcome {
-                    Ok(_) => g.0 += 1,
-                    Err(e) => {
-                        g.1 += 1;
-                        *g.2.entry(e).or_default() += 1;
-                    }
-                }
-            })
-        })
-        .collect();
-    for t in threads {
-        let _ = t.join();
-    }
-    let g = results.lock().unwrap();
-    println!(
-        "{{\"survived\":{},\"failed\":{},\"errors\":{:?}}}",
-        g.0, g.1, g.2
-    );
-}
-
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let arg = |i: usize| {
@@ -277,18 +196,9 @@ fn main() {
         Some("serve-id") => serve_id(arg(2).parse().unwrap(), arg(3)),
         Some("connect-many") => {
             let ip: IpAddr = arg(2).parse().unwrap();
-            connect_many(
+            short_connections(
                 SocketAddr::new(ip, arg(3).parse().unwrap()),
-                arg(4).parse().unwrap(),
-                arg(5).parse().unwrap(),
-                Duration::from_millis(arg(6).parse().unwrap()),
-            )
-        }
-        Some("hold") => {
-            let ip: IpAddr = arg(2).parse().unwrap();
-            hold(
-                SocketAddr::new(ip, arg(3).parse().unwrap()),
-                arg(4).parse().unwrap(),
+                Until::Count(arg(4).parse().unwrap()),
                 arg(5).parse().unwrap(),
                 Duration::from_millis(arg(6).parse().unwrap()),
             )
@@ -307,16 +217,17 @@ fn main() {
         }
         Some("connect-for") => {
             let ip: IpAddr = arg(2).parse().unwrap();
-            connect_for(
+            let secs: u64 = arg(4).parse().unwrap();
+            short_connections(
                 SocketAddr::new(ip, arg(3).parse().unwrap()),
-                arg(4).parse().unwrap(),
+                Until::Deadline(Instant::now() + Duration::from_secs(secs)),
                 arg(5).parse().unwrap(),
                 Duration::from_millis(arg(6).parse().unwrap()),
             )
         }
         _ => {
             eprintln!(
-                "usage: labnode serve-id PORT ID | connect-many ADDR PORT COUNT CONC TIMEOUT_MS | hold ADDR PORT COUNT SECS INTERVAL_MS | hold-ids ADDR PORT COUNT SECS INTERVAL_MS | connect-for ADDR PORT SECS CONC TIMEOUT_MS"
+                "usage: labnode serve-id PORT ID | connect-many ADDR PORT COUNT CONC TIMEOUT_MS | hold-ids ADDR PORT COUNT SECS INTERVAL_MS | connect-for ADDR PORT SECS CONC TIMEOUT_MS"
             );
             std::process::exit(2);
         }
