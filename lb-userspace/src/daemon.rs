@@ -362,7 +362,16 @@ impl Daemon {
 
     pub async fn vrrp_status(&self) -> serde_json::Value {
         let passing = self.tracks.lock().await.clone();
-        let cfg = self.config().await;
+        let (cfg, ready): (Config, Vec<(String, bool)>) = {
+            let g = self.inner.lock().await;
+            let ready = g
+                .cfg
+                .vrrp
+                .iter()
+                .map(|r| (r.name.clone(), plan::lb_ready(&g.cfg, &r.name, &g.rows)))
+                .collect();
+            (g.cfg.clone(), ready)
+        };
         let handles = self.vrrp.lock().await;
         let list: Vec<serde_json::Value> = handles
             .iter()
@@ -377,7 +386,10 @@ impl Daemon {
                             "name": t.name,
                             "weight": t.weight,
                             "check": t.address.map(|a| a.to_string()).unwrap_or_else(|| "load balancer ready".into()),
-                            "passing": t.address.map(|_| passing.get(&t.name).copied().unwrap_or(false)),
+                            "passing": match t.address {
+                                Some(_) => passing.get(&t.name).copied().unwrap_or(false),
+                                None => ready.iter().any(|(n, r)| *n == h.cfg.name && *r),
+                            },
                         })
                     })
                     .collect();

@@ -86,17 +86,7 @@ pub fn track_weight(
     passing: &HashMap<String, bool>,
     rows: &[BackendPlan],
 ) -> i32 {
-    let vips: Vec<&str> = cfg
-        .vips
-        .iter()
-        .filter(|v| v.vrrp.as_deref() == Some(instance))
-        .map(|v| v.name.as_str())
-        .collect();
-    let lb_ready = !vips.is_empty()
-        && vips.iter().all(|v| {
-            rows.iter()
-                .any(|r| r.vip == *v && r.state == BackendState::Active)
-        });
+    let lb_ready = lb_ready(cfg, instance, rows);
     cfg.track
         .iter()
         .filter(|t| t.instance == instance)
@@ -106,6 +96,22 @@ pub fn track_weight(
         })
         .map(|t| t.weight)
         .sum()
+}
+
+/// The load balancer's own readiness for a VRRP instance: every VIP of the instance has an
+/// active backend here.
+pub fn lb_ready(cfg: &Config, instance: &str, rows: &[BackendPlan]) -> bool {
+    let vips: Vec<&str> = cfg
+        .vips
+        .iter()
+        .filter(|v| v.vrrp.as_deref() == Some(instance))
+        .map(|v| v.name.as_str())
+        .collect();
+    !vips.is_empty()
+        && vips.iter().all(|v| {
+            rows.iter()
+                .any(|r| r.vip == *v && r.state == BackendState::Active)
+        })
 }
 
 /// Whether this node owns VIP `i` of the config.

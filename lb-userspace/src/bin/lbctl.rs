@@ -189,19 +189,32 @@ fn vrrp_table(v: &Value) {
             }
         );
         let col = &i["collisions"];
+        let peers: Vec<String> = col["peers"]
+            .as_object()
+            .cloned()
+            .unwrap_or_default()
+            .into_iter()
+            .map(|(peer, c)| {
+                format!(
+                    "{peer}: {} adverts, differs: {}",
+                    s(&c, "count"),
+                    c["differs"]
+                )
+            })
+            .collect();
         println!(
             "  collisions   {}",
-            if col.is_null() {
-                "-".into()
+            if peers.is_empty() {
+                "none".to_string()
             } else {
-                col.to_string()
+                peers.join("; ")
             }
         );
         for t in i["tracks"].as_array().cloned().unwrap_or_default() {
-            let state = match t["passing"].as_bool() {
-                Some(true) => "passing",
-                Some(false) => "failing",
-                None => "see effective priority",
+            let state = if t["passing"].as_bool() == Some(true) {
+                "passing"
+            } else {
+                "failing"
             };
             println!(
                 "  track        {} ({}): {:+} {}",
