@@ -441,15 +441,23 @@ impl Daemon {
                 .collect();
             (g.ifindex, g.cfg.interface.clone(), backends)
         };
-        let macs = self.netlink.macs_on(ifindex, &backends).await?;
+        let peers = self.vrrp_peers().await;
+        let all: Vec<IpAddr> = backends.iter().chain(&peers).copied().collect();
+        let mut macs = self.netlink.macs_on(ifindex, &all).await?;
         let local_addrs = self.netlink.local_addresses().await?;
-        for b in &backends {
+        for b in &all {
             if !macs.contains_key(b) && !local_addrs.contains(b) {
                 netlink::trigger_resolution(&iface, *b);
             }
         }
+        let peer_macs = peers
+            .iter()
+            .filter(|p| !backends.contains(p))
+            .filter_map(|p| macs.remove(p).map(|m| (*p, m)))
+            .collect();
         let mut g = self.inner.lock().await;
         g.facts.macs = macs;
+        g.facts.peer_macs = peer_macs;
         // Only unicast addresses of real interfaces count; VIPs themselves are not backends.
         let vips: HashSet<IpAddr> = g.cfg.vips.iter().map(|v| v.address).collect();
         g.facts.local_addrs = local_addrs
@@ -457,6 +465,23 @@ impl Daemon {
             .filter(|a| !vips.contains(a))
             .collect();
         g.apply()
+    }
+
+    /// Addresses of the other VRRP speakers: configured unicast peers and each instance's
+    /// current master (for the loop guard).
+    async fn vrrp_peers(&self) -> Vec<IpAddr> {
+        let handles = self.vrrp.lock().await;
+        let mut peers: Vec<IpAddr> = handles
+            .iter()
+            .flat_map(|h| {
+                let status = h.instance.status();
+                let master = status.master.filter(|m| *m != status.primary_addr);
+                h.cfg.unicast_peers.iter().copied().chain(master)
+            })
+            .collect();
+        peers.sort();
+        peers.dedup();
+        peers
     }
 
     /// Reload the config (see [`Daemon::reload`]) and restart changed VRRP instances.

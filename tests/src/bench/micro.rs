@@ -51,6 +51,7 @@ pub fn run() {
                 backends: vec![backend("10.77.0.11", 11)],
             },
         ],
+        ..Default::default()
     })
     .unwrap();
     let (c4, v4) = ([10, 77, 0, 1], [10, 77, 0, 100]);
