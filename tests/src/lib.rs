@@ -6,7 +6,9 @@ pub mod cluster;
 pub mod dsr;
 pub mod frames;
 pub mod lab;
+pub mod strict;
 pub mod vrrp_lab;
+pub mod xdp_fuzz;
 
 use std::{
     net::IpAddr,

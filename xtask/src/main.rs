@@ -1,4 +1,4 @@
-//! Project tasks. `cargo xtask setup | test | demo | bench [PART]`.
+//! Project tasks. `cargo xtask setup | test | demo | fuzz-xdp | bench [PART]`.
 //!
 //! Everything a fresh machine of this project's kind needs is installed by `setup`, idempotently:
 //! the nightly rust-src component, a bpf-linker linked against the nightly toolchain's own LLVM,
@@ -34,6 +34,16 @@ enum Cmd {
     },
     /// Setup, build, and run the demo lab (network namespaces; needs root).
     Demo,
+    /// Setup, build, and run the forwarding-rule property test for longer than `test` does:
+    /// mutated frames through the real XDP program, checked against a strict parser.
+    FuzzXdp {
+        /// Mutated frames to run.
+        #[arg(long, default_value_t = 10_000_000)]
+        frames: u64,
+        /// Seed of the mutations (printed on failure, to replay it).
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+    },
     /// Setup, build (release), and run benchmarks; JSON under target/bench/.
     Bench {
         /// micro | table | failover | detect | e2e | all
@@ -282,6 +292,17 @@ fn main() -> Result<()> {
             require_root()?;
             let demo = tool("demo", false)?;
             run(Command::new(demo).env("LB_BIN_DIR", root().join("target/debug")))
+        }
+        Cmd::FuzzXdp { frames, seed } => {
+            setup()?;
+            require_root()?;
+            let fuzz = tool("xdpfuzz", false)?;
+            run(Command::new(fuzz).args([
+                "--frames",
+                &frames.to_string(),
+                "--seed",
+                &seed.to_string(),
+            ]))
         }
         Cmd::Bench { part } => {
             setup()?;
