@@ -50,6 +50,23 @@ impl TestDataplane {
     }
 }
 
+impl TestDataplane {
+    /// What a restarted `lbd` does: load the program again on the same pins, possibly with other
+    /// settings, and adopt what is there.
+    pub fn restart(&mut self, table_size: u32, hash_seed: u32) {
+        self.opts.table_size = table_size;
+        self.opts.hash_seed = hash_seed;
+        // The new instance replaces the old one; the pins stay.
+        self.dp = Dataplane::load(self.opts.clone()).expect("reload on the same pins");
+    }
+
+    /// Another instance of the program on the same maps (to run packets from another thread
+    /// while this one is updated).
+    pub fn second_instance(&self) -> Dataplane {
+        Dataplane::load(self.opts.clone()).expect("load a second instance")
+    }
+}
+
 impl Drop for TestDataplane {
     fn drop(&mut self) {
         let _ = Dataplane::teardown(&self.opts);
