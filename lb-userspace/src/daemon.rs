@@ -13,6 +13,8 @@ use anyhow::{Context, Result, bail};
 use serde::Serialize;
 use tokio::sync::Mutex;
 
+mod reload;
+
 use crate::{
     api::{self, Request, Response},
     config::Config,
@@ -180,6 +182,8 @@ pub struct Daemon {
     netlink: Netlink,
     started: SystemTime,
     ready: std::sync::atomic::AtomicBool,
+    /// Held for a whole reload, so two reloads (SIGHUP and the API) never interleave.
+    reload_lock: Mutex<()>,
 }
 
 impl Daemon {
@@ -224,6 +228,7 @@ impl Daemon {
             tracks: Mutex::new(std::collections::HashMap::new()),
             started: SystemTime::now(),
             ready: false.into(),
+            reload_lock: Mutex::new(()),
         });
         daemon.refresh().await?;
         daemon
@@ -245,6 +250,23 @@ impl Daemon {
                 for vip in &r.vips {
                     netlink::ensure_local_vip(self.netlink.handle(), *vip).await?;
                 }
+            }
+        }
+        // VIPs an earlier configuration left (our label, no instance owns them now). Each
+        // instance removes its own stale VIPs itself when it starts, and only those.
+        let mut interfaces: Vec<String> = cfg
+            .vrrp
+            .iter()
+            .map(|r| r.interface.clone().unwrap_or_else(|| cfg.interface.clone()))
+            .collect();
+        interfaces.sort();
+        interfaces.dedup();
+        let keep: Vec<IpAddr> = cfg.vrrp.iter().flat_map(|r| r.vips.clone()).collect();
+        for ifname in &interfaces {
+            let removed =
+                crate::vrrp::announce::remove_orphans(self.netlink.handle(), ifname, &keep).await?;
+            if !removed.is_empty() {
+                tracing::info!(interface = %ifname, ?removed, "removed VIPs of an earlier configuration");
             }
         }
         for r in &cfg.vrrp {
@@ -324,40 +346,6 @@ impl Daemon {
             h.instance.shutdown().await;
         }
         let _ = self.update_facts(|f| f.vrrp_master.clear()).await;
-    }
-
-    /// Restart the instances whose config changed on reload (others keep running untouched).
-    async fn reconcile_vrrp(self: &Arc<Self>, new: &Config) -> Result<()> {
-        let mut keep = Vec::new();
-        let old = std::mem::take(&mut *self.vrrp.lock().await);
-        for h in old {
-            if new.vrrp.contains(&h.cfg) {
-                keep.push(h);
-            } else {
-                tracing::info!(instance = %h.cfg.name, "VRRP instance changed or removed; stopping it");
-                let name = h.cfg.name.clone();
-                h.instance.shutdown().await;
-                let _ = self
-                    .update_facts(|f| {
-                        f.vrrp_master.remove(&name);
-                    })
-                    .await;
-            }
-        }
-        let running: Vec<String> = keep.iter().map(|h| h.cfg.name.clone()).collect();
-        self.vrrp.lock().await.extend(keep);
-        for r in &new.vrrp {
-            if !running.contains(&r.name) {
-                if new.dsr_backend {
-                    for vip in &r.vips {
-                        netlink::ensure_local_vip(self.netlink.handle(), *vip).await?;
-                    }
-                }
-                self.spawn_instance(r.clone(), &new.interface).await?;
-            }
-        }
-        self.sync_tracking().await;
-        Ok(())
     }
 
     pub async fn vrrp_status(&self) -> serde_json::Value {
@@ -457,69 +445,6 @@ impl Daemon {
             .filter(|a| !vips.contains(a))
             .collect();
         g.apply()
-    }
-
-    /// Reload the config (see [`Daemon::reload`]) and restart changed VRRP instances.
-    pub async fn reload_all(self: &Arc<Self>) -> Result<()> {
-        self.reload().await?;
-        let cfg = self.config().await;
-        self.reconcile_vrrp(&cfg).await
-    }
-
-    /// Re-read the config file; an invalid config is refused and the running one kept.
-    pub async fn reload(&self) -> Result<()> {
-        let mut g = self.inner.lock().await;
-        let path = g.config_path.clone();
-        let result = Config::load(&path)
-            .map_err(anyhow::Error::from)
-            .and_then(|new| {
-                check_reloadable(&g.cfg, &new)?;
-                Ok(new)
-            });
-        match result {
-            Ok(new) => {
-                let old = std::mem::replace(&mut g.cfg, new);
-                if let Err(e) = g.apply() {
-                    // The data plane refused it (e.g. limits): put the old config back.
-                    g.cfg = old;
-                    g.apply()?;
-                    g.reload_failures += 1;
-                    g.last_reload_error = Some(format!("{e:#}"));
-                    return Err(
-                        e.context("new config refused by the data plane; kept the running one")
-                    );
-                }
-                g.reloads += 1;
-                g.last_reload_error = None;
-                // Pairs that are up now stay up across the reload; new ones wait for a check.
-                let up: HashSet<(String, IpAddr)> = g
-                    .facts
-                    .health
-                    .iter()
-                    .filter(|(_, h)| h.healthy)
-                    .map(|(k, _)| k.clone())
-                    .collect();
-                let targets = health_targets(&g.cfg, &up);
-                g.health.set_targets(targets);
-                let mut fresh = initial_health(&g.cfg, &up);
-                for (k, v) in g.facts.health.drain() {
-                    if fresh.contains_key(&k) {
-                        fresh.insert(k, v);
-                    }
-                }
-                g.facts.health = fresh;
-                g.apply()?;
-                tracing::info!(path = %path.display(), "config reloaded");
-                drop(g);
-                self.refresh().await
-            }
-            Err(e) => {
-                g.reload_failures += 1;
-                g.last_reload_error = Some(format!("{e:#}"));
-                tracing::error!(error = %format!("{e:#}"), "config refused; the running config stays");
-                Err(e)
-            }
-        }
     }
 
     pub async fn set_drained(&self, vip: &str, backend: IpAddr, drained: bool) -> Result<()> {
@@ -655,24 +580,6 @@ impl Daemon {
         let vrrp = self.vrrp_status().await;
         Ok(metrics::render(&stats, &vips, &backends, &vrrp))
     }
-}
-
-/// Settings that shape the pinned maps cannot change without a restart.
-fn check_reloadable(old: &Config, new: &Config) -> Result<()> {
-    let fields = [
-        ("interface", old.interface != new.interface),
-        ("name", old.name != new.name),
-        ("table_size", old.table_size != new.table_size),
-        ("conntrack_size", old.conntrack_size != new.conntrack_size),
-        ("hash_seed", old.hash_seed != new.hash_seed),
-        ("api_socket", old.api_socket != new.api_socket),
-    ];
-    for (field, changed) in fields {
-        if changed {
-            bail!("{field}: cannot change on reload (restart lbd to change it)");
-        }
-    }
-    Ok(())
 }
 
 /// (VIP name, backend) pairs that a previous lbd left drained: drains survive restarts.
