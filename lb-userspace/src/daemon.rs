@@ -13,7 +13,9 @@ use anyhow::{Context, Result, bail};
 use serde::Serialize;
 use tokio::sync::Mutex;
 
+mod churn;
 mod reload;
+mod supervise;
 
 use crate::{
     api::{self, Request, Response},
@@ -184,6 +186,12 @@ pub struct Daemon {
     ready: std::sync::atomic::AtomicBool,
     /// Held for a whole reload, so two reloads (SIGHUP and the API) never interleave.
     reload_lock: Mutex<()>,
+    /// The first task failure (see `supervise.rs`).
+    supervisor: Arc<supervise::Supervisor>,
+    /// The XDP program is attached to the interface as it is now.
+    attached: std::sync::atomic::AtomicBool,
+    /// `start_vrrp` has run: every configured instance should be running.
+    vrrp_started: std::sync::atomic::AtomicBool,
 }
 
 impl Daemon {
@@ -198,6 +206,12 @@ impl Daemon {
     )> {
         let netlink = Netlink::new()?;
         let link = netlink.link(&cfg.interface).await?;
+        // A link pinned to a device that was deleted since (the interface was recreated) must
+        // not make every start fail: drop it and attach afresh.
+        churn::drop_stale_link_pin(
+            &churn::link_pin(&load_options(&cfg), &cfg.interface),
+            &link,
+        )?;
         let mut dp = Dataplane::load(load_options(&cfg))?;
         dp.attach(&cfg.interface, cfg.xdp_mode)?;
         dp.spawn_log_reader()?;
@@ -229,6 +243,9 @@ impl Daemon {
             started: SystemTime::now(),
             ready: false.into(),
             reload_lock: Mutex::new(()),
+            supervisor: Arc::default(),
+            attached: true.into(),
+            vrrp_started: false.into(),
         });
         daemon.refresh().await?;
         daemon
@@ -272,6 +289,8 @@ impl Daemon {
         for r in &cfg.vrrp {
             self.spawn_instance(r.clone(), &cfg.interface).await?;
         }
+        self.vrrp_started
+            .store(true, std::sync::atomic::Ordering::SeqCst);
         self.sync_tracking().await;
         Ok(())
     }
@@ -417,8 +436,9 @@ impl Daemon {
         .await
     }
 
-    /// Re-read kernel facts (neighbours, local addresses) and re-apply the plan.
+    /// Re-read kernel facts (interface, neighbours, local addresses) and re-apply the plan.
     pub async fn refresh(&self) -> Result<()> {
+        self.follow_interface().await?;
         let (ifindex, iface, backends) = {
             let g = self.inner.lock().await;
             let backends: Vec<IpAddr> = g
@@ -639,13 +659,13 @@ impl api::Handler for Daemon {
                     Ok(()) => Response::json(&serde_json::json!({"reloaded": true})),
                     Err(e) => Response::error(422, format!("{e:#}")),
                 },
-                Request::Healthz => Response::text(200, "ok\n".into()),
+                Request::Healthz => {
+                    let (status, text) = self.healthz();
+                    Response::text(status, text)
+                }
                 Request::Readyz => {
-                    if self.ready.load(std::sync::atomic::Ordering::SeqCst) {
-                        Response::text(200, "ready\n".into())
-                    } else {
-                        Response::text(503, "starting\n".into())
-                    }
+                    let (status, text) = self.readyz().await;
+                    Response::text(status, text)
                 }
                 Request::Metrics => Response::text(200, self.metrics().await?),
             })
@@ -663,31 +683,33 @@ pub async fn run(config_path: PathBuf) -> Result<()> {
     daemon.start_vrrp().await?;
     tracing::info!(interface = %cfg.interface, vips = cfg.vips.len(), "lbd running");
     let d = daemon.clone();
-    tokio::spawn(async move {
+    let mut tasks = vec![daemon.supervise("health monitor", async move {
         while let Some(e) = health_events.recv().await {
             if let Err(err) = d.health_event(e).await {
                 tracing::error!(error = %format!("{err:#}"), "applying a health change");
             }
         }
-    });
-
-    let api = tokio::spawn(api::serve_unix(cfg.api_socket.clone(), daemon.clone()));
+        anyhow::bail!("its event channel closed")
+    })];
+    tasks.push(daemon.supervise(
+        "API listener",
+        api::serve_unix(cfg.api_socket.clone(), daemon.clone()),
+    ));
     if let Some(addr) = cfg.metrics_listen {
-        let d = daemon.clone();
-        tokio::spawn(async move {
-            if let Err(e) = api::serve_tcp(addr, d).await {
-                tracing::error!(error = %format!("{e:#}"), "metrics listener failed");
-            }
-        });
+        tasks.push(daemon.supervise("metrics listener", api::serve_tcp(addr, daemon.clone())));
     }
     let mut neigh = netlink::neighbour_changes()?;
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())?;
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     let mut last_neigh = Instant::now() - Duration::from_secs(1);
-    loop {
+    let failure = loop {
         tokio::select! {
-            Some(()) = neigh.recv() => {
+            n = neigh.recv() => {
+                if n.is_none() {
+                    daemon.fail("netlink watcher stopped".into());
+                    break daemon.failure();
+                }
                 // Coalesce bursts of notifications.
                 if last_neigh.elapsed() > Duration::from_millis(20) {
                     last_neigh = Instant::now();
@@ -696,15 +718,23 @@ pub async fn run(config_path: PathBuf) -> Result<()> {
             }
             _ = tick.tick() => {
                 if let Err(e) = daemon.refresh().await { tracing::warn!(error = %format!("{e:#}"), "refresh"); }
+                daemon.check_vrrp_tasks().await;
             }
+            f = daemon.failed() => break Some(f),
             _ = hup.recv() => { let _ = daemon.reload_all().await; }
-            _ = term.recv() => break,
-            _ = tokio::signal::ctrl_c() => break,
+            _ = term.recv() => break None,
+            _ = tokio::signal::ctrl_c() => break None,
         }
-    }
+    };
     daemon.stop_vrrp().await;
-    api.abort();
+    for t in tasks {
+        t.abort();
+    }
     let _ = std::fs::remove_file(&cfg.api_socket);
     tracing::info!("lbd stopping; the XDP program and pinned maps stay for the next lbd");
-    Ok(())
+    match failure {
+        // Non-zero, so kubelet (or systemd) restarts us.
+        Some(f) => Err(anyhow::anyhow!("stopped after a failure: {f}")),
+        None => Ok(()),
+    }
 }
