@@ -191,12 +191,15 @@ fn setup() -> Result<()> {
             .args(["install", "-y", "--no-install-recommends"])
             .args(&missing)
             .env("DEBIAN_FRONTEND", "noninteractive"))?;
-        // The packaged services must not run on the host: the labs start their own instances.
+        // The packages just installed start their services; the labs start their own
+        // instances, so disable the ones this run installed (through their unit, never by
+        // process name: a host's own keepalived or haproxy is not ours to stop).
         for svc in ["keepalived", "haproxy"] {
-            let _ = Command::new("systemctl")
-                .args(["disable", "--now", svc])
-                .status();
-            let _ = Command::new("pkill").args(["-x", svc]).status();
+            if missing.contains(&svc) {
+                let _ = Command::new("systemctl")
+                    .args(["disable", "--now", svc])
+                    .status();
+            }
         }
     }
     eprintln!("setup done in {:.1}s", t.elapsed().as_secs_f64());
@@ -314,5 +317,37 @@ fn main() -> Result<()> {
                 .env("LB_BIN_DIR", root().join("target/release"))
                 .env("LB_BENCH_DIR", root().join("target/bench")))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::root;
+
+    /// The tooling never stops processes by name (a host's own keepalived or haproxy would go
+    /// too): labs and benches signal the pids they spawned.
+    #[test]
+    fn never_kills_processes_by_name() {
+        // Built at run time so this file does not match itself.
+        let needles = [["\"pk", "ill\""].concat(), ["\"kill", "all\""].concat()];
+        let mut hits = Vec::new();
+        for dir in ["xtask/src", "tests/src", "tests/tests", "lb-userspace/src"] {
+            let mut stack = vec![root().join(dir)];
+            while let Some(p) = stack.pop() {
+                if p.is_dir() {
+                    for e in std::fs::read_dir(&p).unwrap() {
+                        stack.push(e.unwrap().path());
+                    }
+                } else if p.extension().is_some_and(|e| e == "rs" || e == "sh") {
+                    let text = std::fs::read_to_string(&p).unwrap();
+                    for n in &needles {
+                        if text.contains(n.as_str()) {
+                            hits.push(format!("{}: {n}", p.display()));
+                        }
+                    }
+                }
+            }
+        }
+        assert!(hits.is_empty(), "kills by process name: {hits:?}");
     }
 }
