@@ -4,8 +4,10 @@
 pub mod detect;
 pub mod e2e;
 pub mod failover;
+mod live;
 pub mod micro;
 pub mod table;
+pub mod throughput;
 
 use std::path::PathBuf;
 

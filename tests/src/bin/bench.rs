@@ -6,6 +6,7 @@ fn main() {
     let parts: &[(&str, fn())] = &[
         ("micro", bench::micro::run),
         ("table", bench::table::run),
+        ("throughput", bench::throughput::run),
         ("detect", bench::detect::run),
         ("e2e", bench::e2e::run),
         ("failover", bench::failover::run),
