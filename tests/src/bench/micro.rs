@@ -110,7 +110,12 @@ fn shuffled(n: usize) -> Vec<usize> {
 /// An ACK (or SYN) from a distinct client per `i`: addresses 10.<base>.x.y, ports varied too.
 fn client_frame(base: u8, i: u32, dst: [u8; 4], flags: u8) -> Vec<u8> {
     ipv4_frame(
-        [10, base.wrapping_add((i >> 16) as u8), (i >> 8) as u8, i as u8],
+        [
+            10,
+            base.wrapping_add((i >> 16) as u8),
+            (i >> 8) as u8,
+            i as u8,
+        ],
         dst,
         PROTO_TCP,
         &tcp(1024 + (i % 60000) as u16, 6443, flags),
@@ -189,7 +194,10 @@ pub fn run() {
         let m = abab(&mut t, &frame, repeat, rounds);
         m.print(name);
         baselines.push(m.baseline_ns);
-        rows.push(m.row(name, "interleaved with the baseline, same frame, repeat runs"));
+        rows.push(m.row(
+            name,
+            "interleaved with the baseline, same frame, repeat runs",
+        ));
     }
 
     // A flow seen first mid-stream (e.g. on a new VIP owner after failover) misses the
@@ -208,10 +216,9 @@ pub fn run() {
     // in random order, so the entry (and its bucket) is rarely in the CPU cache.
     const COLD_FLOWS: u32 = 100_000;
     for i in 0..COLD_FLOWS {
-        let (verdict, _, _) = t
-            .dp
-            .test_run("lb_xdp", &client_frame(90, i, v4, SYN), 1)
-            .unwrap();
+        let (verdict, _, _) =
+            t.dp.test_run("lb_xdp", &client_frame(90, i, v4, SYN), 1)
+                .unwrap();
         assert_eq!(verdict, XDP_TX, "cold flow {i} established");
     }
     let entries = t.dp.conntrack_entries();
