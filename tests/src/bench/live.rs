@@ -143,3 +143,36 @@ pub fn realtime(pid: i32, priority: i32) -> io::Result<()> {
     }
     Ok(())
 }
+
+/// BPF_MAP_LOOKUP_ELEM on map `fd`: the value bytes (`value_len` of them; for a per-CPU map
+/// that is one rounded-up value per possible CPU), or None if the key is absent.
+pub fn map_lookup(fd: RawFd, key: &[u8], value_len: usize) -> Option<Vec<u8>> {
+    #[repr(C)]
+    struct Attr {
+        map_fd: u32,
+        _pad: u32,
+        key: u64,
+        value: u64,
+        flags: u64,
+    }
+    let mut value = vec![0u8; value_len];
+    let mut attr = Attr {
+        map_fd: fd as u32,
+        _pad: 0,
+        key: key.as_ptr() as u64,
+        value: value.as_mut_ptr() as u64,
+        flags: 0,
+    };
+    const BPF_MAP_LOOKUP_ELEM: libc::c_long = 1;
+    // SAFETY: key and value are live buffers of the sizes the map was created with (the caller
+    // passes the map's key size and its full value size).
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            BPF_MAP_LOOKUP_ELEM,
+            &mut attr as *mut Attr,
+            std::mem::size_of::<Attr>() as u32,
+        )
+    };
+    (rc == 0).then_some(value)
+}

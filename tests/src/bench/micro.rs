@@ -15,6 +15,7 @@ use super::{median, write_json};
 use crate::{TestDataplane, backend, frames::*};
 
 const XDP_TX: u32 = 3;
+const VIP4: [u8; 4] = [10, 77, 0, 100];
 
 /// One measured case: the case and the baseline, interleaved.
 struct Measured {
@@ -108,7 +109,7 @@ fn shuffled(n: usize) -> Vec<usize> {
 }
 
 /// An ACK (or SYN) from a distinct client per `i`: addresses 10.<base>.x.y, ports varied too.
-fn client_frame(base: u8, i: u32, dst: [u8; 4], flags: u8) -> Vec<u8> {
+pub(super) fn client_frame(base: u8, i: u32, dst: [u8; 4], flags: u8) -> Vec<u8> {
     ipv4_frame(
         [
             10,
@@ -122,7 +123,9 @@ fn client_frame(base: u8, i: u32, dst: [u8; 4], flags: u8) -> Vec<u8> {
     )
 }
 
-pub fn run() {
+/// The micro bench's data plane (production sizes, an IPv4 and an IPv6 VIP with three backends
+/// each, one established flow per family) and its single-frame cases, as (name, frame).
+pub(super) fn setup() -> (TestDataplane, Vec<(&'static str, Vec<u8>)>) {
     let vip: IpAddr = "10.77.0.100".parse().unwrap();
     let vip6: IpAddr = "fd77::100".parse().unwrap();
     let mut t = TestDataplane::with_conntrack(DEFAULT_TABLE_SIZE, DEFAULT_CONNTRACK_SIZE);
@@ -157,7 +160,7 @@ pub fn run() {
         ],
     })
     .unwrap();
-    let (c4, v4) = ([10, 77, 0, 1], [10, 77, 0, 100]);
+    let (c4, v4) = ([10, 77, 0, 1], VIP4);
     let (c6, v6) = (
         lb_userspace::dataplane::addr_bytes("fd77::1".parse().unwrap()).0,
         lb_userspace::dataplane::addr_bytes(vip6).0,
@@ -175,14 +178,7 @@ pub fn run() {
     )
     .unwrap();
 
-    let (repeat, rounds) = (1_000_000, 9);
-    let mut rows = Vec::new();
-    println!(
-        "{:<22} {:>10} {:>10} {:>9}   (range over rounds)",
-        "case", "ns/packet", "baseline", "x base"
-    );
-    let mut baselines = Vec::new();
-    let cases = [
+    let cases = vec![
         ("pass_non_vip", other),
         // A SYN takes the new-connection path: VIP lookup, flow hash, Maglev slot, and a
         // connection-table write (repeated on one 5-tuple: an update of the entry).
@@ -190,6 +186,19 @@ pub fn run() {
         ("tcp_established", ack),
         ("tcp6_established", ack6),
     ];
+    (t, cases)
+}
+
+pub fn run() {
+    let (mut t, cases) = setup();
+    let v4 = VIP4;
+    let (repeat, rounds) = (1_000_000, 9);
+    let mut rows = Vec::new();
+    println!(
+        "{:<22} {:>10} {:>10} {:>9}   (range over rounds)",
+        "case", "ns/packet", "baseline", "x base"
+    );
+    let mut baselines = Vec::new();
     for (name, frame) in cases {
         let m = abab(&mut t, &frame, repeat, rounds);
         m.print(name);

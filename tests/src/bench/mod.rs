@@ -4,6 +4,8 @@
 pub mod detect;
 pub mod e2e;
 pub mod failover;
+pub mod insns;
+mod interp;
 mod live;
 pub mod micro;
 pub mod table;
