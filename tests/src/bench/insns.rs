@@ -120,6 +120,22 @@ pub fn run() {
         lb.len(),
         baseline.len()
     );
+    // What the kernel made of them: after the verifier's rewrites, and JIT-compiled.
+    let mut kernel_sizes = serde_json::Map::new();
+    let mut loaded = super::throughput::BenchProgs::load_programs(&["lb_xdp", "lb_baseline"]);
+    for name in ["lb_xdp", "lb_baseline"] {
+        let info = loaded.prog(name).info().expect("program info");
+        let (xlated, jited) = (
+            info.size_translated().unwrap_or(0) / 8,
+            info.size_jitted(),
+        );
+        println!("{name}: {xlated} instructions after the verifier, {jited} bytes of machine code");
+        kernel_sizes.insert(
+            name.into(),
+            json!({"xlated_insns": xlated, "jited_bytes": jited}),
+        );
+    }
+    drop(loaded);
     println!(
         "{:<20} {:>6} {:>7} {:>6} {:>6} {:>6} {:>6} {:>6}  helper calls",
         "path", "insns", "in fns", "bytes", "st ld", "st st", "div64", "calls"
@@ -195,6 +211,7 @@ pub fn run() {
             "lb_xdp_static_insns": lb.len() - wide,
             "lb_baseline_static_insns": baseline.len(),
             "function_sizes": sizes,
+            "kernel_sizes": kernel_sizes,
             "paths": rows,
             "method": "compiled object as linked by aya-obj, interpreted on each frame against the real maps; verdict and output checked against BPF_PROG_TEST_RUN",
         }),

@@ -146,13 +146,18 @@ fn napi_threads() -> Vec<(i32, String)> {
 
 /// The bench programs (generator, sink, baseline), loaded from the same object as lb_xdp with
 /// maps of their own (pinned in a directory removed on drop, sized small).
-struct BenchProgs {
+pub(super) struct BenchProgs {
     ebpf: Ebpf,
     pin_dir: PathBuf,
 }
 
 impl BenchProgs {
     fn load() -> BenchProgs {
+        Self::load_programs(&["bench_gen", "bench_sink", "lb_baseline"])
+    }
+
+    /// Load `programs` of the object (verified by the kernel, not attached).
+    pub(super) fn load_programs(programs: &[&str]) -> BenchProgs {
         let pin_dir = PathBuf::from("/sys/fs/bpf").join(unique("lbtp"));
         std::fs::create_dir_all(&pin_dir).unwrap();
         let mut ebpf = EbpfLoader::new()
@@ -161,14 +166,14 @@ impl BenchProgs {
             .map_max_entries(maps::CONNTRACK, 1024)
             .load(lb_userspace::EBPF_OBJECT)
             .expect("load the XDP object for the bench programs");
-        for name in ["bench_gen", "bench_sink", "lb_baseline"] {
+        for name in programs {
             let p: &mut Xdp = ebpf.program_mut(name).unwrap().try_into().unwrap();
             p.load().unwrap_or_else(|e| panic!("load {name}: {e}"));
         }
         BenchProgs { ebpf, pin_dir }
     }
 
-    fn prog(&mut self, name: &str) -> &mut Xdp {
+    pub(super) fn prog(&mut self, name: &str) -> &mut Xdp {
         self.ebpf.program_mut(name).unwrap().try_into().unwrap()
     }
 
