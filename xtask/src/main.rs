@@ -53,6 +53,8 @@ const DEBIAN_PACKAGES: &[&str] = &[
     "haproxy",
     "wrk",
     "tcpdump",
+    // bench e2e (GRO for the owner-CPU phase, native mode) and bench throughput diagnostics.
+    "ethtool",
 ];
 
 fn root() -> PathBuf {

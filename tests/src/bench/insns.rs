@@ -125,10 +125,7 @@ pub fn run() {
     let mut loaded = super::throughput::BenchProgs::load_programs(&["lb_xdp", "lb_baseline"]);
     for name in ["lb_xdp", "lb_baseline"] {
         let info = loaded.prog(name).info().expect("program info");
-        let (xlated, jited) = (
-            info.size_translated().unwrap_or(0) / 8,
-            info.size_jitted(),
-        );
+        let (xlated, jited) = (info.size_translated().unwrap_or(0) / 8, info.size_jitted());
         println!("{name}: {xlated} instructions after the verifier, {jited} bytes of machine code");
         kernel_sizes.insert(
             name.into(),

@@ -3,6 +3,8 @@
 
 pub mod detect;
 pub mod e2e;
+mod e2e_owner;
+mod e2e_report;
 pub mod failover;
 pub mod insns;
 mod interp;

@@ -37,7 +37,7 @@ use super::{live, median, write_json};
 use crate::{
     TestDataplane, backend,
     frames::{ACK, SYN, ipv4_frame, tcp},
-    lab::{sh, try_sh},
+    lab::{sh, thread_cpu_seconds, threaded_napi, try_sh},
     unique,
 };
 
@@ -83,43 +83,6 @@ impl Wire {
         live::restore_netns(old).expect("return to the bench's namespace");
         r
     }
-
-    /// Threaded NAPI for `dev` (so its receive path runs in a kernel thread we can pin), and
-    /// that thread's pid if it could be found.
-    fn threaded_napi(ns: &str, dev: &str) -> Option<i32> {
-        let before = napi_threads();
-        let out = try_sh(&[
-            "ip",
-            "netns",
-            "exec",
-            ns,
-            "sh",
-            "-c",
-            &format!("echo 1 > /sys/class/net/{dev}/threaded"),
-        ]);
-        if !out.status.success() {
-            eprintln!(
-                "threaded NAPI on {dev} not available: {}",
-                String::from_utf8_lossy(&out.stderr).trim()
-            );
-            return None;
-        }
-        let start = Instant::now();
-        while start.elapsed() < Duration::from_secs(2) {
-            let new: Vec<i32> = napi_threads()
-                .into_iter()
-                .filter(|(pid, comm)| {
-                    comm.starts_with(&format!("napi/{dev}-")) && !before.iter().any(|b| b.0 == *pid)
-                })
-                .map(|(pid, _)| pid)
-                .collect();
-            if new.len() == 1 {
-                return Some(new[0]);
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        None
-    }
 }
 
 impl Drop for Wire {
@@ -127,21 +90,6 @@ impl Drop for Wire {
         let _ = try_sh(&["ip", "netns", "del", &self.gen_ns]);
         let _ = try_sh(&["ip", "netns", "del", &self.lb_ns]);
     }
-}
-
-/// Kernel threads named napi/... : (pid, name).
-fn napi_threads() -> Vec<(i32, String)> {
-    let Ok(dir) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    dir.filter_map(|e| {
-        let e = e.ok()?;
-        let pid: i32 = e.file_name().to_str()?.parse().ok()?;
-        let comm = std::fs::read_to_string(e.path().join("comm")).ok()?;
-        comm.starts_with("napi/")
-            .then(|| (pid, comm.trim().to_string()))
-    })
-    .collect()
 }
 
 /// The bench programs (generator, sink, baseline), loaded from the same object as lb_xdp with
@@ -290,8 +238,8 @@ pub fn run() {
 
     let gen_cpu = 0;
     let lb_cpu = if cpus > 1 { 1 } else { 0 };
-    let lb_napi = Wire::threaded_napi(&wire.lb_ns, LB_IF);
-    let sink_napi = Wire::threaded_napi(&wire.gen_ns, GEN_IF);
+    let lb_napi = threaded_napi(&wire.lb_ns, LB_IF);
+    let sink_napi = threaded_napi(&wire.gen_ns, GEN_IF);
     let pinned = match (lb_napi, sink_napi) {
         (Some(l), Some(s)) if cpus > 1 => {
             // Real-time priority: the other work on this machine (builds) must not time-slice
@@ -393,7 +341,7 @@ pub fn run() {
             };
             let before = counted(&t, &progs);
             let misses_before = stat_value(&t, stat::CONNTRACK_MISS);
-            let busy_before = lb_napi.map(cpu_seconds);
+            let busy_before = lb_napi.map(thread_cpu_seconds);
             let (sent, elapsed) = generate(&gen_ns, gen_fd, &case.frame, secs, gen_cpu);
             // Frames still in the veth's ring land within microseconds.
             std::thread::sleep(Duration::from_millis(20));
@@ -419,7 +367,7 @@ pub fn run() {
             // generator shares its CPU with other work, so the LB thread idles between bursts;
             // its CPU time, not the wall clock, is what the forwarding cost.
             let busy = match (lb_napi, busy_before) {
-                (Some(pid), Some(b)) if pinned => Some((cpu_seconds(pid) - b) / elapsed),
+                (Some(pid), Some(b)) if pinned => Some((thread_cpu_seconds(pid) - b) / elapsed),
                 _ => None,
             };
             case.lb_busy.extend(busy);
@@ -500,15 +448,6 @@ pub fn run() {
         "mpps_is_per_lb_core": per_core,
     });
     write_json("throughput", &doc);
-}
-
-/// Time thread `pid` has spent on a CPU so far, in seconds (/proc/PID/schedstat, in ns).
-fn cpu_seconds(pid: i32) -> f64 {
-    std::fs::read_to_string(format!("/proc/{pid}/schedstat"))
-        .ok()
-        .and_then(|s| s.split_whitespace().next()?.parse::<u64>().ok())
-        .unwrap_or(0) as f64
-        / 1e9
 }
 
 fn stat_value(t: &TestDataplane, index: u32) -> u64 {
