@@ -13,6 +13,7 @@
 #![no_main]
 
 mod maps;
+mod bench_progs;
 mod packet;
 
 use aya_ebpf::{

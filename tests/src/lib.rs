@@ -37,11 +37,17 @@ pub struct TestDataplane {
 
 impl TestDataplane {
     pub fn new(table_size: u32) -> Self {
+        Self::with_conntrack(table_size, 4096)
+    }
+
+    /// Like [`TestDataplane::new`] with a connection table of `conntrack_size` entries
+    /// (benchmarks use the production default, `lb_common::DEFAULT_CONNTRACK_SIZE`).
+    pub fn with_conntrack(table_size: u32, conntrack_size: u32) -> Self {
         let opts = LoadOptions {
             name: unique("lbt"),
             bpffs_root: PathBuf::from("/sys/fs/bpf"),
             table_size,
-            conntrack_size: 4096,
+            conntrack_size,
             hash_seed: 0x1b_5eed,
         };
         let dp = Dataplane::load(opts.clone())

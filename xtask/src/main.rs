@@ -46,7 +46,7 @@ enum Cmd {
     },
     /// Setup, build (release), and run benchmarks; JSON under target/bench/.
     Bench {
-        /// micro | table | failover | detect | e2e | all
+        /// micro | throughput | table | failover | detect | e2e | insns | all
         #[arg(default_value = "micro")]
         part: String,
     },
@@ -63,6 +63,8 @@ const DEBIAN_PACKAGES: &[&str] = &[
     "haproxy",
     "wrk",
     "tcpdump",
+    // bench e2e (GRO for the owner-CPU phase, native mode) and bench throughput diagnostics.
+    "ethtool",
 ];
 
 fn root() -> PathBuf {
