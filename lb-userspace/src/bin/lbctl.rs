@@ -55,6 +55,17 @@ enum Cmd {
         /// Cluster name (as in install-config's metadata.name).
         cluster_name: String,
     },
+    /// Write every node's lbd.toml (DIR/<node>.toml) from one cluster description: OpenShift's
+    /// VRIDs, priorities and tracked checks, unicast peers. Validated like lbd's config; nothing
+    /// is written unless every node's config is valid. No lbd needed.
+    Render {
+        /// The cluster description (TOML); see docs/rendering.md.
+        #[arg(long)]
+        cluster: PathBuf,
+        /// Output directory (created if missing).
+        #[arg(long)]
+        out: PathBuf,
+    },
     /// Print shell completions.
     Completions { shell: clap_complete::Shell },
 }
@@ -371,6 +382,50 @@ async fn run(cli: Cli) -> Result<()> {
                 );
             } else {
                 println!("cluster {cluster_name}: api VRID {api}, ingress VRID {ingress}");
+            }
+        }
+        Cmd::Render { cluster, out } => {
+            use lb_userspace::render::{ClusterSpec, to_toml};
+            let spec = ClusterSpec::load(&cluster)
+                .map_err(|e| anyhow::anyhow!("{}: {e}", cluster.display()))?;
+            let rendered = spec
+                .render()
+                .map_err(|e| anyhow::anyhow!("{}: {e}", cluster.display()))?;
+            std::fs::create_dir_all(&out)
+                .map_err(|e| anyhow::anyhow!("create {}: {e}", out.display()))?;
+            let (api, ingress) = spec.vrids();
+            let mut rows = Vec::new();
+            for r in &rendered {
+                let path = out.join(format!("{}.toml", r.node));
+                std::fs::write(&path, to_toml(&spec.name, r))
+                    .map_err(|e| anyhow::anyhow!("write {}: {e}", path.display()))?;
+                rows.push(serde_json::json!({
+                    "node": r.node,
+                    "path": path,
+                    "vips": r.config.vips.iter().map(|v| v.name.clone()).collect::<Vec<_>>(),
+                }));
+            }
+            if json {
+                print_json(&serde_json::json!({
+                    "cluster": spec.name, "api_vrid": api, "ingress_vrid": ingress, "nodes": rows,
+                }));
+            } else {
+                println!(
+                    "cluster {}: api VRID {api}, ingress VRID {ingress}",
+                    spec.name
+                );
+                table(
+                    &["NODE", "VIPS", "CONFIG"],
+                    rows.iter()
+                        .map(|r| {
+                            let vips: Vec<&str> = r["vips"]
+                                .as_array()
+                                .map(|a| a.iter().filter_map(|v| v.as_str()).collect())
+                                .unwrap_or_default();
+                            vec![s(r, "node"), vips.join(","), s(r, "path")]
+                        })
+                        .collect(),
+                );
             }
         }
         Cmd::Completions { shell } => {
