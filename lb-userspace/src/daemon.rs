@@ -180,7 +180,12 @@ pub struct Daemon {
     netlink: Netlink,
     started: SystemTime,
     ready: std::sync::atomic::AtomicBool,
+    /// When the main loop last ran (ms since `started`): /healthz fails when it is stale.
+    last_tick_ms: std::sync::atomic::AtomicU64,
 }
+
+/// The main loop ticks every second; this long without a tick means lbd is wedged.
+const LIVENESS_STALE: Duration = Duration::from_secs(10);
 
 impl Daemon {
     /// Load the program, adopt or create pinned state, attach, and apply the config once.
@@ -224,6 +229,7 @@ impl Daemon {
             tracks: Mutex::new(std::collections::HashMap::new()),
             started: SystemTime::now(),
             ready: false.into(),
+            last_tick_ms: 0.into(),
         });
         daemon.refresh().await?;
         daemon
@@ -648,6 +654,24 @@ impl Daemon {
         }))
     }
 
+    fn elapsed_ms(&self) -> u64 {
+        self.started
+            .elapsed()
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or(0)
+    }
+
+    /// The main loop is alive: called on every tick.
+    pub fn tick(&self) {
+        self.last_tick_ms
+            .store(self.elapsed_ms(), std::sync::atomic::Ordering::Relaxed);
+    }
+
+    fn since_tick(&self) -> Duration {
+        let last = self.last_tick_ms.load(std::sync::atomic::Ordering::Relaxed);
+        Duration::from_millis(self.elapsed_ms().saturating_sub(last))
+    }
+
     async fn metrics(&self) -> Result<String> {
         let stats = self.stats().await?;
         let backends = self.backends().await?;
@@ -732,7 +756,14 @@ impl api::Handler for Daemon {
                     Ok(()) => Response::json(&serde_json::json!({"reloaded": true})),
                     Err(e) => Response::error(422, format!("{e:#}")),
                 },
-                Request::Healthz => Response::text(200, "ok\n".into()),
+                Request::Healthz => {
+                    let age = self.since_tick();
+                    if age > LIVENESS_STALE {
+                        Response::text(503, format!("main loop stalled for {age:?}\n"))
+                    } else {
+                        Response::text(200, "ok\n".into())
+                    }
+                }
                 Request::Readyz => {
                     if self.ready.load(std::sync::atomic::Ordering::SeqCst) {
                         Response::text(200, "ready\n".into())
@@ -788,6 +819,7 @@ pub async fn run(config_path: PathBuf) -> Result<()> {
                 }
             }
             _ = tick.tick() => {
+                daemon.tick();
                 if let Err(e) = daemon.refresh().await { tracing::warn!(error = %format!("{e:#}"), "refresh"); }
             }
             _ = hup.recv() => { let _ = daemon.reload_all().await; }

@@ -6,6 +6,7 @@ pub mod cluster;
 pub mod dsr;
 pub mod frames;
 pub mod lab;
+pub mod pods;
 pub mod vrrp_lab;
 
 use std::{
