@@ -273,16 +273,42 @@ pub async fn serve_tcp_on<H: Handler>(
 /// The client `lbctl` uses.
 pub struct Client {
     socket: std::path::PathBuf,
+    timeout: std::time::Duration,
 }
 
 impl Client {
+    /// A client whose calls give up after 5 s.
     pub fn new(socket: impl Into<std::path::PathBuf>) -> Self {
         Client {
             socket: socket.into(),
+            timeout: std::time::Duration::from_secs(5),
         }
     }
 
+    /// Give up on a call (connect, request and answer) after `timeout`: a wedged lbd that
+    /// accepts connections but never answers must not hang lbctl or a probe.
+    pub fn with_timeout(mut self, timeout: std::time::Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
     pub async fn call(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<String>,
+    ) -> Result<serde_json::Value> {
+        match tokio::time::timeout(self.timeout, self.call_inner(method, path, body)).await {
+            Ok(r) => r,
+            Err(_) => bail!(
+                "lbd at {} did not answer {path} within {:?} (is it wedged? see its log; --timeout sets the limit)",
+                self.socket.display(),
+                self.timeout
+            ),
+        }
+    }
+
+    async fn call_inner(
         &self,
         method: Method,
         path: &str,
@@ -316,7 +342,7 @@ impl Client {
                 .unwrap_or(text);
             bail!("lbd answered {status}: {msg}");
         }
-        if path == "/metrics" {
+        if matches!(path, "/metrics" | "/healthz" | "/readyz") {
             return Ok(serde_json::Value::String(text));
         }
         serde_json::from_str(&text).with_context(|| format!("lbd's answer to {path} is not JSON"))

@@ -192,7 +192,12 @@ pub struct Daemon {
     attached: std::sync::atomic::AtomicBool,
     /// `start_vrrp` has run: every configured instance should be running.
     vrrp_started: std::sync::atomic::AtomicBool,
+    /// When the main loop last ran (ms since `started`): /healthz fails when it is stale.
+    last_tick_ms: std::sync::atomic::AtomicU64,
 }
+
+/// The main loop ticks every second; this long without a tick means lbd is wedged.
+const LIVENESS_STALE: Duration = Duration::from_secs(10);
 
 impl Daemon {
     /// Load the program, adopt or create pinned state, attach, and apply the config once.
@@ -246,6 +251,7 @@ impl Daemon {
             supervisor: Arc::default(),
             attached: true.into(),
             vrrp_started: false.into(),
+            last_tick_ms: 0.into(),
         });
         daemon.refresh().await?;
         daemon
@@ -618,6 +624,24 @@ impl Daemon {
         }))
     }
 
+    fn elapsed_ms(&self) -> u64 {
+        self.started
+            .elapsed()
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or(0)
+    }
+
+    /// The main loop is alive: called on every tick.
+    pub fn tick(&self) {
+        self.last_tick_ms
+            .store(self.elapsed_ms(), std::sync::atomic::Ordering::Relaxed);
+    }
+
+    fn since_tick(&self) -> Duration {
+        let last = self.last_tick_ms.load(std::sync::atomic::Ordering::Relaxed);
+        Duration::from_millis(self.elapsed_ms().saturating_sub(last))
+    }
+
     async fn metrics(&self) -> Result<String> {
         let stats = self.stats().await?;
         let backends = self.backends().await?;
@@ -685,8 +709,13 @@ impl api::Handler for Daemon {
                     Err(e) => Response::error(422, format!("{e:#}")),
                 },
                 Request::Healthz => {
-                    let (status, text) = self.healthz();
-                    Response::text(status, text)
+                    let age = self.since_tick();
+                    if age > LIVENESS_STALE {
+                        Response::text(503, format!("main loop stalled for {age:?}\n"))
+                    } else {
+                        let (status, text) = self.healthz();
+                        Response::text(status, text)
+                    }
                 }
                 Request::Readyz => {
                     let (status, text) = self.readyz().await;
@@ -742,6 +771,7 @@ pub async fn run(config_path: PathBuf) -> Result<()> {
                 }
             }
             _ = tick.tick() => {
+                daemon.tick();
                 if let Err(e) = daemon.refresh().await { tracing::warn!(error = %format!("{e:#}"), "refresh"); }
                 daemon.check_vrrp_tasks().await;
             }

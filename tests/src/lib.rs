@@ -7,6 +7,7 @@ pub mod dsr;
 pub mod frames;
 pub mod lab;
 pub mod strict;
+pub mod pods;
 pub mod vrrp_lab;
 pub mod xdp_fuzz;
 

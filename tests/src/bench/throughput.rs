@@ -200,6 +200,7 @@ pub fn run() {
                 backend("10.77.0.13", 13),
             ],
         }],
+        ..Default::default()
     })
     .unwrap();
     let client = [10, 200, 0, 1];
