@@ -98,6 +98,12 @@ pub struct Config {
     /// VIP on `lo` (never announced) and sets `arp_ignore=1`, `arp_announce=2`.
     #[serde(default = "default_true")]
     pub dsr_backend: bool,
+    /// After this node stops being a VIP's VRRP master (lbd stopping, a tracked check failing,
+    /// preemption), it keeps forwarding the VIP's packets that still reach it for this long, so
+    /// connections survive until clients' ARP/ND caches take the new owner (0 turns it off). On
+    /// SIGTERM lbd stays alive through it. See docs/operations.md.
+    #[serde(default = "default_handover_grace_ms")]
+    pub handover_grace_ms: u64,
 }
 
 /// A tracked local check: while it passes, `weight` is added to the instance's priority.
@@ -162,6 +168,9 @@ fn default_table_size() -> u32 {
 }
 fn default_conntrack_size() -> u32 {
     lb_common::DEFAULT_CONNTRACK_SIZE
+}
+fn default_handover_grace_ms() -> u64 {
+    crate::handover::DEFAULT_GRACE.as_millis() as u64
 }
 fn default_protocol() -> Protocol {
     Protocol::Tcp
@@ -232,6 +241,15 @@ impl Config {
         }
         if self.conntrack_size < 1024 {
             return Err(invalid("conntrack_size", "must be at least 1024"));
+        }
+        if self.handover_grace_ms > 60_000 {
+            return Err(invalid(
+                "handover_grace_ms",
+                format!(
+                    "must be at most 60000 (a minute), got {}",
+                    self.handover_grace_ms
+                ),
+            ));
         }
         let services = self.services();
         if services.len() > lb_common::MAX_VIPS as usize {
