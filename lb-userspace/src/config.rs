@@ -104,6 +104,11 @@ pub struct Config {
     /// SIGTERM lbd stays alive through it. See docs/operations.md.
     #[serde(default = "default_handover_grace_ms")]
     pub handover_grace_ms: u64,
+    /// SYN flood mode: above this many new connections per second on one CPU, SYNs stop
+    /// writing connection-table entries (the handshake's ACK does), so a spoofed flood cannot
+    /// push established flows out of the table. 0 turns it off. See docs/architecture.md.
+    #[serde(default = "default_syn_flood_rate")]
+    pub syn_flood_rate: u32,
 }
 
 /// A tracked local check: while it passes, `weight` is added to the instance's priority.
@@ -168,6 +173,9 @@ fn default_table_size() -> u32 {
 }
 fn default_conntrack_size() -> u32 {
     lb_common::DEFAULT_CONNTRACK_SIZE
+}
+fn default_syn_flood_rate() -> u32 {
+    lb_common::DEFAULT_SYN_FLOOD_RATE
 }
 fn default_handover_grace_ms() -> u64 {
     crate::handover::DEFAULT_GRACE.as_millis() as u64

@@ -110,6 +110,7 @@ pub fn load_options(cfg: &Config) -> LoadOptions {
         table_size: cfg.table_size,
         conntrack_size: cfg.conntrack_size,
         hash_seed: cfg.hash_seed,
+        syn_flood_rate: cfg.syn_flood_rate,
     }
 }
 
@@ -707,6 +708,7 @@ impl Daemon {
             "uptime_s": self.started.elapsed().map(|d| d.as_secs()).unwrap_or(0),
             "conntrack_entries": g.dp.conntrack_entries(),
             "conntrack_size": g.cfg.conntrack_size,
+            "syn_flood": g.dp.flood_status()?,
             "table_size": g.cfg.table_size,
             "reloads": g.reloads,
             "reload_failures": g.reload_failures,
@@ -732,6 +734,7 @@ fn check_reloadable(old: &Config, new: &Config) -> Result<()> {
         ("table_size", old.table_size != new.table_size),
         ("conntrack_size", old.conntrack_size != new.conntrack_size),
         ("hash_seed", old.hash_seed != new.hash_seed),
+        ("syn_flood_rate", old.syn_flood_rate != new.syn_flood_rate),
         ("api_socket", old.api_socket != new.api_socket),
     ];
     for (field, changed) in fields {

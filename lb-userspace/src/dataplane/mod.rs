@@ -133,12 +133,24 @@ pub struct LoadOptions {
     pub table_size: u32,
     pub conntrack_size: u32,
     pub hash_seed: u32,
+    /// `LbConfig::syn_flood_rate`.
+    pub syn_flood_rate: u32,
 }
 
 impl LoadOptions {
     pub fn pin_dir(&self) -> PathBuf {
         self.bpffs_root.join(&self.name)
     }
+}
+
+/// The SYN flood view of `lbctl stats`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct FloodStatus {
+    pub new_connections_per_s: u64,
+    pub conntrack_size: u32,
+    pub threshold_per_cpu: u32,
+    /// Flood mode holds on some CPU: SYNs do not write entries.
+    pub active: bool,
 }
 
 /// Counters of one service or backend, summed over CPUs.
@@ -182,6 +194,7 @@ pub struct Dataplane {
     vip_owned: Array<MapData, u32>,
     peers: BpfHashMap<MapData, [u8; 8], u32>,
     backend_stats: PerCpuArray<MapData, Counters>,
+    flood: PerCpuArray<MapData, lb_common::FloodState>,
     tables: TableMemory,
     _tables_map: MapData,
     logger: Option<aya_log::EbpfLogger<&'static dyn log::Log>>,
@@ -253,6 +266,7 @@ impl Dataplane {
             vip_stats: take(&mut ebpf, maps::VIP_STATS)?,
             vip_owned: take(&mut ebpf, maps::VIP_OWNED)?,
             peers: take(&mut ebpf, maps::PEERS)?,
+            flood: take(&mut ebpf, maps::FLOOD)?,
             backend_stats: take(&mut ebpf, maps::BACKEND_STATS)?,
             ebpf,
             tables,
@@ -269,6 +283,7 @@ impl Dataplane {
         let cfg = LbConfig {
             hash_seed: dp.opts.hash_seed,
             table_size: dp.opts.table_size,
+            syn_flood_rate: dp.opts.syn_flood_rate,
             ..old
         };
         if old.table_size != 0 && (old.hash_seed, old.table_size) != (cfg.hash_seed, cfg.table_size)
@@ -825,6 +840,37 @@ impl Dataplane {
         Self::sum(&self.backend_stats, backend_id)
     }
 
+    /// New connections per second (SYNs to owned VIPs, summed over CPUs, from the last full
+    /// 100 ms window) against the connection table's size, and whether flood mode holds on any
+    /// CPU now.
+    pub fn flood_status(&self) -> Result<FloodStatus> {
+        let per_cpu = self.flood.get(&0, 0)?;
+        let mut ts: libc::timespec = unsafe { std::mem::zeroed() };
+        // bpf_ktime_get_ns is CLOCK_MONOTONIC.
+        unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+        let now = ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64;
+        let window = lb_common::FLOOD_WINDOW_NS;
+        let mut rate = 0u64;
+        let mut flooding = false;
+        for s in per_cpu.iter() {
+            let age = now.saturating_sub(s.window_start);
+            // A window is only current if it started within the last two windows.
+            let n = match age {
+                a if a < window => s.last_count,
+                a if a < 2 * window => s.count,
+                _ => 0,
+            };
+            rate += n as u64 * (1_000_000_000 / window);
+            flooding |= now < s.flood_until;
+        }
+        Ok(FloodStatus {
+            new_connections_per_s: rate,
+            conntrack_size: self.opts.conntrack_size,
+            threshold_per_cpu: self.opts.syn_flood_rate,
+            active: flooding,
+        })
+    }
+
     /// Entries in the connection table (walks the map: for status, not for hot paths).
     pub fn conntrack_entries(&self) -> usize {
         self.conntrack.keys().filter(|k| k.is_ok()).count()
@@ -882,6 +928,7 @@ fn map_shapes(table_entries: u32, conntrack: u32) -> Vec<Shape> {
         shape(maps::STATS, 4, 8 * stat::COUNT as usize, None),
         shape(maps::VIP_STATS, 4, size_of::<Counters>(), None),
         shape(maps::BACKEND_STATS, 4, size_of::<Counters>(), None),
+        shape(maps::FLOOD, 4, size_of::<lb_common::FloodState>(), None),
     ]
 }
 
