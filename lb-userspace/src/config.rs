@@ -461,6 +461,8 @@ weight = 2
         assert!(c.vips[0].owned);
         assert_eq!(c.vips[0].backends[1].weight, 2);
         assert_eq!(c.services(), vec![(0, 6443), (0, 22623)]);
+        assert_eq!(c.handover_grace_ms, 2000);
+        assert_eq!(c.syn_flood_rate, lb_common::DEFAULT_SYN_FLOOD_RATE);
     }
 
     #[test]
@@ -477,6 +479,9 @@ weight = 2
         assert!(e.starts_with("vips[0].ports[0]:"), "{e}");
         let e = err(&GOOD.replace("name = \"api\"", "name = \"api\"\nvrrp = \"nope\""));
         assert!(e.starts_with("vips[0].vrrp:"), "{e}");
+        let e = err(&format!("handover_grace_ms = 600000\n{GOOD}"));
+        assert!(e.starts_with("handover_grace_ms:"), "{e}");
+        assert!(Config::parse(&format!("handover_grace_ms = 0\n{GOOD}")).is_ok());
     }
 
     #[test]
