@@ -21,6 +21,7 @@ use crate::{
     api::{self, Request, Response},
     config::Config,
     dataplane::{Dataplane, LoadOptions, vip_key},
+    handover::Handover,
     health::{CheckKind, Health, HealthEvent, HealthMonitor, Target},
     metrics,
     netlink::{self, Netlink},
@@ -113,6 +114,7 @@ pub fn load_options(cfg: &Config) -> LoadOptions {
         table_size: cfg.table_size,
         conntrack_size: cfg.conntrack_size,
         hash_seed: cfg.hash_seed,
+        syn_flood_rate: cfg.syn_flood_rate,
     }
 }
 
@@ -307,21 +309,43 @@ impl Daemon {
             .with_context(|| format!("start VRRP instance {}", r.name))?;
         let mut owned = instance.ownership();
         let (d, name) = (self.clone(), r.name.clone());
+        let grace = Duration::from_millis(self.config().await.handover_grace_ms);
         tokio::spawn(async move {
+            // Mastership drives forwarding, through the handover grace (see `handover`).
+            let mut handover = Handover::new(grace);
+            let mut f = handover.observe(*owned.borrow_and_update(), Instant::now());
+            let mut alive = true;
             loop {
-                let master = *owned.borrow_and_update();
-                tracing::info!(instance = %name, master, "VRRP ownership");
+                tracing::info!(instance = %name, master = *owned.borrow(), forward = f.forward, grace_until = ?f.until, "VRRP ownership");
                 if let Err(e) = d
-                    .update_facts(|f| {
-                        f.vrrp_master.insert(name.clone(), master);
+                    .update_facts(|facts| {
+                        facts.vrrp_master.insert(name.clone(), f.forward);
                     })
                     .await
                 {
                     tracing::error!(error = %format!("{e:#}"), "applying VRRP ownership");
                 }
-                if owned.changed().await.is_err() {
-                    break;
-                }
+                f = match (f.until, alive) {
+                    (Some(until), true) => tokio::select! {
+                        r = owned.changed() => {
+                            alive = r.is_ok();
+                            handover.observe(*owned.borrow_and_update(), Instant::now())
+                        }
+                        _ = tokio::time::sleep_until(until.into()) => handover.at(Instant::now()),
+                    },
+                    // The instance is gone (lbd stopping): finish the grace, then stop.
+                    (Some(until), false) => {
+                        tokio::time::sleep_until(until.into()).await;
+                        handover.at(Instant::now())
+                    }
+                    (None, true) => {
+                        if owned.changed().await.is_err() {
+                            break;
+                        }
+                        handover.observe(*owned.borrow_and_update(), Instant::now())
+                    }
+                    (None, false) => break,
+                };
             }
         });
         self.vrrp.lock().await.push(VrrpHandle {
@@ -365,10 +389,29 @@ impl Daemon {
 
     /// Stop every VRRP instance gracefully (priority-0 adverts, VIPs removed) and stop
     /// forwarding for their VIPs.
+    /// An instance that was master keeps forwarding through the handover grace
+    /// (`handover_grace_ms`) before lbd exits: clients that have not yet learnt the new owner
+    /// keep their connections.
     pub async fn stop_vrrp(&self) {
         let handles = std::mem::take(&mut *self.vrrp.lock().await);
+        let forwarding = self
+            .inner
+            .lock()
+            .await
+            .facts
+            .vrrp_master
+            .values()
+            .any(|m| *m);
         for h in handles {
             h.instance.shutdown().await;
+        }
+        if forwarding {
+            let grace = Duration::from_millis(self.config().await.handover_grace_ms);
+            tracing::info!(
+                ?grace,
+                "handover: forwarding for the new owner's clients until the grace ends"
+            );
+            tokio::time::sleep(grace).await;
         }
         let _ = self.update_facts(|f| f.vrrp_master.clear()).await;
     }
@@ -616,6 +659,7 @@ impl Daemon {
             "uptime_s": self.started.elapsed().map(|d| d.as_secs()).unwrap_or(0),
             "conntrack_entries": g.dp.conntrack_entries(),
             "conntrack_size": g.cfg.conntrack_size,
+            "syn_flood": g.dp.flood_status()?,
             "table_size": g.cfg.table_size,
             "reloads": g.reloads,
             "reload_failures": g.reload_failures,

@@ -50,6 +50,7 @@ impl TestDataplane {
             table_size,
             conntrack_size,
             hash_seed: 0x1b_5eed,
+            syn_flood_rate: lb_common::DEFAULT_SYN_FLOOD_RATE,
         };
         let dp = Dataplane::load(opts.clone())
             .expect("load the XDP program (needs root and `cargo xtask setup`)");
