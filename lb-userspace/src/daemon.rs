@@ -14,6 +14,7 @@ use serde::Serialize;
 use tokio::sync::Mutex;
 
 mod churn;
+mod conntrack;
 mod reload;
 mod supervise;
 
@@ -192,6 +193,8 @@ pub struct Daemon {
     attached: std::sync::atomic::AtomicBool,
     /// `start_vrrp` has run: every configured instance should be running.
     vrrp_started: std::sync::atomic::AtomicBool,
+    /// The connection table's size, counted in the background (never under `inner`).
+    conntrack: Arc<conntrack::ConntrackCount>,
 }
 
 impl Daemon {
@@ -215,6 +218,11 @@ impl Daemon {
         let mut dp = Dataplane::load(load_options(&cfg))?;
         dp.attach(&cfg.interface, cfg.xdp_mode)?;
         dp.spawn_log_reader()?;
+        let conntrack = conntrack::spawn_counter(
+            load_options(&cfg)
+                .pin_dir()
+                .join(lb_common::maps::CONNTRACK),
+        );
         let up = adopted_up(&cfg, &dp);
         let drained = adopted_drained(&cfg, &dp);
         let (health, events) = HealthMonitor::start(health_targets(&cfg, &up));
@@ -246,6 +254,7 @@ impl Daemon {
             supervisor: Arc::default(),
             attached: true.into(),
             vrrp_started: false.into(),
+            conntrack,
         });
         daemon.refresh().await?;
         daemon
@@ -583,7 +592,8 @@ impl Daemon {
         Ok(serde_json::json!({
             "interface": g.cfg.interface,
             "uptime_s": self.started.elapsed().map(|d| d.as_secs()).unwrap_or(0),
-            "conntrack_entries": g.dp.conntrack_entries(),
+            "conntrack_entries": self.conntrack.entries(),
+            "conntrack_count": self.conntrack.snapshot(),
             "conntrack_size": g.cfg.conntrack_size,
             "table_size": g.cfg.table_size,
             "reloads": g.reloads,

@@ -7,6 +7,7 @@ pub mod dsr;
 pub mod frames;
 pub mod lab;
 pub mod vrrp_lab;
+pub mod vrrp_send;
 
 use std::{
     net::IpAddr,

@@ -39,6 +39,12 @@ pub struct NodeOpts {
     pub keepalived: bool,
     /// The VIP this node's instance carries, if not the lab's (a VRID collision).
     pub vip: Option<&'static str>,
+    /// lbd: a VRRPv3 instance that also speaks VRRPv2 (a version migration).
+    pub v2_compat: bool,
+    /// lbd: top-level config lines put before everything else.
+    pub top: String,
+    /// lbd: lines appended to the `[[vrrp]]` entry.
+    pub vrrp_extra: String,
 }
 
 impl Default for NodeOpts {
@@ -53,6 +59,9 @@ impl Default for NodeOpts {
             auth_pass: None,
             keepalived: false,
             vip: None,
+            v2_compat: false,
+            top: String::new(),
+            vrrp_extra: String::new(),
         }
     }
 }
@@ -203,7 +212,8 @@ impl VrrpLab {
     pub fn config(&self, i: usize) -> String {
         let o = &self.opts[i];
         let vip = self.node_vip(i);
-        let mut c = format!(
+        let mut c = o.top.clone();
+        c += &format!(
             "interface = \"eth0\"\nname = \"{}\"\napi_socket = \"{}\"\nxdp_mode = \"skb\"\n",
             self.pin_name(i),
             self.socket(i)
@@ -221,6 +231,10 @@ impl VrrpLab {
         if let Some(p) = &o.auth_pass {
             c += &format!("auth_pass = \"{p}\"\n");
         }
+        if o.v2_compat {
+            c += "v2_compat = true\n";
+        }
+        c += &o.vrrp_extra;
         if o.unicast {
             let peers: Vec<String> = self.peers(i).iter().map(|p| format!("\"{p}\"")).collect();
             c += &format!(
@@ -362,6 +376,19 @@ impl VrrpLab {
                 self.keepalived_child(i).is_none().then_some(())
             });
         }
+    }
+
+    /// CPU time (user + system, seconds) node `i`'s speaker has used so far.
+    pub fn cpu_seconds(&self, i: usize) -> Option<f64> {
+        let pid = self.lab.pid(&self.tag(i))?;
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        // Fields after the command name (which may hold spaces): utime is the 12th, stime 13th.
+        let rest = &stat[stat.rfind(')')? + 2..];
+        let f: Vec<&str> = rest.split(' ').collect();
+        let ticks: u64 = f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?;
+        // SAFETY: sysconf has no preconditions.
+        let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+        Some(ticks as f64 / hz)
     }
 
     /// Send `signal` to node `i`'s speaker without waiting; the unix time in ms it was sent.
