@@ -15,6 +15,7 @@ use tokio::sync::Mutex;
 
 mod churn;
 mod conntrack;
+mod fate;
 mod reload;
 mod supervise;
 
@@ -305,9 +306,10 @@ impl Daemon {
     }
 
     async fn spawn_instance(self: &Arc<Self>, r: InstanceConfig, interface: &str) -> Result<()> {
-        let instance = Instance::spawn(r.clone(), interface, self.netlink.handle().clone())
+        let mut instance = Instance::spawn(r.clone(), interface, self.netlink.handle().clone())
             .await
             .with_context(|| format!("start VRRP instance {}", r.name))?;
+        self.watch_peer_failures(&mut instance, &r.name);
         let mut owned = instance.ownership();
         let (d, name) = (self.clone(), r.name.clone());
         tokio::spawn(async move {

@@ -108,6 +108,7 @@ pub struct Instance {
     commands: mpsc::Sender<Command>,
     status: Arc<Mutex<InstanceStatus>>,
     owned: watch::Receiver<bool>,
+    peer_failures: Option<mpsc::UnboundedReceiver<IpAddr>>,
     task: JoinHandle<()>,
 }
 
@@ -177,6 +178,7 @@ impl Instance {
         }));
         let (commands, rx) = mpsc::channel(16);
         let (owned_tx, owned) = watch::channel(false);
+        let (peer_failed, peer_failures) = mpsc::unbounded_channel();
         let runner = Runner {
             policy: policy(&cfg),
             cfg,
@@ -196,12 +198,14 @@ impl Instance {
             next_garp: None,
             status: status.clone(),
             owned: owned_tx,
+            peer_failed,
         };
         let task = tokio::spawn(runner.run(rx));
         Ok(Instance {
             commands,
             status,
             owned,
+            peer_failures: Some(peer_failures),
             task,
         })
     }
@@ -224,6 +228,13 @@ impl Instance {
     /// effective priority becomes base + weights, clamped to 1..=254 (255 stays 255).
     pub async fn set_track_weight(&self, weight: i32) {
         let _ = self.commands.send(Command::TrackWeight(weight)).await;
+    }
+
+    /// The addresses of masters that died: we took over because our master-down timer expired
+    /// (not because one resigned). The daemon takes their backends out at once (fate sharing).
+    /// Can be taken once.
+    pub fn take_peer_failures(&mut self) -> Option<mpsc::UnboundedReceiver<IpAddr>> {
+        self.peer_failures.take()
     }
 
     /// Apply a reload that changed only in-place fields: no resignation, the VIPs stay.
@@ -293,6 +304,7 @@ struct Runner {
     next_garp: Option<Instant>,
     status: Arc<Mutex<InstanceStatus>>,
     owned: watch::Sender<bool>,
+    peer_failed: mpsc::UnboundedSender<IpAddr>,
 }
 
 fn unix_ms() -> u64 {
@@ -500,7 +512,15 @@ impl Runner {
 
     /// Feed one event to the machine and carry out its output.
     async fn step(&mut self, event: Event) {
+        let was_master = self.machine.master_addr();
         let out = self.machine.handle(self.now(), event);
+        if let Some(t) = out.transition
+            && t.to == State::Master
+            && t.reason == state::REASON_MASTER_DOWN
+            && let Some(dead) = was_master.filter(|m| *m != self.socket.src())
+        {
+            let _ = self.peer_failed.send(dead);
+        }
         self.carry_out(out).await;
     }
 

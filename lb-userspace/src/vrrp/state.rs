@@ -14,6 +14,9 @@ use serde::Serialize;
 /// A point in time: the duration since an epoch the caller chooses (e.g. its start).
 pub type Time = Duration;
 
+/// The transition reason when the master went silent (it died, or we lost it).
+pub const REASON_MASTER_DOWN: &str = "master down timer expired";
+
 /// Immediate answers to conflicting adverts are at least this fraction of our interval apart.
 pub const ANSWER_GAP: u32 = 4;
 
@@ -301,7 +304,7 @@ impl Machine {
                         let reason = if self.master_resigned {
                             "master resigned (priority 0 advert)"
                         } else {
-                            "master down timer expired"
+                            REASON_MASTER_DOWN
                         };
                         self.become_master(now, &mut out, reason);
                     }
