@@ -378,3 +378,55 @@ fn a_two_second_link_flap_on_owner_and_backup() {
         assert!(l.wait_serving(Duration::from_secs(10)), "serving after the {who}'s flap");
     }
 }
+
+/// Node `i` lists all three backends active.
+fn all_active(l: &VrrpLab, i: usize) -> Option<()> {
+    wait_for(Duration::from_secs(20), || {
+        let rows = l.lbctl(i, &["backends", "list"])?;
+        let rows = rows.as_array()?;
+        (rows.len() == 3 && rows.iter().all(|r| r["state"] == "active")).then_some(())
+    })
+}
+
+#[test]
+fn a_dead_masters_backend_takes_no_new_flows_at_once() {
+    // Slow checks (2 s, as production checks are seconds apart) so that without fate sharing
+    // the dead node's backend would keep a third of new connections for several seconds.
+    let slow = |priority| NodeOpts {
+        priority,
+        health_interval_ms: 2000,
+        ..Default::default()
+    };
+    let mut l = VrrpLab::new(LABNODE, vec![slow(150), slow(100), slow(50)]);
+    assert_eq!(master_of(&l, &[0, 1, 2]), 0);
+    assert!(all_active(&l, 1).is_some(), "n2 sees every backend up");
+    assert!(l.wait_serving(Duration::from_secs(10)));
+    let start = Instant::now();
+    l.fail_node(0);
+    let (first, restored) = l.restored_since(start, Duration::from_secs(15), 30);
+    let (first, restored) = (first.expect("answered"), restored.expect("fully restored"));
+    println!("node failure: first answer {first:?}, fully restored {restored:?}");
+    let n1 = l.lab.node("n1").v4.clone();
+    let rows = l.lbctl(1, &["backends", "list"]).unwrap();
+    let dead = rows
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["backend"] == n1.as_str())
+        .unwrap()
+        .clone();
+    assert_eq!(dead["state"], "down", "{dead}");
+    assert!(
+        dead["reason"].as_str().unwrap_or("").contains("went silent"),
+        "{dead}"
+    );
+    // Fully restored right after the takeover, well before a 2 s check could have failed.
+    assert!(
+        restored < first + Duration::from_millis(1000),
+        "fully restored {restored:?} long after the first answer {first:?}"
+    );
+    // The node comes back: its backend returns through the rise count, and it preempts.
+    l.restore_node(0);
+    assert_eq!(master_of(&l, &[0, 1, 2]), 0);
+    assert!(all_active(&l, 1).is_some(), "n1's backend is back on n2");
+}
