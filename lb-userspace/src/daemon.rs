@@ -17,7 +17,10 @@ mod churn;
 mod conntrack;
 mod fate;
 mod reload;
+mod rollback;
 mod supervise;
+
+pub use rollback::teardown;
 
 use crate::{
     api::{self, Request, Response},
@@ -272,7 +275,7 @@ impl Daemon {
             return Ok(());
         }
         if cfg.dsr_backend {
-            netlink::set_arp_sysctls(&cfg.interface)?;
+            netlink::set_arp_sysctls(&cfg.interface, &rollback::saved_sysctls(&cfg))?;
             for r in &cfg.vrrp {
                 for vip in &r.vips {
                     netlink::ensure_local_vip(self.netlink.handle(), *vip).await?;

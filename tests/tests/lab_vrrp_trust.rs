@@ -430,3 +430,65 @@ fn a_dead_masters_backend_takes_no_new_flows_at_once() {
     assert_eq!(master_of(&l, &[0, 1, 2]), 0);
     assert!(all_active(&l, 1).is_some(), "n1's backend is back on n2");
 }
+
+/// A sysctl inside node `i`'s namespace.
+fn sysctl(l: &VrrpLab, i: usize, key: &str) -> String {
+    let netns = l.lab.node(&l.nodes[i]).netns.clone();
+    let out = lb_tests::lab::sh(&[
+        "nsenter",
+        &format!("--net=/run/netns/{netns}"),
+        "cat",
+        &format!("/proc/sys/net/ipv4/conf/{key}"),
+    ]);
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// Addresses on a node's interface, as `ip -j addr` lists them.
+fn addrs(l: &VrrpLab, i: usize, dev: &str) -> Vec<String> {
+    let netns = l.lab.node(&l.nodes[i]).netns.clone();
+    let out = lb_tests::lab::try_sh(&["ip", "-n", &netns, "-j", "addr", "show", "dev", dev]);
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+    v[0]["addr_info"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|x| x["local"].as_str().map(String::from))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[test]
+fn teardown_removes_everything_lbd_added() {
+    let mut l = VrrpLab::new(LABNODE, vec![prio(150)]);
+    assert_eq!(master_of(&l, &[0]), 0);
+    let keys = ["all/arp_ignore", "all/arp_announce", "eth0/arp_ignore", "eth0/arp_announce"];
+    let set: Vec<String> = keys.iter().map(|k| sysctl(&l, 0, k)).collect();
+    assert_eq!(set, ["1", "2", "1", "2"], "lbd set the DSR sysctls");
+    assert!(addrs(&l, 0, "lo").contains(&VIP4.to_string()));
+    assert!(addrs(&l, 0, "eth0").contains(&VIP4.to_string()));
+    // A crash leaves everything in place; the rollback then runs teardown.
+    l.stop(0, libc::SIGKILL);
+    let cfg = l.config_path(0).display().to_string();
+    let out = l
+        .lab
+        .cmd(&l.nodes[0], lb_tests::bin_dir().join("lbd"))
+        .args(["--config", &cfg, "teardown"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let after: Vec<String> = keys.iter().map(|k| sysctl(&l, 0, k)).collect();
+    assert_eq!(after, ["0", "0", "0", "0"], "sysctls back to what lbd found");
+    assert!(!addrs(&l, 0, "lo").contains(&VIP4.to_string()), "no VIP on lo");
+    assert!(!addrs(&l, 0, "eth0").contains(&VIP4.to_string()), "no VIP on eth0");
+    let pins = std::fs::read_dir("/sys/fs/bpf")
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .starts_with(&l.lab.prefix.replace('-', "_"))
+        })
+        .count();
+    assert_eq!(pins, 0, "no pins left");
+}
