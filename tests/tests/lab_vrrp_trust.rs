@@ -492,3 +492,83 @@ fn teardown_removes_everything_lbd_added() {
         .count();
     assert_eq!(pins, 0, "no pins left");
 }
+
+#[test]
+fn scrapes_of_a_full_connection_table_do_not_delay_updates() {
+    use aya::maps::{HashMap as BpfHashMap, Map, MapData};
+    use lb_common::{FlowKey, FlowValue};
+    const ENTRIES: u32 = 1 << 19;
+    let mut l = VrrpLab::prepare(
+        LABNODE,
+        vec![NodeOpts {
+            top: format!("conntrack_size = {ENTRIES}\n"),
+            ..prio(150)
+        }],
+    );
+    l.start(0);
+    assert_eq!(master_of(&l, &[0]), 0);
+    // Fill the connection table (as a million clients would).
+    let pin_dir = std::fs::read_dir("/sys/fs/bpf")
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .map(|e| e.path())
+        .find(|p| {
+            p.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with(&l.lab.prefix.replace('-', "_")))
+        })
+        .expect("lbd's pin directory");
+    let data = MapData::from_pin(pin_dir.join(lb_common::maps::CONNTRACK)).unwrap();
+    let mut map: BpfHashMap<MapData, FlowKey, FlowValue> =
+        BpfHashMap::try_from(Map::LruHashMap(data)).unwrap();
+    let t = Instant::now();
+    for i in 0..ENTRIES {
+        let mut key = FlowKey {
+            src: [0; 16],
+            dst: [0; 16],
+            sport: (i & 0xffff) as u16,
+            dport: 8080,
+            proto: 6,
+            family: 4,
+            _pad: [0; 2],
+        };
+        key.src[..4].copy_from_slice(&(0x0a00_0000 | (i >> 16)).to_be_bytes());
+        map.insert(key, FlowValue::default(), 0).unwrap();
+    }
+    println!("filled {ENTRIES} entries in {:?}", t.elapsed());
+    let backend = l.lab.node("n1").v4.clone();
+    let socket = l.socket(0);
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let (worst, scrapes) = std::thread::scope(|s| {
+        let scraper = s.spawn(|| {
+            let mut n = 0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                assert!(lb_tests::lbctl_output(&socket, &["stats"]).status.success());
+                n += 1;
+            }
+            n
+        });
+        let mut worst = Duration::ZERO;
+        for k in 0..20 {
+            let verb = if k % 2 == 0 { "drain" } else { "undrain" };
+            let t = Instant::now();
+            let out = lb_tests::lbctl_output(&socket, &["backends", verb, "api", &backend]);
+            assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+            worst = worst.max(t.elapsed());
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        (worst, scraper.join().unwrap())
+    });
+    println!("{scrapes} scrapes of a {ENTRIES}-entry table; slowest drain/undrain {worst:?}");
+    assert!(scrapes > 5);
+    assert!(
+        worst < Duration::from_millis(500),
+        "an update waited {worst:?} behind scrapes"
+    );
+    // The count arrives from the background walk.
+    let counted = wait_for(Duration::from_secs(25), || {
+        let s = l.lbctl(0, &["stats"])?;
+        (s["conntrack_entries"].as_u64()? >= u64::from(ENTRIES) / 2).then_some(s)
+    });
+    assert!(counted.is_some(), "conntrack counted in the background");
+}
