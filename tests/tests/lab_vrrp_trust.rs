@@ -272,6 +272,35 @@ fn reloading_one_instance_never_touches_another() {
     assert_eq!(ing["base_priority"], 120, "applied in place");
     assert!(l.wait_serving(Duration::from_secs(5)));
 
+    // Reloads at once (API and SIGHUP) run one after the other: every one succeeds and each
+    // instance still runs exactly once.
+    std::fs::write(l.config_path(0), base.clone() + &ingress(110)).unwrap();
+    let reloads = |l: &VrrpLab| l.lbctl(0, &["stats"]).unwrap()["reloads"].as_u64().unwrap();
+    let before_reloads = reloads(&l);
+    let socket = l.socket(0);
+    std::thread::scope(|s| {
+        let calls: Vec<_> = (0..4)
+            .map(|_| s.spawn(|| lb_tests::lbctl_output(&socket, &["reload"])))
+            .collect();
+        l.signal(0, libc::SIGHUP);
+        for c in calls {
+            let out = c.join().unwrap();
+            assert!(
+                out.status.success(),
+                "a concurrent reload failed: {}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+    });
+    let settled = wait_for(Duration::from_secs(5), || {
+        (reloads(&l) == before_reloads + 5).then_some(())
+    });
+    assert!(settled.is_some(), "5 reloads counted: {}", reloads(&l));
+    let again = both_master().expect("both still master");
+    assert_eq!(again.as_array().unwrap().len(), 2, "each instance once");
+    assert_eq!(transitions(&before), transitions(&again), "nobody resigned");
+
     // Only the api advert interval changes: in place too.
     let faster = base.replace("advert_interval_ms = 100", "advert_interval_ms = 200");
     assert_ne!(faster, base);
@@ -305,11 +334,29 @@ fn reloading_one_instance_never_touches_another() {
     );
 }
 
+/// `GET path` on node `i`'s API socket: (status, body).
+fn probe(l: &VrrpLab, i: usize, path: &str) -> (u16, String) {
+    let out = lb_tests::lab::try_sh(&[
+        "curl",
+        "-s",
+        "-w",
+        "\n%{http_code}",
+        "--unix-socket",
+        &l.socket(i),
+        &format!("http://lbd{path}"),
+    ]);
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    let (body, code) = text.rsplit_once('\n').unwrap_or(("", "0"));
+    (code.trim().parse().unwrap_or(0), body.to_string())
+}
+
 #[test]
 fn a_recreated_interface_is_followed_on_backup_and_owner() {
     let mut l = VrrpLab::new(LABNODE, vec![prio(150), prio(100)]);
     assert_eq!(master_of(&l, &[0, 1]), 0);
     assert!(l.wait_serving(Duration::from_secs(10)));
+    assert_eq!(probe(&l, 1, "/readyz").0, 200);
+    assert_eq!(probe(&l, 1, "/healthz").0, 200);
 
     // The backup's interface goes away: fault (no adverts, no VIP), then it comes back as a
     // new device with the same name.
@@ -318,6 +365,15 @@ fn a_recreated_interface_is_followed_on_backup_and_owner() {
         (l.state(1).as_deref() == Some("fault")).then_some(())
     });
     assert!(fault.is_some(), "backup in fault while its interface is gone: {:?}", l.state(1));
+    let not_ready = wait_for(Duration::from_secs(5), || {
+        let (code, body) = probe(&l, 1, "/readyz");
+        (code == 503).then_some(body)
+    });
+    assert!(
+        not_ready.as_deref().is_some_and(|b| b.contains("not attached")),
+        "/readyz says the data plane is not attached: {not_ready:?}"
+    );
+    assert_eq!(probe(&l, 1, "/healthz").0, 200, "alive, only not ready");
     l.lab.create_link("n2");
     assert_eq!(master_of(&l, &[0, 1]), 0, "one master after the backup's interface returned");
     std::thread::sleep(Duration::from_secs(2));
@@ -325,6 +381,10 @@ fn a_recreated_interface_is_followed_on_backup_and_owner() {
     let s = l.status(1).unwrap();
     assert!(counter(&s, &["counters", "rebinds"]) >= 1, "{s}");
     assert_eq!(s["master"], l.lab.node("n1").v4.as_str(), "it hears n1 again");
+    let ready = wait_for(Duration::from_secs(5), || {
+        (probe(&l, 1, "/readyz").0 == 200).then_some(())
+    });
+    assert!(ready.is_some(), "ready again: XDP attached to the new device");
 
     // The owner's interface goes away: n2 takes over; n1 returns, preempts, re-attaches XDP
     // and forwards again.
