@@ -263,7 +263,11 @@ pub fn set_arp_sysctls(interface: &str, saved: &std::path::Path) -> Result<()> {
             .with_context(|| format!("save sysctls to {}", saved.display()))?;
     }
     for path in &keys {
-        let v = if path.ends_with("arp_ignore") { "1" } else { "2" };
+        let v = if path.ends_with("arp_ignore") {
+            "1"
+        } else {
+            "2"
+        };
         std::fs::write(path, v).with_context(|| format!("write {path}"))?;
     }
     Ok(())
@@ -275,8 +279,8 @@ pub fn restore_arp_sysctls(saved: &std::path::Path) -> Result<Vec<String>> {
     let Ok(text) = std::fs::read_to_string(saved) else {
         return Ok(Vec::new());
     };
-    let before: serde_json::Map<String, serde_json::Value> = serde_json::from_str(&text)
-        .with_context(|| format!("parse {}", saved.display()))?;
+    let before: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_str(&text).with_context(|| format!("parse {}", saved.display()))?;
     let mut done = Vec::new();
     for (path, v) in before {
         // Only ARP sysctls, whatever the file says.

@@ -103,10 +103,20 @@ impl Lab {
         let n = self.nodes[name].clone();
         self.plug(name, &n.netns);
         self.ip(&n.netns, &["link", "set", "eth0", "address", &n.mac]);
-        self.ip(&n.netns, &["addr", "add", &format!("{}/24", n.v4), "dev", "eth0"]);
         self.ip(
             &n.netns,
-            &["addr", "add", &format!("{}/64", n.v6), "dev", "eth0", "nodad"],
+            &["addr", "add", &format!("{}/24", n.v4), "dev", "eth0"],
+        );
+        self.ip(
+            &n.netns,
+            &[
+                "addr",
+                "add",
+                &format!("{}/64", n.v6),
+                "dev",
+                "eth0",
+                "nodad",
+            ],
         );
         self.ip(&n.netns, &["link", "set", "eth0", "up"]);
     }

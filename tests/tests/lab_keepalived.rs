@@ -204,10 +204,7 @@ fn mixed_versions_without_compat_are_reported_as_split_brain() {
         auth_pass: None,
         ..NodeOpts::openshift_lbd(100)
     };
-    let l = VrrpLab::new(
-        LABNODE,
-        vec![NodeOpts::openshift_keepalived(150), plain_v3],
-    );
+    let l = VrrpLab::new(LABNODE, vec![NodeOpts::openshift_keepalived(150), plain_v3]);
     let both = lb_tests::lab::wait_for(Duration::from_secs(15), || {
         (l.masters(&[0, 1]).len() == 2).then_some(())
     });
@@ -217,7 +214,10 @@ fn mixed_versions_without_compat_are_reported_as_split_brain() {
         (s["counters"]["split_brain"] == 1).then_some(s)
     })
     .unwrap_or_else(|| panic!("no split brain reported: {:?}", l.status(1)));
-    assert_eq!(s["last_split_brain"]["their_adverts"], "wrong_version", "{s}");
+    assert_eq!(
+        s["last_split_brain"]["their_adverts"], "wrong_version",
+        "{s}"
+    );
     std::thread::sleep(Duration::from_secs(3));
     assert_eq!(
         l.status(1).unwrap()["counters"]["split_brain"],

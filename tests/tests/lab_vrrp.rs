@@ -294,7 +294,10 @@ fn vrid_collision_other_vip_set_is_reported_and_never_votes() {
     });
     let l = VrrpLab::new(LABNODE, opts);
     assert_eq!(master_of(&l, &[0, 1, 2]), 0);
-    assert!(l.wait_master(3, Duration::from_secs(5)), "n4 runs its own VIP");
+    assert!(
+        l.wait_master(3, Duration::from_secs(5)),
+        "n4 runs its own VIP"
+    );
     let transitions: Vec<_> = (0..4).map(|i| l.transitions(i)).collect();
     let (n1, n4) = (l.lab.node("n1").v4.clone(), l.lab.node("n4").v4.clone());
     let c = collision_seen(&l, 3, &n1);

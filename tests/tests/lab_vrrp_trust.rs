@@ -192,7 +192,12 @@ fn unicast_instances_accept_only_their_peers() {
     for i in 0..2 {
         let s = l.status(i).unwrap();
         let n = counter(&s, &["counters", "drops", "not_a_peer"]);
-        assert!(n * 10 >= sent / 2 * 9, "n{}: not_a_peer {n} of {}", i + 1, sent / 2);
+        assert!(
+            n * 10 >= sent / 2 * 9,
+            "n{}: not_a_peer {n} of {}",
+            i + 1,
+            sent / 2
+        );
         // It claimed our VIP at 255 while n1 was master, for longer than an interval: a real
         // dual-master claim, counted once on the master.
         if i == 0 {
@@ -256,11 +261,7 @@ fn reloading_one_instance_never_touches_another() {
     std::fs::write(l.config_path(0), base.clone() + &ingress(120)).unwrap();
     l.signal(0, libc::SIGHUP);
     std::thread::sleep(Duration::from_secs(2));
-    assert!(
-        l.holds_vip(0),
-        "the api VIP is still on eth0\n{}",
-        l.log(0)
-    );
+    assert!(l.holds_vip(0), "the api VIP is still on eth0\n{}", l.log(0));
     let after = both_master().expect("both still master");
     assert_eq!(transitions(&before), transitions(&after), "nobody resigned");
     let ing = after
@@ -322,7 +323,8 @@ fn reloading_one_instance_never_touches_another() {
     let refused = "metrics_listen = \"127.0.0.1:9\"\n".to_string() + &base;
     std::fs::write(l.config_path(0), refused + &ingress(120)).unwrap();
     let out = lb_tests::lbctl_output(&l.socket(0), &["reload"]);
-    let text = String::from_utf8_lossy(&out.stderr).to_string() + &String::from_utf8_lossy(&out.stdout);
+    let text =
+        String::from_utf8_lossy(&out.stderr).to_string() + &String::from_utf8_lossy(&out.stdout);
     assert!(!out.status.success(), "{text}");
     assert!(text.contains("metrics_listen"), "{text}");
     let stats = l.lbctl(0, &["stats"]).unwrap();
@@ -364,27 +366,48 @@ fn a_recreated_interface_is_followed_on_backup_and_owner() {
     let fault = wait_for(Duration::from_secs(5), || {
         (l.state(1).as_deref() == Some("fault")).then_some(())
     });
-    assert!(fault.is_some(), "backup in fault while its interface is gone: {:?}", l.state(1));
+    assert!(
+        fault.is_some(),
+        "backup in fault while its interface is gone: {:?}",
+        l.state(1)
+    );
     let not_ready = wait_for(Duration::from_secs(5), || {
         let (code, body) = probe(&l, 1, "/readyz");
         (code == 503).then_some(body)
     });
     assert!(
-        not_ready.as_deref().is_some_and(|b| b.contains("not attached")),
+        not_ready
+            .as_deref()
+            .is_some_and(|b| b.contains("not attached")),
         "/readyz says the data plane is not attached: {not_ready:?}"
     );
     assert_eq!(probe(&l, 1, "/healthz").0, 200, "alive, only not ready");
     l.lab.create_link("n2");
-    assert_eq!(master_of(&l, &[0, 1]), 0, "one master after the backup's interface returned");
+    assert_eq!(
+        master_of(&l, &[0, 1]),
+        0,
+        "one master after the backup's interface returned"
+    );
     std::thread::sleep(Duration::from_secs(2));
-    assert_eq!(l.holders(&[0, 1]), vec![0], "the backup did not become a second master");
+    assert_eq!(
+        l.holders(&[0, 1]),
+        vec![0],
+        "the backup did not become a second master"
+    );
     let s = l.status(1).unwrap();
     assert!(counter(&s, &["counters", "rebinds"]) >= 1, "{s}");
-    assert_eq!(s["master"], l.lab.node("n1").v4.as_str(), "it hears n1 again");
+    assert_eq!(
+        s["master"],
+        l.lab.node("n1").v4.as_str(),
+        "it hears n1 again"
+    );
     let ready = wait_for(Duration::from_secs(5), || {
         (probe(&l, 1, "/readyz").0 == 200).then_some(())
     });
-    assert!(ready.is_some(), "ready again: XDP attached to the new device");
+    assert!(
+        ready.is_some(),
+        "ready again: XDP attached to the new device"
+    );
 
     // The owner's interface goes away: n2 takes over; n1 returns, preempts, re-attaches XDP
     // and forwards again.
@@ -406,7 +429,8 @@ fn a_recreated_interface_is_followed_on_backup_and_owner() {
         l.log(0)
     );
     assert!(
-        l.log(0).contains("XDP program attached to the recreated interface"),
+        l.log(0)
+            .contains("XDP program attached to the recreated interface"),
         "{}",
         l.log(0)
     );
@@ -433,9 +457,17 @@ fn a_two_second_link_flap_on_owner_and_backup() {
         assert!(!l.holds_vip(i), "{who} holds no VIP in fault");
         std::thread::sleep(Duration::from_millis(1500));
         l.set_link(i, true);
-        assert_eq!(master_of(&l, &[0, 1]), 0, "after the {who}'s flap\n{}", l.logs());
+        assert_eq!(
+            master_of(&l, &[0, 1]),
+            0,
+            "after the {who}'s flap\n{}",
+            l.logs()
+        );
         assert_eq!(l.holders(&[0, 1]), vec![0]);
-        assert!(l.wait_serving(Duration::from_secs(10)), "serving after the {who}'s flap");
+        assert!(
+            l.wait_serving(Duration::from_secs(10)),
+            "serving after the {who}'s flap"
+        );
     }
 }
 
@@ -477,7 +509,10 @@ fn a_dead_masters_backend_takes_no_new_flows_at_once() {
         .clone();
     assert_eq!(dead["state"], "down", "{dead}");
     assert!(
-        dead["reason"].as_str().unwrap_or("").contains("went silent"),
+        dead["reason"]
+            .as_str()
+            .unwrap_or("")
+            .contains("went silent"),
         "{dead}"
     );
     // Fully restored right after the takeover, well before a 2 s check could have failed.
@@ -522,7 +557,12 @@ fn addrs(l: &VrrpLab, i: usize, dev: &str) -> Vec<String> {
 fn teardown_removes_everything_lbd_added() {
     let mut l = VrrpLab::new(LABNODE, vec![prio(150)]);
     assert_eq!(master_of(&l, &[0]), 0);
-    let keys = ["all/arp_ignore", "all/arp_announce", "eth0/arp_ignore", "eth0/arp_announce"];
+    let keys = [
+        "all/arp_ignore",
+        "all/arp_announce",
+        "eth0/arp_ignore",
+        "eth0/arp_announce",
+    ];
     let set: Vec<String> = keys.iter().map(|k| sysctl(&l, 0, k)).collect();
     assert_eq!(set, ["1", "2", "1", "2"], "lbd set the DSR sysctls");
     assert!(addrs(&l, 0, "lo").contains(&VIP4.to_string()));
@@ -536,11 +576,25 @@ fn teardown_removes_everything_lbd_added() {
         .args(["--config", &cfg, "teardown"])
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let after: Vec<String> = keys.iter().map(|k| sysctl(&l, 0, k)).collect();
-    assert_eq!(after, ["0", "0", "0", "0"], "sysctls back to what lbd found");
-    assert!(!addrs(&l, 0, "lo").contains(&VIP4.to_string()), "no VIP on lo");
-    assert!(!addrs(&l, 0, "eth0").contains(&VIP4.to_string()), "no VIP on eth0");
+    assert_eq!(
+        after,
+        ["0", "0", "0", "0"],
+        "sysctls back to what lbd found"
+    );
+    assert!(
+        !addrs(&l, 0, "lo").contains(&VIP4.to_string()),
+        "no VIP on lo"
+    );
+    assert!(
+        !addrs(&l, 0, "eth0").contains(&VIP4.to_string()),
+        "no VIP on eth0"
+    );
     let pins = std::fs::read_dir("/sys/fs/bpf")
         .unwrap()
         .filter_map(|e| e.ok())
@@ -573,8 +627,10 @@ fn scrapes_of_a_full_connection_table_do_not_delay_updates() {
         .filter_map(|e| e.ok())
         .map(|e| e.path())
         .find(|p| {
-            p.file_name()
-                .is_some_and(|n| n.to_string_lossy().starts_with(&l.lab.prefix.replace('-', "_")))
+            p.file_name().is_some_and(|n| {
+                n.to_string_lossy()
+                    .starts_with(&l.lab.prefix.replace('-', "_"))
+            })
         })
         .expect("lbd's pin directory");
     let data = MapData::from_pin(pin_dir.join(lb_common::maps::CONNTRACK)).unwrap();
@@ -612,7 +668,11 @@ fn scrapes_of_a_full_connection_table_do_not_delay_updates() {
             let verb = if k % 2 == 0 { "drain" } else { "undrain" };
             let t = Instant::now();
             let out = lb_tests::lbctl_output(&socket, &["backends", verb, "api", &backend]);
-            assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
             worst = worst.max(t.elapsed());
             std::thread::sleep(Duration::from_millis(100));
         }

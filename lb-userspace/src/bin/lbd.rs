@@ -61,8 +61,7 @@ fn main() -> std::process::ExitCode {
         Command::Teardown => lb_userspace::config::Config::load(&cli.config)
             .map_err(anyhow::Error::from)
             .and_then(|cfg| {
-                tokio::runtime::Runtime::new()?
-                    .block_on(lb_userspace::daemon::teardown(&cfg))
+                tokio::runtime::Runtime::new()?.block_on(lb_userspace::daemon::teardown(&cfg))
             }),
         Command::Run => tokio::runtime::Runtime::new()
             .map_err(anyhow::Error::from)

@@ -96,7 +96,10 @@ fn measure(s: &Setup, rounds: usize) -> Rounds {
         let ms = |d: Option<Duration>, what_: &str| match d {
             Some(d) => d.as_secs_f64() * 1000.0,
             None => {
-                eprintln!("{what}: round {r}: no {what_} within {:?}; counted as that", s.limit);
+                eprintln!(
+                    "{what}: round {r}: no {what_} within {:?}; counted as that",
+                    s.limit
+                );
                 s.limit.as_secs_f64() * 1000.0
             }
         };
@@ -163,7 +166,10 @@ pub fn run() {
     let mut results: Vec<(&Setup, Rounds)> = Vec::new();
     let all = setups();
     for s in &all {
-        if only.as_deref().is_some_and(|o| !o.split(',').any(|k| k == s.key)) {
+        if only
+            .as_deref()
+            .is_some_and(|o| !o.split(',').any(|k| k == s.key))
+        {
             continue;
         }
         results.push((s, measure(s, n)));
@@ -175,10 +181,7 @@ pub fn run() {
         (median(v.to_vec()), min, max)
     };
     println!("\nnode failure of the VRRP master ({n} rounds each): median [min-max] ms");
-    println!(
-        "{:<54} {:>22} {:>22}",
-        "", "first answer", "fully restored"
-    );
+    println!("{:<54} {:>22} {:>22}", "", "first answer", "fully restored");
     let mut columns = Vec::new();
     for (s, r) in &results {
         let (first, full) = (col(r, |x| x.0), col(r, |x| x.1));
