@@ -14,8 +14,13 @@ use serde::Serialize;
 use tokio::sync::Mutex;
 
 mod churn;
+mod conntrack;
+mod fate;
 mod reload;
+mod rollback;
 mod supervise;
+
+pub use rollback::teardown;
 
 use crate::{
     api::{self, Request, Response},
@@ -196,6 +201,8 @@ pub struct Daemon {
     vrrp_started: std::sync::atomic::AtomicBool,
     /// When the main loop last ran (ms since `started`): /healthz fails when it is stale.
     last_tick_ms: std::sync::atomic::AtomicU64,
+    /// The connection table's size, counted in the background (never under `inner`).
+    conntrack: Arc<conntrack::ConntrackCount>,
 }
 
 /// The main loop ticks every second; this long without a tick means lbd is wedged.
@@ -215,13 +222,15 @@ impl Daemon {
         let link = netlink.link(&cfg.interface).await?;
         // A link pinned to a device that was deleted since (the interface was recreated) must
         // not make every start fail: drop it and attach afresh.
-        churn::drop_stale_link_pin(
-            &churn::link_pin(&load_options(&cfg), &cfg.interface),
-            &link,
-        )?;
+        churn::drop_stale_link_pin(&churn::link_pin(&load_options(&cfg), &cfg.interface), &link)?;
         let mut dp = Dataplane::load(load_options(&cfg))?;
         dp.attach(&cfg.interface, cfg.xdp_mode)?;
         dp.spawn_log_reader()?;
+        let conntrack = conntrack::spawn_counter(
+            load_options(&cfg)
+                .pin_dir()
+                .join(lb_common::maps::CONNTRACK),
+        );
         let up = adopted_up(&cfg, &dp);
         let drained = adopted_drained(&cfg, &dp);
         let (health, events) = HealthMonitor::start(health_targets(&cfg, &up));
@@ -254,6 +263,7 @@ impl Daemon {
             attached: true.into(),
             vrrp_started: false.into(),
             last_tick_ms: 0.into(),
+            conntrack,
         });
         daemon.refresh().await?;
         daemon
@@ -270,7 +280,7 @@ impl Daemon {
             return Ok(());
         }
         if cfg.dsr_backend {
-            netlink::set_arp_sysctls(&cfg.interface)?;
+            netlink::set_arp_sysctls(&cfg.interface, &rollback::saved_sysctls(&cfg))?;
             for r in &cfg.vrrp {
                 for vip in &r.vips {
                     netlink::ensure_local_vip(self.netlink.handle(), *vip).await?;
@@ -304,9 +314,10 @@ impl Daemon {
     }
 
     async fn spawn_instance(self: &Arc<Self>, r: InstanceConfig, interface: &str) -> Result<()> {
-        let instance = Instance::spawn(r.clone(), interface, self.netlink.handle().clone())
+        let mut instance = Instance::spawn(r.clone(), interface, self.netlink.handle().clone())
             .await
             .with_context(|| format!("start VRRP instance {}", r.name))?;
+        self.watch_peer_failures(&mut instance, &r.name);
         let mut owned = instance.ownership();
         let (d, name) = (self.clone(), r.name.clone());
         let grace = Duration::from_millis(self.config().await.handover_grace_ms);
@@ -657,7 +668,8 @@ impl Daemon {
         Ok(serde_json::json!({
             "interface": g.cfg.interface,
             "uptime_s": self.started.elapsed().map(|d| d.as_secs()).unwrap_or(0),
-            "conntrack_entries": g.dp.conntrack_entries(),
+            "conntrack_entries": self.conntrack.entries(),
+            "conntrack_count": self.conntrack.snapshot(),
             "conntrack_size": g.cfg.conntrack_size,
             "syn_flood": g.dp.flood_status()?,
             "table_size": g.cfg.table_size,

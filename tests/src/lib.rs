@@ -10,6 +10,7 @@ pub mod strict;
 pub mod pods;
 pub mod vrrp_lab;
 pub mod xdp_fuzz;
+pub mod vrrp_send;
 
 use std::{
     net::IpAddr,
