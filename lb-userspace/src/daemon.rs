@@ -182,6 +182,8 @@ pub struct Daemon {
     ready: std::sync::atomic::AtomicBool,
     /// When the main loop last ran (ms since `started`): /healthz fails when it is stale.
     last_tick_ms: std::sync::atomic::AtomicU64,
+    /// VRRP instances whose VIPs the previous lbd was forwarding (adopted pinned state).
+    adopted_master: HashSet<String>,
 }
 
 /// The main loop ticks every second; this long without a tick means lbd is wedged.
@@ -204,11 +206,13 @@ impl Daemon {
         dp.spawn_log_reader()?;
         let up = adopted_up(&cfg, &dp);
         let drained = adopted_drained(&cfg, &dp);
+        let vrrp_master = adopted_ownership(&cfg, &dp);
         let (health, events) = HealthMonitor::start(health_targets(&cfg, &up));
         let facts = Facts {
             if_mac: link.mac,
             health: initial_health(&cfg, &up),
             drained,
+            vrrp_master: vrrp_master.clone(),
             ..Default::default()
         };
         let daemon = Arc::new(Daemon {
@@ -230,6 +234,7 @@ impl Daemon {
             started: SystemTime::now(),
             ready: false.into(),
             last_tick_ms: 0.into(),
+            adopted_master: vrrp_master.into_keys().collect(),
         });
         daemon.refresh().await?;
         daemon
@@ -266,9 +271,24 @@ impl Daemon {
             .with_context(|| format!("start VRRP instance {}", r.name))?;
         let mut owned = instance.ownership();
         let (d, name) = (self.clone(), r.name.clone());
+        // After a crash and a quick restart, clients may still send to this node (their ARP/ND
+        // caches) until another node has taken over and announced it. Keep forwarding with the
+        // adopted table until the new master can have done so, instead of answering from the
+        // local stack with resets: the instance's master-down interval plus a second.
+        let mut hold = self.adopted_master.contains(&r.name).then(|| {
+            let interval = Duration::from_millis(u64::from(r.interval_ms()));
+            crate::vrrp::state::master_down_interval(r.priority, interval) + Duration::from_secs(1)
+        });
         tokio::spawn(async move {
             loop {
-                let master = *owned.borrow_and_update();
+                let mut master = *owned.borrow_and_update();
+                if !master && let Some(grace) = hold.take() {
+                    tracing::info!(instance = %name, ?grace, "adopted a forwarding data plane; keeping it while the VIP moves");
+                    if tokio::time::timeout(grace, owned.changed()).await.is_ok() {
+                        continue;
+                    }
+                    master = *owned.borrow_and_update();
+                }
                 tracing::info!(instance = %name, master, "VRRP ownership");
                 if let Err(e) = d
                     .update_facts(|f| {
@@ -697,6 +717,20 @@ fn check_reloadable(old: &Config, new: &Config) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// VRRP instances some of whose VIP services the previous lbd left forwarding, as owned.
+fn adopted_ownership(cfg: &Config, dp: &Dataplane) -> std::collections::HashMap<String, bool> {
+    let mut out = std::collections::HashMap::new();
+    for (i, port) in cfg.services() {
+        let v = &cfg.vips[i];
+        if let Some(name) = &v.vrrp
+            && dp.owned(&vip_key(v.address, port, v.protocol.number())) == Some(true)
+        {
+            out.insert(name.clone(), true);
+        }
+    }
+    out
 }
 
 /// (VIP name, backend) pairs that a previous lbd left drained: drains survive restarts.

@@ -791,6 +791,12 @@ impl Dataplane {
         self.services.get(key).map(|s| s.vip_id)
     }
 
+    /// Whether the service is forwarded here, as installed (after adoption: as the previous lbd
+    /// left it).
+    pub fn owned(&self, key: &VipKey) -> Option<bool> {
+        self.services.get(key).map(|s| s.owned)
+    }
+
     pub fn global_stats(&self) -> Result<Vec<(&'static str, u64)>> {
         let per_cpu = self.stats.get(&0, 0)?;
         Ok(stat::NAMES

@@ -32,8 +32,9 @@ fn boot() -> Cluster {
     // Host networking must mean the node's network: a pod that landed in the host's
     // namespace would be a test escaping its lab.
     for n in CONTROL_PLANE {
-        let pid = wait_for(Duration::from_secs(20), || pods(&c).pid(n))
-            .unwrap_or_else(|| panic!("lbd not running in the pod on {n}\n{}", pods(&c).logs(n)));
+        wait_for(Duration::from_secs(30), || c.lbctl(n, &["stats"]))
+            .unwrap_or_else(|| panic!("lbd does not answer in the pod on {n}\n{}", pods(&c).logs(n)));
+        let pid = pods(&c).pid(n).expect("lbd's pid");
         assert_eq!(
             Pods::netns_of_pid(pid),
             Pods::netns_of_node(&c.lab, n),
@@ -69,6 +70,26 @@ fn elected(c: &Cluster) -> (String, String) {
         )
     });
     (api, ingress)
+}
+
+/// The VRRP and ownership events of every node's lbd, for failure messages.
+fn events(c: &Cluster) -> String {
+    CONTROL_PLANE
+        .iter()
+        .map(|n| {
+            let lines: Vec<String> = pods(c)
+                .logs(n)
+                .lines()
+                .filter(|l| {
+                    ["VRRP state", "ownership", "adopted", "keeping", "lbd running", "stopping"]
+                        .iter()
+                        .any(|k| l.contains(k))
+                })
+                .map(str::to_owned)
+                .collect();
+            format!("--- {n}\n{}\n", lines.join("\n"))
+        })
+        .collect()
 }
 
 fn labnode(c: &Cluster, args: &[&str]) -> Child {
@@ -163,7 +184,8 @@ fn pods_from_the_manifests_elect_forward_and_survive_a_crash() {
     assert_eq!(
         (sum(&held["survived_by_id"]), sum(&held["failed_by_id"])),
         (100, 0),
-        "connections across SIGKILL of the owner's lbd and its restart: {held}"
+        "connections across SIGKILL of the owner's lbd ({api}) and its restart: {held}\n{}",
+        events(&c)
     );
     let logs = wait_for(Duration::from_secs(20), || {
         let l = p.logs(&api);

@@ -68,6 +68,10 @@ enum Cmd {
         /// Output directory (created if missing).
         #[arg(long)]
         out: PathBuf,
+        /// Also write MachineConfigs (99-<pool>-lb.yaml) shipping every node's config and the
+        /// static pod, whose image is this reference (by digest, e.g. from `cargo xtask image`).
+        #[arg(long)]
+        image: Option<String>,
     },
     /// Exit 0 if lbd is live (main loop running) or ready (data plane attached, config
     /// applied), else 1: for the pod's probes.
@@ -83,6 +87,19 @@ enum Cmd {
 enum ProbeKind {
     Live,
     Ready,
+}
+
+/// A static pod manifest with its `image:` set to `image`.
+fn with_image(manifest: &str, image: &str) -> String {
+    manifest
+        .lines()
+        .map(|l| match l.split_once("image: ") {
+            Some((indent, _)) if indent.trim().is_empty() => format!("{indent}image: {image}"),
+            _ => l.to_string(),
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+        + "\n"
 }
 
 /// "500ms", "5s", "2m", or plain seconds.
@@ -420,7 +437,11 @@ async fn run(cli: Cli) -> Result<()> {
                 println!("cluster {cluster_name}: api VRID {api}, ingress VRID {ingress}");
             }
         }
-        Cmd::Render { cluster, out } => {
+        Cmd::Render {
+            cluster,
+            out,
+            image,
+        } => {
             use lb_userspace::render::{ClusterSpec, to_toml};
             let spec = ClusterSpec::load(&cluster)
                 .map_err(|e| anyhow::anyhow!("{}: {e}", cluster.display()))?;
@@ -441,9 +462,45 @@ async fn run(cli: Cli) -> Result<()> {
                     "vips": r.config.vips.iter().map(|v| v.name.clone()).collect::<Vec<_>>(),
                 }));
             }
+            let mut machine_configs = Vec::new();
+            if let Some(image) = image {
+                for pool in ["master", "worker"] {
+                    let members: Vec<_> = spec
+                        .nodes
+                        .iter()
+                        .zip(&rendered)
+                        .filter(|(n, _)| lb_userspace::render::pool(n) == pool)
+                        .collect();
+                    if members.is_empty() {
+                        continue;
+                    }
+                    let pod = if pool == "master" {
+                        include_str!("../../../deploy/lb-control-plane.yaml")
+                    } else {
+                        include_str!("../../../deploy/lb-worker.yaml")
+                    };
+                    let pod = with_image(pod, &image);
+                    let mut files: Vec<(String, String, u32)> = members
+                        .iter()
+                        .map(|(n, r)| {
+                            (
+                                format!("{}/{}.toml", lb_userspace::render::NODE_CONFIG_DIR, n.name),
+                                to_toml(&spec.name, r),
+                                0o600,
+                            )
+                        })
+                        .collect();
+                    files.push((lb_userspace::render::STATIC_POD_PATH.into(), pod, 0o644));
+                    let path = out.join(format!("99-{pool}-lb.yaml"));
+                    std::fs::write(&path, lb_userspace::render::machine_config(pool, &files))
+                        .map_err(|e| anyhow::anyhow!("write {}: {e}", path.display()))?;
+                    machine_configs.push(path);
+                }
+            }
             if json {
                 print_json(&serde_json::json!({
                     "cluster": spec.name, "api_vrid": api, "ingress_vrid": ingress, "nodes": rows,
+                    "machine_configs": machine_configs,
                 }));
             } else {
                 println!(
@@ -462,6 +519,9 @@ async fn run(cli: Cli) -> Result<()> {
                         })
                         .collect(),
                 );
+                for p in machine_configs {
+                    println!("machine config: {}", p.display());
+                }
             }
         }
         Cmd::Probe { what } => {

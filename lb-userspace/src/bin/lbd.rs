@@ -10,7 +10,9 @@ use clap::{Parser, Subcommand};
     about = "XDP load balancer daemon with a VRRP speaker"
 )]
 struct Cli {
-    /// Config file (TOML); see docs/config.md.
+    /// Config file (TOML); see docs/config.md. A directory of configs rendered by `lbctl render`
+    /// (what a MachineConfig ships to every node of a pool): lbd runs the one whose VRRP
+    /// `unicast_src` is an address of this host.
     #[arg(long, short, default_value = "/etc/lb/lbd.toml")]
     config: PathBuf,
     /// Log format.
@@ -37,7 +39,14 @@ enum Command {
 }
 
 fn main() -> std::process::ExitCode {
-    let cli = Cli::parse();
+    let mut cli = Cli::parse();
+    match lb_userspace::render::node_config_path(&cli.config) {
+        Ok(p) => cli.config = p,
+        Err(e) => {
+            eprintln!("lbd: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    }
     let filter = tracing_subscriber::EnvFilter::try_from_env("LB_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     match cli.log_format {
