@@ -10,7 +10,6 @@ use std::{
 };
 
 use anyhow::{Context, Result, bail};
-use serde::Serialize;
 use tokio::sync::Mutex;
 
 use crate::{
@@ -112,38 +111,7 @@ pub fn load_options(cfg: &Config) -> LoadOptions {
     }
 }
 
-/// One row of `lbctl backends list`.
-#[derive(Clone, Debug, Serialize)]
-pub struct BackendRow {
-    pub vip_name: String,
-    pub vip: IpAddr,
-    pub port: u16,
-    pub protocol: &'static str,
-    pub backend: IpAddr,
-    pub mac: String,
-    pub weight: u32,
-    pub state: &'static str,
-    pub reason: String,
-    pub local: bool,
-    pub packets: u64,
-    pub bytes: u64,
-    pub new_flows: u64,
-}
-
-#[derive(Clone, Debug, Serialize)]
-pub struct VipRow {
-    pub name: String,
-    pub vip: IpAddr,
-    pub port: u16,
-    pub protocol: &'static str,
-    pub owned: bool,
-    pub vrrp: Option<String>,
-    pub backends_active: usize,
-    pub backends_total: usize,
-    pub packets: u64,
-    pub bytes: u64,
-    pub new_flows: u64,
-}
+pub use crate::status::{BackendRow, CheckRow, VipRow};
 
 pub fn format_mac(m: &[u8; 6]) -> String {
     m.iter()
@@ -587,6 +555,7 @@ impl Daemon {
 
     pub async fn backends(&self) -> Result<Vec<BackendRow>> {
         let g = self.inner.lock().await;
+        let checks = g.health.status();
         let mut out = Vec::new();
         for (i, port) in g.cfg.services() {
             let v = &g.cfg.vips[i];
@@ -599,7 +568,21 @@ impl Daemon {
                     .map(|b| g.dp.backend_traffic(b.id))
                     .transpose()?
                     .unwrap_or_default();
+                let pair = (v.name.clone(), r.addr);
+                let check = checks
+                    .iter()
+                    .find(|c| c.id == format!("{}/{}", v.name, r.addr))
+                    .map(|c| CheckRow {
+                        result: c.last_result.clone(),
+                        duration_ms: c.last_duration_ms,
+                        at_unix_ms: c.last_check_unix_ms,
+                        checks_run: c.checks_run,
+                        checks_failed: c.checks_failed,
+                    });
                 out.push(BackendRow {
+                    healthy: g.facts.health.get(&pair).map(|h| h.healthy).unwrap_or(true),
+                    drained: g.facts.drained.contains(&pair),
+                    check,
                     vip_name: v.name.clone(),
                     vip: v.address,
                     port,
@@ -805,7 +788,7 @@ impl api::Handler for Daemon {
                         Response::text(503, "starting\n".into())
                     }
                 }
-                Request::Metrics => Response::text(200, self.metrics().await?),
+                Request::Metrics => Response::openmetrics(self.metrics().await?),
             })
         }
         .await;

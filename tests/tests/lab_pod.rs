@@ -113,7 +113,7 @@ fn sum(v: &Value) -> u64 {
 }
 
 #[test]
-fn pods_from_the_manifests_elect_forward_and_survive_a_crash() {
+fn pods_from_the_manifests_elect_and_forward_and_lbctl_works_inside() {
     let c = boot();
     let p = pods(&c);
     let (api, ingress) = elected(&c);
@@ -160,6 +160,13 @@ fn pods_from_the_manifests_elect_forward_and_survive_a_crash() {
         );
     }
 
+}
+
+#[test]
+fn sigkill_of_the_owners_pod_keeps_forwarding_and_the_restart_adopts_pinned_state() {
+    let c = boot();
+    let p = pods(&c);
+    let (api, _) = elected(&c);
     // SIGKILL of lbd in the owner's pod while 100 connections are open: the pinned program keeps
     // forwarding, a backup takes the VIP with the same table, the engine restarts the
     // container and the new lbd adopts the pinned state.
