@@ -152,6 +152,8 @@ pub struct Daemon {
     last_tick_ms: std::sync::atomic::AtomicU64,
     /// VRRP instances whose VIPs the previous lbd was forwarding (adopted pinned state).
     adopted_master: HashSet<String>,
+    /// VIPs owned without VRRP, held on the interface and announced.
+    static_vips: Mutex<crate::static_vip::StaticVips>,
 }
 
 /// The main loop ticks every second; this long without a tick means lbd is wedged.
@@ -169,6 +171,7 @@ impl Daemon {
     )> {
         let netlink = Netlink::new()?;
         let link = netlink.link(&cfg.interface).await?;
+        let cfg_interface = cfg.interface.clone();
         let mut dp = Dataplane::load(load_options(&cfg))?;
         dp.attach(&cfg.interface, cfg.xdp_mode)?;
         dp.spawn_log_reader()?;
@@ -203,6 +206,7 @@ impl Daemon {
             ready: false.into(),
             last_tick_ms: 0.into(),
             adopted_master: vrrp_master.into_keys().collect(),
+            static_vips: Mutex::new(crate::static_vip::StaticVips::new(&cfg_interface)),
         });
         daemon.refresh().await?;
         daemon
@@ -215,6 +219,11 @@ impl Daemon {
     /// instance's master state drives the ownership of its VIPs in the data plane.
     pub async fn start_vrrp(self: &Arc<Self>) -> Result<()> {
         let cfg = self.config().await;
+        self.static_vips
+            .lock()
+            .await
+            .set(self.netlink.handle(), &cfg)
+            .await?;
         if cfg.vrrp.is_empty() {
             return Ok(());
         }
@@ -457,6 +466,11 @@ impl Daemon {
     pub async fn reload_all(self: &Arc<Self>) -> Result<()> {
         self.reload().await?;
         let cfg = self.config().await;
+        self.static_vips
+            .lock()
+            .await
+            .set(self.netlink.handle(), &cfg)
+            .await?;
         self.reconcile_vrrp(&cfg).await
     }
 

@@ -10,6 +10,7 @@
 //! - [`plan`]: from config and facts to what the data plane should do (pure).
 //! - [`render`]: every node's config from one cluster description (pure; `lbctl render`).
 //! - [`daemon`]: `lbd`'s wiring of the above.
+//! - [`static_vip`]: VIPs owned without VRRP: on the interface and announced.
 //! - [`status`]: the status rows lbctl shows and metrics export.
 //! - [`metrics`]: Prometheus metrics (prometheus-client).
 //! - [`api`]: the JSON HTTP API over a unix socket (server and the client lbctl uses).
@@ -24,6 +25,7 @@ pub mod metrics;
 pub mod netlink;
 pub mod plan;
 pub mod render;
+pub mod static_vip;
 pub mod status;
 pub mod vrrp;
 

@@ -193,7 +193,8 @@ pub fn render(
         "vip_backends_active",
         "Backends of the VIP service receiving new flows.",
         None,
-        vips.iter().map(|v| (vip_labels(v), v.backends_active as i64)),
+        vips.iter()
+            .map(|v| (vip_labels(v), v.backends_active as i64)),
     );
     counter_family(
         &mut r,
@@ -278,7 +279,8 @@ pub fn render(
             );
         }
     }
-    let check_labels = |(vip, be): &(String, String)| labels(&[("vip", vip.clone()), ("backend", be.clone())]);
+    let check_labels =
+        |(vip, be): &(String, String)| labels(&[("vip", vip.clone()), ("backend", be.clone())]);
     counter_family(
         &mut r,
         "health_checks",
@@ -291,7 +293,9 @@ pub fn render(
         "health_check_failures",
         "Health checks of the backend that failed.",
         None,
-        checked.iter().map(|(k, (_, failed))| (check_labels(k), *failed)),
+        checked
+            .iter()
+            .map(|(k, (_, failed))| (check_labels(k), *failed)),
     );
     r.register_with_unit(
         "health_check_duration",
@@ -310,7 +314,8 @@ pub fn render(
 }
 
 fn render_vrrp(r: &mut Registry, instances: &[serde_json::Value]) {
-    let inst = |i: &serde_json::Value| labels(&[("instance", i["name"].as_str().unwrap_or("").into())]);
+    let inst =
+        |i: &serde_json::Value| labels(&[("instance", i["name"].as_str().unwrap_or("").into())]);
     // A state set: every state is always present with 0 or 1, so series never appear or vanish.
     let states = ["initialize", "backup", "master", "fault"];
     gauge_family(
@@ -332,7 +337,9 @@ fn render_vrrp(r: &mut Registry, instances: &[serde_json::Value]) {
         "vrrp_priority",
         "Configured base priority.",
         None,
-        instances.iter().map(|i| (inst(i), n(&i["base_priority"]) as i64)),
+        instances
+            .iter()
+            .map(|i| (inst(i), n(&i["base_priority"]) as i64)),
     );
     gauge_family(
         r,
@@ -345,9 +352,17 @@ fn render_vrrp(r: &mut Registry, instances: &[serde_json::Value]) {
     );
     for (metric, field, help) in [
         ("vrrp_transitions", "transitions", "State transitions."),
-        ("vrrp_became_master", "became_master", "Transitions to master."),
+        (
+            "vrrp_became_master",
+            "became_master",
+            "Transitions to master.",
+        ),
         ("vrrp_adverts_sent", "adverts_sent", "Adverts sent."),
-        ("vrrp_adverts_received", "adverts_received", "Valid adverts received."),
+        (
+            "vrrp_adverts_received",
+            "adverts_received",
+            "Valid adverts received.",
+        ),
         (
             "vrrp_send_errors",
             "send_errors",
@@ -469,7 +484,9 @@ mod tests {
         let sample = s
             .samples
             .iter()
-            .find(|x| x.metric == name && (label.0.is_empty() || x.labels.get(label.0) == Some(label.1)))
+            .find(|x| {
+                x.metric == name && (label.0.is_empty() || x.labels.get(label.0) == Some(label.1))
+            })
             .unwrap_or_else(|| panic!("no {name}{{{}={}}}", label.0, label.1));
         match sample.value {
             prometheus_parse::Value::Counter(v)
@@ -482,7 +499,11 @@ mod tests {
     #[test]
     fn exposition_parses_and_follows_the_conventions() {
         let (vips, backends) = rows();
-        observe_health_check("api/192.168.111.20", "https", std::time::Duration::from_millis(3));
+        observe_health_check(
+            "api/192.168.111.20",
+            "https",
+            std::time::Duration::from_millis(3),
+        );
         let stats = serde_json::json!({
             "uptime_s": 5, "conntrack_entries": 2, "conntrack_size": 1024,
             "reloads": 1, "reload_failures": 0, "counters": {"tx": 9, "pass": 1},
@@ -496,14 +517,36 @@ mod tests {
         }]);
         let text = render(&stats, &vips, &backends, &vrrp);
         let s = scrape(&text);
-        assert_eq!(value(&s, "lb_build_info", ("version", env!("CARGO_PKG_VERSION"))), 1.0);
+        assert_eq!(
+            value(&s, "lb_build_info", ("version", env!("CARGO_PKG_VERSION"))),
+            1.0
+        );
         assert_eq!(value(&s, "lb_xdp_packets_total", ("reason", "tx")), 9.0);
         assert_eq!(value(&s, "lb_vip_bytes_total", ("vip", "api")), 1500.0);
-        assert_eq!(value(&s, "lb_backend_up", ("backend", "192.168.111.20")), 1.0);
-        assert_eq!(value(&s, "lb_backend_up", ("backend", "192.168.111.21")), 0.0);
-        assert_eq!(value(&s, "lb_backend_bytes_total", ("backend", "192.168.111.21")), 700.0);
-        assert_eq!(value(&s, "lb_health_check_failures_total", ("backend", "192.168.111.21")), 4.0);
-        assert_eq!(value(&s, "lb_vrrp_send_errors_total", ("instance", "api")), 3.0);
+        assert_eq!(
+            value(&s, "lb_backend_up", ("backend", "192.168.111.20")),
+            1.0
+        );
+        assert_eq!(
+            value(&s, "lb_backend_up", ("backend", "192.168.111.21")),
+            0.0
+        );
+        assert_eq!(
+            value(&s, "lb_backend_bytes_total", ("backend", "192.168.111.21")),
+            700.0
+        );
+        assert_eq!(
+            value(
+                &s,
+                "lb_health_check_failures_total",
+                ("backend", "192.168.111.21")
+            ),
+            4.0
+        );
+        assert_eq!(
+            value(&s, "lb_vrrp_send_errors_total", ("instance", "api")),
+            3.0
+        );
         assert_eq!(value(&s, "lb_vrrp_state", ("state", "master")), 1.0);
         assert_eq!(value(&s, "lb_vrrp_state", ("state", "backup")), 0.0);
         assert_eq!(value(&s, "lb_uptime_seconds", ("", "")), 5.0);
@@ -511,25 +554,48 @@ mod tests {
         let h = s
             .samples
             .iter()
-            .find(|x| x.metric == "lb_health_check_duration_seconds" && x.labels.get("target") == Some("api/192.168.111.20"))
+            .find(|x| {
+                x.metric == "lb_health_check_duration_seconds"
+                    && x.labels.get("target") == Some("api/192.168.111.20")
+            })
             .expect("health-check duration histogram");
         match &h.value {
             prometheus_parse::Value::Histogram(buckets) => {
-                assert!(buckets.iter().any(|b| b.less_than >= 0.004 && b.count >= 1.0), "{buckets:?}");
+                assert!(
+                    buckets
+                        .iter()
+                        .any(|b| b.less_than >= 0.004 && b.count >= 1.0),
+                    "{buckets:?}"
+                );
             }
             other => panic!("not a histogram: {other:?}"),
         }
         // No label carries state: the backend's series are the same whatever it is doing.
         for x in &s.samples {
-            assert!(x.labels.get("state").is_none() || x.metric == "lb_vrrp_state", "{}: {:?}", x.metric, x.labels);
+            assert!(
+                x.labels.get("state").is_none() || x.metric == "lb_vrrp_state",
+                "{}: {:?}",
+                x.metric,
+                x.labels
+            );
             if let Some(help) = s.docs.get(x.metric.trim_end_matches("_total")) {
                 assert!(!help.is_empty());
             }
         }
         // Counters are named `_total`, and every family has help text.
-        for family in ["lb_xdp_packets", "lb_vip_packets", "lb_backend_new_flows", "lb_vrrp_adverts_sent"] {
+        for family in [
+            "lb_xdp_packets",
+            "lb_vip_packets",
+            "lb_backend_new_flows",
+            "lb_vrrp_adverts_sent",
+        ] {
             assert!(s.docs.contains_key(family), "{family} documented");
-            assert!(s.samples.iter().any(|x| x.metric == format!("{family}_total")), "{family}_total");
+            assert!(
+                s.samples
+                    .iter()
+                    .any(|x| x.metric == format!("{family}_total")),
+                "{family}_total"
+            );
         }
         assert!(text.ends_with("# EOF\n"), "OpenMetrics framing");
     }

@@ -735,12 +735,19 @@ roles = ["worker"]
         assert_eq!(masters.len(), 2);
         let mc = machine_config(
             "master",
-            &[("/etc/lb/nodes/master-0.toml".into(), "a = \"x y\"\n".into(), 0o644)],
+            &[(
+                "/etc/lb/nodes/master-0.toml".into(),
+                "a = \"x y\"\n".into(),
+                0o644,
+            )],
         );
         assert!(mc.contains("name: 99-master-lb"), "{mc}");
         assert!(mc.contains("machineconfiguration.openshift.io/role: master"));
         assert!(mc.contains("mode: 420"));
-        assert!(mc.contains("source: \"data:,a%20%3D%20%22x%20y%22%0A\""), "{mc}");
+        assert!(
+            mc.contains("source: \"data:,a%20%3D%20%22x%20y%22%0A\""),
+            "{mc}"
+        );
     }
 
     #[test]

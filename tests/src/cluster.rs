@@ -153,7 +153,10 @@ impl Cluster {
                 // Every node gets every node's config, as from one MachineConfig.
                 Runner::Pod(_) => {
                     for m in c.nodes() {
-                        c.write_config(&c.config_dir(m).join("nodes").join(format!("{n}.toml")), cfg)
+                        c.write_config(
+                            &c.config_dir(m).join("nodes").join(format!("{n}.toml")),
+                            cfg,
+                        )
                     }
                 }
             }

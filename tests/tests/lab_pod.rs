@@ -32,8 +32,12 @@ fn boot() -> Cluster {
     // Host networking must mean the node's network: a pod that landed in the host's
     // namespace would be a test escaping its lab.
     for n in CONTROL_PLANE {
-        wait_for(Duration::from_secs(30), || c.lbctl(n, &["stats"]))
-            .unwrap_or_else(|| panic!("lbd does not answer in the pod on {n}\n{}", pods(&c).logs(n)));
+        wait_for(Duration::from_secs(30), || c.lbctl(n, &["stats"])).unwrap_or_else(|| {
+            panic!(
+                "lbd does not answer in the pod on {n}\n{}",
+                pods(&c).logs(n)
+            )
+        });
         let pid = pods(&c).pid(n).expect("lbd's pid");
         assert_eq!(
             Pods::netns_of_pid(pid),
@@ -81,9 +85,16 @@ fn events(c: &Cluster) -> String {
                 .logs(n)
                 .lines()
                 .filter(|l| {
-                    ["VRRP state", "ownership", "adopted", "keeping", "lbd running", "stopping"]
-                        .iter()
-                        .any(|k| l.contains(k))
+                    [
+                        "VRRP state",
+                        "ownership",
+                        "adopted",
+                        "keeping",
+                        "lbd running",
+                        "stopping",
+                    ]
+                    .iter()
+                    .any(|k| l.contains(k))
                 })
                 .map(str::to_owned)
                 .collect();
@@ -118,6 +129,14 @@ fn pods_from_the_manifests_elect_and_forward_and_lbctl_works_inside() {
     let p = pods(&c);
     let (api, ingress) = elected(&c);
 
+    // A normal start logs no warnings (an operator reads WARN as trouble).
+    for n in CONTROL_PLANE {
+        let logs = p.logs(n);
+        assert!(
+            !logs.contains("\"level\":\"WARN\""),
+            "warnings at a normal start on {n}:\n{logs}"
+        );
+    }
     // Forwarding through both VIPs of the combined config, spread over the backends.
     let v = c.get_many(&format!("{API_VIP}:6443"), true, 300);
     assert_eq!(v["ok"], 300, "HTTPS through the API VIP: {v}");
@@ -159,7 +178,6 @@ fn pods_from_the_manifests_elect_and_forward_and_lbctl_works_inside() {
             String::from_utf8_lossy(&out.stderr)
         );
     }
-
 }
 
 #[test]

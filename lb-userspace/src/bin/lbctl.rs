@@ -569,7 +569,11 @@ async fn run_once(cli: Cli) -> Result<()> {
                         .iter()
                         .map(|(n, r)| {
                             (
-                                format!("{}/{}.toml", lb_userspace::render::NODE_CONFIG_DIR, n.name),
+                                format!(
+                                    "{}/{}.toml",
+                                    lb_userspace::render::NODE_CONFIG_DIR,
+                                    n.name
+                                ),
                                 to_toml(&spec.name, r),
                                 0o600,
                             )
