@@ -87,6 +87,14 @@ impl Response {
             content_type: "application/json",
         }
     }
+    /// The metrics exposition (prometheus-client writes OpenMetrics text).
+    pub fn openmetrics(body: String) -> Response {
+        Response {
+            status: 200,
+            body,
+            content_type: "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        }
+    }
     pub fn text(status: u16, body: String) -> Response {
         Response {
             status,
@@ -368,6 +376,30 @@ impl Client {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_silent_lbd_gives_a_clear_timeout() {
+        let path = std::env::temp_dir().join(format!("lb-api-silent-{}.sock", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        let listener = tokio::net::UnixListener::bind(&path).unwrap();
+        // Accepts, then never answers: a wedged daemon.
+        let hold = tokio::spawn(async move {
+            let (s, _) = listener.accept().await.unwrap();
+            tokio::time::sleep(std::time::Duration::from_secs(30)).await;
+            drop(s);
+        });
+        let started = std::time::Instant::now();
+        let e = Client::new(&path)
+            .with_timeout(std::time::Duration::from_millis(300))
+            .call(Method::GET, "/v1/stats", None)
+            .await
+            .unwrap_err()
+            .to_string();
+        hold.abort();
+        let _ = std::fs::remove_file(&path);
+        assert!(e.contains("did not answer /v1/stats within 300ms"), "{e}");
+        assert!(started.elapsed() < std::time::Duration::from_secs(5));
+    }
 
     #[test]
     fn routes() {

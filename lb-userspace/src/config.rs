@@ -11,10 +11,12 @@ use crate::{health::HealthConfig, maglev::is_prime, vrrp::InstanceConfig};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    #[error("cannot read {path}: {source}")]
+    // Not a `source`: the message already carries the reason, and error chains would print it
+    // twice.
+    #[error("cannot read {path}: {error}")]
     Read {
         path: PathBuf,
-        source: std::io::Error,
+        error: std::io::Error,
     },
     #[error("{0}")]
     Parse(String),
@@ -218,9 +220,9 @@ pub const MAX_TABLE_SIZE: u32 = 1_000_003;
 
 impl Config {
     pub fn load(path: &std::path::Path) -> Result<Config, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        let text = std::fs::read_to_string(path).map_err(|error| ConfigError::Read {
             path: path.to_owned(),
-            source,
+            error,
         })?;
         Self::parse(&text)
     }

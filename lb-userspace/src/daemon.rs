@@ -10,7 +10,6 @@ use std::{
 };
 
 use anyhow::{Context, Result, bail};
-use serde::Serialize;
 use tokio::sync::Mutex;
 
 mod churn;
@@ -123,38 +122,7 @@ pub fn load_options(cfg: &Config) -> LoadOptions {
     }
 }
 
-/// One row of `lbctl backends list`.
-#[derive(Clone, Debug, Serialize)]
-pub struct BackendRow {
-    pub vip_name: String,
-    pub vip: IpAddr,
-    pub port: u16,
-    pub protocol: &'static str,
-    pub backend: IpAddr,
-    pub mac: String,
-    pub weight: u32,
-    pub state: &'static str,
-    pub reason: String,
-    pub local: bool,
-    pub packets: u64,
-    pub bytes: u64,
-    pub new_flows: u64,
-}
-
-#[derive(Clone, Debug, Serialize)]
-pub struct VipRow {
-    pub name: String,
-    pub vip: IpAddr,
-    pub port: u16,
-    pub protocol: &'static str,
-    pub owned: bool,
-    pub vrrp: Option<String>,
-    pub backends_active: usize,
-    pub backends_total: usize,
-    pub packets: u64,
-    pub bytes: u64,
-    pub new_flows: u64,
-}
+pub use crate::status::{BackendRow, CheckRow, VipRow};
 
 pub fn format_mac(m: &[u8; 6]) -> String {
     m.iter()
@@ -203,6 +171,10 @@ pub struct Daemon {
     last_tick_ms: std::sync::atomic::AtomicU64,
     /// The connection table's size, counted in the background (never under `inner`).
     conntrack: Arc<conntrack::ConntrackCount>,
+    /// VRRP instances whose VIPs the previous lbd was forwarding (adopted pinned state).
+    adopted_master: HashSet<String>,
+    /// VIPs owned without VRRP, held on the interface and announced.
+    static_vips: Mutex<crate::static_vip::StaticVips>,
 }
 
 /// The main loop ticks every second; this long without a tick means lbd is wedged.
@@ -223,6 +195,7 @@ impl Daemon {
         // A link pinned to a device that was deleted since (the interface was recreated) must
         // not make every start fail: drop it and attach afresh.
         churn::drop_stale_link_pin(&churn::link_pin(&load_options(&cfg), &cfg.interface), &link)?;
+        let cfg_interface = cfg.interface.clone();
         let mut dp = Dataplane::load(load_options(&cfg))?;
         dp.attach(&cfg.interface, cfg.xdp_mode)?;
         dp.spawn_log_reader()?;
@@ -233,11 +206,13 @@ impl Daemon {
         );
         let up = adopted_up(&cfg, &dp);
         let drained = adopted_drained(&cfg, &dp);
+        let vrrp_master = adopted_ownership(&cfg, &dp);
         let (health, events) = HealthMonitor::start(health_targets(&cfg, &up));
         let facts = Facts {
             if_mac: link.mac,
             health: initial_health(&cfg, &up),
             drained,
+            vrrp_master: vrrp_master.clone(),
             ..Default::default()
         };
         let daemon = Arc::new(Daemon {
@@ -264,6 +239,8 @@ impl Daemon {
             vrrp_started: false.into(),
             last_tick_ms: 0.into(),
             conntrack,
+            adopted_master: vrrp_master.into_keys().collect(),
+            static_vips: Mutex::new(crate::static_vip::StaticVips::new(&cfg_interface)),
         });
         daemon.refresh().await?;
         daemon
@@ -276,6 +253,11 @@ impl Daemon {
     /// instance's master state drives the ownership of its VIPs in the data plane.
     pub async fn start_vrrp(self: &Arc<Self>) -> Result<()> {
         let cfg = self.config().await;
+        self.static_vips
+            .lock()
+            .await
+            .set(self.netlink.handle(), &cfg)
+            .await?;
         if cfg.vrrp.is_empty() {
             return Ok(());
         }
@@ -321,9 +303,19 @@ impl Daemon {
         let mut owned = instance.ownership();
         let (d, name) = (self.clone(), r.name.clone());
         let grace = Duration::from_millis(self.config().await.handover_grace_ms);
+        // After a crash and a quick restart, clients may still send to this node (their ARP/ND
+        // caches) until another node has taken over and announced it. Keep forwarding with the
+        // adopted table until the new master can have done so, instead of answering from the
+        // local stack with resets: the instance's master-down interval plus a second.
+        let hold = if self.adopted_master.contains(&r.name) {
+            let interval = Duration::from_millis(u64::from(r.interval_ms()));
+            crate::vrrp::state::master_down_interval(r.priority, interval) + Duration::from_secs(1)
+        } else {
+            Duration::ZERO
+        };
         tokio::spawn(async move {
             // Mastership drives forwarding, through the handover grace (see `handover`).
-            let mut handover = Handover::new(grace);
+            let mut handover = Handover::adopted(grace, hold, Instant::now());
             let mut f = handover.observe(*owned.borrow_and_update(), Instant::now());
             let mut alive = true;
             loop {
@@ -591,6 +583,7 @@ impl Daemon {
 
     pub async fn backends(&self) -> Result<Vec<BackendRow>> {
         let g = self.inner.lock().await;
+        let checks = g.health.status();
         let mut out = Vec::new();
         for (i, port) in g.cfg.services() {
             let v = &g.cfg.vips[i];
@@ -603,7 +596,21 @@ impl Daemon {
                     .map(|b| g.dp.backend_traffic(b.id))
                     .transpose()?
                     .unwrap_or_default();
+                let pair = (v.name.clone(), r.addr);
+                let check = checks
+                    .iter()
+                    .find(|c| c.id == format!("{}/{}", v.name, r.addr))
+                    .map(|c| CheckRow {
+                        result: c.last_result.clone(),
+                        duration_ms: c.last_duration_ms,
+                        at_unix_ms: c.last_check_unix_ms,
+                        checks_run: c.checks_run,
+                        checks_failed: c.checks_failed,
+                    });
                 out.push(BackendRow {
+                    healthy: g.facts.health.get(&pair).map(|h| h.healthy).unwrap_or(true),
+                    drained: g.facts.drained.contains(&pair),
+                    check,
                     vip_name: v.name.clone(),
                     vip: v.address,
                     port,
@@ -707,6 +714,20 @@ impl Daemon {
     }
 }
 
+/// VRRP instances some of whose VIP services the previous lbd left forwarding, as owned.
+fn adopted_ownership(cfg: &Config, dp: &Dataplane) -> std::collections::HashMap<String, bool> {
+    let mut out = std::collections::HashMap::new();
+    for (i, port) in cfg.services() {
+        let v = &cfg.vips[i];
+        if let Some(name) = &v.vrrp
+            && dp.owned(&vip_key(v.address, port, v.protocol.number())) == Some(true)
+        {
+            out.insert(name.clone(), true);
+        }
+    }
+    out
+}
+
 /// (VIP name, backend) pairs that a previous lbd left drained: drains survive restarts.
 fn adopted_drained(cfg: &Config, dp: &Dataplane) -> HashSet<(String, IpAddr)> {
     let mut out = HashSet::new();
@@ -777,7 +798,7 @@ impl api::Handler for Daemon {
                     let (status, text) = self.readyz().await;
                     Response::text(status, text)
                 }
-                Request::Metrics => Response::text(200, self.metrics().await?),
+                Request::Metrics => Response::openmetrics(self.metrics().await?),
             })
         }
         .await;

@@ -28,8 +28,8 @@ pub struct Forwarding {
 pub struct Handover {
     grace: Duration,
     master: bool,
-    /// When mastership was lost (start of the grace), while the grace lasts.
-    lost_at: Option<Instant>,
+    /// End of the current grace, while one lasts.
+    grace_until: Option<Instant>,
 }
 
 impl Handover {
@@ -37,16 +37,28 @@ impl Handover {
         Handover {
             grace,
             master: false,
-            lost_at: None,
+            grace_until: None,
+        }
+    }
+
+    /// A restarted lbd that adopted a data plane the previous lbd was forwarding for this
+    /// instance (a crash and a quick restart): clients may still send here until another node
+    /// has taken over and announced itself, so forward until `hold` has passed unless VRRP makes
+    /// us master first. Later losses of mastership get the normal grace.
+    pub fn adopted(grace: Duration, hold: Duration, now: Instant) -> Self {
+        Handover {
+            grace,
+            master: false,
+            grace_until: (!hold.is_zero()).then(|| now + hold),
         }
     }
 
     /// VRRP says `master` at `now` (a change or not).
     pub fn observe(&mut self, master: bool, now: Instant) -> Forwarding {
         if master {
-            self.lost_at = None;
+            self.grace_until = None;
         } else if self.master && !self.grace.is_zero() {
-            self.lost_at = Some(now);
+            self.grace_until = Some(now + self.grace);
         }
         self.master = master;
         self.at(now)
@@ -60,13 +72,13 @@ impl Handover {
                 until: None,
             };
         }
-        match self.lost_at {
-            Some(t) if now < t + self.grace => Forwarding {
+        match self.grace_until {
+            Some(t) if now < t => Forwarding {
                 forward: true,
-                until: Some(t + self.grace),
+                until: Some(t),
             },
             _ => {
-                self.lost_at = None;
+                self.grace_until = None;
                 Forwarding {
                     forward: false,
                     until: None,
@@ -77,8 +89,8 @@ impl Handover {
 
     /// Time left in the grace at `now` (zero when not in one): how long a stopping lbd stays.
     pub fn remaining(&self, now: Instant) -> Duration {
-        match self.lost_at {
-            Some(t) if !self.master => (t + self.grace).saturating_duration_since(now),
+        match self.grace_until {
+            Some(t) if !self.master => t.saturating_duration_since(now),
             _ => Duration::ZERO,
         }
     }
@@ -158,5 +170,29 @@ mod tests {
         let t = Instant::now();
         h.observe(true, t);
         assert!(!h.observe(false, t).forward);
+    }
+
+    #[test]
+    fn an_adopted_forwarding_plane_is_held_until_the_vip_has_moved() {
+        let t = Instant::now();
+        let hold = Duration::from_millis(1400);
+        let mut h = Handover::adopted(G, hold, t);
+        // VRRP starts as backup: keep forwarding with the adopted table for the hold.
+        assert_eq!(
+            h.observe(false, t),
+            Forwarding {
+                forward: true,
+                until: Some(t + hold)
+            }
+        );
+        assert!(!h.at(t + hold).forward);
+        // Nothing adopted: no hold.
+        let mut fresh = Handover::adopted(G, Duration::ZERO, t);
+        assert!(!fresh.observe(false, t).forward);
+        // Master during the hold ends it; a later loss gets the normal grace.
+        let mut h = Handover::adopted(G, hold, t);
+        assert!(h.observe(true, t + Duration::from_millis(10)).forward);
+        let lost = t + Duration::from_secs(9);
+        assert_eq!(h.observe(false, lost).until, Some(lost + G));
     }
 }

@@ -10,7 +10,9 @@
 //! - [`plan`]: from config and facts to what the data plane should do (pure).
 //! - [`render`]: every node's config from one cluster description (pure; `lbctl render`).
 //! - [`daemon`]: `lbd`'s wiring of the above.
-//! - [`metrics`]: Prometheus text rendering.
+//! - [`static_vip`]: VIPs owned without VRRP: on the interface and announced.
+//! - [`status`]: the status rows lbctl shows and metrics export.
+//! - [`metrics`]: Prometheus metrics (prometheus-client).
 //! - [`api`]: the JSON HTTP API over a unix socket (server and the client lbctl uses).
 
 pub mod api;
@@ -24,6 +26,8 @@ pub mod metrics;
 pub mod netlink;
 pub mod plan;
 pub mod render;
+pub mod static_vip;
+pub mod status;
 pub mod vrrp;
 
 /// The XDP object built by build.rs (empty when built without the eBPF toolchain).

@@ -133,9 +133,9 @@ impl ClusterSpec {
     }
 
     pub fn load(path: &std::path::Path) -> Result<ClusterSpec, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        let text = std::fs::read_to_string(path).map_err(|error| ConfigError::Read {
             path: path.to_owned(),
-            source,
+            error,
         })?;
         Self::parse(&text)
     }
@@ -431,11 +431,121 @@ fn truncate_bytes(s: &str, n: usize) -> &str {
     &s[..end]
 }
 
+/// The config this node runs when `path` is a directory of rendered configs (a MachineConfig
+/// ships every node's to every node of a pool): the one whose VRRP source address is an
+/// address of this host. Exactly one must match. A file path is returned as is.
+///
+/// Matching on the address, not the hostname, works whatever the node's hostname looks like
+/// (short, FQDN) and whether or not the container shares the node's UTS namespace.
+pub fn node_config_path(path: &std::path::Path) -> Result<PathBuf, ConfigError> {
+    if !path.is_dir() {
+        return Ok(path.to_owned());
+    }
+    let read_err = |error| ConfigError::Read {
+        path: path.to_owned(),
+        error,
+    };
+    let mut files: Vec<PathBuf> = std::fs::read_dir(path)
+        .map_err(read_err)?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().and_then(|x| x.to_str()) == Some("toml"))
+        .collect();
+    files.sort();
+    let mut mine = Vec::new();
+    for f in &files {
+        let cfg = Config::load(f).map_err(|e| invalid(f.display().to_string(), e.to_string()))?;
+        let local = cfg
+            .vrrp
+            .iter()
+            .filter_map(|r| r.unicast_src)
+            .any(is_local_address);
+        if local {
+            mine.push(f.clone());
+        }
+    }
+    match mine.len() {
+        1 => Ok(mine.remove(0)),
+        0 => Err(invalid(
+            path.display().to_string(),
+            format!(
+                "none of the {} configs has a unicast_src that is an address of this host",
+                files.len()
+            ),
+        )),
+        _ => Err(invalid(
+            path.display().to_string(),
+            format!("several configs match this host: {mine:?}"),
+        )),
+    }
+}
+
+/// Whether `addr` is assigned here: binding to a non-local address fails (EADDRNOTAVAIL).
+fn is_local_address(addr: IpAddr) -> bool {
+    std::net::UdpSocket::bind((addr, 0)).is_ok()
+}
+
+/// Where a MachineConfig puts each node's config and the static pod.
+pub const NODE_CONFIG_DIR: &str = "/etc/lb/nodes";
+pub const STATIC_POD_PATH: &str = "/etc/kubernetes/manifests/lb.yaml";
+
+/// The machine-config pool a node belongs to: control-plane nodes (also on compact clusters,
+/// where they are workers too) are in `master`.
+pub fn pool(node: &NodeSpec) -> &'static str {
+    if node.roles.contains(&Role::ControlPlane) {
+        "master"
+    } else {
+        "worker"
+    }
+}
+
+/// A MachineConfig for `pool` that writes `files` (path, contents, mode). The MCO rolls it out
+/// node by node, and owns the files afterwards: nobody edits them by hand (a node whose
+/// MCO-managed files differ from its rendered config is marked degraded).
+pub fn machine_config(pool: &str, files: &[(String, String, u32)]) -> String {
+    let mut y = [
+        format!("# Rendered by `lbctl render`: lb's files for the {pool} pool (docs/deploy.md)."),
+        "apiVersion: machineconfiguration.openshift.io/v1".into(),
+        "kind: MachineConfig".into(),
+        "metadata:".into(),
+        format!("  name: 99-{pool}-lb"),
+        "  labels:".into(),
+        format!("    machineconfiguration.openshift.io/role: {pool}"),
+        "spec:".into(),
+        "  config:".into(),
+        "    ignition:".into(),
+        "      version: 3.2.0".into(),
+        "    storage:".into(),
+        "      files:".into(),
+    ]
+    .join("\n")
+        + "\n";
+    for (path, contents, mode) in files {
+        y += &format!(
+            "      - path: {path}\n        mode: {mode}\n        overwrite: true\n        contents:\n          source: \"data:,{}\"\n",
+            percent_encode(contents)
+        );
+    }
+    y
+}
+
+/// RFC 3986 percent-encoding of everything but unreserved characters (an Ignition data URL).
+fn percent_encode(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() * 2);
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') {
+            out.push(b as char);
+        } else {
+            out += &format!("%{b:02X}");
+        }
+    }
+    out
+}
+
 /// A node's config as TOML, with a header saying where it came from.
 pub fn to_toml(cluster: &str, r: &Rendered) -> String {
     let body = toml::to_string_pretty(&r.config).unwrap_or_else(|e| format!("# {e}\n"));
     format!(
-        "# /etc/lb/lbd.toml for node {} of cluster {cluster:?}.\n# Rendered by `lbctl render`; edit the cluster description and render again.\n\n{body}",
+        "# lbd config of node {} of cluster {cluster:?}.\n# Rendered by `lbctl render`; edit the cluster description and render again.\n\n{body}",
         r.node
     )
 }
@@ -596,6 +706,52 @@ roles = ["worker"]
         assert!(e.starts_with("nodes:"), "ingress without routers: {e}");
         let e = err(&format!("{SPLIT}\nfoo = 1\n"));
         assert!(e.contains("foo"), "{e}");
+    }
+
+    #[test]
+    fn a_directory_of_rendered_configs_resolves_to_this_hosts() {
+        // 127.0.0.1 is local on every host; 192.0.2.x (TEST-NET-1) is not assigned here.
+        let text = SPLIT
+            .replace("192.168.111.20", "127.0.0.1")
+            .replace("192.168.111.", "192.0.2.");
+        let out = ClusterSpec::parse(&text).unwrap().render().unwrap();
+        let dir = std::env::temp_dir().join(format!("lb-render-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        for r in &out {
+            std::fs::write(dir.join(format!("{}.toml", r.node)), to_toml("t", r)).unwrap();
+        }
+        let got = node_config_path(&dir);
+        let none = {
+            std::fs::remove_file(dir.join("master-0.toml")).unwrap();
+            node_config_path(&dir).unwrap_err().to_string()
+        };
+        let _ = std::fs::remove_dir_all(&dir);
+        assert_eq!(got.unwrap(), dir.join("master-0.toml"));
+        assert!(none.contains("none of the 3 configs"), "{none}");
+        let file = std::path::Path::new("/etc/lb/lbd.toml");
+        assert_eq!(node_config_path(file).unwrap(), file);
+    }
+
+    #[test]
+    fn machine_configs_carry_every_node_of_the_pool() {
+        let spec = ClusterSpec::parse(SPLIT).unwrap();
+        let masters: Vec<&NodeSpec> = spec.nodes.iter().filter(|n| pool(n) == "master").collect();
+        assert_eq!(masters.len(), 2);
+        let mc = machine_config(
+            "master",
+            &[(
+                "/etc/lb/nodes/master-0.toml".into(),
+                "a = \"x y\"\n".into(),
+                0o644,
+            )],
+        );
+        assert!(mc.contains("name: 99-master-lb"), "{mc}");
+        assert!(mc.contains("machineconfiguration.openshift.io/role: master"));
+        assert!(mc.contains("mode: 420"));
+        assert!(
+            mc.contains("source: \"data:,a%20%3D%20%22x%20y%22%0A\""),
+            "{mc}"
+        );
     }
 
     #[test]

@@ -146,9 +146,23 @@ impl Cluster {
                 );
             }
         }
-        for (n, cfg) in c.render() {
-            c.write_config(&n, &cfg);
-            c.start(&n);
+        let rendered = c.render();
+        for (n, cfg) in &rendered {
+            match c.runner {
+                Runner::Process => c.write_config(&c.config_path(n), cfg),
+                // Every node gets every node's config, as from one MachineConfig.
+                Runner::Pod(_) => {
+                    for m in c.nodes() {
+                        c.write_config(
+                            &c.config_dir(m).join("nodes").join(format!("{n}.toml")),
+                            cfg,
+                        )
+                    }
+                }
+            }
+        }
+        for (n, _) in &rendered {
+            c.start(n);
         }
         c
     }
@@ -210,10 +224,9 @@ impl Cluster {
             .collect()
     }
 
-    fn write_config(&self, node: &str, cfg: &Config) {
-        let path = self.config_path(node);
+    fn write_config(&self, path: &std::path::Path, cfg: &Config) {
         std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-        std::fs::write(&path, toml::to_string(cfg).unwrap()).unwrap();
+        std::fs::write(path, toml::to_string(cfg).unwrap()).unwrap();
     }
 
     pub fn ready_file(&self, node: &str) -> PathBuf {
@@ -236,8 +249,13 @@ impl Cluster {
     pub fn run_dir(&self, node: &str) -> PathBuf {
         self.lab.dir.join(node).join("run")
     }
+    /// Processes read lbd.toml; pods read the manifest's directory `/etc/lb/nodes`, which
+    /// holds every node's config as a MachineConfig would ship them: lbd picks its own.
     fn config_path(&self, node: &str) -> PathBuf {
-        self.config_dir(node).join("lbd.toml")
+        match self.runner {
+            Runner::Process => self.config_dir(node).join("lbd.toml"),
+            Runner::Pod(_) => self.config_dir(node).join("nodes"),
+        }
     }
     pub fn pin_name(&self, node: &str) -> String {
         format!("{}_{node}", self.lab.prefix.replace('-', "_"))

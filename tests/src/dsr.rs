@@ -60,8 +60,8 @@ pub fn setup(labnode: &str) -> DsrLab {
         lab.spawn(n, &format!("server-{n}"), labnode, &["serve-id", PORT, n]);
     }
     // The LB node owns the VIPs (static ownership: no VRRP in this lab).
-    lab.add_address("lb", VIP4);
-    lab.add_address("lb", VIP6);
+    // No address on lb: its VIPs are owned statically (`owned` defaults to true without
+    // `vrrp`), so lbd adds them to eth0 and announces them itself.
 
     let name = lab.prefix.replace('-', "_");
     let socket = lab.dir.join("lbd.sock").display().to_string();
@@ -70,6 +70,18 @@ pub fn setup(labnode: &str) -> DsrLab {
     lab.cleanup(std::path::PathBuf::from("/sys/fs/bpf").join(&name));
     let lbd = bin_dir().join("lbd");
     lab.spawn("lb", "lbd", &lbd, &["--config", cfg_path.to_str().unwrap()]);
+    let netns = lab.node("lb").netns.clone();
+    let on_eth0 = wait_for(Duration::from_secs(20), || {
+        let out = crate::lab::try_sh(&["ip", "-n", &netns, "addr", "show", "dev", "eth0"]);
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        (text.contains(&format!("{VIP4}/32")) && text.contains(&format!("{VIP6}/128")))
+            .then_some(())
+    });
+    assert!(
+        on_eth0.is_some(),
+        "lbd did not add its static VIPs to eth0\n{}",
+        lab.log("lbd")
+    );
     let l = DsrLab { lab, socket };
     // Ready when every backend of both VIPs is active (MAC resolved, health check passed).
     let ready = wait_for(Duration::from_secs(20), || {

@@ -6,11 +6,11 @@ pub mod cluster;
 pub mod dsr;
 pub mod frames;
 pub mod lab;
-pub mod strict;
 pub mod pods;
+pub mod strict;
 pub mod vrrp_lab;
-pub mod xdp_fuzz;
 pub mod vrrp_send;
+pub mod xdp_fuzz;
 
 use std::{
     net::IpAddr,

@@ -32,8 +32,13 @@ fn boot() -> Cluster {
     // Host networking must mean the node's network: a pod that landed in the host's
     // namespace would be a test escaping its lab.
     for n in CONTROL_PLANE {
-        let pid = wait_for(Duration::from_secs(20), || pods(&c).pid(n))
-            .unwrap_or_else(|| panic!("lbd not running in the pod on {n}\n{}", pods(&c).logs(n)));
+        wait_for(Duration::from_secs(30), || c.lbctl(n, &["stats"])).unwrap_or_else(|| {
+            panic!(
+                "lbd does not answer in the pod on {n}\n{}",
+                pods(&c).logs(n)
+            )
+        });
+        let pid = pods(&c).pid(n).expect("lbd's pid");
         assert_eq!(
             Pods::netns_of_pid(pid),
             Pods::netns_of_node(&c.lab, n),
@@ -71,6 +76,33 @@ fn elected(c: &Cluster) -> (String, String) {
     (api, ingress)
 }
 
+/// The VRRP and ownership events of every node's lbd, for failure messages.
+fn events(c: &Cluster) -> String {
+    CONTROL_PLANE
+        .iter()
+        .map(|n| {
+            let lines: Vec<String> = pods(c)
+                .logs(n)
+                .lines()
+                .filter(|l| {
+                    [
+                        "VRRP state",
+                        "ownership",
+                        "adopted",
+                        "keeping",
+                        "lbd running",
+                        "stopping",
+                    ]
+                    .iter()
+                    .any(|k| l.contains(k))
+                })
+                .map(str::to_owned)
+                .collect();
+            format!("--- {n}\n{}\n", lines.join("\n"))
+        })
+        .collect()
+}
+
 fn labnode(c: &Cluster, args: &[&str]) -> Child {
     c.lab
         .cmd("client", bin_dir().join("labnode"))
@@ -92,11 +124,19 @@ fn sum(v: &Value) -> u64 {
 }
 
 #[test]
-fn pods_from_the_manifests_elect_forward_and_survive_a_crash() {
+fn pods_from_the_manifests_elect_and_forward_and_lbctl_works_inside() {
     let c = boot();
     let p = pods(&c);
     let (api, ingress) = elected(&c);
 
+    // A normal start logs no warnings (an operator reads WARN as trouble).
+    for n in CONTROL_PLANE {
+        let logs = p.logs(n);
+        assert!(
+            !logs.contains("\"level\":\"WARN\""),
+            "warnings at a normal start on {n}:\n{logs}"
+        );
+    }
     // Forwarding through both VIPs of the combined config, spread over the backends.
     let v = c.get_many(&format!("{API_VIP}:6443"), true, 300);
     assert_eq!(v["ok"], 300, "HTTPS through the API VIP: {v}");
@@ -138,7 +178,13 @@ fn pods_from_the_manifests_elect_forward_and_survive_a_crash() {
             String::from_utf8_lossy(&out.stderr)
         );
     }
+}
 
+#[test]
+fn sigkill_of_the_owners_pod_keeps_forwarding_and_the_restart_adopts_pinned_state() {
+    let c = boot();
+    let p = pods(&c);
+    let (api, _) = elected(&c);
     // SIGKILL of lbd in the owner's pod while 100 connections are open: the pinned program keeps
     // forwarding, a backup takes the VIP with the same table, the engine restarts the
     // container and the new lbd adopts the pinned state.
@@ -163,7 +209,8 @@ fn pods_from_the_manifests_elect_forward_and_survive_a_crash() {
     assert_eq!(
         (sum(&held["survived_by_id"]), sum(&held["failed_by_id"])),
         (100, 0),
-        "connections across SIGKILL of the owner's lbd and its restart: {held}"
+        "connections across SIGKILL of the owner's lbd ({api}) and its restart: {held}\n{}",
+        events(&c)
     );
     let logs = wait_for(Duration::from_secs(20), || {
         let l = p.logs(&api);

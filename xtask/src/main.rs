@@ -318,15 +318,18 @@ fn image_dir(debug: bool) -> PathBuf {
 fn podman() -> Command {
     let mut c = Command::new("podman");
     if std::env::var_os("CONTAINERS_CONF").is_none() {
-        c.env("CONTAINERS_CONF", root().join("tests/podman/containers.conf"));
+        c.env(
+            "CONTAINERS_CONF",
+            root().join("tests/podman/containers.conf"),
+        );
     }
     c
 }
 
 /// The shared libraries `bin` loads (absolute paths from ldd, including the loader).
 fn libraries(bin: &Path) -> Result<Vec<PathBuf>> {
-    let out = output(Command::new("ldd").arg(bin))
-        .with_context(|| format!("ldd {}", bin.display()))?;
+    let out =
+        output(Command::new("ldd").arg(bin)).with_context(|| format!("ldd {}", bin.display()))?;
     let mut libs = Vec::new();
     for line in out.lines() {
         // "libc.so.6 => /lib/x86_64-linux-gnu/libc.so.6 (0x...)" or "/lib64/ld-linux-x86-64.so.2 (0x...)"

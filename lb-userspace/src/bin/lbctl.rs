@@ -7,7 +7,7 @@ use hyper::Method;
 use lb_userspace::api::{Client, DrainRequest};
 use serde_json::Value;
 
-#[derive(Parser)]
+#[derive(Parser, Clone)]
 #[command(
     name = "lbctl",
     version,
@@ -25,6 +25,9 @@ struct Cli {
     /// Output format.
     #[arg(long, short, global = true, value_enum, default_value = "table")]
     output: Output,
+    /// Run the command again every interval (default 2s) until interrupted, like watch(1).
+    #[arg(long, global = true, num_args = 0..=1, default_missing_value = "2s", value_parser = parse_duration)]
+    watch: Option<std::time::Duration>,
     /// Give up when lbd does not answer within this time (e.g. 500ms, 5s).
     #[arg(long, global = true, default_value = "5s", value_parser = parse_duration)]
     timeout: std::time::Duration,
@@ -38,7 +41,7 @@ enum Output {
     Json,
 }
 
-#[derive(Subcommand)]
+#[derive(Subcommand, Clone)]
 enum Cmd {
     /// Backends per VIP service: state, MAC, weight, traffic.
     #[command(subcommand)]
@@ -68,6 +71,10 @@ enum Cmd {
         /// Output directory (created if missing).
         #[arg(long)]
         out: PathBuf,
+        /// Also write MachineConfigs (99-<pool>-lb.yaml) shipping every node's config and the
+        /// static pod, whose image is this reference (by digest, e.g. from `cargo xtask image`).
+        #[arg(long)]
+        image: Option<String>,
     },
     /// Exit 0 if lbd is live (main loop running) or ready (data plane attached, config
     /// applied), else 1: for the pod's probes.
@@ -83,6 +90,19 @@ enum Cmd {
 enum ProbeKind {
     Live,
     Ready,
+}
+
+/// A static pod manifest with its `image:` set to `image`.
+fn with_image(manifest: &str, image: &str) -> String {
+    manifest
+        .lines()
+        .map(|l| match l.split_once("image: ") {
+            Some((indent, _)) if indent.trim().is_empty() => format!("{indent}image: {image}"),
+            _ => l.to_string(),
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+        + "\n"
 }
 
 /// "500ms", "5s", "2m", or plain seconds.
@@ -106,7 +126,7 @@ fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
     Ok(std::time::Duration::from_secs_f64(secs))
 }
 
-#[derive(Subcommand)]
+#[derive(Subcommand, Clone)]
 enum BackendsCmd {
     /// List backends.
     List,
@@ -116,16 +136,43 @@ enum BackendsCmd {
     Undrain { vip: String, backend: IpAddr },
 }
 
-#[derive(Subcommand)]
+#[derive(Subcommand, Clone)]
 enum VipsCmd {
     /// List VIP services.
     List,
 }
 
-#[derive(Subcommand)]
+#[derive(Subcommand, Clone)]
 enum VrrpCmd {
     /// Status of every VRRP instance.
     Status,
+}
+
+/// A past instant (unix ms) as "3.2s ago", "4m12s ago", "2h03m ago"; "-" when absent.
+fn ago(unix_ms: Option<u64>) -> String {
+    let Some(t) = unix_ms else {
+        return "-".into();
+    };
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0);
+    let ms = now.saturating_sub(t);
+    match ms {
+        0..=59_999 => format!("{:.1}s ago", ms as f64 / 1000.0),
+        60_000..=3_599_999 => format!("{}m{:02}s ago", ms / 60_000, ms / 1000 % 60),
+        3_600_000..=172_799_999 => format!("{}h{:02}m ago", ms / 3_600_000, ms / 60_000 % 60),
+        _ => format!("{}d ago", ms / 86_400_000),
+    }
+}
+
+/// A service port: `*` for every port.
+fn port(v: &Value) -> String {
+    match v["port"].as_u64() {
+        Some(0) => "*".into(),
+        Some(p) => p.to_string(),
+        None => "-".into(),
+    }
 }
 
 fn s(v: &Value, k: &str) -> String {
@@ -156,6 +203,55 @@ fn table(headers: &[&str], rows: Vec<Vec<String>>) {
     for r in rows {
         line(r);
     }
+}
+
+/// `lbctl backends list` as a table: state, traffic and the last health check.
+fn backends_table(v: &Value) {
+    let rows = v
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+        .iter()
+        .map(|b| {
+            let c = &b["check"];
+            let (check, took, when) = if c.is_null() {
+                ("not checked".to_string(), "-".to_string(), "-".to_string())
+            } else {
+                let result = match c["result"].as_str() {
+                    Some("") | None => "pending".to_string(),
+                    Some(r) => r.to_string(),
+                };
+                let took = c["duration_ms"]
+                    .as_u64()
+                    .map(|d| format!("{d}ms"))
+                    .unwrap_or_else(|| "-".into());
+                (result, took, ago(c["at_unix_ms"].as_u64()))
+            };
+            vec![
+                s(b, "vip_name"),
+                s(b, "vip"),
+                format!("{}/{}", port(b), s(b, "protocol")),
+                s(b, "backend"),
+                s(b, "mac"),
+                s(b, "weight"),
+                s(b, "state"),
+                s(b, "packets"),
+                s(b, "bytes"),
+                s(b, "new_flows"),
+                check,
+                took,
+                when,
+                s(b, "reason"),
+            ]
+        })
+        .collect();
+    table(
+        &[
+            "NAME", "VIP", "PORT", "BACKEND", "MAC", "WEIGHT", "STATE", "PACKETS", "BYTES",
+            "FLOWS", "CHECK", "TOOK", "CHECKED", "REASON",
+        ],
+        rows,
+    );
 }
 
 /// `lbctl vrrp status` as text: one block per instance.
@@ -203,10 +299,10 @@ fn vrrp_table(v: &Value) {
         );
         if let Some(t) = i.get("last_transition").filter(|t| !t.is_null()) {
             println!(
-                "  last change  {} -> {} at {}: {}",
+                "  last change  {} -> {} {}: {}",
                 s(t, "from"),
                 s(t, "to"),
-                s(t, "at_unix_ms"),
+                ago(t["at_unix_ms"].as_u64()),
                 s(t, "reason")
             );
         }
@@ -275,6 +371,24 @@ fn vrrp_table(v: &Value) {
 }
 
 async fn run(cli: Cli) -> Result<()> {
+    let Some(every) = cli.watch else {
+        return run_once(cli).await;
+    };
+    loop {
+        // Clear the screen and home the cursor, then a header like watch(1).
+        print!("\x1b[H\x1b[2J");
+        println!(
+            "every {every:?}: lbctl {}\n",
+            std::env::args().skip(1).collect::<Vec<_>>().join(" ")
+        );
+        if let Err(e) = run_once(cli.clone()).await {
+            println!("lbctl: {e:#}");
+        }
+        tokio::time::sleep(every).await;
+    }
+}
+
+async fn run_once(cli: Cli) -> Result<()> {
     let client = Client::new(&cli.socket).with_timeout(cli.timeout);
     let json = cli.output == Output::Json;
     let print_json =
@@ -285,34 +399,7 @@ async fn run(cli: Cli) -> Result<()> {
             if json {
                 print_json(&v);
             } else {
-                let rows = v
-                    .as_array()
-                    .cloned()
-                    .unwrap_or_default()
-                    .iter()
-                    .map(|b| {
-                        vec![
-                            s(b, "vip_name"),
-                            s(b, "vip"),
-                            format!("{}/{}", s(b, "port"), s(b, "protocol")),
-                            s(b, "backend"),
-                            s(b, "mac"),
-                            s(b, "weight"),
-                            s(b, "state"),
-                            s(b, "packets"),
-                            s(b, "bytes"),
-                            s(b, "new_flows"),
-                            s(b, "reason"),
-                        ]
-                    })
-                    .collect();
-                table(
-                    &[
-                        "NAME", "VIP", "PORT", "BACKEND", "MAC", "WEIGHT", "STATE", "PACKETS",
-                        "BYTES", "FLOWS", "REASON",
-                    ],
-                    rows,
-                );
+                backends_table(&v);
             }
         }
         Cmd::Backends(cmd @ (BackendsCmd::Drain { .. } | BackendsCmd::Undrain { .. })) => {
@@ -321,12 +408,27 @@ async fn run(cli: Cli) -> Result<()> {
                 BackendsCmd::Undrain { vip, backend } => ("/v1/backends/undrain", vip, backend),
                 BackendsCmd::List => unreachable!(),
             };
-            let body = serde_json::to_string(&DrainRequest { vip, backend })?;
+            let body = serde_json::to_string(&DrainRequest {
+                vip: vip.clone(),
+                backend,
+            })?;
             let v = client.call(Method::POST, path, Some(body)).await?;
             if json {
                 print_json(&v)
             } else {
-                println!("{}", v)
+                // The backend's rows as they are now, so the operator sees the effect.
+                let all = client.call(Method::GET, "/v1/backends", None).await?;
+                let rows: Vec<Value> = all
+                    .as_array()
+                    .cloned()
+                    .unwrap_or_default()
+                    .into_iter()
+                    .filter(|b| {
+                        (b["vip_name"] == vip.as_str() || b["vip"] == vip.as_str())
+                            && b["backend"] == backend.to_string().as_str()
+                    })
+                    .collect();
+                backends_table(&Value::Array(rows));
             }
         }
         Cmd::Vips(VipsCmd::List) => {
@@ -343,7 +445,7 @@ async fn run(cli: Cli) -> Result<()> {
                         vec![
                             s(x, "name"),
                             s(x, "vip"),
-                            format!("{}/{}", s(x, "port"), s(x, "protocol")),
+                            format!("{}/{}", port(x), s(x, "protocol")),
                             if x["owned"].as_bool() == Some(true) {
                                 "yes".into()
                             } else {
@@ -420,7 +522,11 @@ async fn run(cli: Cli) -> Result<()> {
                 println!("cluster {cluster_name}: api VRID {api}, ingress VRID {ingress}");
             }
         }
-        Cmd::Render { cluster, out } => {
+        Cmd::Render {
+            cluster,
+            out,
+            image,
+        } => {
             use lb_userspace::render::{ClusterSpec, to_toml};
             let spec = ClusterSpec::load(&cluster)
                 .map_err(|e| anyhow::anyhow!("{}: {e}", cluster.display()))?;
@@ -441,9 +547,49 @@ async fn run(cli: Cli) -> Result<()> {
                     "vips": r.config.vips.iter().map(|v| v.name.clone()).collect::<Vec<_>>(),
                 }));
             }
+            let mut machine_configs = Vec::new();
+            if let Some(image) = image {
+                for pool in ["master", "worker"] {
+                    let members: Vec<_> = spec
+                        .nodes
+                        .iter()
+                        .zip(&rendered)
+                        .filter(|(n, _)| lb_userspace::render::pool(n) == pool)
+                        .collect();
+                    if members.is_empty() {
+                        continue;
+                    }
+                    let pod = if pool == "master" {
+                        include_str!("../../../deploy/lb-control-plane.yaml")
+                    } else {
+                        include_str!("../../../deploy/lb-worker.yaml")
+                    };
+                    let pod = with_image(pod, &image);
+                    let mut files: Vec<(String, String, u32)> = members
+                        .iter()
+                        .map(|(n, r)| {
+                            (
+                                format!(
+                                    "{}/{}.toml",
+                                    lb_userspace::render::NODE_CONFIG_DIR,
+                                    n.name
+                                ),
+                                to_toml(&spec.name, r),
+                                0o600,
+                            )
+                        })
+                        .collect();
+                    files.push((lb_userspace::render::STATIC_POD_PATH.into(), pod, 0o644));
+                    let path = out.join(format!("99-{pool}-lb.yaml"));
+                    std::fs::write(&path, lb_userspace::render::machine_config(pool, &files))
+                        .map_err(|e| anyhow::anyhow!("write {}: {e}", path.display()))?;
+                    machine_configs.push(path);
+                }
+            }
             if json {
                 print_json(&serde_json::json!({
                     "cluster": spec.name, "api_vrid": api, "ingress_vrid": ingress, "nodes": rows,
+                    "machine_configs": machine_configs,
                 }));
             } else {
                 println!(
@@ -462,6 +608,9 @@ async fn run(cli: Cli) -> Result<()> {
                         })
                         .collect(),
                 );
+                for p in machine_configs {
+                    println!("machine config: {}", p.display());
+                }
             }
         }
         Cmd::Probe { what } => {
@@ -497,5 +646,37 @@ fn main() -> std::process::ExitCode {
             eprintln!("lbctl: {e:#}");
             std::process::ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn times_read_as_ago() {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as u64;
+        assert_eq!(ago(Some(now - 3_200)), "3.2s ago");
+        assert_eq!(ago(Some(now - 252_000)), "4m12s ago");
+        assert_eq!(ago(Some(now - 7_380_000)), "2h03m ago");
+        assert_eq!(ago(None), "-");
+    }
+
+    #[test]
+    fn all_ports_show_as_a_star() {
+        assert_eq!(port(&serde_json::json!({"port": 0})), "*");
+        assert_eq!(port(&serde_json::json!({"port": 443})), "443");
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("500ms").unwrap().as_millis(), 500);
+        assert_eq!(parse_duration("5s").unwrap().as_secs(), 5);
+        assert_eq!(parse_duration("2").unwrap().as_secs(), 2);
+        assert!(parse_duration("0s").is_err());
+        assert!(parse_duration("5h").is_err());
     }
 }

@@ -10,7 +10,9 @@ use clap::{Parser, Subcommand};
     about = "XDP load balancer daemon with a VRRP speaker"
 )]
 struct Cli {
-    /// Config file (TOML); see docs/config.md.
+    /// Config file (TOML); see docs/config.md. A directory of configs rendered by `lbctl render`
+    /// (what a MachineConfig ships to every node of a pool): lbd runs the one whose VRRP
+    /// `unicast_src` is an address of this host.
     #[arg(long, short, default_value = "/etc/lb/lbd.toml")]
     config: PathBuf,
     /// Log format.
@@ -37,10 +39,23 @@ enum Command {
     Teardown,
 }
 
+/// Info, except one target: netlink-packet-route 0.25 (the newest that rtnetlink 0.18 takes)
+/// warns on every link dump of a kernel whose IFLA_INET6_CONF grew past what it knows ("expecting
+/// 236, got 240" on 6.x). The extra bytes are IPv6 sysctls we never read, so the warning is
+/// noise that reads as trouble; errors from that module still show. LB_LOG overrides it all.
+const DEFAULT_LOG_FILTER: &str = "info,netlink_packet_route::link::buffer_tool=error";
+
 fn main() -> std::process::ExitCode {
-    let cli = Cli::parse();
+    let mut cli = Cli::parse();
+    match lb_userspace::render::node_config_path(&cli.config) {
+        Ok(p) => cli.config = p,
+        Err(e) => {
+            eprintln!("lbd: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    }
     let filter = tracing_subscriber::EnvFilter::try_from_env("LB_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(DEFAULT_LOG_FILTER));
     match cli.log_format {
         LogFormat::Human => tracing_subscriber::fmt()
             .with_env_filter(filter)

@@ -41,6 +41,11 @@ impl Daemon {
         let _one_at_a_time = self.reload_lock.lock().await;
         self.reload().await?;
         let cfg = self.config().await;
+        self.static_vips
+            .lock()
+            .await
+            .set(self.netlink.handle(), &cfg)
+            .await?;
         self.reconcile_vrrp(&cfg).await
     }
 

@@ -797,6 +797,12 @@ impl Dataplane {
     pub fn vip_id(&self, key: &VipKey) -> Option<u32> {
         self.services.get(key).map(|s| s.vip_id)
     }
+
+    /// Whether the service is forwarded here, as installed (after adoption: as the previous lbd
+    /// left it).
+    pub fn owned(&self, key: &VipKey) -> Option<bool> {
+        self.services.get(key).map(|s| s.owned)
+    }
 }
 
 fn backend_info(vip_id: u32, b: &BackendSpec, epoch: u32) -> BackendInfo {

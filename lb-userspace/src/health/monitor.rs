@@ -151,6 +151,7 @@ impl TargetState {
         }
         self.last_duration = Some(took);
         self.last_check = Some(now);
+        crate::metrics::observe_health_check(&self.id, &self.kind.to_string(), took);
         let change = self.tracker.record(ok);
         self.last_result = reason;
         change.map(|t| self.event(t, now))

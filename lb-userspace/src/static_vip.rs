@@ -1,0 +1,148 @@
+//! VIPs owned statically (`owned = true` and no `vrrp`): lbd holds them the way a VRRP master
+//! holds its VIPs, so a user who configures a static VIP gets a VIP that answers ARP/ND: the
+//! address on the interface (IPv4 /32 labelled, IPv6 /128 nodad and deprecated), a GARP/NA
+//! burst when it is added, and a refresh every minute.
+//!
+//! Unlike a VRRP VIP, a static VIP stays on the interface when lbd stops: like the pinned
+//! program, it keeps serving across a restart. A reload that removes it gives it back;
+//! `lbd teardown` is the way to stop serving. Addresses and announcements reuse the VRRP code
+//! ([`crate::vrrp::announce`]), so both kinds of VIP look the same on the wire.
+
+use std::{net::IpAddr, time::Duration};
+
+use anyhow::Result;
+use rtnetlink::Handle;
+
+use crate::{
+    config::Config,
+    vrrp::{
+        announce::{self, Announcer},
+        instance::{GARP_BURST, GARP_SPACING},
+    },
+};
+
+/// Re-announce this often, as keepalived's `garp_master_refresh 60` does for a master.
+const REFRESH: Duration = Duration::from_secs(60);
+
+/// The statically owned VIP addresses of `cfg`, each once, in config order. Pure.
+pub fn static_vips(cfg: &Config) -> Vec<IpAddr> {
+    let mut out: Vec<IpAddr> = Vec::new();
+    for v in &cfg.vips {
+        if v.vrrp.is_none() && v.owned && !out.contains(&v.address) {
+            out.push(v.address);
+        }
+    }
+    out
+}
+
+/// The static VIPs lbd holds now, and the task announcing them.
+pub struct StaticVips {
+    ifname: String,
+    held: Vec<IpAddr>,
+    task: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl StaticVips {
+    pub fn new(ifname: &str) -> Self {
+        StaticVips {
+            ifname: ifname.into(),
+            held: Vec::new(),
+            task: None,
+        }
+    }
+
+    /// Hold exactly `cfg`'s static VIPs: add new ones, give back removed ones, and announce.
+    pub async fn set(&mut self, handle: &Handle, cfg: &Config) -> Result<()> {
+        let want = static_vips(cfg);
+        for gone in self.held.iter().filter(|a| !want.contains(a)) {
+            announce::remove_vip(handle, &self.ifname, *gone).await?;
+            tracing::info!(vip = %gone, "static VIP removed");
+        }
+        for new in want.iter().filter(|a| !self.held.contains(a)) {
+            announce::add_vip(handle, &self.ifname, *new).await?;
+            tracing::info!(vip = %new, interface = %self.ifname, "static VIP added");
+        }
+        let changed = want != self.held;
+        self.held = want;
+        if changed || self.task.is_none() {
+            if let Some(t) = self.task.take() {
+                t.abort();
+            }
+            if !self.held.is_empty() {
+                self.task = Some(tokio::spawn(announce_loop(
+                    self.ifname.clone(),
+                    self.held.clone(),
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Drop for StaticVips {
+    fn drop(&mut self) {
+        if let Some(t) = self.task.take() {
+            t.abort();
+        }
+    }
+}
+
+/// A burst (so one lost frame does not matter), then a refresh every minute.
+async fn announce_loop(ifname: String, vips: Vec<IpAddr>) {
+    let announcer = match Announcer::new(&ifname) {
+        Ok(a) => a,
+        Err(e) => {
+            tracing::error!(interface = %ifname, error = %e, "cannot announce static VIPs");
+            return;
+        }
+    };
+    loop {
+        for i in 0..GARP_BURST {
+            if let Err(e) = announcer.announce(&vips) {
+                tracing::warn!(error = %e, "announcing static VIPs failed");
+            }
+            if i + 1 < GARP_BURST {
+                tokio::time::sleep(GARP_SPACING).await;
+            }
+        }
+        tokio::time::sleep(REFRESH).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_vips_without_vrrp_and_owned_are_static() {
+        let cfg = Config::parse(
+            r#"
+interface = "eth0"
+[[vips]]
+name = "a"
+address = "192.0.2.1"
+ports = [80]
+[[vips]]
+name = "a443"
+address = "192.0.2.1"
+ports = [443]
+[[vips]]
+name = "b"
+address = "192.0.2.2"
+ports = [80]
+owned = false
+[[vips]]
+name = "c"
+address = "192.0.2.3"
+ports = [80]
+vrrp = "v"
+[[vrrp]]
+name = "v"
+vrid = 1
+vips = ["192.0.2.3"]
+"#,
+        )
+        .unwrap();
+        assert_eq!(static_vips(&cfg), ["192.0.2.1".parse::<IpAddr>().unwrap()]);
+    }
+}
