@@ -13,8 +13,12 @@ use anyhow::{Context, Result, bail};
 use serde::Serialize;
 use tokio::sync::Mutex;
 
+#[path = "daemon_bgp.rs"]
+mod bgp_wiring;
+
 use crate::{
     api::{self, Request, Response},
+    bgp,
     config::Config,
     dataplane::{Dataplane, LoadOptions, vip_key},
     health::{CheckKind, Health, HealthEvent, HealthMonitor, Target},
@@ -180,6 +184,10 @@ pub struct Daemon {
     netlink: Netlink,
     started: SystemTime,
     ready: std::sync::atomic::AtomicBool,
+    /// BGP announcements (VIPs with `announce = "bgp"`).
+    bgp: Mutex<bgp::Announcer>,
+    /// A `[[bgp]]` section was in effect: routes may need withdrawing after a reload drops it.
+    bgp_active: std::sync::atomic::AtomicBool,
 }
 
 impl Daemon {
@@ -219,6 +227,8 @@ impl Daemon {
                 last_reload_error: None,
                 health,
             }),
+            bgp: Mutex::new(bgp::Announcer::new(netlink.handle().clone())),
+            bgp_active: false.into(),
             netlink,
             vrrp: Mutex::new(Vec::new()),
             tracks: Mutex::new(std::collections::HashMap::new()),
@@ -456,13 +466,17 @@ impl Daemon {
             .into_iter()
             .filter(|a| !vips.contains(a))
             .collect();
-        g.apply()
+        g.apply()?;
+        drop(g);
+        self.sync_bgp().await;
+        Ok(())
     }
 
     /// Reload the config (see [`Daemon::reload`]) and restart changed VRRP instances.
     pub async fn reload_all(self: &Arc<Self>) -> Result<()> {
         self.reload().await?;
         let cfg = self.config().await;
+        self.reconcile_bgp().await;
         self.reconcile_vrrp(&cfg).await
     }
 
@@ -552,6 +566,7 @@ impl Daemon {
             g.apply()?;
         }
         self.sync_tracking().await;
+        self.sync_bgp().await;
         Ok(())
     }
 
@@ -720,6 +735,10 @@ impl api::Handler for Daemon {
                 Request::Vips => Response::json(&self.vips().await?),
                 Request::Stats => Response::json(&self.stats().await?),
                 Request::Vrrp => Response::json(&self.vrrp_status().await),
+                Request::Bgp => Response::json(&self.bgp_status().await),
+                Request::BgpDrain(drained) => {
+                    Response::json(&self.set_node_drained(drained).await?)
+                }
                 Request::Drain(d) => {
                     self.set_drained(&d.vip, d.backend, true).await?;
                     Response::json(&serde_json::json!({"drained": d.backend, "vip": d.vip}))
@@ -754,6 +773,7 @@ pub async fn run(config_path: PathBuf) -> Result<()> {
         Config::load(&config_path).with_context(|| format!("config {}", config_path.display()))?;
     let (daemon, mut health_events) = Daemon::start(config_path, cfg.clone()).await?;
     daemon.start_vrrp().await?;
+    daemon.start_bgp().await;
     tracing::info!(interface = %cfg.interface, vips = cfg.vips.len(), "lbd running");
     let d = daemon.clone();
     tokio::spawn(async move {
@@ -795,6 +815,7 @@ pub async fn run(config_path: PathBuf) -> Result<()> {
             _ = tokio::signal::ctrl_c() => break,
         }
     }
+    daemon.stop_bgp().await;
     daemon.stop_vrrp().await;
     api.abort();
     let _ = std::fs::remove_file(&cfg.api_socket);

@@ -53,6 +53,8 @@ const DEBIAN_PACKAGES: &[&str] = &[
     "haproxy",
     "wrk",
     "tcpdump",
+    // BGP ECMP labs: the router and every LB node run FRR (zebra, bgpd, bfdd).
+    "frr",
 ];
 
 fn root() -> PathBuf {
@@ -182,7 +184,7 @@ fn setup() -> Result<()> {
             .args(&missing)
             .env("DEBIAN_FRONTEND", "noninteractive"))?;
         // The packaged services must not run on the host: the labs start their own instances.
-        for svc in ["keepalived", "haproxy"] {
+        for svc in ["keepalived", "haproxy", "frr"] {
             let _ = Command::new("systemctl")
                 .args(["disable", "--now", svc])
                 .status();
