@@ -184,7 +184,10 @@ fn setup() -> Result<()> {
             .args(&missing)
             .env("DEBIAN_FRONTEND", "noninteractive"))?;
         // The packaged services must not run on the host: the labs start their own instances.
-        for svc in ["keepalived", "haproxy", "frr"] {
+        let _ = Command::new("systemctl")
+            .args(["disable", "--now", "frr"])
+            .status();
+        for svc in ["keepalived", "haproxy"] {
             let _ = Command::new("systemctl")
                 .args(["disable", "--now", svc])
                 .status();

@@ -35,29 +35,16 @@ pub fn render(old: Option<&BgpConfig>, cfg: &BgpConfig, vips: &[std::net::IpAddr
     {
         c.push(format!("no router bgp {}", old.asn));
     }
-    // Prefix-lists are rebuilt whole so a removed VIP leaves no entry behind. The final deny
-    // keeps each list defined even with no VIP of that family.
-    for (list, v4, cmd) in [
-        (PREFIX_LIST_V4, true, "ip"),
-        (PREFIX_LIST_V6, false, "ipv6"),
-    ] {
-        c.push(format!("no {cmd} prefix-list {list}"));
-        let mut seq = 5;
-        for a in vips.iter().filter(|a| a.is_ipv4() == v4) {
-            let len = if v4 { 32 } else { 128 };
-            c.push(format!(
-                "{cmd} prefix-list {list} seq {seq} permit {a}/{len}"
-            ));
-            seq += 5;
-        }
-        c.push(format!("{cmd} prefix-list {list} seq 100000 deny any"));
-    }
+    // Prefix-list entries are added in place; [`stale_entries`] removes the ones no longer
+    // wanted. Nothing lbd owns is ever deleted and re-created while in use: FRR 8.4's bgpd can
+    // crash redistributing through a route-map that was deleted under it. The final deny keeps
+    // each list defined even with no VIP of that family.
+    c.extend(prefix_list_entries(vips));
     let communities: Vec<String> = cfg
         .communities
         .iter()
         .filter_map(|s| parse_community(s))
         .collect();
-    c.push(format!("no route-map {ROUTE_MAP_OUT}"));
     for (seq, matcher) in [
         (10, format!("match ip address prefix-list {PREFIX_LIST_V4}")),
         (
@@ -67,12 +54,13 @@ pub fn render(old: Option<&BgpConfig>, cfg: &BgpConfig, vips: &[std::net::IpAddr
     ] {
         c.push(format!("route-map {ROUTE_MAP_OUT} permit {seq}"));
         c.push(matcher);
-        if !communities.is_empty() {
+        if communities.is_empty() {
+            c.push("no set community".into());
+        } else {
             c.push(format!("set community {}", communities.join(" ")));
         }
         c.push("exit".into());
     }
-    c.push(format!("no route-map {ROUTE_MAP_IN}"));
     c.push(format!("route-map {ROUTE_MAP_IN} deny 10"));
     c.push("exit".into());
 
@@ -124,6 +112,41 @@ pub fn render(old: Option<&BgpConfig>, cfg: &BgpConfig, vips: &[std::net::IpAddr
     }
     c.push("exit".into());
     c
+}
+
+/// The prefix-list lines (as FRR's running config prints them) for the VIP addresses.
+pub fn prefix_list_entries(vips: &[std::net::IpAddr]) -> Vec<String> {
+    let mut c = Vec::new();
+    for (list, v4, cmd) in [
+        (PREFIX_LIST_V4, true, "ip"),
+        (PREFIX_LIST_V6, false, "ipv6"),
+    ] {
+        let mut seq = 5;
+        for a in vips.iter().filter(|a| a.is_ipv4() == v4) {
+            let len = if v4 { 32 } else { 128 };
+            c.push(format!(
+                "{cmd} prefix-list {list} seq {seq} permit {a}/{len}"
+            ));
+            seq += 5;
+        }
+        c.push(format!("{cmd} prefix-list {list} seq 100000 deny any"));
+    }
+    c
+}
+
+/// `no ...` for every entry of lbd's prefix-lists in FRR's running config that `wanted` lacks
+/// (a VIP removed on reload, or left by an earlier lbd with another config).
+pub fn stale_entries(running_config: &str, wanted: &[String]) -> Vec<String> {
+    running_config
+        .lines()
+        .map(str::trim)
+        .filter(|l| {
+            l.starts_with(&format!("ip prefix-list {PREFIX_LIST_V4} "))
+                || l.starts_with(&format!("ipv6 prefix-list {PREFIX_LIST_V6} "))
+        })
+        .filter(|l| !wanted.iter().any(|w| w == l))
+        .map(|l| format!("no {l}"))
+        .collect()
 }
 
 /// The commands that remove everything lbd configured (its `[[bgp]]` section was removed).
@@ -179,44 +202,23 @@ impl Vtysh {
         Ok(stdout)
     }
 
-    /// Apply configuration commands. `no ...` of an object that does not exist yet is expected
-    /// on the first run; any other complaint is an error.
+    /// Apply configuration commands in order. vtysh stops at the first command FRR refuses
+    /// and fails with its message; removing an object that does not exist is not an error.
     pub async fn configure(&self, commands: &[String]) -> Result<()> {
         let mut all = vec!["configure terminal".to_string()];
         all.extend(commands.iter().cloned());
-        let out = match self.run(&all).await {
-            Ok(out) => out,
-            Err(e) => {
-                let text = format!("{e:#}");
-                if text.lines().all(|l| !l.contains('%') || benign(l)) && !text.contains("run ") {
-                    return Ok(());
-                }
-                return Err(e.context("configure FRR"));
-            }
-        };
-        let bad: Vec<&str> = out
-            .lines()
-            .filter(|l| l.contains('%') && !benign(l))
-            .collect();
-        if !bad.is_empty() {
-            bail!("FRR refused: {}", bad.join("; "));
-        }
+        self.run(&all).await.context("configure FRR")?;
         Ok(())
+    }
+
+    pub async fn running_config(&self) -> Result<String> {
+        self.run(&["show running-config".to_string()]).await
     }
 
     pub async fn show_json(&self, what: &str) -> Result<serde_json::Value> {
         let out = self.run(&[what.to_string()]).await?;
         serde_json::from_str(&out).with_context(|| format!("parse `{what}`: {out}"))
     }
-}
-
-/// Messages FRR prints for removing something that is not there.
-fn benign(line: &str) -> bool {
-    let l = line.to_ascii_lowercase();
-    l.contains("can't find")
-        || l.contains("not found")
-        || l.contains("no such")
-        || l.contains("does not exist")
 }
 
 /// One BGP session as `lbctl bgp status` shows it.
@@ -316,11 +318,10 @@ description = "tor-b"
         has("neighbor fd00::1 description tor-b");
         has("redistribute kernel route-map lb-announce");
         has("neighbor 10.0.0.1 route-map lb-announce out");
-        // The lists are rebuilt from scratch, before the route-map that uses them.
-        let pos = |s: &str| c.iter().position(|l| l == s).unwrap();
+        // Nothing in use is deleted: no `no route-map`, no `no ... prefix-list` here.
         assert!(
-            pos("no ip prefix-list lb-vips-v4")
-                < pos("ip prefix-list lb-vips-v4 seq 5 permit 10.9.0.5/32")
+            !c.iter()
+                .any(|l| l.starts_with("no route-map") || l.contains("no ip prefix-list"))
         );
         assert!(!c.iter().any(|l| l.starts_with("no router bgp")));
     }
@@ -338,6 +339,19 @@ description = "tor-b"
         assert!(
             !c.iter().any(|l| l == "no neighbor fd00::1"),
             "the old instance is gone whole"
+        );
+    }
+
+    #[test]
+    fn stale_prefix_list_entries_are_removed() {
+        let running = "!\nip prefix-list lb-vips-v4 seq 5 permit 10.9.0.5/32\nip prefix-list lb-vips-v4 seq 10 permit 10.9.0.6/32\nip prefix-list lb-vips-v4 seq 100000 deny any\nip prefix-list other seq 5 permit 10.0.0.0/8\nipv6 prefix-list lb-vips-v6 seq 5 permit fd09::9/128\n";
+        let wanted = prefix_list_entries(&["10.9.0.5".parse().unwrap()]);
+        assert_eq!(
+            stale_entries(running, &wanted),
+            [
+                "no ip prefix-list lb-vips-v4 seq 10 permit 10.9.0.6/32",
+                "no ipv6 prefix-list lb-vips-v6 seq 5 permit fd09::9/128"
+            ]
         );
     }
 

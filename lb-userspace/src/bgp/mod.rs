@@ -114,7 +114,14 @@ impl Announcer {
             (None, None) => return Ok(()),
         };
         let vtysh = frr::Vtysh::new(new.or(self.applied.as_ref()).expect("one is set"));
-        let r = vtysh.configure(&commands).await;
+        let r = async {
+            let running = vtysh.running_config().await?;
+            let mut all =
+                frr::stale_entries(&running, &frr::prefix_list_entries(&bgp_addresses(cfg)));
+            all.extend(commands);
+            vtysh.configure(&all).await
+        }
+        .await;
         if let Err(e) = &r {
             self.last_error = Some(format!("{e:#}"));
         } else {

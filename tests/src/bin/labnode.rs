@@ -10,6 +10,9 @@
 //!   connection that failed before reading its id counts under `"?"`).
 //! - `labnode connect-for ADDR PORT SECONDS CONCURRENCY TIMEOUT_MS`: as `connect-many`, but for
 //!   SECONDS instead of a count; same JSON.
+//!
+//! The short-connection JSON also lists `fail_at_ms`: when each failed attempt started (ms since
+//! the Unix epoch), so a lab can tell how long after an event new connections failed.
 use std::{
     collections::BTreeMap,
     io::{BufRead, BufReader, Read, Write},
@@ -70,6 +73,14 @@ struct Tally {
     failed: u64,
     by_id: BTreeMap<String, u64>,
     errors: BTreeMap<String, u64>,
+    fail_at_ms: Vec<u128>,
+}
+
+fn epoch_ms() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis())
+        .unwrap_or(0)
 }
 
 /// When a run of short connections stops.
@@ -94,6 +105,7 @@ fn short_connections(addr: SocketAddr, until: Until, conc: u64, timeout: Duratio
                     Until::Deadline(d) => Instant::now() < d,
                 };
                 while more() {
+                    let at = epoch_ms();
                     let r = one(addr, timeout);
                     let mut t = tally.lock().unwrap();
                     match r {
@@ -104,6 +116,7 @@ fn short_connections(addr: SocketAddr, until: Until, conc: u64, timeout: Duratio
                         Err(e) => {
                             t.failed += 1;
                             *t.errors.entry(e).or_default() += 1;
+                            t.fail_at_ms.push(at);
                         }
                     }
                 }
@@ -113,14 +126,16 @@ fn short_connections(addr: SocketAddr, until: Until, conc: u64, timeout: Duratio
     for t in threads {
         let _ = t.join();
     }
-    let t = tally.lock().unwrap();
+    let mut t = tally.lock().unwrap();
+    t.fail_at_ms.sort_unstable();
     println!(
-        "{{\"ok\":{},\"failed\":{},\"by_id\":{:?},\"errors\":{:?},\"elapsed_ms\":{}}}",
+        "{{\"ok\":{},\"failed\":{},\"by_id\":{:?},\"errors\":{:?},\"elapsed_ms\":{},\"fail_at_ms\":{:?}}}",
         t.ok,
         t.failed,
         t.by_id,
         t.errors,
-        start.elapsed().as_millis()
+        start.elapsed().as_millis(),
+        t.fail_at_ms
     );
 }
 
