@@ -286,15 +286,31 @@ impl BgpLab {
             .sum()
     }
 
-    /// A node dies: lbd and FRR are killed and its link goes down (no withdrawal is sent; the
-    /// router learns it from BFD).
+    /// A node dies the way a hung or powered-off host behind a switch does: nothing it had
+    /// runs any more (lbd and FRR killed, the XDP program gone), it drops every frame, and its
+    /// link stays up, so only BFD can tell the router. (Taking the link down instead makes the
+    /// lab's bridge flush the node's MAC and flood its frames to the other LB nodes, which
+    /// hides the failure.)
     pub fn kill_node(&mut self, node: &str) {
-        let netns = self.lab.node(node).netns.clone();
-        sh(&["ip", "-n", &netns, "link", "set", "eth0", "down"]);
         self.lab.stop(&format!("lbd-{node}"), libc::SIGKILL);
         for d in FRR_DAEMONS {
             self.lab.stop(&format!("{d}-{node}"), libc::SIGKILL);
         }
+        let netns = self.lab.node(node).netns.clone();
+        let ns = format!("--net=/run/netns/{netns}");
+        sh(&[
+            "nsenter",
+            &ns,
+            "nft",
+            "add table netdev lbdead ; add chain netdev lbdead in { type filter hook ingress device eth0 priority -500 ; policy drop ; }",
+        ]);
+        let cfg = self.config_path(node).display().to_string();
+        sh(&[
+            bin_dir().join("lbd").to_str().unwrap(),
+            "--config",
+            &cfg,
+            "teardown",
+        ]);
     }
 
     /// `labnode ARGS...` run in the client namespace; its JSON.
@@ -323,6 +339,64 @@ impl BgpLab {
             .stderr(std::process::Stdio::null())
             .spawn()
             .unwrap()
+    }
+
+    /// An LB node dies while long-lived connections and a stream of new ones run through the
+    /// VIP: what the client saw.
+    pub fn node_death(&mut self, node: &str) -> NodeDeath {
+        const LONG: u64 = 24;
+        let hold = self.client_spawn(&["hold-ids", VIP4, PORT, &LONG.to_string(), "9", "100", "5"]);
+        // Short timeout: a SYN into the dead node is lost, and its retransmission (1 s later)
+        // would hide the failure.
+        let short = self.client_spawn(&["connect-for", VIP4, PORT, "7", "16", "500"]);
+        // The router's FIB changes, timestamped by the kernel side (`ip -ts monitor`).
+        let monitor = self
+            .lab
+            .cmd("router", "ip")
+            .args(["-ts", "monitor", "route"])
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(Duration::from_secs(2));
+        let killed_at = epoch_ms();
+        self.kill_node(node);
+        let withdrawn = self.wait_nexthops(LB_NODES.len() - 1, Duration::from_secs(10));
+        std::thread::sleep(Duration::from_millis(200));
+        let pid = monitor.id() as i32;
+        unsafe { libc::kill(pid, libc::SIGTERM) };
+        let routes =
+            String::from_utf8_lossy(&monitor.wait_with_output().unwrap().stdout).to_string();
+        let fib_changed_ms = routes
+            .lines()
+            .filter(|l| l.contains(VIP4))
+            .filter_map(monitor_time_ms)
+            .find(|t| *t >= killed_at)
+            .map(|t| (t - killed_at) as f64);
+        let hold = child_json(hold);
+        let short = child_json(short);
+        let fails: Vec<u128> = short["fail_at_ms"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|v| v.as_u64().map(u128::from))
+            .collect();
+        let survived: u64 = sum_values(&hold["survived_by_id"]);
+        NodeDeath {
+            new_failed_ms: fails
+                .iter()
+                .filter(|t| **t >= killed_at)
+                .max()
+                .map(|t| (t - killed_at) as f64)
+                .unwrap_or(0.0),
+            failed_before_kill: fails.iter().filter(|t| **t < killed_at).count() as u64,
+            new_ok: short["ok"].as_u64().unwrap_or(0),
+            new_failed: short["failed"].as_u64().unwrap_or(0),
+            long_lived: LONG,
+            long_lived_lost: LONG - survived.min(LONG),
+            withdrawn_after_ms: withdrawn.map(|d| d.as_secs_f64() * 1000.0),
+            fib_changed_ms,
+            client_long: hold,
+        }
     }
 
     /// What to print when something is off: router routes, sessions, lbd logs.
@@ -426,4 +500,68 @@ fn router_config() -> String {
         "bfd\n profile fast\n  receive-interval {BFD_MS}\n  transmit-interval {BFD_MS}\n  detect-multiplier {BFD_MULT}\n"
     );
     c
+}
+
+/// What a client saw when an LB node died.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct NodeDeath {
+    /// From the kill to the start of the last new connection that failed (0: none failed).
+    pub new_failed_ms: f64,
+    pub failed_before_kill: u64,
+    pub new_ok: u64,
+    pub new_failed: u64,
+    pub long_lived: u64,
+    pub long_lived_lost: u64,
+    /// From the kill until a poll of the router's vtysh showed the next hop gone (an upper
+    /// bound: each poll costs two vtysh runs).
+    pub withdrawn_after_ms: Option<f64>,
+    /// From the kill until the router's kernel route for the IPv4 VIP changed (`ip monitor`).
+    pub fib_changed_ms: Option<f64>,
+    pub client_long: Value,
+}
+
+fn epoch_ms() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis())
+        .unwrap_or(0)
+}
+
+fn sum_values(v: &Value) -> u64 {
+    v.as_object()
+        .into_iter()
+        .flatten()
+        .filter_map(|(_, v)| v.as_u64())
+        .sum()
+}
+
+/// The JSON a `labnode` child printed.
+pub fn child_json(c: std::process::Child) -> Value {
+    let out = c.wait_with_output().unwrap();
+    serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stdout)))
+}
+
+/// The time of an `ip -ts monitor` line (`[2026-11-22T03:10:01.123456] ...`, local time) in ms
+/// since the Unix epoch.
+fn monitor_time_ms(line: &str) -> Option<u128> {
+    let ts = line.strip_prefix('[')?.split(']').next()?;
+    let (date, time) = ts.split_once('T')?;
+    let mut d = date.split('-').map(|x| x.parse::<i64>().ok());
+    let (y, m, day) = (d.next()??, d.next()??, d.next()??);
+    let mut t = time.split(':');
+    let (h, min) = (
+        t.next()?.parse::<i64>().ok()?,
+        t.next()?.parse::<i64>().ok()?,
+    );
+    let sec: f64 = t.next()?.parse().ok()?;
+    // Days from the civil date (proleptic Gregorian), UTC: the labs run with TZ unset.
+    let (y2, m2) = if m <= 2 { (y - 1, m + 9) } else { (y, m - 3) };
+    let era = y2.div_euclid(400);
+    let yoe = y2 - era * 400;
+    let doy = (153 * m2 + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    let ms = ((days * 86_400 + h * 3600 + min * 60) as f64 + sec) * 1000.0;
+    Some(ms as u128)
 }

@@ -3,7 +3,9 @@
 
 use std::{collections::BTreeMap, time::Duration};
 
-use lb_tests::bgp_lab::{BACKENDS, BFD_MS, BFD_MULT, BgpLab, LB_NODES, PORT, VIP4, VIP6};
+use lb_tests::bgp_lab::{
+    BACKENDS, BFD_MS, BFD_MULT, BgpLab, LB_NODES, PORT, VIP4, VIP6, child_json,
+};
 use serde_json::Value;
 
 /// Connections per backend within 15 % of its weight share.
@@ -18,12 +20,6 @@ fn assert_weighted(by_id: &Value, total: u64) {
             "{id}: {got} connections, want {want} +-15% ({by_id:?})"
         );
     }
-}
-
-fn child_json(c: std::process::Child) -> Value {
-    let out = c.wait_with_output().unwrap();
-    serde_json::from_slice(&out.stdout)
-        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stdout)))
 }
 
 fn status(l: &BgpLab, node: &str) -> Value {
@@ -129,4 +125,35 @@ fn bgp_ecmp_all_nodes_forward_and_a_drained_node_loses_nothing() {
         "{:?}",
         l.router_nexthops(VIP4)
     );
+}
+
+#[test]
+fn bgp_node_death_keeps_established_flows_and_fails_new_ones_only_until_bfd_detects() {
+    let mut l = BgpLab::new();
+    let d = l.node_death("lb2");
+    eprintln!("node death: {d:?}");
+    assert!(
+        d.withdrawn_after_ms.is_some(),
+        "the router never dropped lb2: {:?}\n{}",
+        l.router_nexthops(VIP4),
+        l.diagnostics()
+    );
+    assert!(!l.router_nexthops(VIP4).contains(&"10.81.0.12".to_string()));
+    assert_eq!(d.failed_before_kill, 0, "{d:?}");
+    assert_eq!(
+        d.long_lived_lost, 0,
+        "established connections survive on the other nodes: {d:?}"
+    );
+    // BFD detects in 300 ms; BGP, zebra and the kernel then update the route. The margin
+    // covers scheduling on a loaded machine; `cargo xtask bench scale` reports the value.
+    let detect = (BFD_MS * BFD_MULT) as f64;
+    assert!(
+        d.new_failed_ms <= detect + 700.0,
+        "new connections failed for {} ms after the node died (BFD detection {detect} ms): {d:?}",
+        d.new_failed_ms
+    );
+    assert!(d.new_ok > 20, "{d:?}");
+    // The survivors still carry new connections.
+    let r = l.client(&["connect-many", VIP4, PORT, "300", "8", "3000"]);
+    assert_eq!(r["ok"], 300, "{r}");
 }

@@ -55,6 +55,7 @@ const DEBIAN_PACKAGES: &[&str] = &[
     "tcpdump",
     // BGP ECMP labs: the router and every LB node run FRR (zebra, bgpd, bfdd).
     "frr",
+    "nftables",
 ];
 
 fn root() -> PathBuf {
