@@ -292,18 +292,18 @@ impl BgpLab {
     /// lab's bridge flush the node's MAC and flood its frames to the other LB nodes, which
     /// hides the failure.)
     pub fn kill_node(&mut self, node: &str) {
-        self.lab.stop(&format!("lbd-{node}"), libc::SIGKILL);
-        for d in FRR_DAEMONS {
-            self.lab.stop(&format!("{d}-{node}"), libc::SIGKILL);
-        }
+        // Silence first: a killed bgpd's socket would otherwise send the router a FIN, a
+        // clean session close that withdraws the routes at once (no BFD needed). A dead host
+        // sends nothing.
         let netns = self.lab.node(node).netns.clone();
         let ns = format!("--net=/run/netns/{netns}");
         sh(&[
             "nsenter",
             &ns,
             "nft",
-            "add table netdev lbdead ; add chain netdev lbdead in { type filter hook ingress device eth0 priority -500 ; policy drop ; }",
+            "add table netdev lbdead ; add chain netdev lbdead in { type filter hook ingress device eth0 priority -500 ; policy drop ; } ; add table inet lbdead ; add chain inet lbdead out { type filter hook output priority -500 ; policy drop ; }",
         ]);
+        // Generic XDP runs before the ingress hook: remove the program (unpinning its link).
         let cfg = self.config_path(node).display().to_string();
         sh(&[
             bin_dir().join("lbd").to_str().unwrap(),
@@ -311,6 +311,10 @@ impl BgpLab {
             &cfg,
             "teardown",
         ]);
+        self.lab.stop(&format!("lbd-{node}"), libc::SIGKILL);
+        for d in FRR_DAEMONS {
+            self.lab.stop(&format!("{d}-{node}"), libc::SIGKILL);
+        }
     }
 
     /// `labnode ARGS...` run in the client namespace; its JSON.
@@ -346,9 +350,10 @@ impl BgpLab {
     pub fn node_death(&mut self, node: &str) -> NodeDeath {
         const LONG: u64 = 24;
         let hold = self.client_spawn(&["hold-ids", VIP4, PORT, &LONG.to_string(), "9", "100", "5"]);
-        // Short timeout: a SYN into the dead node is lost, and its retransmission (1 s later)
-        // would hide the failure.
-        let short = self.client_spawn(&["connect-for", VIP4, PORT, "7", "16", "500"]);
+        // Short timeout, many threads: a SYN into the dead node is lost (its retransmission
+        // 1 s later would hide the failure) and blocks its thread until the timeout, so the
+        // window is sampled by every thread every 150 ms at worst.
+        let short = self.client_spawn(&["connect-for", VIP4, PORT, "7", "24", "150"]);
         // The router's FIB changes, timestamped by the kernel side (`ip -ts monitor`).
         let monitor = self
             .lab
@@ -458,6 +463,10 @@ fn add_client(lab: &mut Lab, router: &Node) {
     for (k, v) in [
         ("net.ipv6.conf.all.accept_dad", "0"),
         ("net.ipv6.conf.default.accept_dad", "0"),
+        // Thousands of short connections a second: without these the client's ephemeral ports
+        // fill with TIME_WAIT and connect() itself becomes the bottleneck.
+        ("net.ipv4.ip_local_port_range", "1024 65000"),
+        ("net.ipv4.tcp_tw_reuse", "1"),
     ] {
         lab.sysctl(&netns, k, v);
     }

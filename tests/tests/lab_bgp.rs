@@ -152,6 +152,15 @@ fn bgp_node_death_keeps_established_flows_and_fails_new_ones_only_until_bfd_dete
         "new connections failed for {} ms after the node died (BFD detection {detect} ms): {d:?}",
         d.new_failed_ms
     );
+    let fib = d.fib_changed_ms.expect("the router's route changed");
+    assert!(
+        fib <= detect + 700.0,
+        "router dropped lb2 after {fib} ms: {d:?}"
+    );
+    assert!(
+        d.new_failed > 0,
+        "some new connections hit the dead node before BFD: {d:?}"
+    );
     assert!(d.new_ok > 20, "{d:?}");
     // The survivors still carry new connections.
     let r = l.client(&["connect-many", VIP4, PORT, "300", "8", "3000"]);

@@ -36,7 +36,7 @@ enum Cmd {
     Demo,
     /// Setup, build (release), and run benchmarks; JSON under target/bench/.
     Bench {
-        /// micro | table | failover | detect | e2e | all
+        /// micro | table | failover | detect | e2e | scale | all
         #[arg(default_value = "micro")]
         part: String,
     },

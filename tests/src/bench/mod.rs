@@ -5,6 +5,7 @@ pub mod detect;
 pub mod e2e;
 pub mod failover;
 pub mod micro;
+pub mod scale;
 pub mod table;
 
 use std::path::PathBuf;
