@@ -795,6 +795,7 @@ pub async fn run(config_path: PathBuf) -> Result<()> {
     }
     let mut neigh = netlink::neighbour_changes()?;
     let mut tick = tokio::time::interval(Duration::from_secs(1));
+    let mut frr_check = tokio::time::interval(Duration::from_secs(5));
     let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())?;
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     let mut last_neigh = Instant::now() - Duration::from_secs(1);
@@ -810,6 +811,7 @@ pub async fn run(config_path: PathBuf) -> Result<()> {
             _ = tick.tick() => {
                 if let Err(e) = daemon.refresh().await { tracing::warn!(error = %format!("{e:#}"), "refresh"); }
             }
+            _ = frr_check.tick() => daemon.check_bgp().await,
             _ = hup.recv() => { let _ = daemon.reload_all().await; }
             _ = term.recv() => break,
             _ = tokio::signal::ctrl_c() => break,

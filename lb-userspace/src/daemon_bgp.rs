@@ -51,6 +51,17 @@ impl Daemon {
         }
     }
 
+    /// Periodic: configure FRR again if it lost lbd's configuration (FRR restarted).
+    pub async fn check_bgp(&self) {
+        let cfg = self.config().await;
+        if cfg.bgp.is_empty() {
+            return;
+        }
+        if let Err(e) = self.bgp.lock().await.check_frr(&cfg).await {
+            tracing::warn!(error = %format!("{e:#}"), "BGP: checking FRR");
+        }
+    }
+
     /// Reload: bring FRR to the new section, then re-decide.
     pub async fn reconcile_bgp(&self) {
         let cfg = self.config().await;

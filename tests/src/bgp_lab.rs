@@ -168,6 +168,15 @@ impl BgpLab {
         }
     }
 
+    /// Restart a LB node's FRR from its empty startup config (lbd must configure it again).
+    pub fn restart_frr(&mut self, node: &str) {
+        for d in FRR_DAEMONS.iter().rev() {
+            self.lab.stop(&format!("{d}-{node}"), libc::SIGTERM);
+        }
+        let _ = std::fs::remove_file(self.frr_dir(node).join("zserv.api"));
+        self.start_frr(node, &format!("hostname {node}\n"));
+    }
+
     pub fn socket(&self, node: &str) -> String {
         self.lab
             .dir

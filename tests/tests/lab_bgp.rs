@@ -166,3 +166,42 @@ fn bgp_node_death_keeps_established_flows_and_fails_new_ones_only_until_bfd_dete
     let r = l.client(&["connect-many", VIP4, PORT, "300", "8", "3000"]);
     assert_eq!(r["ok"], 300, "{r}");
 }
+
+#[test]
+fn bgp_lbd_stop_withdraws_and_an_frr_restart_is_repaired() {
+    let mut l = BgpLab::new();
+    // lbd stops (SIGTERM): it withdraws its prefixes; the XDP program stays and keeps
+    // forwarding what still arrives, so no connection fails meanwhile.
+    let short = l.client_spawn(&["connect-for", VIP4, PORT, "4", "4", "3000"]);
+    std::thread::sleep(Duration::from_secs(1));
+    l.lab.stop("lbd-lb3", libc::SIGTERM);
+    assert!(
+        l.wait_nexthops(2, Duration::from_secs(5)).is_some(),
+        "lb3 withdrawn when its lbd stopped: {:?}",
+        l.router_nexthops(VIP4)
+    );
+    assert!(!l.router_nexthops(VIP4).contains(&"10.81.0.13".to_string()));
+    let short = child_json(short);
+    assert_eq!(short["failed"], 0, "{short}");
+    // Started again, it announces again once its backends pass their checks.
+    l.start_lbd("lb3");
+    assert!(
+        l.wait_nexthops(3, Duration::from_secs(20)).is_some(),
+        "lb3 back: {:?}\n{}",
+        l.router_nexthops(VIP4),
+        l.diagnostics()
+    );
+
+    // FRR restarts on lb1 with an empty config: lbd notices and configures it again; the
+    // announcement routes were in the kernel all along.
+    l.restart_frr("lb1");
+    assert!(
+        l.wait_nexthops(3, Duration::from_secs(30)).is_some(),
+        "lb1 announced again after its FRR restarted: {:?}\n{}",
+        l.router_nexthops(VIP4),
+        l.diagnostics()
+    );
+    assert!(l.router_nexthops(VIP4).contains(&"10.81.0.11".to_string()));
+    let r = l.client(&["connect-many", VIP4, PORT, "300", "8", "3000"]);
+    assert_eq!(r["ok"], 300, "{r}");
+}

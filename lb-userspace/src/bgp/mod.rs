@@ -86,6 +86,23 @@ impl Announcer {
         }
     }
 
+    /// FRR keeps what lbd configured only in its running config: after FRR restarts, lbd's
+    /// BGP instance is gone (the kernel routes are not; zebra reads them again). Check that the
+    /// instance is there and configure again if not. Called every few seconds.
+    pub async fn check_frr(&mut self, cfg: &Config) -> Result<()> {
+        let Some(applied) = &self.applied else {
+            return Ok(());
+        };
+        let running = frr::Vtysh::new(applied).running_config().await?;
+        let want = format!("router bgp {}", applied.asn);
+        if !running.lines().any(|l| l.trim() == want) {
+            tracing::warn!("BGP: FRR lost lbd's configuration (restarted?); configuring it again");
+            self.applied = None;
+            self.configure(cfg).await?;
+        }
+        Ok(())
+    }
+
     /// FRR has been configured (by this lbd) with a `[[bgp]]` section.
     pub fn configured(&self) -> bool {
         self.applied.is_some()
