@@ -39,10 +39,11 @@ impl Daemon {
             (g.cfg.clone(), g.rows.clone())
         };
         let mut a = self.bgp.lock().await;
-        if !cfg.bgp.is_empty() && !a.configured() {
-            if let Err(e) = a.configure(&cfg).await {
-                tracing::debug!(error = %format!("{e:#}"), "BGP: FRR still not configured");
-            }
+        if !cfg.bgp.is_empty()
+            && !a.configured()
+            && let Err(e) = a.configure(&cfg).await
+        {
+            tracing::debug!(error = %format!("{e:#}"), "BGP: FRR still not configured");
         }
         self.bgp_active
             .store(!cfg.bgp.is_empty(), std::sync::atomic::Ordering::SeqCst);
