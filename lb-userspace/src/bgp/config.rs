@@ -219,6 +219,13 @@ address = "10.0.0.21"
     }
 
     #[test]
+    fn shipped_bgp_example_is_valid() {
+        let c = Config::parse(include_str!("../../../deploy/examples/bgp-ingress.toml")).unwrap();
+        assert_eq!(c.bgp[0].peers.len(), 2);
+        assert_eq!(c.vips[0].announce, crate::config::Announce::Bgp);
+    }
+
+    #[test]
     fn errors_name_the_field() {
         let cases = [
             ("asn = 65001", "asn = 0", "bgp[0].asn:"),
