@@ -46,6 +46,23 @@ fn bgp_ecmp_all_nodes_forward_and_a_drained_node_loses_nothing() {
         assert_eq!(s["bfd_detect_ms"], BFD_MS * BFD_MULT);
     }
 
+    let text = String::from_utf8_lossy(
+        &lb_tests::lbctl_output(&l.socket("lb2"), &["bgp", "status"]).stdout,
+    )
+    .to_string();
+    for want in [
+        "local AS 65001",
+        "10.81.0.1 (router)",
+        "Established",
+        "10.83.0.10/32",
+        "announced",
+    ] {
+        assert!(
+            text.contains(want),
+            "lbctl bgp status lacks {want:?}:\n{text}"
+        );
+    }
+
     // All three LB nodes forward at once, and backends get connections by weight.
     for (vip, count) in [(VIP4, 1200u64), (VIP6, 600)] {
         let before: Vec<u64> = LB_NODES.iter().map(|n| l.vip_packets(n)).collect();
@@ -88,6 +105,14 @@ fn bgp_ecmp_all_nodes_forward_and_a_drained_node_loses_nothing() {
         assert_eq!(p["installed"], false, "{s}");
         assert!(p["reason"].as_str().unwrap().contains("drained"), "{s}");
     }
+    let text = String::from_utf8_lossy(
+        &lb_tests::lbctl_output(&l.socket("lb1"), &["bgp", "status"]).stdout,
+    )
+    .to_string();
+    assert!(
+        text.contains("DRAINED") && text.contains("withdrawn"),
+        "{text}"
+    );
     let hold = child_json(hold);
     let short = child_json(short);
     assert_eq!(
