@@ -56,6 +56,10 @@ pub enum Request {
     Vips,
     Stats,
     Vrrp,
+    /// BGP sessions and announcements.
+    Bgp,
+    /// Drain (true) or undrain this node's BGP announcements.
+    BgpDrain(bool),
     Drain(DrainRequest),
     Undrain(DrainRequest),
     Reload,
@@ -132,6 +136,9 @@ fn route(method: &Method, path: &str, body: &[u8], full_api: bool) -> Result<Req
         (&Method::GET, "/v1/vips") => Request::Vips,
         (&Method::GET, "/v1/stats") => Request::Stats,
         (&Method::GET, "/v1/vrrp") => Request::Vrrp,
+        (&Method::GET, "/v1/bgp") => Request::Bgp,
+        (&Method::POST, "/v1/bgp/drain") => Request::BgpDrain(true),
+        (&Method::POST, "/v1/bgp/undrain") => Request::BgpDrain(false),
         (&Method::POST, "/v1/backends/drain") => Request::Drain(parse(body)?),
         (&Method::POST, "/v1/backends/undrain") => Request::Undrain(parse(body)?),
         (&Method::POST, "/v1/reload") => Request::Reload,

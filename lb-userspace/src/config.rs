@@ -7,7 +7,7 @@ use std::{collections::HashSet, net::IpAddr, path::PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::{health::HealthConfig, maglev::is_prime, vrrp::InstanceConfig};
+use crate::{bgp::BgpConfig, health::HealthConfig, maglev::is_prime, vrrp::InstanceConfig};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -130,6 +130,20 @@ pub struct Config {
     /// push established flows out of the table. 0 turns it off. See docs/architecture.md.
     #[serde(default = "default_syn_flood_rate")]
     pub syn_flood_rate: u32,
+    /// BGP announcement of VIPs with `announce = "bgp"` through FRR (at most one section).
+    #[serde(default)]
+    pub bgp: Vec<BgpConfig>,
+}
+
+/// How the network learns that this node serves a VIP.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Announce {
+    /// One owner: static (`owned`) or elected by the VRRP instance named in `vrrp`.
+    #[default]
+    Owner,
+    /// Every ready node announces the host route over BGP and forwards (active-active ECMP).
+    Bgp,
 }
 
 /// A tracked local check: while it passes, `weight` is added to the instance's priority.
@@ -166,6 +180,9 @@ pub struct VipConfig {
     /// Name of the VRRP instance whose master state makes this node the owner.
     #[serde(default)]
     pub vrrp: Option<String>,
+    /// `"bgp"`: announced by every ready node through `[[bgp]]` instead of one owner.
+    #[serde(default)]
+    pub announce: Announce,
     #[serde(default)]
     pub health: HealthConfig,
     #[serde(default)]
@@ -425,6 +442,7 @@ impl Config {
                 ));
             }
         }
+        self.validate_bgp()?;
         let mut track_names = HashSet::new();
         for (i, t) in self.track.iter().enumerate() {
             let f = format!("track[{i}]");
@@ -450,6 +468,38 @@ impl Config {
                 t.health
                     .validate(&format!("{f}.health"))
                     .map_err(ConfigError::Parse)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Config {
+    fn validate_bgp(&self) -> Result<(), ConfigError> {
+        if self.bgp.len() > 1 {
+            return Err(invalid(
+                "bgp[1]",
+                "only one [[bgp]] section: one routing daemon, one local AS per node",
+            ));
+        }
+        for (i, b) in self.bgp.iter().enumerate() {
+            b.validate_at(i).map_err(|(f, r)| invalid(f, r))?;
+        }
+        for (i, v) in self.vips.iter().enumerate() {
+            if v.announce != Announce::Bgp {
+                continue;
+            }
+            if self.bgp.is_empty() {
+                return Err(invalid(
+                    format!("vips[{i}].announce"),
+                    "\"bgp\" needs a [[bgp]] section (local ASN and peers)",
+                ));
+            }
+            if v.vrrp.is_some() {
+                return Err(invalid(
+                    format!("vips[{i}].announce"),
+                    "a VIP is either announced over BGP or elected by VRRP, not both (remove `vrrp`)",
+                ));
             }
         }
         Ok(())

@@ -20,9 +20,12 @@ mod rollback;
 mod supervise;
 
 pub use rollback::teardown;
+#[path = "daemon_bgp.rs"]
+mod bgp_wiring;
 
 use crate::{
     api::{self, Request, Response},
+    bgp,
     config::Config,
     dataplane::{Dataplane, LoadOptions, vip_key},
     handover::Handover,
@@ -175,6 +178,10 @@ pub struct Daemon {
     adopted_master: HashSet<String>,
     /// VIPs owned without VRRP, held on the interface and announced.
     static_vips: Mutex<crate::static_vip::StaticVips>,
+    /// BGP announcements (VIPs with `announce = "bgp"`).
+    bgp: Mutex<bgp::Announcer>,
+    /// A `[[bgp]]` section was in effect: routes may need withdrawing after a reload drops it.
+    bgp_active: std::sync::atomic::AtomicBool,
 }
 
 /// The main loop ticks every second; this long without a tick means lbd is wedged.
@@ -228,6 +235,8 @@ impl Daemon {
                 last_reload_error: None,
                 health,
             }),
+            bgp: Mutex::new(bgp::Announcer::new(netlink.handle().clone())),
+            bgp_active: false.into(),
             netlink,
             vrrp: Mutex::new(Vec::new()),
             tracks: Mutex::new(std::collections::HashMap::new()),
@@ -524,7 +533,10 @@ impl Daemon {
             .into_iter()
             .filter(|a| !vips.contains(a))
             .collect();
-        g.apply()
+        g.apply()?;
+        drop(g);
+        self.sync_bgp().await;
+        Ok(())
     }
 
     /// Addresses of the other VRRP speakers: configured unicast peers and each instance's
@@ -574,6 +586,7 @@ impl Daemon {
             g.apply()?;
         }
         self.sync_tracking().await;
+        self.sync_bgp().await;
         Ok(())
     }
 
@@ -773,6 +786,10 @@ impl api::Handler for Daemon {
                 Request::Vips => Response::json(&self.vips().await?),
                 Request::Stats => Response::json(&self.stats().await?),
                 Request::Vrrp => Response::json(&self.vrrp_status().await),
+                Request::Bgp => Response::json(&self.bgp_status().await),
+                Request::BgpDrain(drained) => {
+                    Response::json(&self.set_node_drained(drained).await?)
+                }
                 Request::Drain(d) => {
                     self.set_drained(&d.vip, d.backend, true).await?;
                     Response::json(&serde_json::json!({"drained": d.backend, "vip": d.vip}))
@@ -812,6 +829,7 @@ pub async fn run(config_path: PathBuf) -> Result<()> {
         Config::load(&config_path).with_context(|| format!("config {}", config_path.display()))?;
     let (daemon, mut health_events) = Daemon::start(config_path, cfg.clone()).await?;
     daemon.start_vrrp().await?;
+    daemon.start_bgp().await;
     tracing::info!(interface = %cfg.interface, vips = cfg.vips.len(), "lbd running");
     let d = daemon.clone();
     let mut tasks = vec![daemon.supervise("health monitor", async move {
@@ -831,6 +849,7 @@ pub async fn run(config_path: PathBuf) -> Result<()> {
     }
     let mut neigh = netlink::neighbour_changes()?;
     let mut tick = tokio::time::interval(Duration::from_secs(1));
+    let mut frr_check = tokio::time::interval(Duration::from_secs(5));
     let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())?;
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     let mut last_neigh = Instant::now() - Duration::from_secs(1);
@@ -853,11 +872,13 @@ pub async fn run(config_path: PathBuf) -> Result<()> {
                 daemon.check_vrrp_tasks().await;
             }
             f = daemon.failed() => break Some(f),
+            _ = frr_check.tick() => daemon.check_bgp().await,
             _ = hup.recv() => { let _ = daemon.reload_all().await; }
             _ = term.recv() => break None,
             _ = tokio::signal::ctrl_c() => break None,
         }
     };
+    daemon.stop_bgp().await;
     daemon.stop_vrrp().await;
     for t in tasks {
         t.abort();

@@ -6,6 +6,7 @@
 //! - [`dataplane`]: loads and attaches the XDP program; the only writer of its maps.
 //! - [`netlink`]: interface, neighbour and address facts through rtnetlink.
 //! - [`vrrp`]: VRRP codec, pure state machine, socket I/O and VIP announcement.
+//! - [`bgp`]: active-active VIPs announced over BGP ECMP through FRR.
 //! - [`health`]: backend health checks (HTTPS, HTTP, TCP) with rise/fall.
 //! - [`plan`]: from config and facts to what the data plane should do (pure).
 //! - [`render`]: every node's config from one cluster description (pure; `lbctl render`).
@@ -16,6 +17,7 @@
 //! - [`api`]: the JSON HTTP API over a unix socket (server and the client lbctl uses).
 
 pub mod api;
+pub mod bgp;
 pub mod config;
 pub mod daemon;
 pub mod dataplane;

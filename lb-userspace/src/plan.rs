@@ -120,6 +120,10 @@ pub fn lb_ready(cfg: &Config, instance: &str, rows: &[BackendPlan]) -> bool {
 /// Whether this node owns VIP `i` of the config.
 pub fn owned(cfg: &Config, i: usize, facts: &Facts) -> bool {
     let v = &cfg.vips[i];
+    // Every node forwards a BGP VIP, announced or not: ECMP decides which one a flow reaches.
+    if v.announce == crate::config::Announce::Bgp {
+        return true;
+    }
     match &v.vrrp {
         Some(name) => facts.vrrp_master.get(name).copied().unwrap_or(false),
         None => v.owned,

@@ -319,6 +319,7 @@ impl ClusterSpec {
             dsr_backend: true,
             handover_grace_ms: crate::handover::DEFAULT_GRACE.as_millis() as u64,
             syn_flood_rate: lb_common::DEFAULT_SYN_FLOOD_RATE,
+            bgp: Vec::new(),
         };
         // A tracked check of a local port, or (None) of the load balancer's own readiness.
         let track =
@@ -340,6 +341,7 @@ impl ClusterSpec {
         if me.roles.contains(&Role::ControlPlane) {
             let group: Vec<&NodeSpec> = self.has(Role::ControlPlane).collect();
             cfg.vips.push(VipConfig {
+                announce: crate::config::Announce::Owner,
                 name: "api".into(),
                 address: self.api_vip,
                 ports: self.api_ports.clone(),
@@ -377,6 +379,7 @@ impl ClusterSpec {
         {
             let group = self.routers();
             cfg.vips.push(VipConfig {
+                announce: crate::config::Announce::Owner,
                 name: "ingress".into(),
                 address: vip,
                 ports: self.ingress_ports.clone(),

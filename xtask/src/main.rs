@@ -54,7 +54,7 @@ enum Cmd {
     },
     /// Setup, build (release), and run benchmarks; JSON under target/bench/.
     Bench {
-        /// micro | throughput | table | failover | detect | e2e | insns | all
+        /// micro | throughput | table | failover | detect | e2e | insns | scale | chaos | all
         #[arg(default_value = "micro")]
         part: String,
     },
@@ -80,6 +80,9 @@ const DEBIAN_PACKAGES: &[&str] = &[
     "runc",
     "catatonit",
     "binutils",
+    // BGP ECMP labs: the router and every LB node run FRR (zebra, bgpd, bfdd).
+    "frr",
+    "nftables",
 ];
 
 fn root() -> PathBuf {
@@ -211,7 +214,7 @@ fn setup() -> Result<()> {
         // The packages just installed start their services; the labs start their own
         // instances, so disable the ones this run installed (through their unit, never by
         // process name: a host's own keepalived or haproxy is not ours to stop).
-        for svc in ["keepalived", "haproxy"] {
+        for svc in ["keepalived", "haproxy", "frr"] {
             if missing.contains(&svc) {
                 let _ = Command::new("systemctl")
                     .args(["disable", "--now", svc])

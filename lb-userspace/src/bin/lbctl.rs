@@ -52,6 +52,9 @@ enum Cmd {
     /// VRRP instances: state, priorities, master, counters, collisions.
     #[command(subcommand)]
     Vrrp(VrrpCmd),
+    /// BGP announcements (VIPs with announce = "bgp"): sessions, prefixes, node drain.
+    #[command(subcommand)]
+    Bgp(BgpCmd),
     /// Data-plane counters per verdict and reason, connection-table use.
     Stats,
     /// Make lbd re-read its config; an invalid config is refused and the running one kept.
@@ -140,6 +143,17 @@ enum BackendsCmd {
 enum VipsCmd {
     /// List VIP services.
     List,
+}
+
+#[derive(Subcommand, Clone)]
+enum BgpCmd {
+    /// Sessions (BGP and BFD), announced prefixes and why a prefix is withdrawn.
+    Status,
+    /// Withdraw every prefix of this node: the routers stop sending it new flows, and flows
+    /// already here continue through the other nodes.
+    Drain,
+    /// Announce again what is ready.
+    Undrain,
 }
 
 #[derive(Subcommand, Clone)]
@@ -474,6 +488,20 @@ async fn run_once(cli: Cli) -> Result<()> {
                 print_json(&v);
             } else {
                 vrrp_table(&v);
+            }
+        }
+        Cmd::Bgp(cmd) => {
+            let v = match cmd {
+                BgpCmd::Status => client.call(Method::GET, "/v1/bgp", None).await?,
+                BgpCmd::Drain => client.call(Method::POST, "/v1/bgp/drain", None).await?,
+                BgpCmd::Undrain => client.call(Method::POST, "/v1/bgp/undrain", None).await?,
+            };
+            if json {
+                print_json(&v);
+            } else if v.get("prefixes").is_some() {
+                print!("{}", lb_userspace::bgp::status_text(&v));
+            } else {
+                println!("{v}");
             }
         }
         Cmd::Stats => {

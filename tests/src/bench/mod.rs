@@ -10,6 +10,7 @@ pub mod insns;
 mod interp;
 mod live;
 pub mod micro;
+pub mod scale;
 pub mod table;
 pub mod throughput;
 

@@ -11,6 +11,7 @@ fn main() {
         ("detect", bench::detect::run),
         ("e2e", bench::e2e::run),
         ("failover", bench::failover::run),
+        ("scale", bench::scale::run),
     ];
     let chosen: Vec<&(&str, fn())> = parts
         .iter()

@@ -12,6 +12,9 @@
 //!   SECONDS instead of a count; same JSON.
 //! - `labnode vrrp-send IFACE SRC DSTS VRID PRIO VIPS|- RATE SECS [V2PASS]`: a foreign VRRP
 //!   router (see `lb_tests::vrrp_send`); prints `{"sent": N}`.
+//!
+//! The short-connection JSON also lists `fail_at_ms`: when each failed attempt started (ms since
+//! the Unix epoch), so a lab can tell how long after an event new connections failed.
 use std::{
     collections::BTreeMap,
     io::{BufRead, BufReader, Read, Write},
@@ -72,6 +75,14 @@ struct Tally {
     failed: u64,
     by_id: BTreeMap<String, u64>,
     errors: BTreeMap<String, u64>,
+    fail_at_ms: Vec<u128>,
+}
+
+fn epoch_ms() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis())
+        .unwrap_or(0)
 }
 
 /// When a run of short connections stops.
@@ -96,6 +107,7 @@ fn short_connections(addr: SocketAddr, until: Until, conc: u64, timeout: Duratio
                     Until::Deadline(d) => Instant::now() < d,
                 };
                 while more() {
+                    let at = epoch_ms();
                     let r = one(addr, timeout);
                     let mut t = tally.lock().unwrap();
                     match r {
@@ -106,6 +118,7 @@ fn short_connections(addr: SocketAddr, until: Until, conc: u64, timeout: Duratio
                         Err(e) => {
                             t.failed += 1;
                             *t.errors.entry(e).or_default() += 1;
+                            t.fail_at_ms.push(at);
                         }
                     }
                 }
@@ -115,14 +128,16 @@ fn short_connections(addr: SocketAddr, until: Until, conc: u64, timeout: Duratio
     for t in threads {
         let _ = t.join();
     }
-    let t = tally.lock().unwrap();
+    let mut t = tally.lock().unwrap();
+    t.fail_at_ms.sort_unstable();
     println!(
-        "{{\"ok\":{},\"failed\":{},\"by_id\":{:?},\"errors\":{:?},\"elapsed_ms\":{}}}",
+        "{{\"ok\":{},\"failed\":{},\"by_id\":{:?},\"errors\":{:?},\"elapsed_ms\":{},\"fail_at_ms\":{:?}}}",
         t.ok,
         t.failed,
         t.by_id,
         t.errors,
-        start.elapsed().as_millis()
+        start.elapsed().as_millis(),
+        t.fail_at_ms
     );
 }
 

@@ -1,0 +1,309 @@
+//! Active-active VIPs over BGP ECMP, through FRR (lbd never speaks BGP itself).
+//!
+//! - [`config`]: the `[[bgp]]` section and its validation (pure).
+//! - [`decide`]: which VIP host routes this node announces and why the others are withdrawn
+//!   (pure).
+//! - [`frr`]: FRR's configuration for the section (pure rendering) and the vtysh driver.
+//! - [`routes`]: the announcement itself, a kernel route FRR redistributes.
+//!
+//! [`Announcer`] is the one owner of those side effects: the daemon hands it the config and the
+//! plan's backend rows, it converges the kernel routes (and FRR's config on start and reload).
+
+pub mod config;
+pub mod decide;
+pub mod frr;
+pub mod routes;
+
+use std::{collections::BTreeSet, net::IpAddr};
+
+use anyhow::Result;
+use serde::Serialize;
+
+pub use config::{BfdConfig, BgpConfig, PeerConfig};
+pub use decide::{NodeState, PrefixDecision};
+
+use crate::{
+    config::{Announce, Config},
+    plan::BackendPlan,
+};
+
+/// The BGP VIP addresses of a config, each once, in config order.
+pub fn bgp_addresses(cfg: &Config) -> Vec<IpAddr> {
+    let mut out: Vec<IpAddr> = Vec::new();
+    for v in cfg.vips.iter().filter(|v| v.announce == Announce::Bgp) {
+        if !out.contains(&v.address) {
+            out.push(v.address);
+        }
+    }
+    out
+}
+
+/// `lbctl bgp status`.
+#[derive(Clone, Debug, Serialize)]
+pub struct Status {
+    pub enabled: bool,
+    pub asn: Option<u32>,
+    pub node_drained: bool,
+    pub sessions: Vec<frr::Session>,
+    /// Why sessions could not be read (FRR not running, vtysh missing...).
+    pub sessions_error: Option<String>,
+    pub prefixes: Vec<PrefixStatus>,
+    /// BFD detection time of this node's side, ms.
+    pub bfd_detect_ms: Option<u32>,
+    pub last_error: Option<String>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct PrefixStatus {
+    pub prefix: String,
+    pub vips: Vec<String>,
+    /// The decision.
+    pub announce: bool,
+    /// The announcement route is in the kernel (what FRR redistributes).
+    pub installed: bool,
+    pub reason: String,
+}
+
+pub struct Announcer {
+    handle: rtnetlink::Handle,
+    /// The section FRR was last configured with.
+    applied: Option<BgpConfig>,
+    node: NodeState,
+    decisions: Vec<PrefixDecision>,
+    installed: BTreeSet<IpAddr>,
+    last_error: Option<String>,
+}
+
+impl Announcer {
+    pub fn new(handle: rtnetlink::Handle) -> Self {
+        Announcer {
+            handle,
+            applied: None,
+            node: NodeState::default(),
+            decisions: Vec::new(),
+            installed: BTreeSet::new(),
+            last_error: None,
+        }
+    }
+
+    /// FRR keeps what lbd configured only in its running config: after FRR restarts, lbd's
+    /// BGP instance is gone (the kernel routes are not; zebra reads them again). Check that the
+    /// instance is there and configure again if not. Called every few seconds.
+    pub async fn check_frr(&mut self, cfg: &Config) -> Result<()> {
+        let Some(applied) = &self.applied else {
+            return Ok(());
+        };
+        let running = frr::Vtysh::new(applied).running_config().await?;
+        let want = format!("router bgp {}", applied.asn);
+        if !running.lines().any(|l| l.trim() == want) {
+            tracing::warn!("BGP: FRR lost lbd's configuration (restarted?); configuring it again");
+            self.applied = None;
+            self.configure(cfg).await?;
+        }
+        Ok(())
+    }
+
+    /// FRR has been configured (by this lbd) with a `[[bgp]]` section.
+    pub fn configured(&self) -> bool {
+        self.applied.is_some()
+    }
+
+    pub fn node(&self) -> NodeState {
+        self.node
+    }
+
+    pub fn set_drained(&mut self, drained: bool) {
+        self.node.drained = drained;
+    }
+
+    pub fn set_stopping(&mut self) {
+        self.node.stopping = true;
+    }
+
+    /// Bring FRR's configuration to the config's `[[bgp]]` section (start and reload), and
+    /// adopt the announcement routes a previous lbd left.
+    pub async fn configure(&mut self, cfg: &Config) -> Result<()> {
+        self.installed = routes::installed(&self.handle).await?;
+        let new = cfg.bgp.first();
+        let commands = match (self.applied.as_ref(), new) {
+            (_, Some(new)) => frr::render(self.applied.as_ref(), new, &bgp_addresses(cfg)),
+            (Some(old), None) => frr::render_removal(old),
+            (None, None) => return Ok(()),
+        };
+        let vtysh = frr::Vtysh::new(new.or(self.applied.as_ref()).expect("one is set"));
+        let r = async {
+            let running = vtysh.running_config().await?;
+            let mut all =
+                frr::stale_entries(&running, &frr::prefix_list_entries(&bgp_addresses(cfg)));
+            all.extend(commands);
+            vtysh.configure(&all).await
+        }
+        .await;
+        if let Err(e) = &r {
+            self.last_error = Some(format!("{e:#}"));
+        } else {
+            self.applied = new.cloned();
+        }
+        r
+    }
+
+    /// Decide and converge the kernel routes. Routes of addresses that are no longer BGP VIPs
+    /// are removed too.
+    pub async fn sync(&mut self, cfg: &Config, rows: &[BackendPlan]) -> Result<()> {
+        self.decisions = decide::decide(cfg, rows, self.node);
+        let want: BTreeSet<IpAddr> = self
+            .decisions
+            .iter()
+            .filter(|d| d.announce)
+            .map(|d| d.prefix)
+            .collect();
+        let mut first_err = None;
+        for a in want.difference(&self.installed.clone()) {
+            match routes::install(&self.handle, *a).await {
+                Ok(()) => {
+                    tracing::info!(prefix = %a, "BGP: announcing");
+                    self.installed.insert(*a);
+                }
+                Err(e) => {
+                    first_err.get_or_insert(e);
+                }
+            }
+        }
+        for a in self.installed.clone().difference(&want) {
+            let reason = self
+                .decisions
+                .iter()
+                .find(|d| d.prefix == *a)
+                .map(|d| d.reason.clone())
+                .unwrap_or_else(|| "no longer a BGP VIP".into());
+            match routes::remove(&self.handle, *a).await {
+                Ok(()) => {
+                    tracing::info!(prefix = %a, %reason, "BGP: withdrawing");
+                    self.installed.remove(a);
+                }
+                Err(e) => {
+                    first_err.get_or_insert(e);
+                }
+            }
+        }
+        match first_err {
+            Some(e) => {
+                self.last_error = Some(format!("{e:#}"));
+                Err(e)
+            }
+            None => Ok(()),
+        }
+    }
+
+    pub async fn status(&self, cfg: &Config) -> Status {
+        let bgp = cfg.bgp.first();
+        let (sessions, sessions_error) = match bgp {
+            None => (Vec::new(), None),
+            Some(b) => {
+                let v = frr::Vtysh::new(b);
+                let summary = v.show_json("show bgp summary json").await;
+                let bfd = v.show_json("show bfd peers json").await;
+                match (summary, bfd) {
+                    (Ok(s), Ok(f)) => (frr::sessions(b, &s, &f), None),
+                    (Err(e), _) | (_, Err(e)) => (Vec::new(), Some(format!("{e:#}"))),
+                }
+            }
+        };
+        Status {
+            enabled: bgp.is_some(),
+            asn: bgp.map(|b| b.asn),
+            node_drained: self.node.drained,
+            sessions,
+            sessions_error,
+            prefixes: self
+                .decisions
+                .iter()
+                .map(|d| PrefixStatus {
+                    prefix: format!("{}/{}", d.prefix, d.prefix_len),
+                    vips: d.vips.clone(),
+                    announce: d.announce,
+                    installed: self.installed.contains(&d.prefix),
+                    reason: d.reason.clone(),
+                })
+                .collect(),
+            bfd_detect_ms: bgp.map(|b| b.bfd.detect_ms()),
+            last_error: self.last_error.clone(),
+        }
+    }
+}
+
+/// `lbctl bgp status` as text (from the API's JSON).
+pub fn status_text(v: &serde_json::Value) -> String {
+    use std::fmt::Write;
+    let mut o = String::new();
+    if v["enabled"] != true {
+        return "BGP not configured (no [[bgp]] section)\n".into();
+    }
+    let _ = writeln!(
+        o,
+        "local AS {}   node {}   BFD detection {} ms",
+        v["asn"],
+        if v["node_drained"] == true {
+            "DRAINED"
+        } else {
+            "in service"
+        },
+        v["bfd_detect_ms"]
+    );
+    if let Some(e) = v["sessions_error"].as_str() {
+        let _ = writeln!(o, "sessions: cannot read from FRR: {e}");
+    }
+    let _ = writeln!(
+        o,
+        "\n{:<28} {:<8} {:<12} {:<10} {:<6} {:<6} BFD",
+        "PEER", "AS", "STATE", "UP", "V4", "V6"
+    );
+    for s in v["sessions"].as_array().into_iter().flatten() {
+        let peer = match s["description"].as_str() {
+            Some(d) => format!("{} ({d})", s["peer"].as_str().unwrap_or("?")),
+            None => s["peer"].as_str().unwrap_or("?").to_string(),
+        };
+        let _ = writeln!(
+            o,
+            "{:<28} {:<8} {:<12} {:<10} {:<6} {:<6} {}",
+            peer,
+            s["asn"],
+            s["state"].as_str().unwrap_or("?"),
+            s["uptime"].as_str().unwrap_or("-"),
+            s["sent_v4"],
+            s["sent_v6"],
+            s["bfd"].as_str().unwrap_or("?")
+        );
+    }
+    let _ = writeln!(
+        o,
+        "\n{:<24} {:<10} {:<16} REASON",
+        "PREFIX", "STATE", "VIPS"
+    );
+    for p in v["prefixes"].as_array().into_iter().flatten() {
+        let state = match (p["announce"] == true, p["installed"] == true) {
+            (true, true) => "announced",
+            (true, false) => "pending",
+            (false, true) => "withdrawing",
+            (false, false) => "withdrawn",
+        };
+        let vips: Vec<&str> = p["vips"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|x| x.as_str())
+            .collect();
+        let _ = writeln!(
+            o,
+            "{:<24} {:<10} {:<16} {}",
+            p["prefix"].as_str().unwrap_or("?"),
+            state,
+            vips.join(","),
+            p["reason"].as_str().unwrap_or("")
+        );
+    }
+    if let Some(e) = v["last_error"].as_str() {
+        let _ = writeln!(o, "\nlast error: {e}");
+    }
+    o
+}
