@@ -27,14 +27,64 @@ pub const WORKERS: [&str; 2] = ["w1", "w2"];
 
 pub struct Cluster {
     pub lab: Lab,
+    pub opts: Options,
 }
 
 fn addr(i: usize) -> String {
     format!("10.79.0.{}", 11 + i)
 }
 
+/// Variations of the cluster for labs that need more than the demo (the chaos bench).
+#[derive(Clone, Debug, Default)]
+pub struct Options {
+    /// Connection-table entries of every lbd (default: lbd's default).
+    pub conntrack_size: Option<u32>,
+    /// Workers also run the echo service and the ingress VIP serves [`ECHO_PORT`], so
+    /// long-lived connections can go through both VIPs.
+    pub worker_echo: bool,
+    /// Control-plane nodes run a second VRRP instance ("aux", [`AUX_VIP`]), so a reload can
+    /// change one of two instances.
+    pub aux_instance: bool,
+    /// Priority of the aux instance per control-plane node (default 40 everywhere).
+    pub aux_priority: Option<[u8; 3]>,
+    /// One more host on the segment ([`HOSTILE`]) that runs nothing of ours.
+    pub hostile: bool,
+}
+
+/// The aux instance's VIP (see [`Options::aux_instance`]).
+pub const AUX_VIP: &str = "10.79.0.9";
+/// The hostile host's node name and address.
+pub const HOSTILE: &str = "hostile";
+pub const HOSTILE_ADDR: &str = "10.79.0.66";
+
+/// The address of a cluster node ("cp1".."cp3", "w1", "w2").
+pub fn node_addr(node: &str) -> String {
+    let i = CONTROL_PLANE
+        .iter()
+        .chain(WORKERS.iter())
+        .position(|n| *n == node)
+        .unwrap_or_else(|| panic!("no cluster node {node}"));
+    addr(i)
+}
+
+/// The aux instance's VRID: next to the API one, never the ingress one.
+pub fn aux_vrid() -> u8 {
+    let (api, ingress) = lb_userspace::vrrp::vrids::openshift_vrids(CLUSTER);
+    let mut v = api;
+    loop {
+        v = if v >= 254 { 1 } else { v + 1 };
+        if v != ingress && v != api {
+            return v;
+        }
+    }
+}
+
 impl Cluster {
     pub fn new() -> Cluster {
+        Cluster::with(Options::default())
+    }
+
+    pub fn with(opts: Options) -> Cluster {
         let mut lab = Lab::new("cl");
         lab.add_node("client", "10.79.0.1", "fd79::1");
         let nodes: Vec<&str> = CONTROL_PLANE
@@ -45,14 +95,30 @@ impl Cluster {
         for (i, n) in nodes.iter().enumerate() {
             lab.add_node(n, &addr(i), &format!("fd79::{}", 11 + i));
         }
-        let mut c = Cluster { lab };
+        if opts.hostile {
+            lab.add_node(HOSTILE, HOSTILE_ADDR, "fd79::66");
+        }
+        let mut c = Cluster { lab, opts };
+        for n in &nodes {
+            std::fs::write(c.ready_file(n), "").unwrap();
+            c.start_services(n);
+        }
+        for (i, n) in nodes.iter().enumerate() {
+            std::fs::write(c.config_path(n), c.config(i, n)).unwrap();
+            c.start(n);
+        }
+        c
+    }
+
+    /// Start what a node serves (everything but lbd): the apiserver stand-in and the echo
+    /// service on control-plane nodes, the router stand-ins (and the echo service with
+    /// [`Options::worker_echo`]) on workers. Tags: `apiserver-N`, `echo-N`, `router-*-N`.
+    pub fn start_services(&mut self, n: &str) {
         let standin = bin_dir().join("standin");
         let labnode = bin_dir().join("labnode");
-        for n in CONTROL_PLANE {
-            let ready = c.ready_file(n);
-            std::fs::write(&ready, "").unwrap();
-            let r = ready.display().to_string();
-            c.lab.spawn(
+        let r = self.ready_file(n).display().to_string();
+        if CONTROL_PLANE.contains(&n) {
+            self.lab.spawn(
                 n,
                 &format!("apiserver-{n}"),
                 &standin,
@@ -66,24 +132,14 @@ impl Cluster {
                     &r,
                 ],
             );
-            c.lab.spawn(
-                n,
-                &format!("echo-{n}"),
-                &labnode,
-                &["serve-id", ECHO_PORT, n],
-            );
-        }
-        for n in WORKERS {
-            let ready = c.ready_file(n);
-            std::fs::write(&ready, "").unwrap();
-            let r = ready.display().to_string();
+        } else {
             for (tag, kind, port) in [
                 ("http", "http", "80"),
                 ("https", "https", "443"),
                 ("health", "http", "1936"),
             ] {
                 let listen = format!("0.0.0.0:{port}");
-                c.lab.spawn(
+                self.lab.spawn(
                     n,
                     &format!("router-{tag}-{n}"),
                     &standin,
@@ -91,11 +147,30 @@ impl Cluster {
                 );
             }
         }
-        for (i, n) in nodes.iter().enumerate() {
-            std::fs::write(c.config_path(n), c.config(i, n)).unwrap();
-            c.start(n);
+        if CONTROL_PLANE.contains(&n) || self.opts.worker_echo {
+            self.lab.spawn(
+                n,
+                &format!("echo-{n}"),
+                &labnode,
+                &["serve-id", ECHO_PORT, n],
+            );
         }
-        c
+    }
+
+    /// Tags of the processes [`Cluster::start_services`] starts on `n`.
+    pub fn service_tags(&self, n: &str) -> Vec<String> {
+        let mut v = if CONTROL_PLANE.contains(&n) {
+            vec![format!("apiserver-{n}")]
+        } else {
+            ["http", "https", "health"]
+                .iter()
+                .map(|t| format!("router-{t}-{n}"))
+                .collect()
+        };
+        if CONTROL_PLANE.contains(&n) || self.opts.worker_echo {
+            v.push(format!("echo-{n}"));
+        }
+        v
     }
 
     pub fn ready_file(&self, node: &str) -> PathBuf {
@@ -108,7 +183,7 @@ impl Cluster {
             .display()
             .to_string()
     }
-    fn config_path(&self, node: &str) -> PathBuf {
+    pub fn config_path(&self, node: &str) -> PathBuf {
         self.lab.dir.join(format!("{node}.toml"))
     }
     fn pin_name(&self, node: &str) -> String {
@@ -118,7 +193,7 @@ impl Cluster {
     /// OpenShift's shape: control-plane nodes run the API instance (priority 40, +20 while the
     /// load balancer has an active backend, +5 while the local apiserver is ready), workers the
     /// ingress instance (priority 20, +50 while the local router is healthy).
-    fn config(&self, i: usize, node: &str) -> String {
+    pub fn config(&self, i: usize, node: &str) -> String {
         let (api_vrid, ingress_vrid) = lb_userspace::vrrp::vrids::openshift_vrids(CLUSTER);
         let cp = CONTROL_PLANE.contains(&node);
         let mut c = format!(
@@ -126,6 +201,9 @@ impl Cluster {
             self.pin_name(node),
             self.socket(node)
         );
+        if let Some(n) = self.opts.conntrack_size {
+            c += &format!("conntrack_size = {n}\n");
+        }
         let peers = |group: &[&str], offset: usize| -> String {
             group
                 .iter()
@@ -149,9 +227,17 @@ impl Cluster {
             );
             c += "\n[[track]]\ninstance = \"api\"\nname = \"lb-ready\"\nweight = 20\n";
             c += "\n[[track]]\ninstance = \"api\"\nname = \"local-apiserver\"\nweight = 5\naddress = \"127.0.0.1:6443\"\n[track.health]\nkind = \"https\"\npath = \"/readyz\"\n";
+            if self.opts.aux_instance {
+                c += &self.aux_config(i, node, self.opts.aux_priority.map_or(40, |p| p[i]));
+            }
         } else {
             c += &format!(
-                "\n[[vips]]\nname = \"ingress\"\naddress = \"{INGRESS_VIP}\"\nports = [80, 443]\nvrrp = \"ingress\"\n[vips.health]\nkind = \"http\"\npath = \"/healthz\"\nport = 1936\n"
+                "\n[[vips]]\nname = \"ingress\"\naddress = \"{INGRESS_VIP}\"\nports = [{}]\nvrrp = \"ingress\"\n[vips.health]\nkind = \"http\"\npath = \"/healthz\"\nport = 1936\n",
+                if self.opts.worker_echo {
+                    format!("80, 443, {ECHO_PORT}")
+                } else {
+                    "80, 443".to_string()
+                }
             );
             for j in 3..5 {
                 c += &format!("[[vips.backends]]\naddress = \"{}\"\n", addr(j));
@@ -163,6 +249,28 @@ impl Cluster {
             );
             c += "\n[[track]]\ninstance = \"ingress\"\nname = \"local-router\"\nweight = 50\naddress = \"127.0.0.1:1936\"\n[track.health]\nkind = \"http\"\npath = \"/healthz\"\n";
         }
+        c
+    }
+
+    /// The aux VIP and its VRRP instance on control-plane node `i` with `priority`.
+    pub fn aux_config(&self, i: usize, node: &str, priority: u8) -> String {
+        let mut c = format!(
+            "\n[[vips]]\nname = \"aux\"\naddress = \"{AUX_VIP}\"\nports = [{ECHO_PORT}]\nvrrp = \"aux\"\n[vips.health]\nkind = \"https\"\npath = \"/readyz\"\nport = 6443\n"
+        );
+        for j in 0..3 {
+            c += &format!("[[vips.backends]]\naddress = \"{}\"\n", addr(j));
+        }
+        let peers: Vec<String> = CONTROL_PLANE
+            .iter()
+            .filter(|n| **n != node)
+            .map(|n| format!("\"{}\"", node_addr(n)))
+            .collect();
+        c += &format!(
+            "\n[[vrrp]]\nname = \"aux\"\nvrid = {}\npriority = {priority}\nvips = [\"{AUX_VIP}\"]\nunicast_src = \"{}\"\nunicast_peers = [{}]\n",
+            aux_vrid(),
+            addr(i),
+            peers.join(", ")
+        );
         c
     }
 

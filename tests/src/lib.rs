@@ -2,6 +2,7 @@
 //! BPF_PROG_TEST_RUN, and network-namespace labs. Everything here needs root.
 
 pub mod bench;
+pub mod chaos;
 pub mod cluster;
 pub mod dsr;
 pub mod frames;

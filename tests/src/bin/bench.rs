@@ -9,6 +9,7 @@ fn main() {
         ("detect", bench::detect::run),
         ("e2e", bench::e2e::run),
         ("failover", bench::failover::run),
+        ("chaos", bench::chaos::run),
     ];
     let chosen: Vec<&(&str, fn())> = parts
         .iter()
