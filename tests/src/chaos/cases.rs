@@ -123,7 +123,7 @@ fn inject(ch: &mut Chaos, case: Case, owner: &str, seed: u64) -> Injected {
             ch.flavor.stop_daemon(owner, libc::SIGKILL);
             ch.flavor.stop_services(owner);
             dead.push(owner.to_string());
-            std::thread::sleep(secs(3));
+            std::thread::sleep(secs(5));
             revive(ch, owner);
         }
         Case::OwnerSigkill | Case::OwnerSigterm | Case::BackupSigkill => {
@@ -327,7 +327,11 @@ pub fn run_case(ch: &mut Chaos, case: Case, seed: u64) -> CaseResult {
         r.notes.push(format!("not healthy before the case: {e}"));
     }
     let (restarts0, crashes0) = ch.restarts();
-    let owner = ch.wait_owner();
+    let Some(owner) = ch.wait_owner() else {
+        r.notes
+            .push("MISSED: no single API VIP owner at the start; not run".into());
+        return r;
+    };
     r.owner_before = owner.clone();
     let start = ch.now_ms();
     // Connections on each backend when the fault hits (for the expected losses).

@@ -122,7 +122,10 @@ impl Flavor for LbdFlavor {
                 .and_then(|v| v.as_array().cloned())
                 .ok_or_else(|| format!("{n}: lbctl backends list failed"))?;
             if let Some(r) = rows.iter().find(|r| r["state"] != "active") {
-                return Err(format!("{n}: backend {} is {}", r["address"], r["state"]));
+                return Err(format!(
+                    "{n}: backend {} of {} is {} ({})",
+                    r["backend"], r["vip_name"], r["state"], r["reason"]
+                ));
             }
         }
         for inst in ["api", "aux", "ingress"] {

@@ -25,11 +25,15 @@ pub const LONG_INTERVAL: Duration = Duration::from_millis(100);
 /// How long a long-lived connection may wait for its echo before it counts as lost: long
 /// enough for TCP to retransmit through a sub-second failover several times.
 pub const LONG_TIMEOUT: Duration = Duration::from_secs(8);
-pub const SHORT_TIMEOUT: Duration = Duration::from_secs(1);
+/// A new connection fails when it is not answered within this: long enough for one SYN
+/// retransmission (at 1 s), as any real client allows, so an outage shows as a gap
+/// ([`crate::chaos::CaseResult::max_gap_ms`]) and failures are what a client would see.
+pub const SHORT_TIMEOUT: Duration = Duration::from_secs(3);
 /// Short-connection slots later than this are skipped (and counted): a client that waits
 /// that long has moved on.
 const SHORT_LATE: Duration = Duration::from_secs(1);
-const SHORT_WORKERS: usize = 64;
+/// Enough workers to keep the rate while connections wait for a retransmitted SYN.
+const SHORT_WORKERS: usize = 160;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Proto {

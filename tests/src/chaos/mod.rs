@@ -238,10 +238,24 @@ impl Chaos {
         (s.holders[v].len() == 1).then(|| NODES[s.holders[v][0]].to_string())
     }
 
-    /// The node holding the API VIP, waiting for one to be unique.
-    pub fn wait_owner(&self) -> String {
-        crate::lab::wait_for(HEAL_TIMEOUT, || self.owner())
-            .unwrap_or_else(|| panic!("{}: no single API VIP owner", self.flavor.name()))
+    /// The node holding the API VIP, waiting up to 10 s for one to be unique.
+    pub fn wait_owner(&self) -> Option<String> {
+        crate::lab::wait_for(Duration::from_secs(10), || self.owner())
+    }
+
+    /// After a case that left the cluster broken: restart every daemon from a clean node (as
+    /// an operator would), and wait until healthy. Err if even that does not help.
+    pub fn repair(&mut self) -> Result<(), String> {
+        for n in NODES {
+            self.flavor.stop_daemon(n, libc::SIGKILL);
+            self.flavor.reboot_cleanup(n);
+            self.set_link(n, true);
+        }
+        for n in NODES {
+            self.start_daemon(n);
+        }
+        let since = self.now_ms();
+        self.wait_healthy(since, HEAL_TIMEOUT)
     }
 
     pub fn start_daemon(&mut self, node: &str) {
@@ -419,10 +433,26 @@ pub fn run_cases(ch: &mut Chaos, cases: &[Case], seed: u64, label: &str) -> Vec<
             c.number(),
             c.name()
         );
-        let r = cases::run_case(ch, *c, rng.next());
+        let mut r = cases::run_case(ch, *c, rng.next());
         eprintln!("{}", table_row(&r));
         for n in &r.notes {
             eprintln!("    {n}");
+        }
+        if !r.healthy_again {
+            eprintln!("    repairing: every daemon restarted from a clean node");
+            let repaired = ch.repair();
+            r.notes.push(format!(
+                "after the case the harness restarted every daemon: {}",
+                match &repaired {
+                    Ok(()) => "healthy again".to_string(),
+                    Err(e) => format!("still not healthy: {e}"),
+                }
+            ));
+            if let Err(e) = repaired {
+                eprintln!("    the cluster stays broken ({e}); the remaining cases are not run");
+                out.push(r);
+                break;
+            }
         }
         out.push(r);
     }

@@ -227,7 +227,7 @@ pub fn dual_ms(samples: &[Sample]) -> f64 {
         .windows(2)
         .filter(|w| w[0].holders.iter().any(|h| h.len() >= 2))
         .map(|w| (w[1].at - w[0].at) as f64)
-        .sum()
+        .fold(0.0, |a, b| a + b)
 }
 
 /// When the last stretch of dual holding in `samples` ended (ms), if there was one.
