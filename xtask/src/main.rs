@@ -53,6 +53,8 @@ const DEBIAN_PACKAGES: &[&str] = &[
     "haproxy",
     "wrk",
     "tcpdump",
+    // The chaos bench's partition: a bridge-family filter in the lab's switch namespace.
+    "nftables",
 ];
 
 fn root() -> PathBuf {

@@ -433,10 +433,28 @@ pub fn run_cases(ch: &mut Chaos, cases: &[Case], seed: u64, label: &str) -> Vec<
             c.number(),
             c.name()
         );
-        let mut r = cases::run_case(ch, *c, rng.next());
+        let case_seed = rng.next();
+        let mut r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            cases::run_case(ch, *c, case_seed)
+        }))
+        .unwrap_or_else(|p| {
+            let msg = p
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_default();
+            CaseResult {
+                name: c.name().to_string(),
+                notes: vec![format!("MISSED: the harness failed: {msg}")],
+                ..Default::default()
+            }
+        });
         eprintln!("{}", table_row(&r));
         for n in &r.notes {
             eprintln!("    {n}");
+        }
+        if !r.errors.is_empty() {
+            eprintln!("    errors: {:?}", r.errors);
         }
         if !r.healthy_again {
             eprintln!("    repairing: every daemon restarted from a clean node");
