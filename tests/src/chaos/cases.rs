@@ -209,7 +209,7 @@ fn inject(ch: &mut Chaos, case: Case, owner: &str, seed: u64) -> Injected {
             let sw = ch.switch();
             let table = crate::unique("chaos");
             let rules = format!(
-                "table bridge {table} {{\n chain fwd {{\n  type filter hook forward priority 0; policy accept;\n  iifname \"{owner}\" ip protocol 112 drop\n  oifname \"{owner}\" ip protocol 112 drop\n }}\n}}\n"
+                "table bridge {table} {{\n chain drop_vrrp {{\n  type filter hook forward priority 0; policy accept;\n  iifname \"{owner}\" ip protocol 112 drop\n  oifname \"{owner}\" ip protocol 112 drop\n }}\n}}\n"
             );
             let file = ch.flavor.lab().dir.join(format!("{table}.nft"));
             std::fs::write(&file, rules).unwrap();

@@ -35,7 +35,7 @@ pub struct KeepalivedFlavor {
 
 fn haproxy_config() -> String {
     let mut c = String::from(
-        "global\n  maxconn 20000\n\ndefaults\n  mode tcp\n  timeout connect 5s\n  \
+        "global\n  maxconn 4096\n\ndefaults\n  mode tcp\n  timeout connect 5s\n  \
          timeout client 30m\n  timeout server 30m\n  timeout check 10s\n\n",
     );
     c += &format!(

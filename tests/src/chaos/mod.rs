@@ -258,9 +258,17 @@ impl Chaos {
         self.wait_healthy(since, HEAL_TIMEOUT)
     }
 
+    /// Start `node`'s daemon again; the log of its previous run is kept as `<tag>.<n>.log`.
     pub fn start_daemon(&mut self, node: &str) {
-        self.flavor.start_daemon(node);
         self.restarts += 1;
+        let dir = self.flavor.lab().dir.clone();
+        for tag in [format!("lbd-{node}"), format!("ka-{node}")] {
+            let log = dir.join(format!("{tag}.log"));
+            if log.exists() {
+                let _ = std::fs::rename(&log, dir.join(format!("{tag}.{}.log", self.restarts)));
+            }
+        }
+        self.flavor.start_daemon(node);
     }
 
     /// Healthy: every daemon running (one that exited unexpectedly is restarted and counted),
