@@ -85,10 +85,14 @@ pub struct BackendInfo {
     /// The VIP this backend belongs to; a connection-table entry is only trusted if it matches.
     pub vip_id: u32,
     pub flags: u32,
+    /// The pair's identity, never reused (see [`FlowValue::epoch`]); 0 in an empty slot.
+    /// Everything but `flags` is written once per epoch: a change of MAC, interface or VIP gets
+    /// a new id and epoch, so a reader never sees a half-written MAC.
+    pub epoch: u32,
     pub family: u8,
     pub _pad: [u8; 3],
 }
-const _: () = assert!(size_of::<BackendInfo>() == 44);
+const _: () = assert!(size_of::<BackendInfo>() == 48);
 
 /// The connection table's key: the full 5-tuple as the client sent it.
 #[repr(C)]
@@ -109,9 +113,11 @@ const _: () = assert!(size_of::<FlowKey>() == 40);
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct FlowValue {
     pub backend_id: u32,
-    /// The VIP's generation when the entry was written (see `LB_VIP_GEN`). An entry whose
-    /// generation still matches, with the owned bit set, is forwarded without a VIP lookup.
-    pub vip_gen: u32,
+    /// The epoch of the (VIP, backend) pair the entry names. Epochs come from one counter kept
+    /// in the pinned `LbConfig::next_epoch` and are never handed out twice, so an entry is good
+    /// exactly while `LB_BACKENDS[backend_id].epoch` still equals it: reused backend ids, VIP
+    /// ids, re-created services and restarts with other settings all make old entries stale.
+    pub epoch: u32,
 }
 const _: () = assert!(size_of::<FlowValue>() == 8);
 
@@ -125,9 +131,9 @@ pub struct Counters {
 }
 const _: () = assert!(size_of::<Counters>() == 24);
 
-/// Low bit of a VIP generation (`LB_VIP_GEN`): this node owns the VIP. The rest counts
-/// (re)allocations of the VIP id, so entries of a removed VIP never match a new one.
-pub const VIP_GEN_OWNED: u32 = 1;
+/// `LB_VIP_OWNED[vip_id]`: this node forwards for the VIP (read by the fast path, which does not
+/// look the VIP up).
+pub const VIP_OWNED: u32 = 1;
 
 /// Global settings the XDP program reads (one entry in the `LB_CONFIG` array).
 #[repr(C)]
@@ -140,12 +146,16 @@ pub struct LbConfig {
     pub table_size: u32,
     /// `CONFIG_F_*` bits.
     pub flags: u32,
-    pub _pad: u32,
+    /// The next (VIP, backend) pair epoch user space hands out (not read by the program).
+    pub next_epoch: u32,
     /// A 256-bit filter of VIP addresses (bit `addr_filter_bit(addr)`): a destination whose bit
     /// is clear is not a VIP, decided without a hash lookup.
     pub addr_filter: [u64; 4],
+    /// The same for the source MACs in `LB_PEERS` (bit `mac_filter_bit(mac)`): most frames come
+    /// from a router, whose bit is clear, and skip the loop-guard lookup.
+    pub peer_filter: [u64; 4],
 }
-const _: () = assert!(size_of::<LbConfig>() == 48);
+const _: () = assert!(size_of::<LbConfig>() == 80);
 
 /// The bit of `addr` in `LbConfig::addr_filter`.
 #[inline(always)]
@@ -153,6 +163,23 @@ pub fn addr_filter_bit(addr: &[u8; 16]) -> u32 {
     let x = word(addr, 0) ^ word(addr, 4) ^ word(addr, 8) ^ word(addr, 12);
     x.wrapping_mul(0x9e37_79b1) >> 24
 }
+
+/// The bit of a MAC address in `LbConfig::peer_filter`.
+#[inline(always)]
+pub fn mac_filter_bit(mac: &[u8; 6]) -> u32 {
+    let x = u32::from_ne_bytes([mac[0], mac[1], mac[2], mac[3]])
+        ^ u32::from_ne_bytes([mac[4], mac[5], mac[0], mac[1]]).rotate_left(16);
+    x.wrapping_mul(0x9e37_79b1) >> 24
+}
+
+/// Key of `LB_PEERS`: a MAC address padded to 8 bytes.
+#[inline(always)]
+pub fn peer_key(mac: &[u8; 6]) -> [u8; 8] {
+    [mac[0], mac[1], mac[2], mac[3], mac[4], mac[5], 0, 0]
+}
+
+/// Most MACs of other lbd nodes (VRRP peers and backends) one node tracks for the loop guard.
+pub const MAX_PEERS: u32 = 1024;
 
 /// `LbConfig::flags`: some service matches all ports (a second VIP lookup is needed on a miss).
 pub const CONFIG_F_ALL_PORTS: u32 = 1;
@@ -189,7 +216,10 @@ pub mod stat {
     pub const ICMP_FORWARDED: u32 = 16;
     /// Sent to a remote backend (XDP_TX or redirect).
     pub const FORWARDED: u32 = 17;
-    pub const COUNT: u32 = 18;
+    /// Loop guard: a VIP packet whose source MAC is another lbd node's (a VRRP peer or a
+    /// backend) was already forwarded once; it goes to the local stack.
+    pub const PASS_FROM_PEER: u32 = 18;
+    pub const COUNT: u32 = 19;
 
     /// Names in index order, used by user space for `lbctl stats` and metrics.
     pub const NAMES: [&str; COUNT as usize] = [
@@ -211,6 +241,7 @@ pub mod stat {
         "conntrack_stale",
         "icmp_forwarded",
         "forwarded",
+        "pass_from_peer",
     ];
 }
 
@@ -225,7 +256,10 @@ pub mod maps {
     pub const STATS: &str = "LB_STATS";
     pub const VIP_STATS: &str = "LB_VIP_STATS";
     pub const BACKEND_STATS: &str = "LB_BACKEND_STATS";
-    pub const VIP_GEN: &str = "LB_VIP_GEN";
+    pub const VIP_OWNED: &str = "LB_VIP_OWNED";
+    pub const PEERS: &str = "LB_PEERS";
+    /// Pins of maps earlier versions had and this one does not.
+    pub const OBSOLETE: &[&str] = &["LB_VIP_GEN"];
     /// The XDP program's name in the object.
     pub const PROGRAM: &str = "lb_xdp";
 }

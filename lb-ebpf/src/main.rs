@@ -1,14 +1,19 @@
 //! The XDP load balancer. A packet's path, top to bottom:
 //!
-//! parse (Ethernet, IPv4/IPv6, TCP/UDP, ICMP too-big) -> VIP lookup -> ownership gate ->
-//! connection table -> Maglev table -> rewrite the MACs -> XDP_TX / redirect / local pass -> count.
+//! parse (Ethernet, IPv4/IPv6, TCP/UDP, ICMP too-big) -> loop guard -> connection table ->
+//! VIP lookup -> ownership gate -> Maglev table -> rewrite the MACs -> XDP_TX / redirect / local
+//! pass -> count.
 //!
-//! Nothing after the Ethernet header is ever changed (L2 direct server return): the backend holds
-//! the VIP as a local address and answers the client itself.
+//! The forwarding rule: a frame is forwarded only if it is a well-formed, unfragmented packet to
+//! an owned VIP service (or an ICMP too-big quoting one), judged by its own length fields as well
+//! as the frame's, and not from another lbd node; and the forwarded frame differs from the input
+//! only in its two MAC addresses (L2 direct server return: the backend holds the VIP as a local
+//! address and answers the client itself). Everything else is passed or dropped, and counted.
 #![no_std]
 #![no_main]
 
 mod maps;
+mod bench_progs;
 mod packet;
 
 use aya_ebpf::{
@@ -17,17 +22,16 @@ use aya_ebpf::{
     macros::xdp,
     programs::XdpContext,
 };
-use aya_log_ebpf::warn;
 use lb_common::{
     ALL_PORTS, BACKEND_F_IN_SET, BACKEND_F_LOCAL, BackendInfo, CONFIG_F_ALL_PORTS, FlowKey,
-    FlowValue, NO_BACKEND, VIP_F_OWNED, VIP_GEN_OWNED, VipInfo, VipKey, addr_filter_bit, flow_hash,
-    stat, table_index,
+    FlowValue, NO_BACKEND, VIP_F_OWNED, VIP_OWNED, VipInfo, VipKey, addr_filter_bit, flow_hash,
+    mac_filter_bit, peer_key, stat, table_index,
 };
 use maps::{
-    LB_BACKEND_STATS, LB_BACKENDS, LB_CONFIG, LB_CONNTRACK, LB_TABLES, LB_VIP_ADDRS, LB_VIP_GEN,
-    LB_VIP_STATS, LB_VIPS, NONE, count, count_traffic,
+    LB_BACKEND_STATS, LB_BACKENDS, LB_CONFIG, LB_CONNTRACK, LB_PEERS, LB_TABLES, LB_VIP_ADDRS,
+    LB_VIP_OWNED, LB_VIP_STATS, LB_VIPS, NONE, count, count_traffic,
 };
-use packet::{ETH_HLEN, ETH_P_IP, ETH_P_IPV6, L3, ParseError, be16_at, has_ports, ptr_at};
+use packet::{ETH_HLEN, ETH_P_IP, ETH_P_IPV6, L3, ParseError, has_ports, ptr_at};
 
 #[xdp]
 pub fn lb_xdp(ctx: XdpContext) -> u32 {
@@ -51,7 +55,10 @@ type Outcome = (u32, u32, u32);
 
 #[inline(always)]
 fn try_lb(ctx: &XdpContext) -> Result<Outcome, ParseError> {
-    let l3 = match be16_at(ctx, 12)? {
+    // VLAN-tagged frames are not ours: lbd attaches to the interface that carries the VIPs
+    // untagged.
+    let (src_mac, ethertype) = packet::ethernet(ctx)?;
+    let l3 = match ethertype {
         ETH_P_IP => packet::ipv4(ctx, ETH_HLEN)?,
         ETH_P_IPV6 => packet::ipv6(ctx, ETH_HLEN)?,
         _ => return Ok((XDP_PASS, stat::PASS_NOT_VIP, NONE)),
@@ -61,11 +68,17 @@ fn try_lb(ctx: &XdpContext) -> Result<Outcome, ParseError> {
     if !maybe_vip(&l3.dst) {
         return Ok((XDP_PASS, stat::PASS_NOT_VIP, NONE));
     }
+    // The loop guard: another lbd node already forwarded this frame (it may be a backup that
+    // still forwards, or one whose tables differ from ours). Forwarding it again could send it
+    // back and forth; the local stack serves it (this node is a backend of the VIP).
+    if from_peer(&src_mac) {
+        return Ok((XDP_PASS, stat::PASS_FROM_PEER, NONE));
+    }
     if l3.fragment {
         return Ok(fragment(&l3));
     }
     if has_ports(l3.proto) {
-        let (sport, dport, syn) = packet::ports(ctx, l3.proto, l3.l4_off)?;
+        let (sport, dport, syn) = packet::ports(ctx, &l3)?;
         let flow = flow_key(&l3, sport, dport);
         let track = if syn {
             Track::NewConnection
@@ -109,6 +122,19 @@ fn maybe_vip(addr: &[u8; 16]) -> bool {
         Some(w) => w & (1u64 << (bit & 63)) != 0,
         None => true,
     }
+}
+
+#[inline(always)]
+fn from_peer(mac: &[u8; 6]) -> bool {
+    let Some(cfg) = LB_CONFIG.get(0) else {
+        return false;
+    };
+    let bit = mac_filter_bit(mac);
+    let maybe = match cfg.peer_filter.get((bit >> 6) as usize) {
+        Some(w) => w & (1u64 << (bit & 63)) != 0,
+        None => true,
+    };
+    maybe && LB_PEERS.get_ptr(&peer_key(mac)).is_some()
 }
 
 #[inline(always)]
@@ -166,12 +192,24 @@ fn lookup_vip(flow: &FlowKey) -> Option<VipInfo> {
     LB_VIPS.get_ptr(&key).map(|v| unsafe { *v })
 }
 
-/// A backend id read from a map, trusted only if it is in the set of this VIP.
+/// A backend id read from a table slot, trusted only if it is in the set of this VIP.
 #[inline(always)]
 fn backend_of(vip: &VipInfo, id: u32) -> Option<BackendInfo> {
     let b = unsafe { *LB_BACKENDS.get_ptr(id)? };
-    if b.flags & BACKEND_F_IN_SET != 0 && b.vip_id == vip.vip_id {
+    if b.flags & BACKEND_F_IN_SET != 0 && b.vip_id == vip.vip_id && b.epoch != 0 {
         Some(b)
+    } else {
+        None
+    }
+}
+
+/// The backend a connection-table entry names, if the entry is still good: the pair it was
+/// written for still exists (same epoch, never reused) and is in its VIP's set.
+#[inline(always)]
+fn entry_backend(v: &FlowValue) -> Option<BackendInfo> {
+    let b = LB_BACKENDS.get(v.backend_id)?;
+    if b.epoch == v.epoch && b.epoch != 0 && b.flags & BACKEND_F_IN_SET != 0 {
+        Some(*b)
     } else {
         None
     }
@@ -192,8 +230,11 @@ enum Track {
 }
 
 #[inline(always)]
-fn vip_gen(vip_id: u32) -> u32 {
-    LB_VIP_GEN.get(vip_id).copied().unwrap_or(0)
+fn vip_owned(vip_id: u32) -> bool {
+    LB_VIP_OWNED
+        .get(vip_id)
+        .map(|o| o & VIP_OWNED != 0)
+        .unwrap_or(false)
 }
 
 #[inline(always)]
@@ -205,17 +246,15 @@ fn balance(ctx: &XdpContext, flow: &FlowKey, track: Track) -> Outcome {
         _ => LB_CONNTRACK.get_ptr(flow).map(|v| unsafe { *v }),
     };
 
-    // 1. Fast path for established flows: the entry's backend is in its set, and the VIP's
-    //    generation (id allocation and ownership) is the one the entry was written under.
-    if let Some(v) = cached
-        && let Some(b) = LB_BACKENDS.get(v.backend_id)
-        && b.flags & BACKEND_F_IN_SET != 0
-        && v.vip_gen & VIP_GEN_OWNED != 0
-        && vip_gen(b.vip_id) == v.vip_gen
+    // 1. Fast path for established flows: the entry's pair still exists and is in its set, and
+    //    this node forwards for its VIP. (The 5-tuple names the VIP service, so the entry's
+    //    backend belongs to it: pairs of other services have other epochs.)
+    let valid = cached.and_then(|v| entry_backend(&v).map(|b| (v.backend_id, b)));
+    if let Some((id, b)) = valid
+        && vip_owned(b.vip_id)
     {
-        let b = *b;
         count_traffic(&LB_VIP_STATS, b.vip_id, bytes, false);
-        count_traffic(&LB_BACKEND_STATS, v.backend_id, bytes, false);
+        count_traffic(&LB_BACKEND_STATS, id, bytes, false);
         let (action, reason, _) = forward(ctx, &b);
         return (action, reason, stat::CONNTRACK_HIT);
     }
@@ -228,10 +267,8 @@ fn balance(ctx: &XdpContext, flow: &FlowKey, track: Track) -> Outcome {
         // Not the owner: the local stack serves the VIP (this node may be a DSR backend).
         return (XDP_PASS, stat::PASS_NOT_OWNER, NONE);
     }
-    let generation = vip_gen(vip.vip_id);
 
-    // 3. An entry written under another generation is still good while its backend is in
-    //    this VIP's set (e.g. after the node lost and regained ownership).
+    // 3. A good entry (the owned flags were mid-update), or a stale one: hash again.
     let mut ct = match (track, cached) {
         (Track::NewConnection, _) => stat::CONNTRACK_MISS,
         (_, Some(_)) => stat::CONNTRACK_STALE,
@@ -239,11 +276,11 @@ fn balance(ctx: &XdpContext, flow: &FlowKey, track: Track) -> Outcome {
         (Track::LookupOnly, None) => NONE,
     };
     let mut chosen: Option<(u32, BackendInfo)> = None;
-    if let Some(v) = cached
-        && let Some(b) = backend_of(&vip, v.backend_id)
+    if let Some((id, b)) = valid
+        && b.vip_id == vip.vip_id
     {
         ct = stat::CONNTRACK_HIT;
-        chosen = Some((v.backend_id, b));
+        chosen = Some((id, b));
     }
     let new_flow = chosen.is_none();
 
@@ -266,27 +303,20 @@ fn balance(ctx: &XdpContext, flow: &FlowKey, track: Track) -> Outcome {
             if id == NO_BACKEND {
                 return (XDP_DROP, stat::DROP_NO_BACKEND, ct);
             }
+            // User space takes a backend out of the set only after no table names it: this is
+            // a bug or a hand-edited map, counted (never logged per packet) and never forwarded.
             let Some(b) = backend_of(&vip, id) else {
-                warn!(
-                    ctx,
-                    "table of vip {} names backend {} outside its set", vip.vip_id, id
-                );
                 return (XDP_DROP, stat::DROP_BAD_BACKEND, ct);
             };
             (id, b)
         }
     };
-    let remember = match track {
-        Track::NewConnection => true,
-        Track::Yes => new_flow || cached.map(|v| v.vip_gen) != Some(generation),
-        Track::LookupOnly => false,
-    };
-    if remember {
+    if new_flow && track != Track::LookupOnly {
         let _ = LB_CONNTRACK.insert(
             flow,
             FlowValue {
                 backend_id: id,
-                vip_gen: generation,
+                epoch: backend.epoch,
             },
             0,
         );

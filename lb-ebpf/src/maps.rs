@@ -9,7 +9,7 @@ use aya_ebpf::{
 };
 use lb_common::{
     BackendInfo, Counters, DEFAULT_CONNTRACK_SIZE, DEFAULT_TABLE_SIZE, FlowKey, FlowValue,
-    LbConfig, MAX_BACKENDS, MAX_VIP_ADDRS, MAX_VIPS, VipInfo, VipKey, stat,
+    LbConfig, MAX_BACKENDS, MAX_PEERS, MAX_VIP_ADDRS, MAX_VIPS, VipInfo, VipKey, stat,
 };
 
 /// One entry: hash seed and table size.
@@ -24,9 +24,14 @@ pub static LB_VIPS: HashMap<VipKey, VipInfo> = HashMap::pinned(MAX_VIPS, BPF_F_N
 #[map]
 pub static LB_VIP_ADDRS: HashMap<VipKey, u32> = HashMap::pinned(MAX_VIP_ADDRS, BPF_F_NO_PREALLOC);
 
-/// Generation of each VIP id (`lb_common::VIP_GEN_OWNED` in the low bit).
+/// Per VIP id: `lb_common::VIP_OWNED` when this node forwards for it (the fast path's gate).
 #[map]
-pub static LB_VIP_GEN: Array<u32> = Array::pinned(MAX_VIPS, 0);
+pub static LB_VIP_OWNED: Array<u32> = Array::pinned(MAX_VIPS, 0);
+
+/// The loop guard: source MACs of other lbd nodes (VRRP peers and backends), key
+/// `lb_common::peer_key`. A VIP packet from one of them was forwarded once already.
+#[map]
+pub static LB_PEERS: HashMap<[u8; 8], u32> = HashMap::pinned(MAX_PEERS, BPF_F_NO_PREALLOC);
 
 /// (VIP, backend) pairs indexed by backend id.
 #[map]

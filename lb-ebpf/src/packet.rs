@@ -46,10 +46,14 @@ pub fn pair_at(ctx: &XdpContext, offset: usize) -> Result<[u8; 2], ParseError> {
     Ok(unsafe { *ptr_at::<[u8; 2]>(ctx, offset)? })
 }
 
+/// The Ethernet header's source MAC and ethertype, through one bounds check.
 #[inline(always)]
-pub fn be16_at(ctx: &XdpContext, offset: usize) -> Result<u16, ParseError> {
-    let p = ptr_at::<[u8; 2]>(ctx, offset)?;
-    Ok(u16::from_be_bytes(unsafe { *p }))
+pub fn ethernet(ctx: &XdpContext) -> Result<([u8; 6], u16), ParseError> {
+    let h = unsafe { *ptr_at::<[u8; ETH_HLEN]>(ctx, 0)? };
+    Ok((
+        [h[6], h[7], h[8], h[9], h[10], h[11]],
+        u16::from_be_bytes([h[12], h[13]]),
+    ))
 }
 
 /// The layer-3 facts the pipeline needs.
@@ -61,6 +65,9 @@ pub struct L3 {
     pub dst: [u8; 16],
     /// Offset of the transport header.
     pub l4_off: usize,
+    /// Offset just past the datagram, by its own length field (IPv4 total length, IPv6 payload
+    /// length): bytes after it (Ethernet padding, trailing garbage) are never payload.
+    pub end: usize,
     /// Part of a fragmented datagram (first or later fragment).
     pub fragment: bool,
 }
@@ -86,6 +93,7 @@ fn ipv4_fixed(ctx: &XdpContext, off: usize) -> Result<(L3, usize, u16), ParseErr
         src,
         dst,
         l4_off: off + ihl,
+        end: off + u16::from_be_bytes([h[2], h[3]]) as usize,
         // MF set, or a non-zero fragment offset.
         fragment: frag & 0x3fff != 0,
     };
@@ -146,6 +154,10 @@ pub fn ipv6(ctx: &XdpContext, off: usize) -> Result<L3, ParseError> {
     ) {
         return Err(ParseError::ExtLimit);
     }
+    // Extension headers are part of the payload: they must end inside it.
+    if l4_off > l3.end {
+        return Err(ParseError::Malformed);
+    }
     l3.proto = next;
     l3.l4_off = l4_off;
     l3.fragment = fragment;
@@ -170,18 +182,25 @@ fn ipv6_fixed(ctx: &XdpContext, off: usize) -> Result<(L3, usize), ParseError> {
         src,
         dst,
         l4_off: off + IPV6_HLEN,
+        end: off + IPV6_HLEN + u16::from_be_bytes([h[4], h[5]]) as usize,
         fragment: false,
     };
     Ok((l3, u16::from_be_bytes([h[4], h[5]]) as usize))
 }
 
-/// Transport facts of a TCP or UDP header at `off`: ports, and for TCP whether it is a SYN
-/// without ACK (a connection attempt). The whole minimal header (20 bytes for TCP, 8 for UDP)
-/// must be present.
+/// Transport facts of a TCP or UDP header: ports, and for TCP whether it is a SYN without ACK
+/// (a connection attempt). The whole header must lie inside the datagram (`l3.end`), not just
+/// inside the frame: TCP's data offset (at least 5 words, options included), UDP's length (at
+/// least the 8-byte header, at most what the IP header says is left).
 #[inline(always)]
-pub fn ports(ctx: &XdpContext, proto: u8, off: usize) -> Result<(u16, u16, bool), ParseError> {
-    if proto == PROTO_TCP {
+pub fn ports(ctx: &XdpContext, l3: &L3) -> Result<(u16, u16, bool), ParseError> {
+    let off = l3.l4_off;
+    if l3.proto == PROTO_TCP {
         let t = unsafe { *ptr_at::<[u8; 20]>(ctx, off)? };
+        let doff = (t[12] >> 4) as usize * 4;
+        if doff < 20 || off + doff > l3.end {
+            return Err(ParseError::Malformed);
+        }
         let syn_only = t[13] & 0x12 == 0x02;
         Ok((
             u16::from_be_bytes([t[0], t[1]]),
@@ -190,6 +209,10 @@ pub fn ports(ctx: &XdpContext, proto: u8, off: usize) -> Result<(u16, u16, bool)
         ))
     } else {
         let u = unsafe { *ptr_at::<[u8; 8]>(ctx, off)? };
+        let len = u16::from_be_bytes([u[4], u[5]]) as usize;
+        if len < 8 || off + len > l3.end {
+            return Err(ParseError::Malformed);
+        }
         Ok((
             u16::from_be_bytes([u[0], u[1]]),
             u16::from_be_bytes([u[2], u[3]]),
@@ -220,7 +243,7 @@ pub fn icmp_too_big(ctx: &XdpContext, outer: &L3) -> Result<Option<Embedded>, Pa
         }
         ipv4_embedded(ctx, off + 8)?
     } else if outer.proto == PROTO_ICMPV6 && outer.family == FAMILY_V6 {
-        if ty != 2 {
+        if ty != 2 || code != 0 {
             return Ok(None);
         }
         ipv6_embedded(ctx, off + 8)?
@@ -229,6 +252,11 @@ pub fn icmp_too_big(ctx: &XdpContext, outer: &L3) -> Result<Option<Embedded>, Pa
     };
     if !has_ports(inner.proto) || inner.fragment {
         return Ok(None);
+    }
+    // The quote (IP header and the 8 transport bytes every ICMP error carries) must lie inside
+    // the outer datagram.
+    if inner.l4_off + 8 > outer.end {
+        return Err(ParseError::Malformed);
     }
     // Only the first 8 bytes of the embedded transport header are guaranteed: read just ports.
     let p = unsafe { *ptr_at::<[u8; 4]>(ctx, inner.l4_off)? };

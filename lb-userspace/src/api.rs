@@ -7,8 +7,40 @@ use std::sync::Arc;
 use anyhow::{Context, Result, bail};
 use http_body_util::{BodyExt, Full};
 use hyper::{Method, StatusCode, body::Bytes, server::conn::http1, service::service_fn};
-use hyper_util::rt::TokioIo;
+use hyper_util::rt::{TokioIo, TokioTimer};
 use serde::{Deserialize, Serialize};
+
+/// Bounds on what one client can make the daemon hold. The TCP listener is reachable from
+/// the network (Prometheus, kubelet probes), so a slow or huge request must cost little.
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    /// Largest request body; bigger ones get 413 (the API's bodies are a few hundred bytes).
+    pub max_body: usize,
+    /// The read buffer, which bounds the request line and headers (hyper's minimum is 8 KiB).
+    pub max_header_buf: usize,
+    /// Time to receive a request's headers.
+    pub header_read_timeout: std::time::Duration,
+    /// Time one connection may live (keep-alive included), so idle ones free their slot.
+    pub connection_lifetime: std::time::Duration,
+    /// Connections served at once; more are closed at once.
+    pub max_connections: usize,
+}
+
+impl Limits {
+    pub const TCP: Limits = Limits {
+        max_body: 64 * 1024,
+        max_header_buf: 16 * 1024,
+        header_read_timeout: std::time::Duration::from_secs(5),
+        connection_lifetime: std::time::Duration::from_secs(60),
+        max_connections: 64,
+    };
+    /// The unix socket is root-only (mode 0600): same size bounds, more room for lbctl.
+    pub const UNIX: Limits = Limits {
+        max_connections: 256,
+        connection_lifetime: std::time::Duration::from_secs(600),
+        ..Limits::TCP
+    };
+}
 
 /// Body of drain/undrain requests.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -105,7 +137,7 @@ fn route(method: &Method, path: &str, body: &[u8], full_api: bool) -> Result<Req
     Ok(req)
 }
 
-async fn serve_conn<S, H>(io: S, handler: Arc<H>, full_api: bool)
+async fn serve_conn<S, H>(io: S, handler: Arc<H>, full_api: bool, limits: Limits)
 where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
     H: Handler,
@@ -114,14 +146,19 @@ where
         let handler = handler.clone();
         async move {
             let (parts, body) = req.into_parts();
-            let body = body
+            let body = http_body_util::Limited::new(body, limits.max_body)
                 .collect()
                 .await
-                .map(|b| b.to_bytes())
-                .unwrap_or_default();
-            let resp = match route(&parts.method, parts.uri.path(), &body, full_api) {
-                Ok(r) => handler.handle(r).await,
-                Err(resp) => resp,
+                .map(|b| b.to_bytes());
+            let resp = match body {
+                Err(_) => Response::error(
+                    413,
+                    format!("request body larger than {} bytes", limits.max_body),
+                ),
+                Ok(body) => match route(&parts.method, parts.uri.path(), &body, full_api) {
+                    Ok(r) => handler.handle(r).await,
+                    Err(resp) => resp,
+                },
             };
             let mut out = hyper::Response::new(Full::new(Bytes::from(resp.body)));
             *out.status_mut() =
@@ -133,12 +170,61 @@ where
             Ok::<_, std::convert::Infallible>(out)
         }
     });
-    if let Err(e) = http1::Builder::new()
-        .serve_connection(TokioIo::new(io), svc)
-        .await
-    {
-        tracing::debug!(error = %e, "API connection ended with an error");
+    let conn = http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_read_timeout)
+        .max_buf_size(limits.max_header_buf)
+        .serve_connection(TokioIo::new(io), svc);
+    match tokio::time::timeout(limits.connection_lifetime, conn).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => tracing::debug!(error = %e, "API connection ended with an error"),
+        Err(_) => tracing::debug!("API connection closed after its lifetime"),
     }
+}
+
+/// Accept connections from `accept` and serve each within `limits`: over the connection cap,
+/// a new connection is closed at once (counted), never queued.
+async fn serve_accepted<S, H, F, Fut>(mut accept: F, handler: Arc<H>, full_api: bool, limits: Limits) -> Result<()>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    H: Handler,
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = std::io::Result<S>>,
+{
+    let slots = Arc::new(tokio::sync::Semaphore::new(limits.max_connections));
+    let mut refused: u64 = 0;
+    loop {
+        let stream = match accept().await {
+            Ok(s) => s,
+            // Out of descriptors or an aborted handshake: not fatal for the listener.
+            Err(e) if is_transient(&e) => {
+                tracing::warn!(error = %e, "API accept failed; retrying");
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                continue;
+            }
+            Err(e) => return Err(e.into()),
+        };
+        let Ok(permit) = slots.clone().try_acquire_owned() else {
+            refused += 1;
+            if refused.is_power_of_two() {
+                tracing::warn!(refused, max = limits.max_connections, "API connection limit reached; closing new connections");
+            }
+            drop(stream);
+            continue;
+        };
+        let handler = handler.clone();
+        tokio::spawn(async move {
+            serve_conn(stream, handler, full_api, limits).await;
+            drop(permit);
+        });
+    }
+}
+
+fn is_transient(e: &std::io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM | libc::ECONNABORTED | libc::EPROTO)
+    ) || e.kind() == std::io::ErrorKind::ConnectionAborted
 }
 
 /// Serve the full API on a unix socket with mode 0600 (replacing a stale socket file).
@@ -152,10 +238,13 @@ pub async fn serve_unix<H: Handler>(path: std::path::PathBuf, handler: Arc<H>) -
         tokio::net::UnixListener::bind(path).with_context(|| format!("bind {}", path.display()))?;
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
-    loop {
-        let (stream, _) = listener.accept().await?;
-        tokio::spawn(serve_conn(stream, handler.clone(), true));
-    }
+    serve_accepted(
+        || async { listener.accept().await.map(|(s, _)| s) },
+        handler,
+        true,
+        Limits::UNIX,
+    )
+    .await
 }
 
 /// Serve only /metrics, /healthz and /readyz on TCP (for probes and Prometheus).
@@ -163,25 +252,63 @@ pub async fn serve_tcp<H: Handler>(addr: std::net::SocketAddr, handler: Arc<H>) 
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .with_context(|| format!("bind {addr}"))?;
-    loop {
-        let (stream, _) = listener.accept().await?;
-        tokio::spawn(serve_conn(stream, handler.clone(), false));
-    }
+    serve_tcp_on(listener, handler, Limits::TCP).await
+}
+
+/// [`serve_tcp`] on a bound listener with the given limits.
+pub async fn serve_tcp_on<H: Handler>(
+    listener: tokio::net::TcpListener,
+    handler: Arc<H>,
+    limits: Limits,
+) -> Result<()> {
+    serve_accepted(
+        || async { listener.accept().await.map(|(s, _)| s) },
+        handler,
+        false,
+        limits,
+    )
+    .await
 }
 
 /// The client `lbctl` uses.
 pub struct Client {
     socket: std::path::PathBuf,
+    timeout: std::time::Duration,
 }
 
 impl Client {
+    /// A client whose calls give up after 5 s.
     pub fn new(socket: impl Into<std::path::PathBuf>) -> Self {
         Client {
             socket: socket.into(),
+            timeout: std::time::Duration::from_secs(5),
         }
     }
 
+    /// Give up on a call (connect, request and answer) after `timeout`: a wedged lbd that
+    /// accepts connections but never answers must not hang lbctl or a probe.
+    pub fn with_timeout(mut self, timeout: std::time::Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
     pub async fn call(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<String>,
+    ) -> Result<serde_json::Value> {
+        match tokio::time::timeout(self.timeout, self.call_inner(method, path, body)).await {
+            Ok(r) => r,
+            Err(_) => bail!(
+                "lbd at {} did not answer {path} within {:?} (is it wedged? see its log; --timeout sets the limit)",
+                self.socket.display(),
+                self.timeout
+            ),
+        }
+    }
+
+    async fn call_inner(
         &self,
         method: Method,
         path: &str,
@@ -215,7 +342,7 @@ impl Client {
                 .unwrap_or(text);
             bail!("lbd answered {status}: {msg}");
         }
-        if path == "/metrics" {
+        if matches!(path, "/metrics" | "/healthz" | "/readyz") {
             return Ok(serde_json::Value::String(text));
         }
         serde_json::from_str(&text).with_context(|| format!("lbd's answer to {path} is not JSON"))
@@ -251,5 +378,96 @@ mod tests {
             "the TCP listener serves probes and metrics only"
         );
         assert!(route(&Method::GET, "/metrics", b"", false).is_ok());
+    }
+
+    struct Ok200;
+
+    impl Handler for Ok200 {
+        async fn handle(self: &Arc<Self>, _req: Request) -> Response {
+            Response::text(200, "ok\n".into())
+        }
+    }
+
+    /// One plain GET /healthz on a fresh connection: the status line, or None.
+    async fn healthz(addr: std::net::SocketAddr) -> Option<String> {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut c = tokio::net::TcpStream::connect(addr).await.ok()?;
+        c.write_all(b"GET /healthz HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+            .await
+            .ok()?;
+        let mut out = Vec::new();
+        c.read_to_end(&mut out).await.ok()?;
+        String::from_utf8_lossy(&out).lines().next().map(str::to_owned)
+    }
+
+    #[tokio::test]
+    async fn slow_and_huge_requests_do_not_hurt_the_listener() {
+        use std::time::{Duration, Instant};
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let limits = Limits {
+            header_read_timeout: Duration::from_millis(300),
+            max_connections: 8,
+            ..Limits::TCP
+        };
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(serve_tcp_on(listener, Arc::new(Ok200), limits));
+        assert_eq!(healthz(addr).await.as_deref(), Some("HTTP/1.1 200 OK"));
+
+        // Slow clients: more than the cap, each sending half a header and stalling. Over the
+        // cap they are closed at once; the others are cut off by the header read timeout.
+        let mut slow = Vec::new();
+        for _ in 0..32 {
+            let mut c = tokio::net::TcpStream::connect(addr).await.unwrap();
+            c.write_all(b"GET /healthz HTTP/1.1\r\nx-slow: ").await.unwrap();
+            slow.push(c);
+        }
+        let t = Instant::now();
+        let mut answered = None;
+        while t.elapsed() < Duration::from_secs(5) {
+            if healthz(addr).await.as_deref() == Some("HTTP/1.1 200 OK") {
+                answered = Some(t.elapsed());
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let took = answered.expect("the listener answers again while slow clients hang");
+        assert!(took < Duration::from_secs(2), "answered after {took:?}");
+        for mut c in slow {
+            // Each slow client was closed by the daemon (EOF or reset), not left holding a slot.
+            let mut buf = [0u8; 512];
+            let r = tokio::time::timeout(Duration::from_secs(2), c.read(&mut buf)).await;
+            assert!(r.is_ok(), "a stalled client is still held open");
+        }
+
+        // Huge headers: refused (431 or closed), never buffered without bound.
+        let mut c = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let big = format!(
+            "GET /healthz HTTP/1.1\r\nx-big: {}\r\n\r\n",
+            "a".repeat(1 << 20)
+        );
+        let _ = c.write_all(big.as_bytes()).await;
+        let mut out = Vec::new();
+        let _ = tokio::time::timeout(Duration::from_secs(2), c.read_to_end(&mut out)).await;
+        let head = String::from_utf8_lossy(&out);
+        assert!(!head.starts_with("HTTP/1.1 200"), "{head}");
+
+        // A huge body: 413.
+        let mut c = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let body = vec![b'x'; 1 << 20];
+        let req = format!(
+            "POST /healthz HTTP/1.1\r\nhost: x\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+            body.len()
+        );
+        c.write_all(req.as_bytes()).await.unwrap();
+        let _ = c.write_all(&body).await;
+        let mut out = Vec::new();
+        let _ = tokio::time::timeout(Duration::from_secs(2), c.read_to_end(&mut out)).await;
+        assert!(
+            String::from_utf8_lossy(&out).starts_with("HTTP/1.1 413"),
+            "{}",
+            String::from_utf8_lossy(&out[..out.len().min(200)])
+        );
+        assert_eq!(healthz(addr).await.as_deref(), Some("HTTP/1.1 200 OK"));
     }
 }

@@ -22,6 +22,25 @@ pub enum ConfigError {
     Invalid { field: String, reason: String },
 }
 
+/// Parse TOML into `T`. A type error names the field's path (`vips[0].backends[1].weight`) like
+/// validation errors do, so both read `field: reason`.
+pub fn from_toml<T: serde::de::DeserializeOwned>(text: &str) -> Result<T, ConfigError> {
+    let de = toml::Deserializer::parse(text).map_err(|e| ConfigError::Parse(e.to_string()))?;
+    serde_path_to_error::deserialize(de).map_err(|e| {
+        let field = e.path().to_string();
+        let reason = e.into_inner().to_string();
+        if field == "." {
+            // Nothing to name (e.g. a syntax error): toml's message carries the line.
+            ConfigError::Parse(reason)
+        } else {
+            ConfigError::Invalid {
+                field,
+                reason: reason.trim_end().to_string(),
+            }
+        }
+    })
+}
+
 fn invalid(field: impl Into<String>, reason: impl Into<String>) -> ConfigError {
     ConfigError::Invalid {
         field: field.into(),
@@ -154,8 +173,11 @@ fn default_name() -> String {
 fn default_socket() -> PathBuf {
     "/run/lbd/lbd.sock".into()
 }
+/// The flow-hash seed every node uses unless the config says otherwise.
+pub const DEFAULT_HASH_SEED: u32 = 0x1b_5eed;
+
 fn default_seed() -> u32 {
-    0x1b_5eed
+    DEFAULT_HASH_SEED
 }
 fn default_table_size() -> u32 {
     lb_common::DEFAULT_TABLE_SIZE
@@ -187,7 +209,7 @@ impl Config {
     }
 
     pub fn parse(text: &str) -> Result<Config, ConfigError> {
-        let cfg: Config = toml::from_str(text).map_err(|e| ConfigError::Parse(e.to_string()))?;
+        let cfg: Config = from_toml(text)?;
         cfg.validate()?;
         Ok(cfg)
     }
@@ -473,6 +495,12 @@ weight = 2
         let e = err(&GOOD.replace("weight = 2", "wieght = 2"));
         assert!(e.contains("wieght"), "{e}");
         let e = err(&GOOD.replace("\"192.168.111.5\"", "\"not-an-ip\""));
-        assert!(e.contains("address"), "{e}");
+        assert!(e.starts_with("vips[0].address:"), "{e}");
+        let e = err(&GOOD.replace("weight = 2", "weight = \"2\""));
+        assert!(e.starts_with("vips[0].backends[1].weight:"), "{e}");
+        let e = err(&GOOD.replace("ports = [6443, 22623]", "ports = [6443, 70000]"));
+        assert!(e.starts_with("vips[0].ports[1]:"), "{e}");
+        let e = err(&format!("xdp_mode = \"fast\"\n{GOOD}"));
+        assert!(e.starts_with("xdp_mode:"), "{e}");
     }
 }

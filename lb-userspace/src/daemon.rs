@@ -13,6 +13,10 @@ use anyhow::{Context, Result, bail};
 use serde::Serialize;
 use tokio::sync::Mutex;
 
+mod churn;
+mod reload;
+mod supervise;
+
 use crate::{
     api::{self, Request, Response},
     config::Config,
@@ -180,7 +184,20 @@ pub struct Daemon {
     netlink: Netlink,
     started: SystemTime,
     ready: std::sync::atomic::AtomicBool,
+    /// Held for a whole reload, so two reloads (SIGHUP and the API) never interleave.
+    reload_lock: Mutex<()>,
+    /// The first task failure (see `supervise.rs`).
+    supervisor: Arc<supervise::Supervisor>,
+    /// The XDP program is attached to the interface as it is now.
+    attached: std::sync::atomic::AtomicBool,
+    /// `start_vrrp` has run: every configured instance should be running.
+    vrrp_started: std::sync::atomic::AtomicBool,
+    /// When the main loop last ran (ms since `started`): /healthz fails when it is stale.
+    last_tick_ms: std::sync::atomic::AtomicU64,
 }
+
+/// The main loop ticks every second; this long without a tick means lbd is wedged.
+const LIVENESS_STALE: Duration = Duration::from_secs(10);
 
 impl Daemon {
     /// Load the program, adopt or create pinned state, attach, and apply the config once.
@@ -194,6 +211,12 @@ impl Daemon {
     )> {
         let netlink = Netlink::new()?;
         let link = netlink.link(&cfg.interface).await?;
+        // A link pinned to a device that was deleted since (the interface was recreated) must
+        // not make every start fail: drop it and attach afresh.
+        churn::drop_stale_link_pin(
+            &churn::link_pin(&load_options(&cfg), &cfg.interface),
+            &link,
+        )?;
         let mut dp = Dataplane::load(load_options(&cfg))?;
         dp.attach(&cfg.interface, cfg.xdp_mode)?;
         dp.spawn_log_reader()?;
@@ -224,6 +247,11 @@ impl Daemon {
             tracks: Mutex::new(std::collections::HashMap::new()),
             started: SystemTime::now(),
             ready: false.into(),
+            reload_lock: Mutex::new(()),
+            supervisor: Arc::default(),
+            attached: true.into(),
+            vrrp_started: false.into(),
+            last_tick_ms: 0.into(),
         });
         daemon.refresh().await?;
         daemon
@@ -247,9 +275,28 @@ impl Daemon {
                 }
             }
         }
+        // VIPs an earlier configuration left (our label, no instance owns them now). Each
+        // instance removes its own stale VIPs itself when it starts, and only those.
+        let mut interfaces: Vec<String> = cfg
+            .vrrp
+            .iter()
+            .map(|r| r.interface.clone().unwrap_or_else(|| cfg.interface.clone()))
+            .collect();
+        interfaces.sort();
+        interfaces.dedup();
+        let keep: Vec<IpAddr> = cfg.vrrp.iter().flat_map(|r| r.vips.clone()).collect();
+        for ifname in &interfaces {
+            let removed =
+                crate::vrrp::announce::remove_orphans(self.netlink.handle(), ifname, &keep).await?;
+            if !removed.is_empty() {
+                tracing::info!(interface = %ifname, ?removed, "removed VIPs of an earlier configuration");
+            }
+        }
         for r in &cfg.vrrp {
             self.spawn_instance(r.clone(), &cfg.interface).await?;
         }
+        self.vrrp_started
+            .store(true, std::sync::atomic::Ordering::SeqCst);
         self.sync_tracking().await;
         Ok(())
     }
@@ -326,40 +373,6 @@ impl Daemon {
         let _ = self.update_facts(|f| f.vrrp_master.clear()).await;
     }
 
-    /// Restart the instances whose config changed on reload (others keep running untouched).
-    async fn reconcile_vrrp(self: &Arc<Self>, new: &Config) -> Result<()> {
-        let mut keep = Vec::new();
-        let old = std::mem::take(&mut *self.vrrp.lock().await);
-        for h in old {
-            if new.vrrp.contains(&h.cfg) {
-                keep.push(h);
-            } else {
-                tracing::info!(instance = %h.cfg.name, "VRRP instance changed or removed; stopping it");
-                let name = h.cfg.name.clone();
-                h.instance.shutdown().await;
-                let _ = self
-                    .update_facts(|f| {
-                        f.vrrp_master.remove(&name);
-                    })
-                    .await;
-            }
-        }
-        let running: Vec<String> = keep.iter().map(|h| h.cfg.name.clone()).collect();
-        self.vrrp.lock().await.extend(keep);
-        for r in &new.vrrp {
-            if !running.contains(&r.name) {
-                if new.dsr_backend {
-                    for vip in &r.vips {
-                        netlink::ensure_local_vip(self.netlink.handle(), *vip).await?;
-                    }
-                }
-                self.spawn_instance(r.clone(), &new.interface).await?;
-            }
-        }
-        self.sync_tracking().await;
-        Ok(())
-    }
-
     pub async fn vrrp_status(&self) -> serde_json::Value {
         let passing = self.tracks.lock().await.clone();
         let (cfg, ready): (Config, Vec<(String, bool)>) = {
@@ -429,8 +442,9 @@ impl Daemon {
         .await
     }
 
-    /// Re-read kernel facts (neighbours, local addresses) and re-apply the plan.
+    /// Re-read kernel facts (interface, neighbours, local addresses) and re-apply the plan.
     pub async fn refresh(&self) -> Result<()> {
+        self.follow_interface().await?;
         let (ifindex, iface, backends) = {
             let g = self.inner.lock().await;
             let backends: Vec<IpAddr> = g
@@ -441,15 +455,23 @@ impl Daemon {
                 .collect();
             (g.ifindex, g.cfg.interface.clone(), backends)
         };
-        let macs = self.netlink.macs_on(ifindex, &backends).await?;
+        let peers = self.vrrp_peers().await;
+        let all: Vec<IpAddr> = backends.iter().chain(&peers).copied().collect();
+        let mut macs = self.netlink.macs_on(ifindex, &all).await?;
         let local_addrs = self.netlink.local_addresses().await?;
-        for b in &backends {
+        for b in &all {
             if !macs.contains_key(b) && !local_addrs.contains(b) {
                 netlink::trigger_resolution(&iface, *b);
             }
         }
+        let peer_macs = peers
+            .iter()
+            .filter(|p| !backends.contains(p))
+            .filter_map(|p| macs.remove(p).map(|m| (*p, m)))
+            .collect();
         let mut g = self.inner.lock().await;
         g.facts.macs = macs;
+        g.facts.peer_macs = peer_macs;
         // Only unicast addresses of real interfaces count; VIPs themselves are not backends.
         let vips: HashSet<IpAddr> = g.cfg.vips.iter().map(|v| v.address).collect();
         g.facts.local_addrs = local_addrs
@@ -459,67 +481,21 @@ impl Daemon {
         g.apply()
     }
 
-    /// Reload the config (see [`Daemon::reload`]) and restart changed VRRP instances.
-    pub async fn reload_all(self: &Arc<Self>) -> Result<()> {
-        self.reload().await?;
-        let cfg = self.config().await;
-        self.reconcile_vrrp(&cfg).await
-    }
-
-    /// Re-read the config file; an invalid config is refused and the running one kept.
-    pub async fn reload(&self) -> Result<()> {
-        let mut g = self.inner.lock().await;
-        let path = g.config_path.clone();
-        let result = Config::load(&path)
-            .map_err(anyhow::Error::from)
-            .and_then(|new| {
-                check_reloadable(&g.cfg, &new)?;
-                Ok(new)
-            });
-        match result {
-            Ok(new) => {
-                let old = std::mem::replace(&mut g.cfg, new);
-                if let Err(e) = g.apply() {
-                    // The data plane refused it (e.g. limits): put the old config back.
-                    g.cfg = old;
-                    g.apply()?;
-                    g.reload_failures += 1;
-                    g.last_reload_error = Some(format!("{e:#}"));
-                    return Err(
-                        e.context("new config refused by the data plane; kept the running one")
-                    );
-                }
-                g.reloads += 1;
-                g.last_reload_error = None;
-                // Pairs that are up now stay up across the reload; new ones wait for a check.
-                let up: HashSet<(String, IpAddr)> = g
-                    .facts
-                    .health
-                    .iter()
-                    .filter(|(_, h)| h.healthy)
-                    .map(|(k, _)| k.clone())
-                    .collect();
-                let targets = health_targets(&g.cfg, &up);
-                g.health.set_targets(targets);
-                let mut fresh = initial_health(&g.cfg, &up);
-                for (k, v) in g.facts.health.drain() {
-                    if fresh.contains_key(&k) {
-                        fresh.insert(k, v);
-                    }
-                }
-                g.facts.health = fresh;
-                g.apply()?;
-                tracing::info!(path = %path.display(), "config reloaded");
-                drop(g);
-                self.refresh().await
-            }
-            Err(e) => {
-                g.reload_failures += 1;
-                g.last_reload_error = Some(format!("{e:#}"));
-                tracing::error!(error = %format!("{e:#}"), "config refused; the running config stays");
-                Err(e)
-            }
-        }
+    /// Addresses of the other VRRP speakers: configured unicast peers and each instance's
+    /// current master (for the loop guard).
+    async fn vrrp_peers(&self) -> Vec<IpAddr> {
+        let handles = self.vrrp.lock().await;
+        let mut peers: Vec<IpAddr> = handles
+            .iter()
+            .flat_map(|h| {
+                let status = h.instance.status();
+                let master = status.master.filter(|m| *m != status.primary_addr);
+                h.cfg.unicast_peers.iter().copied().chain(master)
+            })
+            .collect();
+        peers.sort();
+        peers.dedup();
+        peers
     }
 
     pub async fn set_drained(&self, vip: &str, backend: IpAddr, drained: bool) -> Result<()> {
@@ -648,6 +624,24 @@ impl Daemon {
         }))
     }
 
+    fn elapsed_ms(&self) -> u64 {
+        self.started
+            .elapsed()
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or(0)
+    }
+
+    /// The main loop is alive: called on every tick.
+    pub fn tick(&self) {
+        self.last_tick_ms
+            .store(self.elapsed_ms(), std::sync::atomic::Ordering::Relaxed);
+    }
+
+    fn since_tick(&self) -> Duration {
+        let last = self.last_tick_ms.load(std::sync::atomic::Ordering::Relaxed);
+        Duration::from_millis(self.elapsed_ms().saturating_sub(last))
+    }
+
     async fn metrics(&self) -> Result<String> {
         let stats = self.stats().await?;
         let backends = self.backends().await?;
@@ -655,24 +649,6 @@ impl Daemon {
         let vrrp = self.vrrp_status().await;
         Ok(metrics::render(&stats, &vips, &backends, &vrrp))
     }
-}
-
-/// Settings that shape the pinned maps cannot change without a restart.
-fn check_reloadable(old: &Config, new: &Config) -> Result<()> {
-    let fields = [
-        ("interface", old.interface != new.interface),
-        ("name", old.name != new.name),
-        ("table_size", old.table_size != new.table_size),
-        ("conntrack_size", old.conntrack_size != new.conntrack_size),
-        ("hash_seed", old.hash_seed != new.hash_seed),
-        ("api_socket", old.api_socket != new.api_socket),
-    ];
-    for (field, changed) in fields {
-        if changed {
-            bail!("{field}: cannot change on reload (restart lbd to change it)");
-        }
-    }
-    Ok(())
 }
 
 /// (VIP name, backend) pairs that a previous lbd left drained: drains survive restarts.
@@ -732,13 +708,18 @@ impl api::Handler for Daemon {
                     Ok(()) => Response::json(&serde_json::json!({"reloaded": true})),
                     Err(e) => Response::error(422, format!("{e:#}")),
                 },
-                Request::Healthz => Response::text(200, "ok\n".into()),
-                Request::Readyz => {
-                    if self.ready.load(std::sync::atomic::Ordering::SeqCst) {
-                        Response::text(200, "ready\n".into())
+                Request::Healthz => {
+                    let age = self.since_tick();
+                    if age > LIVENESS_STALE {
+                        Response::text(503, format!("main loop stalled for {age:?}\n"))
                     } else {
-                        Response::text(503, "starting\n".into())
+                        let (status, text) = self.healthz();
+                        Response::text(status, text)
                     }
+                }
+                Request::Readyz => {
+                    let (status, text) = self.readyz().await;
+                    Response::text(status, text)
                 }
                 Request::Metrics => Response::text(200, self.metrics().await?),
             })
@@ -756,31 +737,33 @@ pub async fn run(config_path: PathBuf) -> Result<()> {
     daemon.start_vrrp().await?;
     tracing::info!(interface = %cfg.interface, vips = cfg.vips.len(), "lbd running");
     let d = daemon.clone();
-    tokio::spawn(async move {
+    let mut tasks = vec![daemon.supervise("health monitor", async move {
         while let Some(e) = health_events.recv().await {
             if let Err(err) = d.health_event(e).await {
                 tracing::error!(error = %format!("{err:#}"), "applying a health change");
             }
         }
-    });
-
-    let api = tokio::spawn(api::serve_unix(cfg.api_socket.clone(), daemon.clone()));
+        anyhow::bail!("its event channel closed")
+    })];
+    tasks.push(daemon.supervise(
+        "API listener",
+        api::serve_unix(cfg.api_socket.clone(), daemon.clone()),
+    ));
     if let Some(addr) = cfg.metrics_listen {
-        let d = daemon.clone();
-        tokio::spawn(async move {
-            if let Err(e) = api::serve_tcp(addr, d).await {
-                tracing::error!(error = %format!("{e:#}"), "metrics listener failed");
-            }
-        });
+        tasks.push(daemon.supervise("metrics listener", api::serve_tcp(addr, daemon.clone())));
     }
     let mut neigh = netlink::neighbour_changes()?;
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())?;
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     let mut last_neigh = Instant::now() - Duration::from_secs(1);
-    loop {
+    let failure = loop {
         tokio::select! {
-            Some(()) = neigh.recv() => {
+            n = neigh.recv() => {
+                if n.is_none() {
+                    daemon.fail("netlink watcher stopped".into());
+                    break daemon.failure();
+                }
                 // Coalesce bursts of notifications.
                 if last_neigh.elapsed() > Duration::from_millis(20) {
                     last_neigh = Instant::now();
@@ -788,16 +771,25 @@ pub async fn run(config_path: PathBuf) -> Result<()> {
                 }
             }
             _ = tick.tick() => {
+                daemon.tick();
                 if let Err(e) = daemon.refresh().await { tracing::warn!(error = %format!("{e:#}"), "refresh"); }
+                daemon.check_vrrp_tasks().await;
             }
+            f = daemon.failed() => break Some(f),
             _ = hup.recv() => { let _ = daemon.reload_all().await; }
-            _ = term.recv() => break,
-            _ = tokio::signal::ctrl_c() => break,
+            _ = term.recv() => break None,
+            _ = tokio::signal::ctrl_c() => break None,
         }
-    }
+    };
     daemon.stop_vrrp().await;
-    api.abort();
+    for t in tasks {
+        t.abort();
+    }
     let _ = std::fs::remove_file(&cfg.api_socket);
     tracing::info!("lbd stopping; the XDP program and pinned maps stay for the next lbd");
-    Ok(())
+    match failure {
+        // Non-zero, so kubelet (or systemd) restarts us.
+        Some(f) => Err(anyhow::anyhow!("stopped after a failure: {f}")),
+        None => Ok(()),
+    }
 }

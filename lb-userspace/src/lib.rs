@@ -8,6 +8,7 @@
 //! - [`vrrp`]: VRRP codec, pure state machine, socket I/O and VIP announcement.
 //! - [`health`]: backend health checks (HTTPS, HTTP, TCP) with rise/fall.
 //! - [`plan`]: from config and facts to what the data plane should do (pure).
+//! - [`render`]: every node's config from one cluster description (pure; `lbctl render`).
 //! - [`daemon`]: `lbd`'s wiring of the above.
 //! - [`metrics`]: Prometheus text rendering.
 //! - [`api`]: the JSON HTTP API over a unix socket (server and the client lbctl uses).
@@ -21,6 +22,7 @@ pub mod maglev;
 pub mod metrics;
 pub mod netlink;
 pub mod plan;
+pub mod render;
 pub mod vrrp;
 
 /// The XDP object built by build.rs (empty when built without the eBPF toolchain).

@@ -24,6 +24,8 @@ pub struct Link {
     pub name: String,
     pub mac: [u8; 6],
     pub up: bool,
+    /// Some XDP program is attached (any mode).
+    pub xdp_attached: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -63,11 +65,19 @@ impl Netlink {
                     .header
                     .flags
                     .contains(rtnetlink::packet_route::link::LinkFlags::Up),
+                xdp_attached: false,
             };
             for a in msg.attributes {
                 match a {
                     LinkAttribute::IfName(n) => link.name = n,
                     LinkAttribute::Address(m) if m.len() == 6 => link.mac.copy_from_slice(&m),
+                    LinkAttribute::Xdp(x) => {
+                        use rtnetlink::packet_route::link::{LinkXdp, XdpAttached};
+                        link.xdp_attached = x.iter().any(|a| {
+                            matches!(a, LinkXdp::Attached(k) if *k != XdpAttached::None)
+                                || matches!(a, LinkXdp::ProgId(id) if *id != 0)
+                        });
+                    }
                     _ => {}
                 }
             }

@@ -27,8 +27,11 @@ pub struct Facts {
     pub health: HashMap<(String, IpAddr), HealthFact>,
     /// Drained (VIP name, backend) pairs.
     pub drained: HashSet<(String, IpAddr)>,
-    /// Ownership decided by VRRP, per VRRP instance name (true = master).
+    /// Ownership decided by VRRP, per VRRP instance name (true = master, or within the
+    /// handover grace after it stopped being master, see `handover`).
     pub vrrp_master: HashMap<String, bool>,
+    /// Resolved MACs of VRRP peers (unicast peers, the current master) on the XDP interface.
+    pub peer_macs: HashMap<IpAddr, [u8; 6]>,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -195,7 +198,28 @@ pub fn plan(cfg: &Config, facts: &Facts) -> (Desired, Vec<BackendPlan>) {
             }
         })
         .collect();
-    (Desired { services }, rows)
+    let peers = loop_guard_macs(cfg, facts);
+    (Desired { services, peers }, rows)
+}
+
+/// The MACs of the other lbd nodes this one knows: its backends (on an on-premises cluster every
+/// backend runs lbd as a DSR backend) and its VRRP peers. A VIP packet from one of them was
+/// already forwarded by that node: the loop guard gives it to the local stack.
+pub fn loop_guard_macs(cfg: &Config, facts: &Facts) -> Vec<[u8; 6]> {
+    let backends = cfg
+        .vips
+        .iter()
+        .flat_map(|v| v.backends.iter())
+        .filter(|b| !facts.local_addrs.contains(&b.address))
+        .filter_map(|b| facts.macs.get(&b.address));
+    let mut macs: Vec<[u8; 6]> = backends
+        .chain(facts.peer_macs.values())
+        .copied()
+        .filter(|m| *m != facts.if_mac && *m != [0; 6])
+        .collect();
+    macs.sort();
+    macs.dedup();
+    macs
 }
 
 #[cfg(test)]
@@ -261,6 +285,29 @@ address = "10.0.0.4"
         );
         assert!(s.backends[2].local && s.backends[2].in_table());
         assert!(!s.backends[3].in_set(), "no MAC, not in the set");
+    }
+
+    #[test]
+    fn loop_guard_lists_backends_and_peers_but_not_this_node() {
+        let cfg = cfg();
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        let mut f = Facts {
+            if_mac: [2, 0, 0, 0, 0, 9],
+            ..Default::default()
+        };
+        f.macs.insert(ip("10.0.0.1"), [2, 0, 0, 0, 0, 1]);
+        f.macs.insert(ip("10.0.0.2"), [2, 0, 0, 0, 0, 2]);
+        // Same MAC twice (two addresses on one node), and this node's own MAC.
+        f.macs.insert(ip("10.0.0.4"), [2, 0, 0, 0, 0, 2]);
+        f.macs.insert(ip("10.0.0.3"), [2, 0, 0, 0, 0, 9]);
+        f.peer_macs.insert(ip("10.0.0.50"), [2, 0, 0, 0, 0, 50]);
+        // Not a backend nor a peer: a router's MAC in the neighbour table is not a peer.
+        f.macs.insert(ip("10.0.0.254"), [2, 0, 0, 0, 0, 0xfe]);
+        let (d, _) = plan(&cfg, &f);
+        assert_eq!(
+            d.peers,
+            vec![[2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 2], [2, 0, 0, 0, 0, 50]]
+        );
     }
 
     #[test]

@@ -1,6 +1,11 @@
 //! A lab shaped like a small OpenShift cluster, for the demo: three control-plane nodes running
 //! lbd and an API stand-in (HTTPS on 6443 serving /readyz), two workers running lbd and an
-//! ingress-router stand-in (HTTP 80, HTTPS 443, /healthz on 1936), and a client.
+//! ingress-router stand-in (HTTP 80, HTTPS 443, /healthz on 1936), and a client. The compact
+//! shape has three nodes with both roles instead.
+//!
+//! Every node's lbd.toml is rendered by `lbctl render` from one cluster description
+//! ([`Cluster::description`]), as an operator would; lbd runs as a process or in the static pod
+//! of deploy/ under podman ([`Runner`]).
 //!
 //! The API VIP and the ingress VIP are each owned by one node, chosen by VRRP (VRIDs derived
 //! from the cluster name the way OpenShift does). Port 7000 of the API VIP is a long-lived echo
@@ -12,6 +17,8 @@ use std::{
 };
 
 use serde_json::Value;
+
+use lb_userspace::config::Config;
 
 use crate::{
     bin_dir,
@@ -25,8 +32,29 @@ pub const ECHO_PORT: &str = "7000";
 pub const CONTROL_PLANE: [&str; 3] = ["cp1", "cp2", "cp3"];
 pub const WORKERS: [&str; 2] = ["w1", "w2"];
 
+/// The lab's nodes and roles.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Shape {
+    /// Three control-plane nodes (API VIP) and two workers (ingress VIP).
+    Demo,
+    /// OpenShift's compact cluster: three nodes with both roles, each running one lbd that
+    /// serves the API and the ingress VIPs (one XDP attach, one socket), and both stand-ins.
+    Compact,
+}
+
+/// How each node's lbd runs.
+pub enum Runner {
+    /// lbd as a process of the test in the node's namespace.
+    Process,
+    /// lbd in a static pod run by podman from the manifests in deploy/ (see [`crate::pods`]).
+    Pod(crate::pods::Pods),
+}
+
 pub struct Cluster {
+    /// Declared before the lab so pods go down before the lab's namespaces.
+    pub runner: Runner,
     pub lab: Lab,
+    pub shape: Shape,
     pub opts: Options,
 }
 
@@ -34,30 +62,30 @@ fn addr(i: usize) -> String {
     format!("10.79.0.{}", 11 + i)
 }
 
-/// Variations of the cluster for labs that need more than the demo (the chaos bench).
+/// Variations of the demo cluster for labs that need more (the chaos bench), applied on top
+/// of the rendered configs.
 #[derive(Clone, Debug, Default)]
 pub struct Options {
     /// Connection-table entries of every lbd (default: lbd's default).
     pub conntrack_size: Option<u32>,
-    /// Workers also run the echo service and the ingress VIP serves [`ECHO_PORT`], so
+    /// Routers also run the echo service and the ingress VIP serves [`ECHO_PORT`], so
     /// long-lived connections can go through both VIPs.
     pub worker_echo: bool,
     /// Control-plane nodes run a second VRRP instance ("aux", [`AUX_VIP`]), so a reload can
     /// change one of two instances.
     pub aux_instance: bool,
-    /// Priority of the aux instance per control-plane node (default 40 everywhere).
-    pub aux_priority: Option<[u8; 3]>,
     /// One more host on the segment ([`HOSTILE`]) that runs nothing of ours.
     pub hostile: bool,
 }
 
-/// The aux instance's VIP (see [`Options::aux_instance`]).
+/// The aux instance's VIP and name (see [`Options::aux_instance`]).
 pub const AUX_VIP: &str = "10.79.0.9";
+pub const AUX: &str = "aux";
 /// The hostile host's node name and address.
 pub const HOSTILE: &str = "hostile";
 pub const HOSTILE_ADDR: &str = "10.79.0.66";
 
-/// The address of a cluster node ("cp1".."cp3", "w1", "w2").
+/// The address of a demo-cluster node ("cp1".."cp3", "w1", "w2").
 pub fn node_addr(node: &str) -> String {
     let i = CONTROL_PLANE
         .iter()
@@ -79,40 +107,117 @@ pub fn aux_vrid() -> u8 {
     }
 }
 
+/// The aux VIP and its VRRP instance for control-plane node `node` with `priority`.
+fn aux_entries(
+    node: &str,
+    priority: u8,
+) -> (lb_userspace::config::VipConfig, lb_userspace::vrrp::InstanceConfig) {
+    #[derive(serde::Deserialize)]
+    struct Aux {
+        vips: Vec<lb_userspace::config::VipConfig>,
+        vrrp: Vec<lb_userspace::vrrp::InstanceConfig>,
+    }
+    let mut t = format!(
+        "[[vips]]\nname = \"{AUX}\"\naddress = \"{AUX_VIP}\"\nports = [{ECHO_PORT}]\nvrrp = \"{AUX}\"\n[vips.health]\nkind = \"https\"\npath = \"/readyz\"\nport = 6443\n"
+    );
+    for n in CONTROL_PLANE {
+        t += &format!("[[vips.backends]]\naddress = \"{}\"\n", node_addr(n));
+    }
+    let peers: Vec<String> = CONTROL_PLANE
+        .iter()
+        .filter(|n| **n != node)
+        .map(|n| format!("\"{}\"", node_addr(n)))
+        .collect();
+    t += &format!(
+        "[[vrrp]]\nname = \"{AUX}\"\nvrid = {}\npriority = {priority}\nvips = [\"{AUX_VIP}\"]\nunicast_src = \"{}\"\nunicast_peers = [{}]\n",
+        aux_vrid(),
+        node_addr(node),
+        peers.join(", ")
+    );
+    let mut a: Aux = toml::from_str(&t).expect("aux entries");
+    (a.vips.remove(0), a.vrrp.remove(0))
+}
+
+/// `cfg` with the aux instance's priority set to `priority` (the other instances untouched).
+pub fn with_aux_priority(cfg: &Config, priority: u8) -> Config {
+    let mut c = cfg.clone();
+    for i in c.vrrp.iter_mut().filter(|i| i.name == AUX) {
+        i.priority = priority;
+    }
+    c
+}
+
 impl Cluster {
+    /// The demo's cluster, lbd as processes.
     pub fn new() -> Cluster {
-        Cluster::with(Options::default())
+        Cluster::boot(Shape::Demo, Runner::Process)
     }
 
+    /// The demo's cluster with `opts`, lbd as processes.
     pub fn with(opts: Options) -> Cluster {
+        Cluster::boot_with(Shape::Demo, Runner::Process, opts)
+    }
+
+    /// Nodes of the cluster with the control-plane role.
+    pub fn control_plane(&self) -> Vec<&'static str> {
+        CONTROL_PLANE.to_vec()
+    }
+
+    /// Nodes that run routers (the ingress VIP's backends and VRRP group).
+    pub fn routers(&self) -> Vec<&'static str> {
+        match self.shape {
+            Shape::Demo => WORKERS.to_vec(),
+            Shape::Compact => CONTROL_PLANE.to_vec(),
+        }
+    }
+
+    pub fn nodes(&self) -> Vec<&'static str> {
+        match self.shape {
+            Shape::Demo => CONTROL_PLANE
+                .iter()
+                .chain(WORKERS.iter())
+                .copied()
+                .collect(),
+            Shape::Compact => CONTROL_PLANE.to_vec(),
+        }
+    }
+
+    /// Build the lab, start the stand-ins, render every node's config from one cluster
+    /// description with `lbctl render`, and start lbd on every node.
+    pub fn boot(shape: Shape, runner: Runner) -> Cluster {
+        Cluster::boot_with(shape, runner, Options::default())
+    }
+
+    pub fn boot_with(shape: Shape, runner: Runner, opts: Options) -> Cluster {
         let mut lab = Lab::new("cl");
         lab.add_node("client", "10.79.0.1", "fd79::1");
-        let nodes: Vec<&str> = CONTROL_PLANE
-            .iter()
-            .chain(WORKERS.iter())
-            .copied()
-            .collect();
+        let mut c = Cluster {
+            lab,
+            shape,
+            runner,
+            opts,
+        };
+        let nodes = c.nodes();
         for (i, n) in nodes.iter().enumerate() {
-            lab.add_node(n, &addr(i), &format!("fd79::{}", 11 + i));
+            c.lab.add_node(n, &addr(i), &format!("fd79::{}", 11 + i));
         }
-        if opts.hostile {
-            lab.add_node(HOSTILE, HOSTILE_ADDR, "fd79::66");
+        if c.opts.hostile {
+            c.lab.add_node(HOSTILE, HOSTILE_ADDR, "fd79::66");
         }
-        let mut c = Cluster { lab, opts };
         for n in &nodes {
             std::fs::write(c.ready_file(n), "").unwrap();
             c.start_services(n);
         }
-        for (i, n) in nodes.iter().enumerate() {
-            std::fs::write(c.config_path(n), c.config(i, n)).unwrap();
-            c.start(n);
+        for (n, cfg) in c.render() {
+            c.write_config(&n, &cfg);
+            c.start(&n);
         }
         c
     }
 
     /// Start what a node serves (everything but lbd): the apiserver stand-in and the echo
     /// service on control-plane nodes, the router stand-ins (and the echo service with
-    /// [`Options::worker_echo`]) on workers. Tags: `apiserver-N`, `echo-N`, `router-*-N`.
+    /// [`Options::worker_echo`]) on routers.
     pub fn start_services(&mut self, n: &str) {
         let standin = bin_dir().join("standin");
         let labnode = bin_dir().join("labnode");
@@ -132,7 +237,8 @@ impl Cluster {
                     &r,
                 ],
             );
-        } else {
+        }
+        if self.routers().contains(&n) {
             for (tag, kind, port) in [
                 ("http", "http", "80"),
                 ("https", "https", "443"),
@@ -159,136 +265,176 @@ impl Cluster {
 
     /// Tags of the processes [`Cluster::start_services`] starts on `n`.
     pub fn service_tags(&self, n: &str) -> Vec<String> {
-        let mut v = if CONTROL_PLANE.contains(&n) {
-            vec![format!("apiserver-{n}")]
-        } else {
-            ["http", "https", "health"]
-                .iter()
-                .map(|t| format!("router-{t}-{n}"))
-                .collect()
-        };
+        let mut v = Vec::new();
+        if CONTROL_PLANE.contains(&n) {
+            v.push(format!("apiserver-{n}"));
+        }
+        if self.routers().contains(&n) {
+            v.extend(
+                ["http", "https", "health"]
+                    .iter()
+                    .map(|t| format!("router-{t}-{n}")),
+            );
+        }
         if CONTROL_PLANE.contains(&n) || self.opts.worker_echo {
             v.push(format!("echo-{n}"));
         }
         v
     }
 
+    /// The cluster description this lab is, in `lbctl render`'s format.
+    pub fn description(&self) -> String {
+        let mut d = format!(
+            "name = \"{CLUSTER}\"\ninterface = \"eth0\"\napi_vip = \"{API_VIP}\"\ningress_vip = \"{INGRESS_VIP}\"\napi_ports = [6443, {ECHO_PORT}]\nxdp_mode = \"skb\"\n"
+        );
+        let routers = self.routers();
+        for (i, n) in self.nodes().iter().enumerate() {
+            let mut roles = Vec::new();
+            if CONTROL_PLANE.contains(n) {
+                roles.push("\"control-plane\"");
+            }
+            if routers.contains(n) {
+                roles.push("\"worker\"");
+            }
+            d += &format!(
+                "\n[[nodes]]\nname = \"{n}\"\naddress = \"{}\"\nroles = [{}]\n",
+                addr(i),
+                roles.join(", ")
+            );
+        }
+        d
+    }
+
+    /// Every node's config, rendered by `lbctl render` from [`Cluster::description`]; only
+    /// what the lab needs differs from it: each node's own pin directory (the nodes share one
+    /// bpffs) and, for processes, an API socket of its own.
+    fn render(&self) -> Vec<(String, Config)> {
+        let desc = self.lab.dir.join("cluster.toml");
+        std::fs::write(&desc, self.description()).unwrap();
+        let out = self.lab.dir.join("rendered");
+        let o = std::process::Command::new(bin_dir().join("lbctl"))
+            .args(["render", "--cluster"])
+            .arg(&desc)
+            .arg("--out")
+            .arg(&out)
+            .output()
+            .expect("run lbctl render");
+        assert!(
+            o.status.success(),
+            "lbctl render failed: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        self.nodes()
+            .iter()
+            .map(|n| {
+                let path = out.join(format!("{n}.toml"));
+                let mut cfg =
+                    Config::load(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+                cfg.name = self.pin_name(n);
+                self.apply_options(n, &mut cfg);
+                if matches!(self.runner, Runner::Process) {
+                    cfg.api_socket = self.socket(n).into();
+                }
+                (n.to_string(), cfg)
+            })
+            .collect()
+    }
+
+    /// [`Options`] on a rendered config.
+    fn apply_options(&self, node: &str, cfg: &mut Config) {
+        if let Some(n) = self.opts.conntrack_size {
+            cfg.conntrack_size = n;
+        }
+        if self.opts.worker_echo {
+            let port: u16 = ECHO_PORT.parse().unwrap();
+            for v in cfg.vips.iter_mut() {
+                if v.address.to_string() == INGRESS_VIP && !v.ports.contains(&port) {
+                    v.ports.push(port);
+                }
+            }
+        }
+        if self.opts.aux_instance && CONTROL_PLANE.contains(&node) {
+            let (vip, inst) = aux_entries(node, 40);
+            cfg.vips.push(vip);
+            cfg.vrrp.push(inst);
+        }
+    }
+
+    /// The config `node` runs with now (its lbd.toml).
+    pub fn config_of(&self, node: &str) -> Config {
+        Config::load(&self.config_path(node)).expect("the node's config")
+    }
+
+    /// Write `text` as `node`'s lbd.toml (for reload tests, even a broken one).
+    pub fn write_config_text(&self, node: &str, text: &str) {
+        std::fs::write(self.config_path(node), text).unwrap();
+    }
+
+    pub fn write_config(&self, node: &str, cfg: &Config) {
+        let path = self.config_path(node);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(&path, toml::to_string(cfg).unwrap()).unwrap();
+    }
+
     pub fn ready_file(&self, node: &str) -> PathBuf {
         self.lab.dir.join(format!("{node}.ready"))
     }
+    /// The node's API socket as seen from the host.
     pub fn socket(&self, node: &str) -> String {
-        self.lab
-            .dir
-            .join(format!("{node}.sock"))
-            .display()
-            .to_string()
+        match &self.runner {
+            Runner::Process => self.lab.dir.join(format!("{node}.sock")),
+            Runner::Pod(_) => self.run_dir(node).join("lbd.sock"),
+        }
+        .display()
+        .to_string()
     }
-    pub fn config_path(&self, node: &str) -> PathBuf {
-        self.lab.dir.join(format!("{node}.toml"))
+    /// The node's /etc/lb (the pod's config hostPath).
+    pub fn config_dir(&self, node: &str) -> PathBuf {
+        self.lab.dir.join(node).join("etc")
     }
-    fn pin_name(&self, node: &str) -> String {
+    /// The node's /run/lbd (the pod's run hostPath).
+    pub fn run_dir(&self, node: &str) -> PathBuf {
+        self.lab.dir.join(node).join("run")
+    }
+    fn config_path(&self, node: &str) -> PathBuf {
+        self.config_dir(node).join("lbd.toml")
+    }
+    pub fn pin_name(&self, node: &str) -> String {
         format!("{}_{node}", self.lab.prefix.replace('-', "_"))
-    }
-
-    /// OpenShift's shape: control-plane nodes run the API instance (priority 40, +20 while the
-    /// load balancer has an active backend, +5 while the local apiserver is ready), workers the
-    /// ingress instance (priority 20, +50 while the local router is healthy).
-    pub fn config(&self, i: usize, node: &str) -> String {
-        let (api_vrid, ingress_vrid) = lb_userspace::vrrp::vrids::openshift_vrids(CLUSTER);
-        let cp = CONTROL_PLANE.contains(&node);
-        let mut c = format!(
-            "interface = \"eth0\"\nname = \"{}\"\napi_socket = \"{}\"\nxdp_mode = \"skb\"\n",
-            self.pin_name(node),
-            self.socket(node)
-        );
-        if let Some(n) = self.opts.conntrack_size {
-            c += &format!("conntrack_size = {n}\n");
-        }
-        let peers = |group: &[&str], offset: usize| -> String {
-            group
-                .iter()
-                .enumerate()
-                .filter(|(_, n)| **n != node)
-                .map(|(j, _)| format!("\"{}\"", addr(offset + j)))
-                .collect::<Vec<_>>()
-                .join(", ")
-        };
-        if cp {
-            c += &format!(
-                "\n[[vips]]\nname = \"api\"\naddress = \"{API_VIP}\"\nports = [6443, {ECHO_PORT}]\nvrrp = \"api\"\n[vips.health]\nkind = \"https\"\npath = \"/readyz\"\nport = 6443\n"
-            );
-            for j in 0..3 {
-                c += &format!("[[vips.backends]]\naddress = \"{}\"\n", addr(j));
-            }
-            c += &format!(
-                "\n[[vrrp]]\nname = \"api\"\nvrid = {api_vrid}\npriority = 40\nvips = [\"{API_VIP}\"]\nunicast_src = \"{}\"\nunicast_peers = [{}]\n",
-                addr(i),
-                peers(&CONTROL_PLANE, 0)
-            );
-            c += "\n[[track]]\ninstance = \"api\"\nname = \"lb-ready\"\nweight = 20\n";
-            c += "\n[[track]]\ninstance = \"api\"\nname = \"local-apiserver\"\nweight = 5\naddress = \"127.0.0.1:6443\"\n[track.health]\nkind = \"https\"\npath = \"/readyz\"\n";
-            if self.opts.aux_instance {
-                c += &self.aux_config(i, node, self.opts.aux_priority.map_or(40, |p| p[i]));
-            }
-        } else {
-            c += &format!(
-                "\n[[vips]]\nname = \"ingress\"\naddress = \"{INGRESS_VIP}\"\nports = [{}]\nvrrp = \"ingress\"\n[vips.health]\nkind = \"http\"\npath = \"/healthz\"\nport = 1936\n",
-                if self.opts.worker_echo {
-                    format!("80, 443, {ECHO_PORT}")
-                } else {
-                    "80, 443".to_string()
-                }
-            );
-            for j in 3..5 {
-                c += &format!("[[vips.backends]]\naddress = \"{}\"\n", addr(j));
-            }
-            c += &format!(
-                "\n[[vrrp]]\nname = \"ingress\"\nvrid = {ingress_vrid}\npriority = 20\nvips = [\"{INGRESS_VIP}\"]\nunicast_src = \"{}\"\nunicast_peers = [{}]\n",
-                addr(i),
-                peers(&WORKERS, 3)
-            );
-            c += "\n[[track]]\ninstance = \"ingress\"\nname = \"local-router\"\nweight = 50\naddress = \"127.0.0.1:1936\"\n[track.health]\nkind = \"http\"\npath = \"/healthz\"\n";
-        }
-        c
-    }
-
-    /// The aux VIP and its VRRP instance on control-plane node `i` with `priority`.
-    pub fn aux_config(&self, i: usize, node: &str, priority: u8) -> String {
-        let mut c = format!(
-            "\n[[vips]]\nname = \"aux\"\naddress = \"{AUX_VIP}\"\nports = [{ECHO_PORT}]\nvrrp = \"aux\"\n[vips.health]\nkind = \"https\"\npath = \"/readyz\"\nport = 6443\n"
-        );
-        for j in 0..3 {
-            c += &format!("[[vips.backends]]\naddress = \"{}\"\n", addr(j));
-        }
-        let peers: Vec<String> = CONTROL_PLANE
-            .iter()
-            .filter(|n| **n != node)
-            .map(|n| format!("\"{}\"", node_addr(n)))
-            .collect();
-        c += &format!(
-            "\n[[vrrp]]\nname = \"aux\"\nvrid = {}\npriority = {priority}\nvips = [\"{AUX_VIP}\"]\nunicast_src = \"{}\"\nunicast_peers = [{}]\n",
-            aux_vrid(),
-            addr(i),
-            peers.join(", ")
-        );
-        c
     }
 
     pub fn start(&mut self, node: &str) {
         let cfg = self.config_path(node).display().to_string();
+        let (etc, run) = (self.config_dir(node), self.run_dir(node));
         self.lab
             .cleanup(PathBuf::from("/sys/fs/bpf").join(self.pin_name(node)));
-        self.lab.spawn(
-            node,
-            &format!("lbd-{node}"),
-            bin_dir().join("lbd"),
-            &["--config", &cfg],
-        );
+        match &mut self.runner {
+            Runner::Process => {
+                self.lab.spawn(
+                    node,
+                    &format!("lbd-{node}"),
+                    bin_dir().join("lbd"),
+                    &["--config", &cfg],
+                );
+            }
+            Runner::Pod(pods) => {
+                std::fs::create_dir_all(&run).unwrap();
+                let role = if CONTROL_PLANE.contains(&node) {
+                    crate::pods::Role::ControlPlane
+                } else {
+                    crate::pods::Role::Worker
+                };
+                pods.play(&self.lab, node, role, &etc, &run);
+            }
+        }
     }
 
     /// A node dies: lbd is killed and the node drops off the network.
     pub fn fail_node(&mut self, node: &str) {
-        self.lab.stop(&format!("lbd-{node}"), libc::SIGKILL);
+        match &mut self.runner {
+            Runner::Process => self.lab.stop(&format!("lbd-{node}"), libc::SIGKILL),
+            Runner::Pod(pods) => pods.kill(node, libc::SIGKILL),
+        }
         let netns = self.lab.node(node).netns.clone();
         crate::lab::sh(&["ip", "-n", &netns, "link", "set", "eth0", "down"]);
     }
@@ -301,13 +447,13 @@ impl Cluster {
         String::from_utf8_lossy(&crate::lbctl_output(&self.socket(node), args).stdout).to_string()
     }
 
-    /// The node whose lbd says it is master of its instance, among `nodes`.
-    pub fn master(&self, nodes: &[&str]) -> Option<String> {
+    /// The node whose lbd says it is master of VRRP instance `instance`, among `nodes`.
+    pub fn master(&self, instance: &str, nodes: &[&str]) -> Option<String> {
         let masters: Vec<String> = nodes
             .iter()
             .filter(|n| {
                 self.lbctl(n, &["vrrp", "status"]).and_then(|v| {
-                    v[0]["state"]
+                    v.as_array()?.iter().find(|i| i["name"] == instance)?["state"]
                         .as_str()
                         .map(|s| s.eq_ignore_ascii_case("master"))
                 }) == Some(true)
@@ -317,15 +463,15 @@ impl Cluster {
         (masters.len() == 1).then(|| masters[0].clone())
     }
 
-    /// Wait until `nodes` agree on one master and it holds for a second.
-    pub fn wait_master(&self, nodes: &[&str], timeout: Duration) -> Option<String> {
+    /// Wait until `nodes` agree on one master of `instance` and it holds for a second.
+    pub fn wait_master(&self, instance: &str, nodes: &[&str], timeout: Duration) -> Option<String> {
         let start = Instant::now();
         loop {
             let m = wait_for(timeout.saturating_sub(start.elapsed()), || {
-                self.master(nodes)
+                self.master(instance, nodes)
             })?;
             std::thread::sleep(Duration::from_millis(1000));
-            if self.master(nodes).as_deref() == Some(m.as_str()) {
+            if self.master(instance, nodes).as_deref() == Some(m.as_str()) {
                 return Some(m);
             }
             if start.elapsed() > timeout {

@@ -351,3 +351,65 @@ pub fn wait_for<T>(timeout: Duration, mut f: impl FnMut() -> Option<T>) -> Optio
         std::thread::sleep(Duration::from_millis(50));
     }
 }
+
+/// Kernel threads named napi/... : (pid, name).
+fn napi_threads() -> Vec<(i32, String)> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.filter_map(|e| {
+        let e = e.ok()?;
+        let pid: i32 = e.file_name().to_str()?.parse().ok()?;
+        let comm = std::fs::read_to_string(e.path().join("comm")).ok()?;
+        comm.starts_with("napi/")
+            .then(|| (pid, comm.trim().to_string()))
+    })
+    .collect()
+}
+
+/// Turn threaded NAPI on or off for `dev` in namespace `netns` (the device needs NAPI instances:
+/// a veth has them with an XDP program attached or with GRO on).
+pub fn set_threaded_napi(netns: &str, dev: &str, on: bool) -> bool {
+    // `ip netns exec` (unlike nsenter) mounts the namespace's own /sys.
+    try_sh(&[
+        "ip",
+        "netns",
+        "exec",
+        netns,
+        "sh",
+        "-c",
+        &format!("echo {} > /sys/class/net/{dev}/threaded", on as u8),
+    ])
+    .status
+    .success()
+}
+
+/// Threaded NAPI for `dev` in `netns`, so that its receive path runs in a kernel thread of its
+/// own (which can be pinned, and whose CPU time is that path's); the thread's pid if found.
+pub fn threaded_napi(netns: &str, dev: &str) -> Option<i32> {
+    let before = napi_threads();
+    if !set_threaded_napi(netns, dev, true) {
+        eprintln!("threaded NAPI on {dev} ({netns}) not available");
+        return None;
+    }
+    // Thread names are napi/<dev>-<napi id> (not unique across namespaces): take the new one.
+    wait_for(Duration::from_secs(2), || {
+        let new: Vec<i32> = napi_threads()
+            .into_iter()
+            .filter(|(pid, comm)| {
+                comm.starts_with(&format!("napi/{dev}-")) && !before.iter().any(|b| b.0 == *pid)
+            })
+            .map(|(pid, _)| pid)
+            .collect();
+        (new.len() == 1).then(|| new[0])
+    })
+}
+
+/// Time thread `pid` has spent on a CPU so far, in seconds (/proc/PID/schedstat, in ns).
+pub fn thread_cpu_seconds(pid: i32) -> f64 {
+    std::fs::read_to_string(format!("/proc/{pid}/schedstat"))
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse::<u64>().ok())
+        .unwrap_or(0) as f64
+        / 1e9
+}

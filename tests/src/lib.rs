@@ -7,7 +7,10 @@ pub mod cluster;
 pub mod dsr;
 pub mod frames;
 pub mod lab;
+pub mod strict;
+pub mod pods;
 pub mod vrrp_lab;
+pub mod xdp_fuzz;
 
 use std::{
     net::IpAddr,
@@ -36,16 +39,39 @@ pub struct TestDataplane {
 
 impl TestDataplane {
     pub fn new(table_size: u32) -> Self {
+        Self::with_conntrack(table_size, 4096)
+    }
+
+    /// Like [`TestDataplane::new`] with a connection table of `conntrack_size` entries
+    /// (benchmarks use the production default, `lb_common::DEFAULT_CONNTRACK_SIZE`).
+    pub fn with_conntrack(table_size: u32, conntrack_size: u32) -> Self {
         let opts = LoadOptions {
             name: unique("lbt"),
             bpffs_root: PathBuf::from("/sys/fs/bpf"),
             table_size,
-            conntrack_size: 4096,
+            conntrack_size,
             hash_seed: 0x1b_5eed,
         };
         let dp = Dataplane::load(opts.clone())
             .expect("load the XDP program (needs root and `cargo xtask setup`)");
         TestDataplane { dp, opts }
+    }
+}
+
+impl TestDataplane {
+    /// What a restarted `lbd` does: load the program again on the same pins, possibly with other
+    /// settings, and adopt what is there.
+    pub fn restart(&mut self, table_size: u32, hash_seed: u32) {
+        self.opts.table_size = table_size;
+        self.opts.hash_seed = hash_seed;
+        // The new instance replaces the old one; the pins stay.
+        self.dp = Dataplane::load(self.opts.clone()).expect("reload on the same pins");
+    }
+
+    /// Another instance of the program on the same maps (to run packets from another thread
+    /// while this one is updated).
+    pub fn second_instance(&self) -> Dataplane {
+        Dataplane::load(self.opts.clone()).expect("load a second instance")
     }
 }
 

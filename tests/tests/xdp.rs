@@ -43,7 +43,11 @@ fn three() -> Vec<BackendSpec> {
 
 fn setup(services: Vec<ServiceSpec>) -> TestDataplane {
     let mut t = TestDataplane::new(SIZE);
-    t.dp.apply(&Desired { services }).unwrap();
+    t.dp.apply(&Desired {
+        services,
+        ..Default::default()
+    })
+    .unwrap();
     t
 }
 
@@ -216,6 +220,7 @@ fn established_flows_stick_while_their_backend_stays_in_the_set() {
     grown.backends.push(backend("10.77.0.14", 14));
     t.dp.apply(&Desired {
         services: vec![grown.clone()],
+        ..Default::default()
     })
     .unwrap();
     let mut would_move = 0;
@@ -282,6 +287,7 @@ fn flows_of_a_removed_or_failed_backend_move() {
     failed.backends[1].healthy = false;
     t.dp.apply(&Desired {
         services: vec![failed],
+        ..Default::default()
     })
     .unwrap();
     for sport in &on_12 {
@@ -310,6 +316,7 @@ fn drained_backend_keeps_established_flows_but_gets_no_new_ones() {
     drained.backends[0].drained = true;
     t.dp.apply(&Desired {
         services: vec![drained],
+        ..Default::default()
     })
     .unwrap();
     for sport in &on_11 {

@@ -1,4 +1,4 @@
-//! Project tasks. `cargo xtask setup | test | demo | bench [PART]`.
+//! Project tasks. `cargo xtask setup | test | demo | fuzz-xdp | bench [PART]`.
 //!
 //! Everything a fresh machine of this project's kind needs is installed by `setup`, idempotently:
 //! the nightly rust-src component, a bpf-linker linked against the nightly toolchain's own LLVM,
@@ -34,9 +34,27 @@ enum Cmd {
     },
     /// Setup, build, and run the demo lab (network namespaces; needs root).
     Demo,
+    /// Setup, build, and run the forwarding-rule property test for longer than `test` does:
+    /// mutated frames through the real XDP program, checked against a strict parser.
+    FuzzXdp {
+        /// Mutated frames to run.
+        #[arg(long, default_value_t = 10_000_000)]
+        frames: u64,
+        /// Seed of the mutations (printed on failure, to replay it).
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+    },
+    /// Build the container image (podman, from scratch: lbd, lbctl and their libraries only;
+    /// nothing pulled). Writes target/image/<profile>/{image.txt, deploy/*.yaml}: the image
+    /// reference by digest and the manifests pointing at it.
+    Image {
+        /// Package the debug binaries (what the tests use) instead of release ones.
+        #[arg(long)]
+        debug: bool,
+    },
     /// Setup, build (release), and run benchmarks; JSON under target/bench/.
     Bench {
-        /// micro | table | failover | detect | e2e | all
+        /// micro | throughput | table | failover | detect | e2e | insns | all
         #[arg(default_value = "micro")]
         part: String,
     },
@@ -53,6 +71,15 @@ const DEBIAN_PACKAGES: &[&str] = &[
     "haproxy",
     "wrk",
     "tcpdump",
+    // bench e2e (GRO for the owner-CPU phase, native mode) and bench throughput diagnostics.
+    "ethtool",
+    // `cargo xtask image` and the pod lab: podman with runc (crun fails on this machine kind's
+    // hybrid cgroups, see tests/podman/containers.conf) and catatonit for the pod's infra
+    // container; binutils strips the binaries that go into the image.
+    "podman",
+    "runc",
+    "catatonit",
+    "binutils",
     // The chaos bench's partition: a bridge-family filter in the lab's switch namespace.
     "nftables",
 ];
@@ -183,12 +210,15 @@ fn setup() -> Result<()> {
             .args(["install", "-y", "--no-install-recommends"])
             .args(&missing)
             .env("DEBIAN_FRONTEND", "noninteractive"))?;
-        // The packaged services must not run on the host: the labs start their own instances.
+        // The packages just installed start their services; the labs start their own
+        // instances, so disable the ones this run installed (through their unit, never by
+        // process name: a host's own keepalived or haproxy is not ours to stop).
         for svc in ["keepalived", "haproxy"] {
-            let _ = Command::new("systemctl")
-                .args(["disable", "--now", svc])
-                .status();
-            let _ = Command::new("pkill").args(["-x", svc]).status();
+            if missing.contains(&svc) {
+                let _ = Command::new("systemctl")
+                    .args(["disable", "--now", svc])
+                    .status();
+            }
         }
     }
     eprintln!("setup done in {:.1}s", t.elapsed().as_secs_f64());
@@ -224,6 +254,9 @@ fn test(filter: Option<String>, no_fuzz: bool) -> Result<()> {
     run(cargo().args(["build", "-p", "lb-userspace", "--bins"]))?;
     run(cargo().args(["build", "-p", "lb-tests", "--bins"]))?;
 
+    // The pod lab runs the manifests against an image of these debug binaries.
+    image(true)?;
+
     step("kernel tests: BPF_PROG_TEST_RUN and network-namespace labs (root, one at a time)");
     let bin_dir = root().join("target/debug");
     let mut c = cargo();
@@ -231,7 +264,9 @@ fn test(filter: Option<String>, no_fuzz: bool) -> Result<()> {
     if let Some(f) = &filter {
         c.arg(f);
     }
-    run(c.env("LB_BIN_DIR", &bin_dir))?;
+    run(c
+        .env("LB_BIN_DIR", &bin_dir)
+        .env("LB_IMAGE_DIR", image_dir(true)))?;
 
     if !no_fuzz && root().join("fuzz/Cargo.toml").exists() {
         step("bounded fuzz run of the VRRP decoder");
@@ -274,6 +309,138 @@ fn tool(name: &str, release: bool) -> Result<PathBuf> {
         .join(name))
 }
 
+/// Where `cargo xtask image` puts its output for a profile.
+fn image_dir(debug: bool) -> PathBuf {
+    root()
+        .join("target/image")
+        .join(if debug { "debug" } else { "release" })
+}
+
+/// podman with this machine kind's settings, unless the caller chose a containers.conf.
+fn podman() -> Command {
+    let mut c = Command::new("podman");
+    if std::env::var_os("CONTAINERS_CONF").is_none() {
+        c.env("CONTAINERS_CONF", root().join("tests/podman/containers.conf"));
+    }
+    c
+}
+
+/// The shared libraries `bin` loads (absolute paths from ldd, including the loader).
+fn libraries(bin: &Path) -> Result<Vec<PathBuf>> {
+    let out = output(Command::new("ldd").arg(bin))
+        .with_context(|| format!("ldd {}", bin.display()))?;
+    let mut libs = Vec::new();
+    for line in out.lines() {
+        // "libc.so.6 => /lib/x86_64-linux-gnu/libc.so.6 (0x...)" or "/lib64/ld-linux-x86-64.so.2 (0x...)"
+        let path = line
+            .split_whitespace()
+            .find(|w| w.starts_with('/'))
+            .map(PathBuf::from);
+        if let Some(p) = path {
+            libs.push(p);
+        } else if line.contains("not found") {
+            bail!("{}: {line}", bin.display());
+        }
+    }
+    Ok(libs)
+}
+
+/// Build the image and the manifests that name it by digest. Returns the image reference.
+fn image(debug: bool) -> Result<String> {
+    setup()?;
+    let t = Instant::now();
+    step("image: build lbd and lbctl");
+    let mut c = cargo();
+    c.args(["build", "-p", "lb-userspace", "--bins"]);
+    if !debug {
+        c.arg("--release");
+    }
+    run(&mut c)?;
+    let bins = root()
+        .join("target")
+        .join(if debug { "debug" } else { "release" });
+
+    step("image: stage the root filesystem (binaries + the libraries ldd names)");
+    let dir = image_dir(debug);
+    let rootfs = dir.join("rootfs");
+    let _ = std::fs::remove_dir_all(&rootfs);
+    std::fs::create_dir_all(rootfs.join("usr/local/bin"))?;
+    let mut libs = Vec::new();
+    for name in ["lbd", "lbctl"] {
+        let src = bins.join(name);
+        // Debug info is for developers' machines, not for a node: strip it (10x smaller).
+        run(Command::new("strip")
+            .args(["--strip-debug", "-o"])
+            .arg(rootfs.join("usr/local/bin").join(name))
+            .arg(&src))?;
+        libs.extend(libraries(&src)?);
+    }
+    libs.sort();
+    libs.dedup();
+    for lib in &libs {
+        let dst = rootfs.join(lib.strip_prefix("/")?);
+        std::fs::create_dir_all(dst.parent().unwrap())?;
+        // Copy the file a symlink names, under the name the binaries ask for.
+        std::fs::copy(lib, &dst).with_context(|| format!("copy {}", lib.display()))?;
+    }
+    // Mount points the manifests use, so the runtime never has to create them in the image.
+    for d in ["etc/lb", "run/lbd", "sys/fs/bpf", "proc", "dev", "tmp"] {
+        std::fs::create_dir_all(rootfs.join(d))?;
+    }
+
+    step("image: podman build (FROM scratch, nothing pulled)");
+    let tag = format!(
+        "localhost/lb:{}-{}",
+        env!("CARGO_PKG_VERSION"),
+        if debug { "debug" } else { "release" }
+    );
+    run(podman()
+        .args(["build", "--timestamp", "0", "--pull=never", "-f"])
+        .arg(root().join("deploy/Containerfile"))
+        .args(["-t", &tag])
+        .arg(&dir))?;
+    let inspect = |fmt: &str| {
+        output(podman().args(["image", "inspect", "--format", fmt, &tag]))
+            .map(|s| s.trim().to_string())
+            .with_context(|| format!("podman image inspect {tag}"))
+    };
+    let digest = inspect("{{.Digest}}")?;
+    let size: u64 = inspect("{{.Size}}")?.parse().context("image size")?;
+    let reference = format!("localhost/lb@{digest}");
+    std::fs::write(dir.join("image.txt"), format!("{reference}\n"))?;
+
+    step("image: manifests naming the image by digest");
+    let out = dir.join("deploy");
+    let _ = std::fs::remove_dir_all(&out);
+    std::fs::create_dir_all(&out)?;
+    for e in std::fs::read_dir(root().join("deploy"))? {
+        let p = e?.path();
+        if p.extension().and_then(|x| x.to_str()) != Some("yaml") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&p)?;
+        let rendered: Vec<String> = text
+            .lines()
+            .map(|l| match l.find("image: ") {
+                Some(i) if l[..i].trim().is_empty() || l[..i].trim() == "-" => {
+                    format!("{}image: {reference}", &l[..i])
+                }
+                _ => l.to_string(),
+            })
+            .collect();
+        std::fs::write(out.join(p.file_name().unwrap()), rendered.join("\n") + "\n")?;
+    }
+    eprintln!(
+        "\nimage {tag}\n  reference {reference}\n  size {:.1} MB ({} files: lbd, lbctl, {} libraries)\n  manifests {}\n  built in {:.0}s",
+        size as f64 / 1e6,
+        2 + libs.len(),
+        libs.len(),
+        out.display(),
+        t.elapsed().as_secs_f64()
+    );
+    Ok(reference)
+}
+
 fn main() -> Result<()> {
     let cli = Cli::parse();
     match cli.cmd {
@@ -285,6 +452,18 @@ fn main() -> Result<()> {
             let demo = tool("demo", false)?;
             run(Command::new(demo).env("LB_BIN_DIR", root().join("target/debug")))
         }
+        Cmd::FuzzXdp { frames, seed } => {
+            setup()?;
+            require_root()?;
+            let fuzz = tool("xdpfuzz", false)?;
+            run(Command::new(fuzz).args([
+                "--frames",
+                &frames.to_string(),
+                "--seed",
+                &seed.to_string(),
+            ]))
+        }
+        Cmd::Image { debug } => image(debug).map(|r| println!("{r}")),
         Cmd::Bench { part } => {
             setup()?;
             require_root()?;
@@ -295,5 +474,37 @@ fn main() -> Result<()> {
                 .env("LB_BIN_DIR", root().join("target/release"))
                 .env("LB_BENCH_DIR", root().join("target/bench")))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::root;
+
+    /// The tooling never stops processes by name (a host's own keepalived or haproxy would go
+    /// too): labs and benches signal the pids they spawned.
+    #[test]
+    fn never_kills_processes_by_name() {
+        // Built at run time so this file does not match itself.
+        let needles = [["\"pk", "ill\""].concat(), ["\"kill", "all\""].concat()];
+        let mut hits = Vec::new();
+        for dir in ["xtask/src", "tests/src", "tests/tests", "lb-userspace/src"] {
+            let mut stack = vec![root().join(dir)];
+            while let Some(p) = stack.pop() {
+                if p.is_dir() {
+                    for e in std::fs::read_dir(&p).unwrap() {
+                        stack.push(e.unwrap().path());
+                    }
+                } else if p.extension().is_some_and(|e| e == "rs" || e == "sh") {
+                    let text = std::fs::read_to_string(&p).unwrap();
+                    for n in &needles {
+                        if text.contains(n.as_str()) {
+                            hits.push(format!("{}: {n}", p.display()));
+                        }
+                    }
+                }
+            }
+        }
+        assert!(hits.is_empty(), "kills by process name: {hits:?}");
     }
 }

@@ -25,6 +25,9 @@ struct Cli {
     /// Output format.
     #[arg(long, short, global = true, value_enum, default_value = "table")]
     output: Output,
+    /// Give up when lbd does not answer within this time (e.g. 500ms, 5s).
+    #[arg(long, global = true, default_value = "5s", value_parser = parse_duration)]
+    timeout: std::time::Duration,
     #[command(subcommand)]
     command: Cmd,
 }
@@ -55,8 +58,52 @@ enum Cmd {
         /// Cluster name (as in install-config's metadata.name).
         cluster_name: String,
     },
+    /// Write every node's lbd.toml (DIR/<node>.toml) from one cluster description: OpenShift's
+    /// VRIDs, priorities and tracked checks, unicast peers. Validated like lbd's config; nothing
+    /// is written unless every node's config is valid. No lbd needed.
+    Render {
+        /// The cluster description (TOML); see docs/rendering.md.
+        #[arg(long)]
+        cluster: PathBuf,
+        /// Output directory (created if missing).
+        #[arg(long)]
+        out: PathBuf,
+    },
+    /// Exit 0 if lbd is live (main loop running) or ready (data plane attached, config
+    /// applied), else 1: for the pod's probes.
+    Probe {
+        #[arg(value_enum)]
+        what: ProbeKind,
+    },
     /// Print shell completions.
     Completions { shell: clap_complete::Shell },
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum ProbeKind {
+    Live,
+    Ready,
+}
+
+/// "500ms", "5s", "2m", or plain seconds.
+fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
+    let (num, unit) = match s.find(|c: char| !c.is_ascii_digit() && c != '.') {
+        Some(i) => (&s[..i], &s[i..]),
+        None => (s, "s"),
+    };
+    let n: f64 = num
+        .parse()
+        .map_err(|_| format!("{s:?}: want a duration like 500ms, 5s or 1m"))?;
+    let secs = match unit {
+        "ms" => n / 1000.0,
+        "s" => n,
+        "m" => n * 60.0,
+        _ => return Err(format!("{s:?}: unit must be ms, s or m")),
+    };
+    if !(secs > 0.0 && secs < 86_400.0) {
+        return Err(format!("{s:?}: must be above 0 and below a day"));
+    }
+    Ok(std::time::Duration::from_secs_f64(secs))
 }
 
 #[derive(Subcommand)]
@@ -228,7 +275,7 @@ fn vrrp_table(v: &Value) {
 }
 
 async fn run(cli: Cli) -> Result<()> {
-    let client = Client::new(&cli.socket);
+    let client = Client::new(&cli.socket).with_timeout(cli.timeout);
     let json = cli.output == Output::Json;
     let print_json =
         |v: &Value| println!("{}", serde_json::to_string_pretty(v).unwrap_or_default());
@@ -372,6 +419,58 @@ async fn run(cli: Cli) -> Result<()> {
             } else {
                 println!("cluster {cluster_name}: api VRID {api}, ingress VRID {ingress}");
             }
+        }
+        Cmd::Render { cluster, out } => {
+            use lb_userspace::render::{ClusterSpec, to_toml};
+            let spec = ClusterSpec::load(&cluster)
+                .map_err(|e| anyhow::anyhow!("{}: {e}", cluster.display()))?;
+            let rendered = spec
+                .render()
+                .map_err(|e| anyhow::anyhow!("{}: {e}", cluster.display()))?;
+            std::fs::create_dir_all(&out)
+                .map_err(|e| anyhow::anyhow!("create {}: {e}", out.display()))?;
+            let (api, ingress) = spec.vrids();
+            let mut rows = Vec::new();
+            for r in &rendered {
+                let path = out.join(format!("{}.toml", r.node));
+                std::fs::write(&path, to_toml(&spec.name, r))
+                    .map_err(|e| anyhow::anyhow!("write {}: {e}", path.display()))?;
+                rows.push(serde_json::json!({
+                    "node": r.node,
+                    "path": path,
+                    "vips": r.config.vips.iter().map(|v| v.name.clone()).collect::<Vec<_>>(),
+                }));
+            }
+            if json {
+                print_json(&serde_json::json!({
+                    "cluster": spec.name, "api_vrid": api, "ingress_vrid": ingress, "nodes": rows,
+                }));
+            } else {
+                println!(
+                    "cluster {}: api VRID {api}, ingress VRID {ingress}",
+                    spec.name
+                );
+                table(
+                    &["NODE", "VIPS", "CONFIG"],
+                    rows.iter()
+                        .map(|r| {
+                            let vips: Vec<&str> = r["vips"]
+                                .as_array()
+                                .map(|a| a.iter().filter_map(|v| v.as_str()).collect())
+                                .unwrap_or_default();
+                            vec![s(r, "node"), vips.join(","), s(r, "path")]
+                        })
+                        .collect(),
+                );
+            }
+        }
+        Cmd::Probe { what } => {
+            let path = match what {
+                ProbeKind::Live => "/healthz",
+                ProbeKind::Ready => "/readyz",
+            };
+            let v = client.call(Method::GET, path, None).await?;
+            print!("{}", v.as_str().unwrap_or_default());
         }
         Cmd::Completions { shell } => {
             clap_complete::generate(shell, &mut Cli::command(), "lbctl", &mut std::io::stdout());

@@ -246,10 +246,24 @@ pub async fn remove_vip(handle: &Handle, ifname: &str, vip: IpAddr) -> Result<()
     Ok(())
 }
 
-/// Restart cleanup: remove the given VIPs from `ifname`, and every IPv4 address carrying our
-/// label (VIPs of a previous configuration). Run before an instance starts, so a crash never
-/// leaves a VIP on a node that is not master.
+/// Restart cleanup for one instance: remove its own VIPs from `ifname` (a crash must never leave
+/// a VIP on a node that is not master). Never touches other addresses: another instance's VIPs
+/// on the same interface belong to it.
 pub async fn remove_stale(handle: &Handle, ifname: &str, vips: &[IpAddr]) -> Result<Vec<IpAddr>> {
+    remove_matching(handle, ifname, |ip, _| vips.contains(&ip)).await
+}
+
+/// Start-up cleanup (before any instance runs): remove addresses carrying our label that no
+/// configured instance owns (VIPs of an earlier configuration).
+pub async fn remove_orphans(handle: &Handle, ifname: &str, keep: &[IpAddr]) -> Result<Vec<IpAddr>> {
+    remove_matching(handle, ifname, |ip, labelled| labelled && !keep.contains(&ip)).await
+}
+
+async fn remove_matching(
+    handle: &Handle,
+    ifname: &str,
+    wanted: impl Fn(IpAddr, bool) -> bool,
+) -> Result<Vec<IpAddr>> {
     let index = match if_index(ifname) {
         Ok(i) => i,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
@@ -277,7 +291,7 @@ pub async fn remove_stale(handle: &Handle, ifname: &str, vips: &[IpAddr]) -> Res
             }
         }
         if let Some(ip) = addr
-            && (labelled || vips.contains(&ip))
+            && wanted(ip, labelled)
             && !stale.contains(&ip)
         {
             stale.push(ip);

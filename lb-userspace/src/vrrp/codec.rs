@@ -117,11 +117,19 @@ pub enum DecodeError {
     WrongInterval,
     /// Another virtual router's advert (not an error; counted so it can be seen).
     OtherVrid,
+    /// Multicast advert on a unicast instance, or unicast on a multicast one.
+    WrongMode,
+    /// Unicast advert from an address outside `unicast_peers` (keepalived's `check_unicast_src`).
+    NotAPeer,
+    /// Advert with an address count of 0.
+    NoAddresses,
+    /// Our VRID with another VIP set: a collision, never a vote.
+    OtherVips,
 }
 
 impl DecodeError {
     /// Every variant, for initialising counters.
-    pub const ALL: [DecodeError; 14] = [
+    pub const ALL: [DecodeError; 18] = [
         DecodeError::Truncated,
         DecodeError::LengthMismatch,
         DecodeError::BadVersion,
@@ -136,6 +144,10 @@ impl DecodeError {
         DecodeError::WrongAuth,
         DecodeError::WrongInterval,
         DecodeError::OtherVrid,
+        DecodeError::WrongMode,
+        DecodeError::NotAPeer,
+        DecodeError::NoAddresses,
+        DecodeError::OtherVips,
     ];
 
     /// Stable snake_case name, used as a metric label and in `lbctl vrrp status`.
@@ -155,6 +167,10 @@ impl DecodeError {
             DecodeError::WrongAuth => "wrong_auth",
             DecodeError::WrongInterval => "wrong_interval",
             DecodeError::OtherVrid => "other_vrid",
+            DecodeError::WrongMode => "wrong_mode",
+            DecodeError::NotAPeer => "not_a_peer",
+            DecodeError::NoAddresses => "no_addresses",
+            DecodeError::OtherVips => "other_vips",
         }
     }
 }

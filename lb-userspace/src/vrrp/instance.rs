@@ -9,15 +9,19 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, Result, anyhow};
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, MissedTickBehavior};
 
+use super::admission::Policy;
 use super::announce::{self, Announcer};
-use super::codec::{self, Advert, Auth, DecodeError, Expect, Version};
-use super::collision::{self, Collisions};
+use super::codec::{self, Advert, DecodeError, Version};
+use super::collision::{Collisions, Mismatch};
+use super::config::InstanceConfig;
 use super::io::{Incoming, VrrpSocket, interface_info};
+use super::limiter::WarnLimiter;
+use super::split_brain::DualMaster;
 use super::state::{self, Action, Event, Machine, Params, State};
 
 /// Announcements right after becoming master, and their spacing: several, because a single
@@ -26,200 +30,6 @@ pub const GARP_BURST: u32 = 5;
 pub const GARP_SPACING: Duration = Duration::from_millis(100);
 /// How often link state is polled (a link going down means fault).
 const LINK_POLL: Duration = Duration::from_millis(250);
-
-fn default_version() -> u8 {
-    3
-}
-fn default_priority() -> u8 {
-    100
-}
-fn default_true() -> bool {
-    true
-}
-fn default_garp_refresh() -> u64 {
-    60
-}
-
-/// One `[[vrrp]]` entry of the daemon config.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct InstanceConfig {
-    pub name: String,
-    /// Defaults to the daemon's interface.
-    #[serde(default)]
-    pub interface: Option<String>,
-    pub vrid: u8,
-    /// 2 or 3.
-    #[serde(default = "default_version")]
-    pub version: u8,
-    /// 1..=255; 255 means this node owns the addresses.
-    #[serde(default = "default_priority")]
-    pub priority: u8,
-    /// Default: 100 ms for v3, 1000 ms for v2 (v2 needs whole seconds).
-    #[serde(default)]
-    pub advert_interval_ms: Option<u32>,
-    /// VRRPv2 simple-text password, at most 8 bytes.
-    #[serde(default)]
-    pub auth_pass: Option<String>,
-    #[serde(default = "default_true")]
-    pub preempt: bool,
-    #[serde(default)]
-    pub preempt_delay_ms: u64,
-    /// Empty: multicast.
-    #[serde(default)]
-    pub unicast_peers: Vec<IpAddr>,
-    /// Source address of adverts; default: the interface's first address (IPv6: link-local).
-    #[serde(default)]
-    pub unicast_src: Option<IpAddr>,
-    pub vips: Vec<IpAddr>,
-    /// Re-announce the VIPs this often while master; 0 disables the refresh.
-    #[serde(default = "default_garp_refresh")]
-    pub garp_refresh_s: u64,
-}
-
-/// A config error naming the field (e.g. `vrrp[0].auth_pass`) and the reason.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("{field}: {reason}")]
-pub struct ConfigError {
-    pub field: String,
-    pub reason: String,
-}
-
-impl InstanceConfig {
-    /// Validate as the `index`-th entry of the `vrrp` list.
-    pub fn validate_at(&self, index: usize) -> Result<(), ConfigError> {
-        self.validate().map_err(|e| ConfigError {
-            field: format!("vrrp[{index}].{}", e.field),
-            reason: e.reason,
-        })
-    }
-
-    /// Validate; the error's field is relative to this entry (see [`Self::validate_at`]).
-    pub fn validate(&self) -> Result<(), ConfigError> {
-        let err = |field: &str, reason: String| {
-            Err(ConfigError {
-                field: field.to_string(),
-                reason,
-            })
-        };
-        if self.name.is_empty() {
-            return err("name", "must not be empty".into());
-        }
-        if let Some(i) = &self.interface
-            && (i.is_empty() || i.len() >= libc::IFNAMSIZ)
-        {
-            return err("interface", format!("{i:?} is not a valid interface name"));
-        }
-        if self.vrid == 0 {
-            return err("vrid", "must be 1..=255".into());
-        }
-        let version = match self.version {
-            2 => Version::V2,
-            3 => Version::V3,
-            v => return err("version", format!("{v} is not 2 or 3")),
-        };
-        if self.priority == 0 {
-            return err(
-                "priority",
-                "must be 1..=255 (0 is reserved for resigning)".into(),
-            );
-        }
-        let ms = self.interval_ms();
-        match version {
-            Version::V2 if !ms.is_multiple_of(1000) || !(1000..=255_000).contains(&ms) => {
-                return err(
-                    "advert_interval_ms",
-                    format!("{ms}: VRRPv2 needs whole seconds, 1000..=255000"),
-                );
-            }
-            Version::V3 if !ms.is_multiple_of(10) || !(10..=40_950).contains(&ms) => {
-                return err(
-                    "advert_interval_ms",
-                    format!("{ms}: VRRPv3 needs centiseconds, 10..=40950 in steps of 10"),
-                );
-            }
-            _ => {}
-        }
-        if let Some(pass) = &self.auth_pass {
-            if version == Version::V3 {
-                return err("auth_pass", "VRRPv3 has no authentication".into());
-            }
-            if pass.is_empty() {
-                return err(
-                    "auth_pass",
-                    "must not be empty (omit it for no authentication)".into(),
-                );
-            }
-            if pass.len() > 8 {
-                return err("auth_pass", "longer than 8 bytes".into());
-            }
-        }
-        let Some(first) = self.vips.first() else {
-            return err("vips", "at least one VIP is needed".into());
-        };
-        let v6 = first.is_ipv6();
-        for (i, vip) in self.vips.iter().enumerate() {
-            if vip.is_ipv6() != v6 {
-                return err(
-                    &format!("vips[{i}]"),
-                    format!("{vip}: all VIPs must be one address family"),
-                );
-            }
-            if vip.is_unspecified() || vip.is_multicast() || vip.is_loopback() {
-                return err(&format!("vips[{i}]"), format!("{vip} cannot be a VIP"));
-            }
-            if self.vips[..i].contains(vip) {
-                return err(&format!("vips[{i}]"), format!("{vip} is listed twice"));
-            }
-        }
-        if version == Version::V2 && v6 {
-            return err(
-                "version",
-                "VRRPv2 is IPv4 only; use version 3 for IPv6 VIPs".into(),
-            );
-        }
-        for (i, peer) in self.unicast_peers.iter().enumerate() {
-            if peer.is_ipv6() != v6 {
-                return err(
-                    &format!("unicast_peers[{i}]"),
-                    format!("{peer}: not the VIPs' address family"),
-                );
-            }
-        }
-        if let Some(src) = self.unicast_src
-            && src.is_ipv6() != v6
-        {
-            return err(
-                "unicast_src",
-                format!("{src}: not the VIPs' address family"),
-            );
-        }
-        if self.preempt_delay_ms > 3_600_000 {
-            return err("preempt_delay_ms", "more than an hour".into());
-        }
-        Ok(())
-    }
-
-    pub fn interval_ms(&self) -> u32 {
-        self.advert_interval_ms
-            .unwrap_or(if self.version == 2 { 1000 } else { 100 })
-    }
-
-    fn codec_version(&self) -> Version {
-        if self.version == 2 {
-            Version::V2
-        } else {
-            Version::V3
-        }
-    }
-
-    fn auth(&self) -> Auth {
-        match &self.auth_pass {
-            Some(p) if self.version == 2 => Auth::simple(p),
-            _ => Auth::None,
-        }
-    }
-}
 
 /// The last state change.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -230,13 +40,18 @@ pub struct TransitionRecord {
     pub reason: String,
 }
 
-/// The last split-brain event (another master seen while we were master).
+/// The start of the last dual-master episode (another router kept claiming our VIPs while we
+/// were master; see [`super::split_brain`]).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct SplitBrainRecord {
     pub at_unix_ms: u64,
     pub peer: IpAddr,
     pub peer_priority: u8,
+    /// Always false: an episode is one where we stayed master (a step-down ends it at once).
     pub stepped_down: bool,
+    /// Whether the peer's adverts vote (`ok`) or why they are dropped (e.g. `wrong_version`
+    /// during a migration, `not_a_peer`).
+    pub their_adverts: &'static str,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
@@ -251,6 +66,8 @@ pub struct Counters {
     pub became_master: u64,
     pub announcements: u64,
     pub vip_errors: u64,
+    /// The VRRP socket was bound again to a recreated interface.
+    pub rebinds: u64,
 }
 
 /// `lbctl vrrp status` for one instance.
@@ -280,6 +97,9 @@ pub struct InstanceStatus {
 
 enum Command {
     TrackWeight(i32),
+    /// A reload changed only fields that apply in place (see
+    /// [`InstanceConfig::restart_needed`]).
+    Reconfigure(Box<InstanceConfig>),
     Shutdown(oneshot::Sender<()>),
 }
 
@@ -317,6 +137,7 @@ impl Instance {
                 )
             })?,
         };
+        // Only this instance's VIPs: another instance's may be up on the same interface.
         let removed = announce::remove_stale(&netlink, &ifname, &cfg.vips).await?;
         if !removed.is_empty() {
             tracing::info!(instance = %cfg.name, ?removed, "removed stale VIPs left by an earlier run");
@@ -330,13 +151,7 @@ impl Instance {
                 None
             }
         };
-        let machine = Machine::new(Params {
-            base_priority: cfg.priority,
-            advert_interval: Duration::from_millis(u64::from(cfg.interval_ms())),
-            preempt: cfg.preempt,
-            preempt_delay: Duration::from_millis(cfg.preempt_delay_ms),
-            primary_addr: src,
-        });
+        let machine = Machine::new(params(&cfg, src));
         let status = Arc::new(Mutex::new(InstanceStatus {
             name: cfg.name.clone(),
             interface: ifname.clone(),
@@ -363,15 +178,14 @@ impl Instance {
         let (commands, rx) = mpsc::channel(16);
         let (owned_tx, owned) = watch::channel(false);
         let runner = Runner {
-            expect: Expect {
-                version: cfg.codec_version(),
-                vrid: cfg.vrid,
-                interval_cs: (cfg.interval_ms() / 10) as u16,
-                auth: cfg.auth(),
-            },
+            policy: policy(&cfg),
             cfg,
             ifname,
             link_up: info.up,
+            ifindex: info.index,
+            weight: 0,
+            warn: WarnLimiter::default(),
+            dual: DualMaster::default(),
             socket,
             announcer,
             netlink,
@@ -412,6 +226,16 @@ impl Instance {
         let _ = self.commands.send(Command::TrackWeight(weight)).await;
     }
 
+    /// Apply a reload that changed only in-place fields: no resignation, the VIPs stay.
+    pub async fn reconfigure(&self, cfg: InstanceConfig) {
+        let _ = self.commands.send(Command::Reconfigure(Box::new(cfg))).await;
+    }
+
+    /// Whether the instance task is still running (it ends only on shutdown or a panic).
+    pub fn is_running(&self) -> bool {
+        !self.task.is_finished()
+    }
+
     /// Graceful stop: a master sends a priority-0 advert (a backup takes over after its skew
     /// only) and removes its VIPs. Returns when done.
     pub async fn shutdown(self) {
@@ -423,11 +247,41 @@ impl Instance {
     }
 }
 
+fn params(cfg: &InstanceConfig, src: IpAddr) -> Params {
+    Params {
+        base_priority: cfg.priority,
+        advert_interval: Duration::from_millis(u64::from(cfg.interval_ms())),
+        preempt: cfg.preempt,
+        preempt_delay: Duration::from_millis(cfg.preempt_delay_ms),
+        primary_addr: src,
+    }
+}
+
+fn policy(cfg: &InstanceConfig) -> Policy {
+    let mut p = Policy::new(
+        cfg.codec_version(),
+        cfg.vrid,
+        (cfg.interval_ms() / 10) as u16,
+        cfg.auth(),
+        &cfg.vips,
+        &cfg.unicast_peers,
+    );
+    p.check_unicast_src = cfg.check_unicast_src;
+    p.accept_v2 = cfg.v2_compat;
+    p
+}
+
 struct Runner {
     cfg: InstanceConfig,
     ifname: String,
-    expect: Expect,
+    policy: Policy,
     link_up: bool,
+    /// The interface index the socket is bound to.
+    ifindex: u32,
+    /// The sum of tracked weights last set.
+    weight: i32,
+    warn: WarnLimiter,
+    dual: DualMaster,
     socket: VrrpSocket,
     announcer: Option<Announcer>,
     netlink: rtnetlink::Handle,
@@ -483,9 +337,11 @@ impl Runner {
                 _ = link_poll.tick() => self.poll_link().await,
                 cmd = commands.recv() => match cmd {
                     Some(Command::TrackWeight(w)) => {
+                        self.weight = w;
                         let p = state::effective_priority(self.cfg.priority, w);
                         self.step(Event::PriorityChanged(p)).await;
                     }
+                    Some(Command::Reconfigure(cfg)) => self.reconfigure(*cfg).await,
                     Some(Command::Shutdown(done)) => {
                         self.step(Event::Shutdown).await;
                         let _ = done.send(());
@@ -501,8 +357,33 @@ impl Runner {
         }
     }
 
+    /// Follow the interface: down or gone means fault; back (possibly as a new device with a
+    /// new index, e.g. a rebuilt bridge) means the socket and announcer are bound again to it
+    /// before the instance starts again.
     async fn poll_link(&mut self) {
-        let up = interface_info(&self.ifname).is_ok_and(|i| i.up);
+        let info = interface_info(&self.ifname).ok();
+        let up = info.as_ref().is_some_and(|i| i.up);
+        if let Some(info) = info.as_ref().filter(|i| i.index != self.ifindex) {
+            if self.link_up {
+                // Replaced between two polls: leave as if it had gone down first.
+                self.link_up = false;
+                self.step(Event::InterfaceDown).await;
+            }
+            match VrrpSocket::open(&self.ifname, self.socket.src(), self.cfg.unicast_peers.is_empty()) {
+                Ok(socket) => {
+                    tracing::info!(instance = %self.cfg.name, interface = %self.ifname, old = self.ifindex, new = info.index, "interface recreated; VRRP socket bound to the new device");
+                    self.socket = socket;
+                    self.ifindex = info.index;
+                    self.announcer = Announcer::new(&self.ifname).ok();
+                    self.with_status(|s| s.counters.rebinds += 1);
+                }
+                Err(e) => {
+                    // Stay in fault and try again at the next poll.
+                    tracing::warn!(instance = %self.cfg.name, error = %e, "cannot bind the VRRP socket to the recreated interface yet");
+                    return;
+                }
+            }
+        }
         if up != self.link_up {
             self.link_up = up;
             let ev = if up {
@@ -515,27 +396,27 @@ impl Runner {
     }
 
     async fn on_packet(&mut self, incoming: Incoming) {
-        let (src, advert) = match incoming {
-            Incoming::Advert { src, advert } => (src, advert),
-            Incoming::Dropped { reason, src } => {
-                tracing::debug!(instance = %self.cfg.name, ?src, reason = reason.reason(), "VRRP packet dropped");
-                return self.count_drop(reason);
-            }
+        let (src, dst, advert) = match incoming {
+            Incoming::Advert { src, dst, advert } => (src, dst, advert),
+            Incoming::Dropped { reason, src } => return self.count_drop(src, reason),
         };
         if src == self.socket.src() {
             return;
         }
-        let differs = collision::compare(&advert, &self.cfg.vips, &self.expect.auth);
-        match codec::check(&advert, &self.expect) {
-            Ok(()) => {}
-            Err(reason) => {
-                if reason == DecodeError::WrongAuth {
-                    self.record_collision(src, &advert, differs);
-                }
-                return self.count_drop(reason);
+        let j = self.policy.judge(src, dst, &advert);
+        if let Some(differs) = j.collision {
+            self.record_collision(src, &advert, differs);
+        }
+        if j.claims_our_vips && self.machine.state() == State::Master {
+            let interval = Duration::from_millis(u64::from(advert.interval_cs) * 10);
+            if self.dual.observe(self.now(), src, interval) {
+                let their = j.verdict.err().map_or("ok", DecodeError::reason);
+                self.record_split_brain(src, advert.priority, their);
             }
         }
-        self.record_collision(src, &advert, differs);
+        if let Err(reason) = j.verdict {
+            return self.count_drop(Some(src), reason);
+        }
         self.with_status(|s| s.counters.adverts_received += 1);
         let ev = Event::AdvertReceived {
             from: src,
@@ -545,24 +426,72 @@ impl Runner {
         self.step(ev).await;
     }
 
-    fn record_collision(&mut self, src: IpAddr, advert: &Advert, differs: collision::Mismatch) {
-        let name = self.cfg.name.clone();
+    fn record_split_brain(&mut self, peer: IpAddr, peer_priority: u8, their: &'static str) {
+        tracing::warn!(
+            instance = %self.cfg.name,
+            %peer,
+            peer_priority,
+            their_adverts = their,
+            "two masters at once (split brain): another router keeps claiming our VIPs"
+        );
+        self.with_status(|s| {
+            s.counters.split_brain += 1;
+            s.last_split_brain = Some(SplitBrainRecord {
+                at_unix_ms: unix_ms(),
+                peer,
+                peer_priority,
+                stepped_down: false,
+                their_adverts: their,
+            });
+        });
+    }
+
+    fn record_collision(&mut self, src: IpAddr, advert: &Advert, differs: Mismatch) {
         let vrid = self.cfg.vrid;
-        let new = self.with_status(|s| s.collisions.observe(src, advert, differs, unix_ms()));
-        if new {
+        self.with_status(|s| s.collisions.observe(src, advert, differs, unix_ms()));
+        if let Some(suppressed) = self.warn.allow(self.now(), Some(src), "collision") {
             tracing::warn!(
-                instance = %name,
+                instance = %self.cfg.name,
                 vrid,
                 peer = %src,
                 differs = differs.describe(),
                 their_vips = ?advert.addrs,
-                "VRID collision: another router uses our VRID with different VIPs or auth"
+                suppressed,
+                "VRID collision: another router uses our VRID with different VIPs or auth; its adverts are dropped"
             );
         }
     }
 
-    fn count_drop(&mut self, reason: DecodeError) {
+    /// Count every drop; log at most one WARN per peer and reason per interval (another VRID on
+    /// the link is normal and only counted).
+    fn count_drop(&mut self, src: Option<IpAddr>, reason: DecodeError) {
         self.with_status(|s| *s.counters.drops.entry(reason.reason()).or_insert(0) += 1);
+        if matches!(reason, DecodeError::OtherVrid) {
+            return;
+        }
+        if let Some(suppressed) = self.warn.allow(self.now(), src, reason.reason()) {
+            tracing::warn!(instance = %self.cfg.name, peer = ?src, reason = reason.reason(), suppressed, "VRRP packet dropped");
+        }
+    }
+
+    /// Apply a reload's in-place changes: new priority, interval, peers, preemption, auth.
+    async fn reconfigure(&mut self, cfg: InstanceConfig) {
+        tracing::info!(instance = %cfg.name, "VRRP settings changed; applied in place");
+        let p = params(&cfg, self.socket.src());
+        let effective = state::effective_priority(cfg.priority, self.weight);
+        self.policy = policy(&cfg);
+        if cfg.garp_refresh_s != self.cfg.garp_refresh_s && self.garp_left == 0 {
+            self.next_garp = (self.machine.state() == State::Master && cfg.garp_refresh_s > 0)
+                .then(|| Instant::now() + Duration::from_secs(cfg.garp_refresh_s));
+        }
+        self.cfg = cfg;
+        let out = self.machine.reconfigure(self.now(), p, effective);
+        self.with_status(|s| {
+            s.base_priority = self.cfg.priority;
+            s.advert_interval_ms = u64::from(self.cfg.interval_ms());
+            s.unicast_peers.clone_from(&self.cfg.unicast_peers);
+        });
+        self.carry_out(out).await;
     }
 
     fn with_status<T>(&self, f: impl FnOnce(&mut InstanceStatus) -> T) -> T {
@@ -572,6 +501,10 @@ impl Runner {
     /// Feed one event to the machine and carry out its output.
     async fn step(&mut self, event: Event) {
         let out = self.machine.handle(self.now(), event);
+        self.carry_out(out).await;
+    }
+
+    async fn carry_out(&mut self, out: state::Output) {
         if let Some(t) = out.transition {
             tracing::info!(
                 instance = %self.cfg.name,
@@ -594,23 +527,13 @@ impl Runner {
                 });
             });
         }
-        if let Some(sb) = out.split_brain {
-            tracing::warn!(
-                instance = %self.cfg.name,
-                peer = %sb.peer,
-                peer_priority = sb.peer_priority,
-                stepped_down = sb.stepped_down,
-                "two masters seen (split brain)"
-            );
-            self.with_status(|s| {
-                s.counters.split_brain += 1;
-                s.last_split_brain = Some(SplitBrainRecord {
-                    at_unix_ms: unix_ms(),
-                    peer: sb.peer,
-                    peer_priority: sb.peer_priority,
-                    stepped_down: sb.stepped_down,
-                });
-            });
+        if let Some(c) = out.split_brain {
+            // One conflicting advert is an ordinary election (e.g. a preemption); only one
+            // that persists is an episode (see `record_split_brain`).
+            tracing::debug!(instance = %self.cfg.name, peer = %c.peer, peer_priority = c.peer_priority, stepped_down = c.stepped_down, "conflicting master advert");
+        }
+        if self.machine.state() != State::Master {
+            self.dual.reset();
         }
         for action in out.actions {
             match action {
@@ -640,13 +563,30 @@ impl Runner {
 
     async fn send_advert(&mut self, priority: u8) {
         let advert = Advert {
-            version: self.expect.version,
+            version: self.policy.version,
             vrid: self.cfg.vrid,
             priority,
-            interval_cs: self.expect.interval_cs,
+            interval_cs: self.policy.interval_cs,
             addrs: self.cfg.vips.clone(),
-            auth: self.expect.auth,
+            auth: if self.policy.version == Version::V2 {
+                self.policy.auth
+            } else {
+                codec::Auth::None
+            },
         };
+        self.send_one(&advert).await;
+        if self.cfg.v2_compat {
+            // Migration: the VRRPv2 speakers of this instance hear us too.
+            let v2 = Advert {
+                version: Version::V2,
+                auth: self.policy.auth,
+                ..advert
+            };
+            self.send_one(&v2).await;
+        }
+    }
+
+    async fn send_one(&mut self, advert: &Advert) {
         let src = self.socket.src();
         let dsts: Vec<IpAddr> = if self.cfg.unicast_peers.is_empty() {
             vec![if src.is_ipv6() {
@@ -659,7 +599,7 @@ impl Runner {
         };
         for dst in dsts {
             // The v3 checksum covers the destination, so each peer gets its own encoding.
-            let result = match codec::encode(&advert, src, dst) {
+            let result = match codec::encode(advert, src, dst) {
                 Ok(bytes) => self
                     .socket
                     .send(&bytes, dst)
@@ -725,117 +665,6 @@ impl Runner {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn cfg() -> InstanceConfig {
-        toml::from_str(
-            r#"
-            name = "api"
-            vrid = 14
-            vips = ["192.0.2.100"]
-            "#,
-        )
-        .unwrap()
-    }
-
-    #[test]
-    fn defaults() {
-        let c = cfg();
-        assert_eq!(c.version, 3);
-        assert_eq!(c.priority, 100);
-        assert_eq!(c.interval_ms(), 100);
-        assert!(c.preempt);
-        assert_eq!(c.garp_refresh_s, 60);
-        assert!(c.unicast_peers.is_empty());
-        c.validate().unwrap();
-        let v2 = InstanceConfig {
-            version: 2,
-            ..cfg()
-        };
-        assert_eq!(v2.interval_ms(), 1000);
-        v2.validate().unwrap();
-    }
-
-    #[test]
-    fn unknown_fields_are_refused() {
-        let r: Result<InstanceConfig, _> = toml::from_str("name='a'\nvrid=1\nvips=[]\nprio=3\n");
-        assert!(r.unwrap_err().to_string().contains("prio"));
-    }
-
-    #[test]
-    fn validation_names_the_field() {
-        let e = |f: fn(&mut InstanceConfig)| {
-            let mut c = cfg();
-            f(&mut c);
-            c.validate_at(0).unwrap_err().to_string()
-        };
-        assert_eq!(
-            e(|c| {
-                c.version = 2;
-                c.auth_pass = Some("ocp_api_vip".into());
-            }),
-            "vrrp[0].auth_pass: longer than 8 bytes"
-        );
-        assert!(e(|c| c.auth_pass = Some("x".into())).starts_with("vrrp[0].auth_pass: VRRPv3"));
-        assert!(e(|c| c.vrid = 0).starts_with("vrrp[0].vrid:"));
-        assert!(e(|c| c.version = 4).starts_with("vrrp[0].version:"));
-        assert!(e(|c| c.priority = 0).starts_with("vrrp[0].priority:"));
-        assert!(e(|c| c.advert_interval_ms = Some(15)).starts_with("vrrp[0].advert_interval_ms:"));
-        assert!(
-            e(|c| {
-                c.version = 2;
-                c.advert_interval_ms = Some(1500);
-            })
-            .starts_with("vrrp[0].advert_interval_ms: 1500: VRRPv2")
-        );
-        assert!(e(|c| c.vips.clear()).starts_with("vrrp[0].vips:"));
-        assert!(e(|c| c.vips.push("2001:db8::1".parse().unwrap())).starts_with("vrrp[0].vips[1]:"));
-        assert!(e(|c| c.vips.push("192.0.2.100".parse().unwrap())).contains("listed twice"));
-        assert!(
-            e(|c| c.unicast_peers = vec!["fe80::1".parse().unwrap()])
-                .starts_with("vrrp[0].unicast_peers[0]:")
-        );
-        assert!(
-            e(|c| c.unicast_src = Some("fe80::1".parse().unwrap()))
-                .starts_with("vrrp[0].unicast_src:")
-        );
-        assert!(
-            e(|c| {
-                c.version = 2;
-                c.vips = vec!["2001:db8::1".parse().unwrap()];
-            })
-            .starts_with("vrrp[0].version:")
-        );
-        assert!(
-            e(|c| c.interface = Some("a-very-long-interface".into()))
-                .starts_with("vrrp[0].interface:")
-        );
-    }
-
-    #[test]
-    fn openshift_style_v2_config() {
-        let c: InstanceConfig = toml::from_str(
-            r#"
-            name = "ostest_API"
-            vrid = 14
-            version = 2
-            priority = 40
-            advert_interval_ms = 1000
-            auth_pass = "ostest_a"
-            unicast_peers = ["192.0.2.11", "192.0.2.12"]
-            unicast_src = "192.0.2.10"
-            vips = ["192.0.2.5"]
-            "#,
-        )
-        .unwrap();
-        c.validate().unwrap();
-        assert_eq!(c.auth(), Auth::simple("ostest_a"));
-        assert_eq!(c.codec_version(), Version::V2);
-    }
-}
-
 /// Manual smoke test against a live peer (needs root and a prepared namespace), e.g.
 /// `ip netns exec ns1 <test binary> vrrp::instance::smoke --ignored --nocapture` with
 /// `LB_SMOKE_IF`, `LB_SMOKE_VIP`, `LB_SMOKE_PRIO` and optionally `LB_SMOKE_V2_PASS` set. It runs
@@ -860,6 +689,8 @@ mod smoke {
             preempt: true,
             preempt_delay_ms: 0,
             unicast_peers: vec![],
+            check_unicast_src: true,
+            v2_compat: false,
             unicast_src: None,
             vips: vec![var("LB_SMOKE_VIP").parse().unwrap()],
             garp_refresh_s: 60,

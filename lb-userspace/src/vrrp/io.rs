@@ -25,6 +25,8 @@ use super::codec::{self, Advert, DecodeError, IPPROTO_VRRP, VRRP_TOS, VRRP_TTL};
 pub enum Incoming {
     Advert {
         src: IpAddr,
+        /// Where it was sent: a multicast group or one of our addresses.
+        dst: IpAddr,
         advert: Advert,
     },
     Dropped {
@@ -126,6 +128,11 @@ impl VrrpSocket {
 
     pub fn src(&self) -> IpAddr {
         self.src
+    }
+
+    /// The interface index the socket is bound to (a recreated interface gets a new one).
+    pub fn ifindex(&self) -> u32 {
+        self.ifindex
     }
 
     /// Send one encoded advert (the VRRP payload) to `dst`.
@@ -295,7 +302,7 @@ fn classify(
         return dropped(DecodeError::Truncated);
     };
     match codec::decode(payload, src, dst) {
-        Ok(advert) => Incoming::Advert { src, advert },
+        Ok(advert) => Incoming::Advert { src, dst, advert },
         Err(reason) => dropped(reason),
     }
 }
@@ -527,6 +534,7 @@ mod tests {
             parse_ipv4(&pkt, true),
             Incoming::Advert {
                 src: src.into(),
+                dst: dst.into(),
                 advert: a
             }
         );
@@ -563,6 +571,7 @@ mod tests {
         pkt[8] = 64;
         let ok = Incoming::Advert {
             src: src.into(),
+            dst: peer.into(),
             advert: a.clone(),
         };
         assert_eq!(parse_ipv4(&pkt, false), ok);

@@ -3,17 +3,26 @@
 //! - [`codec`]: encode/decode adverts (v2 and v3) and the drop reasons (pure, std-only).
 //! - [`state`]: the RFC 3768 / RFC 9568 state machine as a pure function of (state, event, time).
 //! - [`collision`]: VRID collision bookkeeping (pure).
+//! - [`admission`]: who may vote: the receive policy every advert passes (pure).
+//! - [`limiter`]: one WARN per peer and reason per interval (pure).
+//! - [`split_brain`]: dual-master episodes, not ordinary preemptions (pure).
+//! - [`config`]: one instance's configuration and its validation (pure).
 //! - [`vrids`]: the VRIDs OpenShift derives from a cluster name (pure).
 //! - [`io`]: raw VRRP sockets (tokio `AsyncFd`), TTL checks, interface facts.
 //! - [`announce`]: VIP add/remove (rtnetlink), gratuitous ARP and unsolicited NA.
 //! - [`instance`]: one instance as a tokio task; its config, handle and status.
 
+pub mod admission;
 pub mod announce;
 pub mod codec;
 pub mod collision;
+pub mod config;
 pub mod instance;
 pub mod io;
+pub mod limiter;
+pub mod split_brain;
 pub mod state;
 pub mod vrids;
 
-pub use instance::{ConfigError, Instance, InstanceConfig, InstanceStatus};
+pub use config::{ConfigError, InstanceConfig};
+pub use instance::{Instance, InstanceStatus};

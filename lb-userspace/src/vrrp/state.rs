@@ -14,6 +14,9 @@ use serde::Serialize;
 /// A point in time: the duration since an epoch the caller chooses (e.g. its start).
 pub type Time = Duration;
 
+/// Immediate answers to conflicting adverts are at least this fraction of our interval apart.
+pub const ANSWER_GAP: u32 = 4;
+
 /// Priority that marks the address owner: it becomes master at once and is never preempted.
 pub const OWNER_PRIORITY: u8 = 255;
 
@@ -48,7 +51,8 @@ pub struct Params {
     pub advert_interval: Duration,
     /// Preempt a lower-priority master (RFC default: true; keepalived's `nopreempt` = false).
     pub preempt: bool,
-    /// After startup, wait this long before preempting (keepalived's `preempt_delay`).
+    /// Wait this long before preempting a lower-priority master, counted from the first
+    /// lower-priority advert heard since we last became backup (keepalived's `preempt_delay`).
     pub preempt_delay: Duration,
     /// Our primary address on the link: the advert source and the election tie-breaker.
     pub primary_addr: IpAddr,
@@ -143,7 +147,12 @@ pub struct Machine {
     master_interval: Duration,
     master_addr: Option<IpAddr>,
     timer: Option<Time>,
-    started_at: Time,
+    /// When the preempt delay ends: set by the first lower-priority advert heard as backup,
+    /// cleared when we become backup again or a master at least our priority is heard.
+    preempt_at: Option<Time>,
+    /// When we last sent an advert: answers to conflicting adverts are limited to one per
+    /// [`ANSWER_GAP`] of our interval, so a flood of adverts cannot make us send a flood.
+    last_sent: Option<Time>,
     iface_down: bool,
     /// The current master resigned (priority 0); only used to explain the next transition.
     master_resigned: bool,
@@ -160,7 +169,8 @@ impl Machine {
             master_interval,
             master_addr: None,
             timer: None,
-            started_at: Duration::ZERO,
+            preempt_at: None,
+            last_sent: None,
             iface_down: false,
             master_resigned: false,
         }
@@ -189,6 +199,46 @@ impl Machine {
 
     /// Apply `event` at time `now`.
     pub fn handle(&mut self, now: Time, event: Event) -> Output {
+        let out = self.handle_inner(now, event);
+        if out
+            .actions
+            .iter()
+            .any(|a| matches!(a, Action::SendAdvert { .. }))
+        {
+            self.last_sent = Some(now);
+        }
+        if out.transition.is_some_and(|t| t.to == State::Backup) {
+            self.preempt_at = None;
+        }
+        out
+    }
+
+    /// Change parameters in place (a reload that changed priority, interval or preemption):
+    /// no resignation, no state change. A master's next advert carries the new values; a
+    /// backup uses them from the next advert it hears.
+    pub fn reconfigure(&mut self, now: Time, params: Params, effective: u8) -> Output {
+        let mut out = Output::default();
+        let interval_changed = params.advert_interval != self.params.advert_interval;
+        self.params = params;
+        self.priority = if self.params.base_priority == OWNER_PRIORITY {
+            OWNER_PRIORITY
+        } else {
+            effective.clamp(1, 254)
+        };
+        if self.state == State::Master {
+            self.master_interval = self.params.advert_interval;
+            if interval_changed {
+                out.actions.push(Action::SendAdvert {
+                    priority: self.priority,
+                });
+                self.last_sent = Some(now);
+                self.set_timer(&mut out, now + self.params.advert_interval);
+            }
+        }
+        out
+    }
+
+    fn handle_inner(&mut self, now: Time, event: Event) -> Output {
         let mut out = Output::default();
         match event {
             Event::Startup => {
@@ -293,7 +343,11 @@ impl Machine {
                     self.master_resigned = true;
                     let at = now + skew_time(self.priority, self.master_interval);
                     self.set_timer(out, at);
-                } else if !self.may_preempt(now) || priority >= self.priority {
+                } else if priority >= self.priority || !self.may_preempt(now) {
+                    if priority >= self.priority {
+                        // A legitimate master: the next lower one starts the delay afresh.
+                        self.preempt_at = None;
+                    }
                     self.master_resigned = false;
                     self.master_interval = interval;
                     self.master_addr = Some(from);
@@ -306,10 +360,7 @@ impl Machine {
             State::Master => {
                 if priority == 0 {
                     // Another router left: assert ourselves at once (RFC 9568 6.4.3).
-                    out.actions.push(Action::SendAdvert {
-                        priority: self.priority,
-                    });
-                    self.set_timer(out, now + self.params.advert_interval);
+                    self.answer(now, out);
                 } else if priority > self.priority
                     || (priority == self.priority && from > self.params.primary_addr)
                 {
@@ -338,22 +389,42 @@ impl Machine {
                         peer_priority: priority,
                         stepped_down: false,
                     });
-                    out.actions.push(Action::SendAdvert {
-                        priority: self.priority,
-                    });
-                    self.set_timer(out, now + self.params.advert_interval);
+                    self.answer(now, out);
                 }
             }
             State::Initialize | State::Fault => {}
         }
     }
 
-    fn may_preempt(&self, now: Time) -> bool {
-        self.params.preempt && now >= self.started_at + self.params.preempt_delay
+    /// Whether a lower-priority master may be preempted now. With a preempt delay, the first
+    /// lower-priority advert starts the count (keepalived's behaviour), so a node that returns
+    /// to backup waits again, not only after start-up.
+    fn may_preempt(&mut self, now: Time) -> bool {
+        if !self.params.preempt {
+            return false;
+        }
+        if self.params.preempt_delay.is_zero() {
+            return true;
+        }
+        let at = *self
+            .preempt_at
+            .get_or_insert(now + self.params.preempt_delay);
+        now >= at
+    }
+
+    /// Answer a conflicting advert with one of ours at once, unless we did so very recently.
+    fn answer(&mut self, now: Time, out: &mut Output) {
+        let gap = self.params.advert_interval / ANSWER_GAP;
+        if self.last_sent.is_some_and(|t| now < t + gap) {
+            return;
+        }
+        out.actions.push(Action::SendAdvert {
+            priority: self.priority,
+        });
+        self.set_timer(out, now + self.params.advert_interval);
     }
 
     fn start(&mut self, now: Time, out: &mut Output, reason: &'static str) {
-        self.started_at = now;
         self.master_resigned = false;
         if self.priority == OWNER_PRIORITY {
             self.become_master(now, out, reason);
@@ -569,23 +640,121 @@ mod tests {
     }
 
     #[test]
-    fn preempt_delay_holds_off_preemption_after_startup() {
+    fn preempt_delay_counts_from_the_first_lower_priority_advert() {
         let mut m = Machine::new(Params {
             preempt_delay: MS(10_000),
             ..params(150)
         });
         m.handle(MS(0), Event::Startup);
-        // Within the delay a lower master is accepted (timer restarted).
+        // The first lower-priority advert (3 s after start) starts the delay: until 13 s the
+        // lower master is accepted (timer restarted).
         let out = m.handle(MS(3000), advert("192.0.2.20", 100));
         assert_eq!(out.actions.len(), 1);
-        let out = m.handle(MS(9999), advert("192.0.2.20", 100));
-        assert_eq!(out.actions.len(), 1);
+        let out = m.handle(MS(12_999), advert("192.0.2.20", 100));
+        assert_eq!(out.actions.len(), 1, "still within the delay");
         // After it, the lower master is ignored and we take over when the timer runs out.
         let deadline = m.timer().unwrap();
-        let out = m.handle(MS(10_000), advert("192.0.2.20", 100));
+        let out = m.handle(MS(13_000), advert("192.0.2.20", 100));
         assert!(out.actions.is_empty());
         m.handle(deadline, Event::TimerFired);
         assert_eq!(m.state(), State::Master);
+    }
+
+    #[test]
+    fn preempt_delay_applies_again_after_returning_to_backup() {
+        let mut m = Machine::new(Params {
+            preempt_delay: MS(5000),
+            ..params(150)
+        });
+        m.handle(MS(0), Event::Startup);
+        // No master heard: we become master, then a higher one takes over.
+        let t = m.timer().unwrap();
+        m.handle(t, Event::TimerFired);
+        assert_eq!(m.state(), State::Master);
+        m.handle(MS(60_000), advert("192.0.2.30", 200));
+        assert_eq!(m.state(), State::Backup);
+        // Long after start-up, that master fails and a lower one takes over: we wait the full
+        // delay again, counted from its first advert (61 s), before preempting it.
+        let out = m.handle(MS(61_000), advert("192.0.2.20", 100));
+        assert_eq!(out.actions.len(), 1, "lower master accepted within the delay");
+        let out = m.handle(MS(65_999), advert("192.0.2.20", 100));
+        assert_eq!(out.actions.len(), 1, "still within the delay");
+        let out = m.handle(MS(66_000), advert("192.0.2.20", 100));
+        assert!(out.actions.is_empty(), "delay over: the lower master is ignored");
+        // A master at least our priority restarts the count for the next lower one.
+        m.handle(MS(66_100), advert("192.0.2.30", 200));
+        let out = m.handle(MS(67_000), advert("192.0.2.20", 100));
+        assert_eq!(out.actions.len(), 1, "a new delay started at 67 s");
+        assert!(m.handle(MS(72_000), advert("192.0.2.20", 100)).actions.is_empty());
+    }
+
+    #[test]
+    fn answers_to_a_flood_of_conflicting_adverts_are_bounded() {
+        let mut m = master(100);
+        let mut sent = 0;
+        // 1000 lower-priority master adverts within one second (1 ms apart).
+        for i in 0..1000u64 {
+            let out = m.handle(MS(4000 + i), advert("192.0.2.200", 99));
+            sent += out
+                .actions
+                .iter()
+                .filter(|a| matches!(a, Action::SendAdvert { .. }))
+                .count();
+            let out = m.handle(MS(4000 + i), advert("192.0.2.201", 0));
+            sent += out
+                .actions
+                .iter()
+                .filter(|a| matches!(a, Action::SendAdvert { .. }))
+                .count();
+        }
+        assert_eq!(m.state(), State::Master);
+        assert!(
+            sent <= ANSWER_GAP as usize,
+            "{sent} answers to 2000 adverts in one interval"
+        );
+        assert!(sent >= 1, "the first conflict is answered at once");
+    }
+
+    #[test]
+    fn reconfigure_in_place_keeps_state_and_does_not_resign() {
+        let mut m = master(100);
+        let out = m.reconfigure(
+            MS(4100),
+            Params {
+                base_priority: 120,
+                ..params(120)
+            },
+            130,
+        );
+        assert_eq!(m.state(), State::Master);
+        assert!(out.transition.is_none());
+        assert!(!out.actions.iter().any(|a| matches!(
+            a,
+            Action::SendAdvert { priority: 0 } | Action::ReleaseOwnership
+        )));
+        assert_eq!(m.effective_priority(), 130);
+        // A new interval takes effect at once: an advert now, the next one interval later.
+        let out = m.reconfigure(
+            MS(4200),
+            Params {
+                advert_interval: MS(200),
+                ..params(120)
+            },
+            130,
+        );
+        assert_eq!(
+            out.actions,
+            vec![
+                Action::SendAdvert { priority: 130 },
+                Action::SetTimer(MS(4400))
+            ]
+        );
+        assert_eq!(m.master_interval(), MS(200));
+        // A backup just takes the new priority.
+        let mut b = started(100);
+        let out = b.reconfigure(MS(10), params(90), 90);
+        assert_eq!(out, Output::default());
+        assert_eq!((b.state(), b.effective_priority()), (State::Backup, 90));
     }
 
     #[test]

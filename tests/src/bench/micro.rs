@@ -1,27 +1,134 @@
 //! `bench micro`: per-packet cost of lb_xdp through BPF_PROG_TEST_RUN against a baseline XDP
 //! program that only swaps the MACs and returns XDP_TX, measured in the same run.
+//!
+//! Every case is interleaved with the baseline (baseline, case, baseline, case, ...) on the same
+//! frame, and its ratio is the median of the per-round ratios: a slow drift of the machine (other
+//! work starting or stopping) then moves both sides of each ratio together instead of biasing it.
+//! The data plane uses the production table sizes (Maglev and connection table).
 use std::net::IpAddr;
 
-use lb_common::{PROTO_TCP, PROTO_UDP};
+use lb_common::{DEFAULT_CONNTRACK_SIZE, DEFAULT_TABLE_SIZE, PROTO_TCP, PROTO_UDP};
 use lb_userspace::dataplane::{Desired, ServiceSpec, vip_key};
-use serde_json::json;
+use serde_json::{Value, json};
 
 use super::{median, write_json};
 use crate::{TestDataplane, backend, frames::*};
 
-/// Per-packet time of `program` on `frame`: median of `rounds` runs of `repeat` packets each.
-fn time(t: &mut TestDataplane, program: &str, frame: &[u8], repeat: u32, rounds: usize) -> f64 {
-    median(
-        (0..rounds)
-            .map(|_| t.dp.test_run(program, frame, repeat).unwrap().2)
-            .collect(),
+const XDP_TX: u32 = 3;
+const VIP4: [u8; 4] = [10, 77, 0, 100];
+
+/// One measured case: the case and the baseline, interleaved.
+struct Measured {
+    ns: f64,
+    baseline_ns: f64,
+    ratio: f64,
+    ratios: Vec<f64>,
+}
+
+impl Measured {
+    fn row(&self, name: &str, method: &str) -> Value {
+        json!({"name": name, "ns_per_packet": self.ns, "ratio_to_baseline": self.ratio,
+            "baseline_ns": self.baseline_ns, "ratio_samples": self.ratios, "method": method})
+    }
+
+    fn print(&self, name: &str) {
+        let (lo, hi) = self
+            .ratios
+            .iter()
+            .fold((f64::MAX, f64::MIN), |(l, h), r| (l.min(*r), h.max(*r)));
+        println!(
+            "{:<22} {:>10.1} {:>10.1} {:>9.2}   ({:.2}-{:.2})",
+            name, self.ns, self.baseline_ns, self.ratio, lo, hi
+        );
+    }
+}
+
+/// ns per packet of `repeat` runs of `program` on `frame`, by the kernel's clock (it leaves out
+/// the time the bench was scheduled away, which the wall clock on a shared machine does not).
+/// The kernel reports whole ns per run, truncated: with a baseline of a few ns that alone would
+/// bias a ratio by up to 15 %, so this takes the middle of the interval (+0.5 ns).
+fn run_timed(t: &mut TestDataplane, program: &str, frame: &[u8], repeat: u32) -> f64 {
+    t.dp.test_run(program, frame, repeat).unwrap().2 + 0.5
+}
+
+/// `rounds` rounds of (baseline, lb_xdp) on `frame`, `repeat` packets per run.
+fn abab(t: &mut TestDataplane, frame: &[u8], repeat: u32, rounds: usize) -> Measured {
+    let (mut base, mut case, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..rounds {
+        let b = run_timed(t, "lb_baseline", frame, repeat);
+        let c = run_timed(t, "lb_xdp", frame, repeat);
+        base.push(b);
+        case.push(c);
+        ratios.push(c / b);
+    }
+    Measured {
+        ns: median(case),
+        baseline_ns: median(base),
+        ratio: median(ratios.clone()),
+        ratios,
+    }
+}
+
+/// Cases that need a fresh frame per packet (a new flow, a cold entry): single runs
+/// (repeat = 1), each lb_xdp run right after a baseline run on the same frame. The frames are
+/// split into `rounds` groups; each group gives one ratio (sum over sum).
+fn abab_single(t: &mut TestDataplane, frames: &[Vec<u8>], rounds: usize) -> Measured {
+    let (mut base, mut case, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
+    for group in frames.chunks(frames.len().div_ceil(rounds)) {
+        let (mut b, mut c) = (0.0, 0.0);
+        for f in group {
+            // Whole ns, truncated: take the middle of the interval (see run_timed).
+            b += t.dp.test_run("lb_baseline", f, 1).unwrap().2 + 0.5;
+            let (verdict, _, ns) = t.dp.test_run("lb_xdp", f, 1).unwrap();
+            assert_eq!(verdict, XDP_TX, "every single-run case is forwarded");
+            c += ns + 0.5;
+        }
+        base.push(b / group.len() as f64);
+        case.push(c / group.len() as f64);
+        ratios.push(c / b);
+    }
+    Measured {
+        ns: median(case),
+        baseline_ns: median(base),
+        ratio: median(ratios.clone()),
+        ratios,
+    }
+}
+
+/// A permutation of 0..n from a fixed seed (xorshift; reproducible runs, no dependency).
+fn shuffled(n: usize) -> Vec<usize> {
+    let mut v: Vec<usize> = (0..n).collect();
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    for i in (1..n).rev() {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        v.swap(i, (x % (i as u64 + 1)) as usize);
+    }
+    v
+}
+
+/// An ACK (or SYN) from a distinct client per `i`: addresses 10.<base>.x.y, ports varied too.
+pub(super) fn client_frame(base: u8, i: u32, dst: [u8; 4], flags: u8) -> Vec<u8> {
+    ipv4_frame(
+        [
+            10,
+            base.wrapping_add((i >> 16) as u8),
+            (i >> 8) as u8,
+            i as u8,
+        ],
+        dst,
+        PROTO_TCP,
+        &tcp(1024 + (i % 60000) as u16, 6443, flags),
     )
 }
 
-pub fn run() {
+/// The micro bench's data plane (production sizes, an IPv4 and an IPv6 VIP with three backends
+/// each, one established flow per family) and its single-frame cases, as (name, frame).
+pub(super) fn setup() -> (TestDataplane, Vec<(&'static str, Vec<u8>)>) {
     let vip: IpAddr = "10.77.0.100".parse().unwrap();
     let vip6: IpAddr = "fd77::100".parse().unwrap();
-    let mut t = TestDataplane::new(lb_common::DEFAULT_TABLE_SIZE);
+    let mut t = TestDataplane::with_conntrack(DEFAULT_TABLE_SIZE, DEFAULT_CONNTRACK_SIZE);
     let svc = |addr, backends| ServiceSpec {
         key: vip_key(addr, 6443, PROTO_TCP),
         owned: true,
@@ -51,9 +158,10 @@ pub fn run() {
                 backends: vec![backend("10.77.0.11", 11)],
             },
         ],
+        ..Default::default()
     })
     .unwrap();
-    let (c4, v4) = ([10, 77, 0, 1], [10, 77, 0, 100]);
+    let (c4, v4) = ([10, 77, 0, 1], VIP4);
     let (c6, v6) = (
         lb_userspace::dataplane::addr_bytes("fd77::1".parse().unwrap()).0,
         lb_userspace::dataplane::addr_bytes(vip6).0,
@@ -71,9 +179,7 @@ pub fn run() {
     )
     .unwrap();
 
-    let (repeat, rounds) = (1_000_000, 7);
-    let baseline = time(&mut t, "lb_baseline", &ack, repeat, rounds);
-    let cases = [
+    let cases = vec![
         ("pass_non_vip", other),
         // A SYN takes the new-connection path: VIP lookup, flow hash, Maglev slot, and a
         // connection-table write (repeated on one 5-tuple: an update of the entry).
@@ -81,49 +187,75 @@ pub fn run() {
         ("tcp_established", ack),
         ("tcp6_established", ack6),
     ];
+    (t, cases)
+}
+
+pub fn run() {
+    let (mut t, cases) = setup();
+    let v4 = VIP4;
+    let (repeat, rounds) = (1_000_000, 9);
     let mut rows = Vec::new();
-    println!("{:<18} {:>12} {:>10}", "case", "ns/packet", "x baseline");
     println!(
-        "{:<18} {:>12.1} {:>10.2}",
-        "baseline (MAC swap)", baseline, 1.0
+        "{:<22} {:>10} {:>10} {:>9}   (range over rounds)",
+        "case", "ns/packet", "baseline", "x base"
     );
+    let mut baselines = Vec::new();
     for (name, frame) in cases {
-        let ns = time(&mut t, "lb_xdp", &frame, repeat, rounds);
-        println!("{:<18} {:>12.1} {:>10.2}", name, ns, ns / baseline);
-        rows.push(json!({"name": name, "ns_per_packet": ns, "ratio_to_baseline": ns / baseline}));
+        let m = abab(&mut t, &frame, repeat, rounds);
+        m.print(name);
+        baselines.push(m.baseline_ns);
+        rows.push(m.row(
+            name,
+            "interleaved with the baseline, same frame, repeat runs",
+        ));
     }
+
     // A flow seen first mid-stream (e.g. on a new VIP owner after failover) misses the
-    // connection table and inserts a new entry: that needs a fresh 5-tuple every packet, so it
-    // is measured as single runs (repeat = 1) over distinct source ports, against the baseline
-    // measured the same way.
-    let single = |t: &mut TestDataplane, program: &str, frames: &[Vec<u8>]| -> f64 {
-        frames
-            .iter()
-            .map(|f| t.dp.test_run(program, f, 1).unwrap().2)
-            .sum::<f64>()
-            / frames.len() as f64
-    };
-    let acks: Vec<Vec<u8>> = (0..20000u32)
-        .map(|i| {
-            ipv4_frame(
-                [10, 78, (i >> 8) as u8, i as u8],
-                v4,
-                PROTO_TCP,
-                &tcp(1024 + (i % 60000) as u16, 6443, ACK),
-            )
-        })
+    // connection table and inserts a new entry: a fresh 5-tuple every packet.
+    let midstream: Vec<Vec<u8>> = (0..20_000u32)
+        .map(|i| client_frame(78, i, v4, ACK))
         .collect();
-    let base_single = single(&mut t, "lb_baseline", &acks);
-    let first_ack = single(&mut t, "lb_xdp", &acks);
-    println!(
-        "{:<18} {:>12.1} {:>10.2}   (single runs; baseline {:.1} ns the same way)",
+    let m = abab_single(&mut t, &midstream, rounds);
+    m.print("tcp_midstream_new");
+    rows.push(m.row(
         "tcp_midstream_new",
-        first_ack,
-        first_ack / base_single,
-        base_single
+        "repeat=1 runs over 20000 new 5-tuples, each after a baseline run on the same frame",
+    ));
+
+    // Cache-cold established flows: 100k entries in the default-size connection table, hit
+    // in random order, so the entry (and its bucket) is rarely in the CPU cache.
+    const COLD_FLOWS: u32 = 100_000;
+    for i in 0..COLD_FLOWS {
+        let (verdict, _, _) =
+            t.dp.test_run("lb_xdp", &client_frame(90, i, v4, SYN), 1)
+                .unwrap();
+        assert_eq!(verdict, XDP_TX, "cold flow {i} established");
+    }
+    let entries = t.dp.conntrack_entries();
+    assert!(
+        entries >= COLD_FLOWS as usize,
+        "connection table holds {entries} entries, want at least {COLD_FLOWS}"
     );
-    rows.push(json!({"name": "tcp_midstream_new", "ns_per_packet": first_ack, "ratio_to_baseline": first_ack / base_single,
-        "note": "repeat=1 runs over 20000 new 5-tuples; ratio against the baseline measured the same way"}));
-    let doc = json!({"baseline_ns": baseline, "repeat": repeat, "rounds": rounds, "cases": rows});
+    let order = shuffled(COLD_FLOWS as usize);
+    let cold: Vec<Vec<u8>> = order
+        .iter()
+        .map(|i| client_frame(90, *i as u32, v4, ACK))
+        .collect();
+    let m = abab_single(&mut t, &cold, rounds);
+    m.print("tcp_established_cold");
+    rows.push(m.row(
+        "tcp_established_cold",
+        "repeat=1 runs over 100000 established flows (default-size table) in random order, each after a baseline run on the same frame",
+    ));
+
+    let doc = json!({
+        "baseline_ns": median(baselines),
+        "repeat": repeat,
+        "rounds": rounds,
+        "interleaved": true,
+        "table_size": DEFAULT_TABLE_SIZE,
+        "conntrack_size": DEFAULT_CONNTRACK_SIZE,
+        "cases": rows,
+    });
     write_json("micro", &doc);
 }

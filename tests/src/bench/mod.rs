@@ -4,9 +4,15 @@
 pub mod chaos;
 pub mod detect;
 pub mod e2e;
+mod e2e_owner;
+mod e2e_report;
 pub mod failover;
+pub mod insns;
+mod interp;
+mod live;
 pub mod micro;
 pub mod table;
+pub mod throughput;
 
 use std::path::PathBuf;
 

@@ -74,6 +74,7 @@ pub fn run() {
                     owned: true,
                     backends: b,
                 }],
+                ..Default::default()
             }
         };
         // Warm-up: the first apply also creates the service and writes every backend.

@@ -5,7 +5,9 @@ fn main() {
     let part = std::env::args().nth(1).unwrap_or_else(|| "micro".into());
     let parts: &[(&str, fn())] = &[
         ("micro", bench::micro::run),
+        ("insns", bench::insns::run),
         ("table", bench::table::run),
+        ("throughput", bench::throughput::run),
         ("detect", bench::detect::run),
         ("e2e", bench::e2e::run),
         ("failover", bench::failover::run),

@@ -51,10 +51,10 @@ fn cluster_demo() {
 
     say("VRRP elects one owner per VIP");
     let api = c
-        .wait_master(&CONTROL_PLANE, Duration::from_secs(20))
+        .wait_master("api", &CONTROL_PLANE, Duration::from_secs(20))
         .expect("an API VIP owner");
     let ingress = c
-        .wait_master(&WORKERS, Duration::from_secs(20))
+        .wait_master("ingress", &WORKERS, Duration::from_secs(20))
         .expect("an ingress VIP owner");
     println!(
         "  API VIP owner: {api}; ingress VIP owner: {ingress} (elected in {:.1}s)",
@@ -114,7 +114,7 @@ fn cluster_demo() {
         .filter(|n| *n != api)
         .collect();
     let new_owner = c
-        .wait_master(&rest, Duration::from_secs(10))
+        .wait_master("api", &rest, Duration::from_secs(10))
         .unwrap_or_else(|| "?".into());
     match answered {
         Some(t) => println!(

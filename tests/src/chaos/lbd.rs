@@ -2,6 +2,8 @@
 //! behind both VIPs, a second VRRP instance on the control plane (for the reload case), a
 //! small connection table (for the flood case) and a hostile host.
 
+use lb_userspace::config::Config;
+
 use crate::{
     cluster::{self, CONTROL_PLANE, Cluster, Options, WORKERS},
     lab::{Lab, try_sh},
@@ -16,27 +18,38 @@ pub const ADVERT_MS: f64 = 100.0;
 
 pub struct LbdFlavor {
     pub cluster: Cluster,
+    /// Every node's config as booted, so a case can put it back.
+    base: std::collections::HashMap<String, Config>,
 }
 
 impl LbdFlavor {
     pub fn new() -> LbdFlavor {
-        LbdFlavor {
-            cluster: Cluster::with(Options {
-                conntrack_size: Some(CONNTRACK_SIZE),
-                worker_echo: true,
-                aux_instance: true,
-                aux_priority: None,
-                hostile: true,
-            }),
-        }
-    }
-
-    fn index(node: &str) -> usize {
-        CONTROL_PLANE
+        let cluster = Cluster::with(Options {
+            conntrack_size: Some(CONNTRACK_SIZE),
+            worker_echo: true,
+            aux_instance: true,
+            hostile: true,
+        });
+        let base = cluster
+            .nodes()
             .iter()
-            .chain(WORKERS.iter())
-            .position(|n| *n == node)
-            .unwrap()
+            .map(|n| (n.to_string(), cluster.config_of(n)))
+            .collect();
+        LbdFlavor { cluster, base }
+    }
+}
+
+impl LbdFlavor {
+    /// Every VRRP instance name of the cluster.
+    fn instances(&self) -> Vec<String> {
+        let mut v: Vec<String> = self
+            .base
+            .values()
+            .flat_map(|c| c.vrrp.iter().map(|i| i.name.clone()))
+            .collect();
+        v.sort();
+        v.dedup();
+        v
     }
 }
 
@@ -95,10 +108,7 @@ impl Flavor for LbdFlavor {
         }
         let _ = try_sh(&["ip", "-n", &ns, "link", "set", "eth0", "xdpgeneric", "off"]);
         let _ = try_sh(&["ip", "-n", &ns, "link", "set", "eth0", "xdp", "off"]);
-        let pins = std::path::PathBuf::from("/sys/fs/bpf").join(format!(
-            "{}_{node}",
-            self.cluster.lab.prefix.replace('-', "_")
-        ));
+        let pins = std::path::PathBuf::from("/sys/fs/bpf").join(self.cluster.pin_name(node));
         let _ = std::fs::remove_dir_all(pins);
     }
     fn settled(&self) -> Result<(), String> {
@@ -128,7 +138,7 @@ impl Flavor for LbdFlavor {
                 ));
             }
         }
-        for inst in ["api", "aux", "ingress"] {
+        for inst in self.instances() {
             let m = masters.get(&format!("{inst:?}")).copied().unwrap_or(0);
             if m != 1 {
                 return Err(format!("instance {inst}: {m} masters"));
@@ -140,7 +150,7 @@ impl Flavor for LbdFlavor {
         true
     }
     fn reload(&mut self, node: &str, config: &str) -> Result<(), String> {
-        std::fs::write(self.cluster.config_path(node), config).map_err(|e| e.to_string())?;
+        self.cluster.write_config_text(node, config);
         let out = crate::lbctl_output(&self.cluster.socket(node), &["reload"]);
         if out.status.success() {
             Ok(())
@@ -153,15 +163,10 @@ impl Flavor for LbdFlavor {
         }
     }
     fn base_config(&self, node: &str) -> String {
-        self.cluster.config(Self::index(node), node)
+        toml::to_string(&self.base[node]).unwrap()
     }
     /// The aux instance's priority lowered on `node` (the API instance untouched).
     fn changed_config(&self, node: &str) -> String {
-        let i = Self::index(node);
-        let base = self.cluster.config(i, node);
-        let aux = self.cluster.aux_config(i, node, 40);
-        let lowered = self.cluster.aux_config(i, node, 30);
-        assert!(base.contains(&aux), "the aux instance is in the config");
-        base.replace(&aux, &lowered)
+        toml::to_string(&cluster::with_aux_priority(&self.base[node], 30)).unwrap()
     }
 }

@@ -4,15 +4,22 @@
 //! owns each VIP) and [`Dataplane::apply`] makes the maps say exactly that, with two guarantees:
 //! - a VIP's Maglev table is replaced atomically: the new table goes into the VIP's idle half
 //!   (a memory-mapped array, so this is plain stores), then one map update flips `active_table`;
-//! - ids are stable: a (service, backend) pair keeps its backend id for as long as it exists, so
-//!   connection-table entries stay valid across updates and across `lbd` restarts (maps and the
-//!   XDP link are pinned under `/sys/fs/bpf/<name>/`, and a new `lbd` adopts them).
+//! - ids are stable: a (service, backend) pair keeps its backend id and epoch for as long as it
+//!   exists with the same addressing, so connection-table entries stay valid across updates and
+//!   across `lbd` restarts (maps and the XDP link are pinned under `/sys/fs/bpf/<name>/`, and a
+//!   new `lbd` adopts them);
+//! - identities are never reused: each pair gets an epoch from a counter kept in the pinned
+//!   config, and an entry is good only while its backend id still holds that epoch;
+//! - a slot's MAC, interface or VIP is never rewritten in place (a reader could see half of it):
+//!   such a change is a new pair (id and epoch), installed like an added backend.
+
+mod pins;
+mod tables;
 
 use std::{
     collections::{BTreeMap, HashMap},
     net::IpAddr,
-    os::fd::{AsFd, AsRawFd},
-    path::{Path, PathBuf},
+    path::PathBuf,
 };
 
 use anyhow::{Context, Result, anyhow, bail};
@@ -26,18 +33,22 @@ use aya::{
 };
 use lb_common::{
     BACKEND_F_IN_SET, BACKEND_F_LOCAL, BackendInfo, Counters, FAMILY_V4, FAMILY_V6, FlowKey,
-    FlowValue, LbConfig, MAX_BACKENDS, MAX_VIPS, VIP_F_OWNED, VipInfo, VipKey, maps, stat,
-    table_index,
+    FlowValue, LbConfig, MAX_BACKENDS, MAX_PEERS, MAX_VIPS, VIP_F_OWNED, VIP_OWNED, VipInfo,
+    VipKey, maps, stat, table_index,
 };
+pub use pins::ensure_bpffs;
+use pins::{Shape, drop_unadoptable_pins};
+use tables::TableMemory;
 
 use crate::maglev;
-
-const BPF_FS_MAGIC: i64 = 0xcafe4a11;
 
 /// What `lbd` wants the data plane to do, recomputed from config, health, neighbours and VRRP.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Desired {
     pub services: Vec<ServiceSpec>,
+    /// MACs of the other lbd nodes (VRRP peers, backends): the loop guard passes VIP packets
+    /// from them to the local stack instead of forwarding them again.
+    pub peers: Vec<[u8; 6]>,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -66,6 +77,14 @@ pub struct BackendSpec {
 }
 
 impl BackendSpec {
+    /// Whether `other` can be installed over this pair in place: only the flags may differ
+    /// (health, drain, weight); addressing is written once per pair epoch.
+    fn same_pair(&self, other: &BackendSpec) -> bool {
+        self.mac == other.mac
+            && self.src_mac == other.src_mac
+            && self.ifindex == other.ifindex
+            && self.local == other.local
+    }
     /// May keep established flows.
     pub fn in_set(&self) -> bool {
         self.healthy && (self.local || self.mac.is_some())
@@ -134,6 +153,8 @@ pub struct Traffic {
 #[derive(Clone, Debug)]
 pub struct InstalledBackend {
     pub id: u32,
+    /// The pair's identity (see `lb_common::FlowValue::epoch`).
+    pub epoch: u32,
     pub spec: BackendSpec,
 }
 
@@ -147,66 +168,6 @@ struct InstalledService {
     backends: BTreeMap<IpAddr, InstalledBackend>,
 }
 
-/// The memory-mapped `LB_TABLES` array, seen as a dense run of u32 slots (elements are
-/// `[u32; 2]`, exactly 8 bytes, so the kernel adds no padding between them).
-struct TableMemory {
-    ptr: *mut u32,
-    len: usize,
-    bytes: usize,
-}
-
-// The mapping is only touched through &mut Dataplane.
-unsafe impl Send for TableMemory {}
-
-impl TableMemory {
-    fn map(map: &MapData, slots: u32) -> Result<Self> {
-        let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as usize;
-        let bytes = (slots as usize * 4).div_ceil(page) * page;
-        let fd = map.fd().as_fd().as_raw_fd();
-        let ptr = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                bytes,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                fd,
-                0,
-            )
-        };
-        if ptr == libc::MAP_FAILED {
-            bail!(
-                "mmap of {}: {}",
-                maps::TABLES,
-                std::io::Error::last_os_error()
-            );
-        }
-        Ok(TableMemory {
-            ptr: ptr.cast(),
-            len: slots as usize,
-            bytes,
-        })
-    }
-
-    fn slice(&self, start: usize, len: usize) -> &[u32] {
-        assert!(start + len <= self.len);
-        unsafe { std::slice::from_raw_parts(self.ptr.add(start), len) }
-    }
-
-    fn write(&mut self, start: usize, data: &[u32]) {
-        assert!(start + data.len() <= self.len);
-        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.ptr.add(start), data.len()) };
-        // The flip of `active_table` that follows is a syscall (a full barrier), but make the
-        // ordering explicit: every slot is visible before the table can become live.
-        std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
-    }
-}
-
-impl Drop for TableMemory {
-    fn drop(&mut self) {
-        unsafe { libc::munmap(self.ptr.cast(), self.bytes) };
-    }
-}
-
 pub struct Dataplane {
     ebpf: Ebpf,
     opts: LoadOptions,
@@ -218,7 +179,8 @@ pub struct Dataplane {
     conntrack: BpfHashMap<MapData, FlowKey, FlowValue>,
     stats: PerCpuArray<MapData, [u64; stat::COUNT as usize]>,
     vip_stats: PerCpuArray<MapData, Counters>,
-    vip_gen: Array<MapData, u32>,
+    vip_owned: Array<MapData, u32>,
+    peers: BpfHashMap<MapData, [u8; 8], u32>,
     backend_stats: PerCpuArray<MapData, Counters>,
     tables: TableMemory,
     _tables_map: MapData,
@@ -227,6 +189,8 @@ pub struct Dataplane {
     /// Backend ids handed out; ids are reused only after every never-used one is gone.
     next_backend_id: u32,
     free_backend_ids: Vec<u32>,
+    /// Next pair epoch (persisted in `LbConfig::next_epoch` before use).
+    next_epoch: u32,
     attached: Option<String>,
 }
 
@@ -239,26 +203,6 @@ where
         .take_map(name)
         .ok_or_else(|| anyhow!("map {name} missing from the object"))?;
     T::try_from(map).with_context(|| format!("map {name}"))
-}
-
-/// Mount bpffs at `root` unless it already is one (a fresh node or a lab may not have it).
-pub fn ensure_bpffs(root: &Path) -> Result<()> {
-    std::fs::create_dir_all(root).with_context(|| format!("create {}", root.display()))?;
-    let c = std::ffi::CString::new(root.as_os_str().as_encoded_bytes())?;
-    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
-    if unsafe { libc::statfs(c.as_ptr(), &mut st) } == 0 && st.f_type as i64 == BPF_FS_MAGIC {
-        return Ok(());
-    }
-    let ty = std::ffi::CString::new("bpf")?;
-    let rc = unsafe { libc::mount(ty.as_ptr(), c.as_ptr(), ty.as_ptr(), 0, std::ptr::null()) };
-    if rc != 0 {
-        bail!(
-            "mount bpffs at {}: {}",
-            root.display(),
-            std::io::Error::last_os_error()
-        );
-    }
-    Ok(())
 }
 
 impl Dataplane {
@@ -275,13 +219,7 @@ impl Dataplane {
         std::fs::create_dir_all(&pin_dir)
             .with_context(|| format!("create pin directory {}", pin_dir.display()))?;
         let table_entries = lb_common::table_elements(opts.table_size);
-        drop_mismatched_pins(
-            &pin_dir,
-            &[
-                (maps::TABLES, table_entries),
-                (maps::CONNTRACK, opts.conntrack_size),
-            ],
-        )?;
+        drop_unadoptable_pins(&pin_dir, &map_shapes(table_entries, opts.conntrack_size))?;
 
         let mut ebpf = EbpfLoader::new()
             .default_map_pin_directory(&pin_dir)
@@ -313,7 +251,8 @@ impl Dataplane {
             conntrack: take(&mut ebpf, maps::CONNTRACK)?,
             stats: take(&mut ebpf, maps::STATS)?,
             vip_stats: take(&mut ebpf, maps::VIP_STATS)?,
-            vip_gen: take(&mut ebpf, maps::VIP_GEN)?,
+            vip_owned: take(&mut ebpf, maps::VIP_OWNED)?,
+            peers: take(&mut ebpf, maps::PEERS)?,
             backend_stats: take(&mut ebpf, maps::BACKEND_STATS)?,
             ebpf,
             tables,
@@ -322,6 +261,7 @@ impl Dataplane {
             services: HashMap::new(),
             next_backend_id: 0,
             free_backend_ids: Vec::new(),
+            next_epoch: 1,
             attached: None,
             opts,
         };
@@ -337,6 +277,7 @@ impl Dataplane {
             tracing::warn!(?old, new = ?cfg, "pinned state used other settings; resetting it");
             dp.clear_all()?;
         }
+        dp.next_epoch = cfg.next_epoch.max(1);
         dp.config.set(0, cfg, 0)?;
         dp.adopt()?;
         Ok(dp)
@@ -383,11 +324,14 @@ impl Dataplane {
             let addr = key_addr(&b.addr, b.family);
             used[id as usize] = true;
             max_id = max_id.max(id + 1);
+            // Never hand out an epoch that a slot already holds.
+            self.next_epoch = self.next_epoch.max(b.epoch.wrapping_add(1)).max(1);
             let in_set = b.flags & BACKEND_F_IN_SET != 0;
             svc.backends.insert(
                 addr,
                 InstalledBackend {
                     id,
+                    epoch: b.epoch,
                     spec: BackendSpec {
                         addr,
                         weight: 1,
@@ -421,6 +365,9 @@ impl Dataplane {
         }
         for id in 0..MAX_BACKENDS {
             self.backends.set(id, BackendInfo::default(), 0)?;
+        }
+        for id in 0..MAX_VIPS {
+            self.vip_owned.set(id, 0, 0)?;
         }
         Ok(())
     }
@@ -509,9 +456,10 @@ impl Dataplane {
         &self.opts
     }
 
-    /// Make the maps match `want`. Order matters for packets in flight: backends are written
-    /// before any table names them, and are taken out of the set only after the tables stop
-    /// naming them.
+    /// Make the maps match `want`. Order matters for packets in flight: a pair is written (and
+    /// put in the set) before any table names it, and is taken out of the set (or cleared) only
+    /// after the live table stops naming it, so a packet never meets a table slot it may not
+    /// use; flows of a backend that leaves move to their new backend on their next packet.
     pub fn apply(&mut self, want: &Desired) -> Result<()> {
         let wanted: HashMap<VipKey, &ServiceSpec> =
             want.services.iter().map(|s| (s.key, s)).collect();
@@ -533,6 +481,7 @@ impl Dataplane {
             self.apply_service(spec)?;
         }
         self.sync_vip_addrs()?;
+        let peer_filter = self.sync_peers(&want.peers)?;
         let mut cfg = self.config.get(&0, 0)?;
         let all_ports = self.services.keys().any(|k| k.port == lb_common::ALL_PORTS);
         let flags = if all_ports {
@@ -545,9 +494,10 @@ impl Dataplane {
             let bit = lb_common::addr_filter_bit(&k.addr);
             filter[(bit >> 6) as usize] |= 1 << (bit & 63);
         }
-        if cfg.flags != flags || cfg.addr_filter != filter {
+        if cfg.flags != flags || cfg.addr_filter != filter || cfg.peer_filter != peer_filter {
             cfg.flags = flags;
             cfg.addr_filter = filter;
+            cfg.peer_filter = peer_filter;
             self.config.set(0, cfg, 0)?;
         }
         Ok(())
@@ -570,6 +520,34 @@ impl Dataplane {
             .ok_or_else(|| anyhow!("more than {MAX_BACKENDS} backends"))
     }
 
+    /// A fresh pair epoch, persisted before it is used so that no later `lbd` hands it out
+    /// again.
+    fn alloc_epoch(&mut self) -> Result<u32> {
+        let epoch = self.next_epoch;
+        let next = epoch.checked_add(1).ok_or_else(|| {
+            anyhow!("pair epochs exhausted (4 billion pairs created); remove the pins to reset")
+        })?;
+        let mut cfg = self.config.get(&0, 0)?;
+        cfg.next_epoch = next;
+        self.config.set(0, cfg, 0)?;
+        self.next_epoch = next;
+        Ok(epoch)
+    }
+
+    /// A new pair: id, epoch, counters from zero, written (with its flags) before any table
+    /// names it.
+    fn install_pair(&mut self, vip_id: u32, b: &BackendSpec) -> Result<InstalledBackend> {
+        let id = self.alloc_backend_id()?;
+        let epoch = self.alloc_epoch()?;
+        self.reset_counters(id, false)?;
+        self.backends.set(id, backend_info(vip_id, b, epoch), 0)?;
+        Ok(InstalledBackend {
+            id,
+            epoch,
+            spec: b.clone(),
+        })
+    }
+
     fn apply_service(&mut self, spec: &ServiceSpec) -> Result<()> {
         let key = spec.key;
         if !self.services.contains_key(&key) {
@@ -586,48 +564,50 @@ impl Dataplane {
                     backends: BTreeMap::new(),
                 },
             );
-            // Counters of a reused id start from zero, and its generation moves on so no
-            // connection-table entry of the id's previous VIP can match.
+            // Counters of a reused id start from zero. (Entries of the id's previous VIP name
+            // pairs whose epochs are gone: they cannot match.)
             self.reset_counters(vip_id, true)?;
-            self.bump_generation(vip_id, false)?;
         }
         let vip_id = self.services[&key].vip_id;
 
-        // Backends: allocate ids for new pairs and write their info (added to the set first).
+        // Backends. New pairs, and pairs whose addressing changed (a replacement pair), are
+        // written now; flag changes that add a pair to the set are written now, those that take
+        // it out wait for the table flip.
         let mut entries = Vec::new();
+        let mut after_flip: Vec<(u32, BackendInfo)> = Vec::new();
+        let mut retired: Vec<u32> = Vec::new();
         for b in &spec.backends {
-            let existing = self.services[&key].backends.get(&b.addr).map(|i| i.id);
-            let id = match existing {
-                Some(id) => id,
-                None => {
-                    let id = self.alloc_backend_id()?;
-                    self.reset_counters(id, false)?;
-                    id
+            let existing = self.services[&key].backends.get(&b.addr).cloned();
+            let installed = match existing {
+                Some(old) if old.spec.same_pair(b) => {
+                    if old.spec != *b {
+                        let info = backend_info(vip_id, b, old.epoch);
+                        if old.spec.in_set() && !b.in_set() {
+                            after_flip.push((old.id, info));
+                        } else {
+                            self.backends.set(old.id, info, 0)?;
+                        }
+                    }
+                    InstalledBackend {
+                        spec: b.clone(),
+                        ..old
+                    }
                 }
+                Some(old) => {
+                    retired.push(old.id);
+                    self.install_pair(vip_id, b)?
+                }
+                None => self.install_pair(vip_id, b)?,
             };
-            let svc = self.services.get_mut(&key).expect("present");
-            let changed = svc
-                .backends
-                .get(&b.addr)
-                .map(|i| &i.spec != b)
-                .unwrap_or(true);
-            svc.backends.insert(
-                b.addr,
-                InstalledBackend {
-                    id,
-                    spec: b.clone(),
-                },
-            );
-            if changed {
-                self.backends.set(id, backend_info(vip_id, b), 0)?;
-            }
             if b.in_table() {
                 entries.push(maglev::Entry {
                     addr: b.addr,
                     weight: b.weight,
-                    id,
+                    id: installed.id,
                 });
             }
+            let svc = self.services.get_mut(&key).expect("present");
+            svc.backends.insert(b.addr, installed);
         }
 
         // Table: install into the idle half, then flip.
@@ -653,21 +633,28 @@ impl Dataplane {
             self.vips.insert(key, info, 0)?;
             svc.owned = spec.owned;
         }
-        self.set_gen_owned(vip_id, spec.owned)?;
-        let svc = self.services.get_mut(&key).expect("present");
+        self.set_vip_owned(vip_id, spec.owned)?;
 
-        // Pairs no longer wanted: out of the set only now that no table names them.
+        // The live table names none of these any more: out of the set, or cleared.
+        for (id, info) in after_flip {
+            self.backends.set(id, info, 0)?;
+        }
+        let svc = self.services.get_mut(&key).expect("present");
         let wanted: Vec<IpAddr> = spec.backends.iter().map(|b| b.addr).collect();
-        let removed: Vec<InstalledBackend> = svc
+        let removed: Vec<IpAddr> = svc
             .backends
-            .values()
-            .filter(|b| !wanted.contains(&b.spec.addr))
-            .cloned()
+            .keys()
+            .filter(|a| !wanted.contains(a))
+            .copied()
             .collect();
-        for b in removed {
-            svc.backends.remove(&b.spec.addr);
-            self.backends.set(b.id, BackendInfo::default(), 0)?;
-            self.free_backend_ids.push(b.id);
+        for addr in removed {
+            if let Some(b) = svc.backends.remove(&addr) {
+                retired.push(b.id);
+            }
+        }
+        for id in retired {
+            self.backends.set(id, BackendInfo::default(), 0)?;
+            self.free_backend_ids.push(id);
         }
         Ok(())
     }
@@ -684,19 +671,10 @@ impl Dataplane {
         Ok(())
     }
 
-    /// Start a new generation of `vip_id` (its entries in the connection table stop matching).
-    fn bump_generation(&mut self, vip_id: u32, owned: bool) -> Result<()> {
-        let old = self.vip_gen.get(&vip_id, 0)?;
-        let next = ((old >> 1).wrapping_add(1) << 1) | owned as u32;
-        self.vip_gen.set(vip_id, next, 0)?;
-        Ok(())
-    }
-
-    fn set_gen_owned(&mut self, vip_id: u32, owned: bool) -> Result<()> {
-        let old = self.vip_gen.get(&vip_id, 0)?;
-        let next = (old & !lb_common::VIP_GEN_OWNED) | owned as u32;
-        if next != old {
-            self.vip_gen.set(vip_id, next, 0)?;
+    fn set_vip_owned(&mut self, vip_id: u32, owned: bool) -> Result<()> {
+        let next = if owned { VIP_OWNED } else { 0 };
+        if self.vip_owned.get(&vip_id, 0)? != next {
+            self.vip_owned.set(vip_id, next, 0)?;
         }
         Ok(())
     }
@@ -705,9 +683,9 @@ impl Dataplane {
         let Some(svc) = self.services.remove(key) else {
             return Ok(());
         };
-        // The VIP entry and generation go first: after them, no packet reaches its backends.
+        // The VIP entry and ownership go first: after them, no packet reaches its backends.
         let _ = self.vips.remove(key);
-        self.bump_generation(svc.vip_id, false)?;
+        self.set_vip_owned(svc.vip_id, false)?;
         for b in svc.backends.values() {
             self.backends.set(b.id, BackendInfo::default(), 0)?;
             self.free_backend_ids.push(b.id);
@@ -740,6 +718,36 @@ impl Dataplane {
         Ok(())
     }
 
+    /// `LB_PEERS` holds exactly `peers` (the loop guard); returns their filter bits. New MACs are
+    /// added before the filter bit is set and old ones removed after it is cleared: a reader
+    /// that passes the filter finds what the filter promised, or nothing.
+    fn sync_peers(&mut self, peers: &[[u8; 6]]) -> Result<[u64; 4]> {
+        let mut want: Vec<[u8; 8]> = peers.iter().map(lb_common::peer_key).collect();
+        want.sort();
+        want.dedup();
+        if want.len() > MAX_PEERS as usize {
+            bail!("more than {MAX_PEERS} peer MACs for the loop guard");
+        }
+        let have: Vec<[u8; 8]> = self.peers.keys().collect::<Result<_, _>>()?;
+        for k in &want {
+            if !have.contains(k) {
+                self.peers.insert(k, 1, 0)?;
+            }
+        }
+        for k in have {
+            if !want.contains(&k) {
+                let _ = self.peers.remove(&k);
+            }
+        }
+        let mut filter = [0u64; 4];
+        for k in &want {
+            let mac = [k[0], k[1], k[2], k[3], k[4], k[5]];
+            let bit = lb_common::mac_filter_bit(&mac);
+            filter[(bit >> 6) as usize] |= 1 << (bit & 63);
+        }
+        Ok(filter)
+    }
+
     /// Flip only the ownership flag of every service of `addr` (VRRP master/backup change).
     pub fn set_owned(&mut self, addr: IpAddr, owned: bool) -> Result<()> {
         let (bytes, family) = addr_bytes(addr);
@@ -763,7 +771,7 @@ impl Dataplane {
             self.vips.insert(key, info, 0)?;
             svc.owned = owned;
             let vip_id = svc.vip_id;
-            self.set_gen_owned(vip_id, owned)?;
+            self.set_vip_owned(vip_id, owned)?;
         }
         Ok(())
     }
@@ -848,7 +856,36 @@ impl Dataplane {
     }
 }
 
-fn backend_info(vip_id: u32, b: &BackendSpec) -> BackendInfo {
+/// Every pinned map with the shape this version creates.
+fn map_shapes(table_entries: u32, conntrack: u32) -> Vec<Shape> {
+    use std::mem::size_of;
+    let shape = |name, key, value, entries| Shape {
+        name,
+        key,
+        value,
+        entries,
+    };
+    vec![
+        shape(maps::CONFIG, 4, size_of::<LbConfig>(), None),
+        shape(maps::VIPS, size_of::<VipKey>(), size_of::<VipInfo>(), None),
+        shape(maps::VIP_ADDRS, size_of::<VipKey>(), 4, None),
+        shape(maps::VIP_OWNED, 4, 4, None),
+        shape(maps::PEERS, 8, 4, None),
+        shape(maps::BACKENDS, 4, size_of::<BackendInfo>(), None),
+        shape(maps::TABLES, 4, 8, Some(table_entries)),
+        shape(
+            maps::CONNTRACK,
+            size_of::<FlowKey>(),
+            size_of::<FlowValue>(),
+            Some(conntrack),
+        ),
+        shape(maps::STATS, 4, 8 * stat::COUNT as usize, None),
+        shape(maps::VIP_STATS, 4, size_of::<Counters>(), None),
+        shape(maps::BACKEND_STATS, 4, size_of::<Counters>(), None),
+    ]
+}
+
+fn backend_info(vip_id: u32, b: &BackendSpec, epoch: u32) -> BackendInfo {
     let (addr, family) = addr_bytes(b.addr);
     let mut flags = 0;
     if b.in_set() {
@@ -867,26 +904,8 @@ fn backend_info(vip_id: u32, b: &BackendSpec) -> BackendInfo {
         ifindex: b.ifindex,
         vip_id,
         flags,
+        epoch,
         family,
         _pad: [0; 3],
     }
-}
-
-/// Remove pins of maps whose size differs from what we will create (a changed `table_size` or
-/// `conntrack_size`); aya would otherwise adopt the old map with the old size.
-fn drop_mismatched_pins(dir: &Path, sizes: &[(&str, u32)]) -> Result<()> {
-    for (name, entries) in sizes {
-        let path = dir.join(name);
-        if !path.exists() {
-            continue;
-        }
-        let keep = aya::maps::MapInfo::from_pin(&path)
-            .map(|info| info.max_entries() == *entries)
-            .unwrap_or(false);
-        if !keep {
-            tracing::warn!(map = name, "pinned map has another size; replacing it");
-            std::fs::remove_file(&path).with_context(|| format!("remove {}", path.display()))?;
-        }
-    }
-    Ok(())
 }

@@ -1,0 +1,222 @@
+//! Supervision and honest probes: a task that panics, fails or ends when it should run forever
+//! (VRRP instance, health monitor, API listener, netlink watcher) is recorded as the daemon's
+//! failure; `/healthz` then fails and `run` cleans up and exits non-zero, so kubelet restarts
+//! lbd instead of it running half-dead. `/readyz` is true only with the data plane attached
+//! and every configured VRRP instance running.
+
+use std::{future::Future, sync::Arc};
+
+use anyhow::Result;
+
+use super::Daemon;
+
+/// Records the first failure of any supervised task and lets the main loop wait for it.
+pub struct Supervisor {
+    failure: tokio::sync::watch::Sender<Option<String>>,
+}
+
+impl Default for Supervisor {
+    fn default() -> Self {
+        Supervisor {
+            failure: tokio::sync::watch::channel(None).0,
+        }
+    }
+}
+
+impl Supervisor {
+    /// Record the first failure (later ones only log).
+    pub fn fail(&self, what: String) {
+        tracing::error!(failure = %what, "lbd task failed; stopping after cleanup");
+        self.failure.send_if_modified(|f| {
+            if f.is_none() {
+                *f = Some(what);
+                true
+            } else {
+                false
+            }
+        });
+    }
+
+    /// The first failure, if any.
+    pub fn failure(&self) -> Option<String> {
+        self.failure.borrow().clone()
+    }
+
+    /// Wait until a failure is recorded.
+    pub async fn failed(&self) -> String {
+        let mut rx = self.failure.subscribe();
+        loop {
+            if let Some(f) = rx.borrow_and_update().clone() {
+                return f;
+            }
+            if rx.changed().await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        }
+    }
+
+    /// Run `task` (meant to run until lbd stops) and treat its end, error or panic as a
+    /// failure. Aborting the returned handle (at shutdown) is not a failure.
+    pub fn supervise<F>(self: &Arc<Self>, name: &'static str, task: F) -> tokio::task::AbortHandle
+    where
+        F: Future<Output = Result<()>> + Send + 'static,
+    {
+        let handle = tokio::spawn(task);
+        let abort = handle.abort_handle();
+        let me = self.clone();
+        tokio::spawn(async move {
+            let why = match handle.await {
+                Ok(Ok(())) => format!("{name} stopped"),
+                Ok(Err(e)) => format!("{name} failed: {e:#}"),
+                Err(e) if e.is_panic() => {
+                    let p = e.into_panic();
+                    let msg = p
+                        .downcast_ref::<&str>()
+                        .map(|s| s.to_string())
+                        .or_else(|| p.downcast_ref::<String>().cloned())
+                        .unwrap_or_default();
+                    format!("{name} panicked: {msg}")
+                }
+                Err(_) => return, // aborted on purpose
+            };
+            me.fail(why);
+        });
+        abort
+    }
+
+    /// `/healthz`: 200 while nothing failed, else 503 naming the failure.
+    pub fn healthz(&self) -> (u16, String) {
+        match self.failure() {
+            None => (200, "ok\n".into()),
+            Some(f) => (503, format!("failed: {f}\n")),
+        }
+    }
+}
+
+impl Daemon {
+    pub fn fail(&self, what: String) {
+        self.supervisor.fail(what)
+    }
+
+    pub fn failure(&self) -> Option<String> {
+        self.supervisor.failure()
+    }
+
+    pub async fn failed(&self) -> String {
+        self.supervisor.failed().await
+    }
+
+    pub fn supervise<F>(&self, name: &'static str, task: F) -> tokio::task::AbortHandle
+    where
+        F: Future<Output = Result<()>> + Send + 'static,
+    {
+        self.supervisor.supervise(name, task)
+    }
+
+    pub fn healthz(&self) -> (u16, String) {
+        self.supervisor.healthz()
+    }
+
+    /// VRRP instances whose task ended (a panic: they only end on shutdown otherwise).
+    pub async fn check_vrrp_tasks(&self) {
+        let dead: Vec<String> = self
+            .vrrp
+            .lock()
+            .await
+            .iter()
+            .filter(|h| !h.instance.is_running())
+            .map(|h| h.cfg.name.clone())
+            .collect();
+        if let Some(name) = dead.first() {
+            self.fail(format!("VRRP instance {name} stopped unexpectedly"));
+        }
+    }
+
+    /// `/readyz`: started, data plane attached to the interface, every configured VRRP
+    /// instance running, nothing failed.
+    pub async fn readyz(&self) -> (u16, String) {
+        use std::sync::atomic::Ordering::SeqCst;
+        if let Some(f) = self.failure() {
+            return (503, format!("failed: {f}\n"));
+        }
+        if !self.ready.load(SeqCst) {
+            return (503, "starting\n".into());
+        }
+        if !self.attached.load(SeqCst) {
+            return (503, "data plane not attached to the interface\n".into());
+        }
+        let wanted: Vec<String> = self
+            .config()
+            .await
+            .vrrp
+            .iter()
+            .map(|r| r.name.clone())
+            .collect();
+        let handles = self.vrrp.lock().await;
+        for name in &wanted {
+            match handles.iter().find(|h| h.cfg.name == *name) {
+                Some(h) if h.instance.is_running() => {}
+                Some(_) => return (503, format!("VRRP instance {name} is not running\n")),
+                None if self.vrrp_started.load(SeqCst) => {
+                    return (503, format!("VRRP instance {name} is not running\n"));
+                }
+                None => return (503, "VRRP not started yet\n".into()),
+            }
+        }
+        (200, "ready\n".into())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    async fn settle() {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    #[tokio::test]
+    async fn a_panicking_task_fails_healthz_and_wakes_the_main_loop() {
+        let s = Arc::new(Supervisor::default());
+        let _fine = s.supervise("forever", std::future::pending());
+        settle().await;
+        assert_eq!(s.healthz().0, 200);
+        let waiter = {
+            let s = s.clone();
+            tokio::spawn(async move { s.failed().await })
+        };
+        s.supervise("VRRP instance api", async { panic!("boom") });
+        let why = tokio::time::timeout(Duration::from_secs(2), waiter)
+            .await
+            .expect("the main loop is woken")
+            .unwrap();
+        assert_eq!(why, "VRRP instance api panicked: boom");
+        let (status, text) = s.healthz();
+        assert_eq!(status, 503);
+        assert!(text.contains("panicked: boom"), "{text}");
+    }
+
+    #[tokio::test]
+    async fn errors_and_unexpected_ends_are_failures_aborts_are_not() {
+        let s = Arc::new(Supervisor::default());
+        let h = s.supervise("metrics listener", std::future::pending());
+        h.abort();
+        settle().await;
+        assert_eq!(s.failure(), None, "an abort at shutdown is not a failure");
+        s.supervise("API listener", async { anyhow::bail!("bind: address in use") });
+        settle().await;
+        assert_eq!(
+            s.failure().as_deref(),
+            Some("API listener failed: bind: address in use")
+        );
+        // The first failure is the one reported.
+        s.supervise("health monitor", async { Ok(()) });
+        settle().await;
+        assert!(s.failure().unwrap().starts_with("API listener"));
+        let s2 = Arc::new(Supervisor::default());
+        s2.supervise("health monitor", async { Ok(()) });
+        settle().await;
+        assert_eq!(s2.failure().as_deref(), Some("health monitor stopped"));
+    }
+}

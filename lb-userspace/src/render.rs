@@ -1,0 +1,613 @@
+//! From one cluster description to every node's `lbd.toml` (`lbctl render`). Pure.
+//!
+//! OpenShift renders keepalived.conf and haproxy.cfg on each node from the install config
+//! (baremetal-runtimecfg): the VRIDs come from the cluster name, the unicast peers from the
+//! other nodes, priorities and tracked checks are fixed per role. This module does the same for
+//! lb, so an operator writes the cluster once and every node gets a config that agrees with its
+//! peers (same VRIDs, same hash seed, same backend lists, peers that list each other).
+//!
+//! Roles, as on OpenShift:
+//! - `control-plane` (alias `master`): the API VIP (6443 and 22623 by default), backends are
+//!   the control-plane nodes, VRRP priority 40, +20 while this node's load balancer has an
+//!   active backend, +5 while the local kube-apiserver is ready, +3 while the local
+//!   machine-config server accepts connections (when 22623 is served).
+//! - `worker`: the ingress VIP (80 and 443), backends are the nodes that run routers (workers;
+//!   on a compact cluster, the control-plane nodes that are also workers), priority 20, +50
+//!   while the local router's /healthz on 1936 answers.
+//!
+//! A node with both roles (compact three-node clusters) gets one config with both VIPs and
+//! both VRRP instances: one lbd, one XDP attach, one API socket.
+//!
+//! Every rendered config passes [`Config::validate`]; errors name the field of the cluster
+//! description (`nodes[2].address: ...`) or, for a rendered node, the node and the field of its
+//! config, in the same `field: reason` form as lbd's own config errors.
+
+use std::{collections::HashSet, net::IpAddr, path::PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::{
+    config::{BackendConfig, Config, ConfigError, TrackConfig, VipConfig, XdpMode, from_toml},
+    health::{CheckKind, HealthConfig},
+    vrrp::{InstanceConfig, vrids::openshift_vrids},
+};
+
+/// The cluster description (`cluster.toml`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterSpec {
+    /// The cluster's name (metadata.name of the install config): the VRIDs derive from it.
+    pub name: String,
+    /// Interface the VIPs live on (OpenShift: `br-ex`).
+    pub interface: String,
+    pub api_vip: IpAddr,
+    #[serde(default)]
+    pub ingress_vip: Option<IpAddr>,
+    #[serde(default = "default_api_ports")]
+    pub api_ports: Vec<u16>,
+    #[serde(default = "default_ingress_ports")]
+    pub ingress_ports: Vec<u16>,
+    /// 3 (default: centisecond adverts, sub-second failover) or 2 while keepalived nodes are
+    /// still in the cluster (IPv4 only; OpenShift's PASS authentication and 1 s adverts).
+    #[serde(default = "default_version")]
+    pub vrrp_version: u8,
+    /// Default: 100 ms with VRRPv3, 1000 ms with VRRPv2 (keepalived's `advert_int 1`).
+    #[serde(default)]
+    pub advert_interval_ms: Option<u32>,
+    /// Override the VRIDs derived from the cluster name (`[api, ingress]`).
+    #[serde(default)]
+    pub vrids: Option<[u8; 2]>,
+    #[serde(default)]
+    pub xdp_mode: XdpMode,
+    /// Pin directory name under /sys/fs/bpf on every node.
+    #[serde(default = "default_lb_name")]
+    pub lb_name: String,
+    #[serde(default = "default_socket")]
+    pub api_socket: PathBuf,
+    /// Probes and Prometheus (the manifests' probes and ServiceMonitor use it).
+    #[serde(default = "default_metrics")]
+    pub metrics_listen: Option<std::net::SocketAddr>,
+    pub nodes: Vec<NodeSpec>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NodeSpec {
+    pub name: String,
+    /// The node's address on `interface` (OpenShift: the node's InternalIP).
+    pub address: IpAddr,
+    pub roles: Vec<Role>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Role {
+    #[serde(alias = "master")]
+    ControlPlane,
+    Worker,
+}
+
+fn default_api_ports() -> Vec<u16> {
+    vec![6443, 22623]
+}
+fn default_ingress_ports() -> Vec<u16> {
+    vec![80, 443]
+}
+fn default_version() -> u8 {
+    3
+}
+fn default_lb_name() -> String {
+    "lb".into()
+}
+fn default_socket() -> PathBuf {
+    "/run/lbd/lbd.sock".into()
+}
+fn default_metrics() -> Option<std::net::SocketAddr> {
+    Some(([127, 0, 0, 1], 9444).into())
+}
+
+/// OpenShift's keepalived priorities and tracked-check weights.
+pub const API_PRIORITY: u8 = 40;
+pub const INGRESS_PRIORITY: u8 = 20;
+const MCS_PORT: u16 = 22623;
+
+/// One node's rendered config.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Rendered {
+    pub node: String,
+    pub config: Config,
+}
+
+fn invalid(field: impl Into<String>, reason: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid {
+        field: field.into(),
+        reason: reason.into(),
+    }
+}
+
+impl ClusterSpec {
+    pub fn parse(text: &str) -> Result<ClusterSpec, ConfigError> {
+        let spec: ClusterSpec = from_toml(text)?;
+        spec.validate()?;
+        Ok(spec)
+    }
+
+    pub fn load(path: &std::path::Path) -> Result<ClusterSpec, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        Self::parse(&text)
+    }
+
+    fn has(&self, role: Role) -> impl Iterator<Item = &NodeSpec> {
+        self.nodes.iter().filter(move |n| n.roles.contains(&role))
+    }
+
+    /// Nodes that run routers: the workers. A compact cluster's nodes have both roles.
+    fn routers(&self) -> Vec<&NodeSpec> {
+        self.has(Role::Worker).collect()
+    }
+
+    /// What the description itself must satisfy; the rendered configs are checked after.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.name.is_empty() {
+            return Err(invalid(
+                "name",
+                "must not be empty (the VRIDs derive from it)",
+            ));
+        }
+        if !matches!(self.vrrp_version, 2 | 3) {
+            return Err(invalid(
+                "vrrp_version",
+                format!("must be 2 or 3, got {}", self.vrrp_version),
+            ));
+        }
+        if self.vrrp_version == 2 && self.api_vip.is_ipv6() {
+            return Err(invalid("vrrp_version", "VRRPv2 is IPv4 only; use 3"));
+        }
+        if let Some(ing) = self.ingress_vip {
+            if ing.is_ipv4() != self.api_vip.is_ipv4() {
+                return Err(invalid(
+                    "ingress_vip",
+                    "must be the same address family as api_vip",
+                ));
+            }
+            if ing == self.api_vip {
+                return Err(invalid("ingress_vip", "must differ from api_vip"));
+            }
+        }
+        if let Some([a, i]) = self.vrids
+            && (a == 0 || i == 0 || a == i)
+        {
+            return Err(invalid("vrids", "two different VRIDs in 1..=255"));
+        }
+        if self.nodes.is_empty() {
+            return Err(invalid("nodes", "at least one node"));
+        }
+        let mut names = HashSet::new();
+        let mut addrs = HashSet::new();
+        for (i, n) in self.nodes.iter().enumerate() {
+            let f = format!("nodes[{i}]");
+            if n.name.is_empty() || !names.insert(n.name.as_str()) {
+                return Err(invalid(format!("{f}.name"), "must be non-empty and unique"));
+            }
+            if n.name.contains('/') || n.name.starts_with('.') {
+                return Err(invalid(
+                    format!("{f}.name"),
+                    "is a file name: no '/' and no leading '.'",
+                ));
+            }
+            if !addrs.insert(n.address) {
+                return Err(invalid(format!("{f}.address"), "used by two nodes"));
+            }
+            if n.address.is_ipv4() != self.api_vip.is_ipv4() {
+                return Err(invalid(
+                    format!("{f}.address"),
+                    "must be the same address family as api_vip (unicast VRRP peers, L2 DSR)",
+                ));
+            }
+            if n.address == self.api_vip || Some(n.address) == self.ingress_vip {
+                return Err(invalid(format!("{f}.address"), "is a VIP"));
+            }
+            if n.roles.is_empty() {
+                return Err(invalid(
+                    format!("{f}.roles"),
+                    "at least one of \"control-plane\", \"worker\"",
+                ));
+            }
+        }
+        if self.has(Role::ControlPlane).next().is_none() {
+            return Err(invalid(
+                "nodes",
+                "no node has the control-plane role (the API VIP needs one)",
+            ));
+        }
+        if self.ingress_vip.is_some() && self.routers().is_empty() {
+            return Err(invalid(
+                "nodes",
+                "ingress_vip is set but no node has the worker role (routers)",
+            ));
+        }
+        Ok(())
+    }
+
+    /// `(api, ingress)` VRIDs: OpenShift's, from the cluster name, unless overridden.
+    pub fn vrids(&self) -> (u8, u8) {
+        match self.vrids {
+            Some([a, i]) => (a, i),
+            None => openshift_vrids(&self.name),
+        }
+    }
+
+    /// Every node's config, in the order of `nodes`; each one validated as lbd would.
+    pub fn render(&self) -> Result<Vec<Rendered>, ConfigError> {
+        self.validate()?;
+        let mut out = Vec::new();
+        for (i, n) in self.nodes.iter().enumerate() {
+            let config = self.node_config(n);
+            config.validate().map_err(|e| match e {
+                ConfigError::Invalid { field, reason } => {
+                    invalid(format!("nodes[{i}] ({}): {field}", n.name), reason)
+                }
+                other => invalid(format!("nodes[{i}] ({})", n.name), other.to_string()),
+            })?;
+            out.push(Rendered {
+                node: n.name.clone(),
+                config,
+            });
+        }
+        Ok(out)
+    }
+
+    fn instance(
+        &self,
+        name: &str,
+        vrid: u8,
+        priority: u8,
+        vip: IpAddr,
+        me: &NodeSpec,
+        group: &[&NodeSpec],
+    ) -> InstanceConfig {
+        let v2 = self.vrrp_version == 2;
+        InstanceConfig {
+            name: name.into(),
+            interface: None,
+            vrid,
+            version: self.vrrp_version,
+            priority,
+            advert_interval_ms: Some(self.advert_interval_ms.unwrap_or(if v2 {
+                1000
+            } else {
+                100
+            })),
+            // OpenShift renders `<cluster>_<name>_vip`; keepalived sends its first 8 bytes,
+            // which is what a mixed keepalived/lb instance must agree on.
+            auth_pass: v2.then(|| {
+                let full = format!("{}_{name}_vip", self.name);
+                truncate_bytes(&full, 8).to_string()
+            }),
+            preempt: true,
+            preempt_delay_ms: 0,
+            unicast_src: Some(me.address),
+            unicast_peers: group
+                .iter()
+                .filter(|p| p.name != me.name)
+                .map(|p| p.address)
+                .collect(),
+            check_unicast_src: true,
+            v2_compat: false,
+            vips: vec![vip],
+            garp_refresh_s: 60,
+        }
+    }
+
+    fn node_config(&self, me: &NodeSpec) -> Config {
+        let (api_vrid, ingress_vrid) = self.vrids();
+        let mut cfg = Config {
+            interface: self.interface.clone(),
+            name: self.lb_name.clone(),
+            api_socket: self.api_socket.clone(),
+            metrics_listen: self.metrics_listen,
+            xdp_mode: self.xdp_mode,
+            hash_seed: crate::config::DEFAULT_HASH_SEED,
+            table_size: lb_common::DEFAULT_TABLE_SIZE,
+            conntrack_size: lb_common::DEFAULT_CONNTRACK_SIZE,
+            vips: Vec::new(),
+            vrrp: Vec::new(),
+            track: Vec::new(),
+            dsr_backend: true,
+        };
+        // A tracked check of a local port, or (None) of the load balancer's own readiness.
+        let track =
+            |instance: &str, name: &str, weight: i32, check: Option<(u16, CheckKind, &str)>| {
+                let mut t = TrackConfig {
+                    instance: instance.into(),
+                    name: name.into(),
+                    weight,
+                    address: None,
+                    health: HealthConfig::default(),
+                };
+                if let Some((port, kind, path)) = check {
+                    t.address = Some(std::net::SocketAddr::new(loopback(self.api_vip), port));
+                    t.health.kind = kind;
+                    t.health.path = path.into();
+                }
+                t
+            };
+        if me.roles.contains(&Role::ControlPlane) {
+            let group: Vec<&NodeSpec> = self.has(Role::ControlPlane).collect();
+            cfg.vips.push(VipConfig {
+                name: "api".into(),
+                address: self.api_vip,
+                ports: self.api_ports.clone(),
+                protocol: crate::config::Protocol::Tcp,
+                owned: false,
+                vrrp: Some("api".into()),
+                health: HealthConfig {
+                    kind: CheckKind::Https,
+                    path: "/readyz".into(),
+                    port: Some(6443),
+                    ..HealthConfig::default()
+                },
+                backends: group.iter().map(|n| backend(n.address)).collect(),
+            });
+            cfg.vrrp
+                .push(self.instance("api", api_vrid, API_PRIORITY, self.api_vip, me, &group));
+            cfg.track.push(track("api", "lb-ready", 20, None));
+            cfg.track.push(track(
+                "api",
+                "local-apiserver",
+                5,
+                Some((6443, CheckKind::Https, "/readyz")),
+            ));
+            if self.api_ports.contains(&MCS_PORT) {
+                cfg.track.push(track(
+                    "api",
+                    "local-mcs",
+                    3,
+                    Some((MCS_PORT, CheckKind::Tcp, "")),
+                ));
+            }
+        }
+        if let Some(vip) = self.ingress_vip
+            && me.roles.contains(&Role::Worker)
+        {
+            let group = self.routers();
+            cfg.vips.push(VipConfig {
+                name: "ingress".into(),
+                address: vip,
+                ports: self.ingress_ports.clone(),
+                protocol: crate::config::Protocol::Tcp,
+                owned: false,
+                vrrp: Some("ingress".into()),
+                health: HealthConfig {
+                    kind: CheckKind::Http,
+                    path: "/healthz".into(),
+                    port: Some(1936),
+                    ..HealthConfig::default()
+                },
+                backends: group.iter().map(|n| backend(n.address)).collect(),
+            });
+            cfg.vrrp.push(self.instance(
+                "ingress",
+                ingress_vrid,
+                INGRESS_PRIORITY,
+                vip,
+                me,
+                &group,
+            ));
+            cfg.track.push(track(
+                "ingress",
+                "local-router",
+                50,
+                Some((1936, CheckKind::Http, "/healthz")),
+            ));
+        }
+        cfg
+    }
+}
+
+fn backend(address: IpAddr) -> BackendConfig {
+    BackendConfig { address, weight: 1 }
+}
+
+fn loopback(family_of: IpAddr) -> IpAddr {
+    if family_of.is_ipv4() {
+        std::net::Ipv4Addr::LOCALHOST.into()
+    } else {
+        std::net::Ipv6Addr::LOCALHOST.into()
+    }
+}
+
+/// The longest prefix of `s` of at most `n` bytes that ends on a character boundary.
+fn truncate_bytes(s: &str, n: usize) -> &str {
+    let mut end = n.min(s.len());
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}
+
+/// A node's config as TOML, with a header saying where it came from.
+pub fn to_toml(cluster: &str, r: &Rendered) -> String {
+    let body = toml::to_string_pretty(&r.config).unwrap_or_else(|e| format!("# {e}\n"));
+    format!(
+        "# /etc/lb/lbd.toml for node {} of cluster {cluster:?}.\n# Rendered by `lbctl render`; edit the cluster description and render again.\n\n{body}",
+        r.node
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const COMPACT: &str = r#"
+name = "ostest"
+interface = "br-ex"
+api_vip = "192.168.111.5"
+ingress_vip = "192.168.111.4"
+[[nodes]]
+name = "master-0"
+address = "192.168.111.20"
+roles = ["control-plane", "worker"]
+[[nodes]]
+name = "master-1"
+address = "192.168.111.21"
+roles = ["master", "worker"]
+[[nodes]]
+name = "master-2"
+address = "192.168.111.22"
+roles = ["control-plane", "worker"]
+"#;
+
+    const SPLIT: &str = r#"
+name = "ostest"
+interface = "br-ex"
+api_vip = "192.168.111.5"
+ingress_vip = "192.168.111.4"
+[[nodes]]
+name = "master-0"
+address = "192.168.111.20"
+roles = ["control-plane"]
+[[nodes]]
+name = "master-1"
+address = "192.168.111.21"
+roles = ["control-plane"]
+[[nodes]]
+name = "worker-0"
+address = "192.168.111.30"
+roles = ["worker"]
+[[nodes]]
+name = "worker-1"
+address = "192.168.111.31"
+roles = ["worker"]
+"#;
+
+    fn err(text: &str) -> String {
+        ClusterSpec::parse(text)
+            .and_then(|c| c.render())
+            .unwrap_err()
+            .to_string()
+    }
+
+    #[test]
+    fn compact_cluster_one_config_with_both_vips_per_node() {
+        let out = ClusterSpec::parse(COMPACT).unwrap().render().unwrap();
+        assert_eq!(out.len(), 3);
+        for (i, r) in out.iter().enumerate() {
+            let c = &r.config;
+            assert_eq!(c.interface, "br-ex");
+            let names: Vec<&str> = c.vips.iter().map(|v| v.name.as_str()).collect();
+            assert_eq!(names, ["api", "ingress"], "{}", r.node);
+            let vrids: Vec<(u8, u8)> = c.vrrp.iter().map(|v| (v.vrid, v.priority)).collect();
+            assert_eq!(vrids, [(14, 40), (93, 20)], "OpenShift's VRIDs for ostest");
+            let me: IpAddr = format!("192.168.111.2{i}").parse().unwrap();
+            for inst in &c.vrrp {
+                assert_eq!(inst.unicast_src, Some(me));
+                assert_eq!(inst.unicast_peers.len(), 2);
+                assert!(!inst.unicast_peers.contains(&me));
+            }
+            assert_eq!(c.vips[0].backends.len(), 3);
+            assert_eq!(c.vips[1].backends.len(), 3);
+            let tracks: Vec<(&str, i32)> = c
+                .track
+                .iter()
+                .map(|t| (t.name.as_str(), t.weight))
+                .collect();
+            assert_eq!(
+                tracks,
+                [
+                    ("lb-ready", 20),
+                    ("local-apiserver", 5),
+                    ("local-mcs", 3),
+                    ("local-router", 50)
+                ]
+            );
+            // What lbd reads back is what was rendered.
+            let text = to_toml("ostest", r);
+            assert_eq!(&Config::parse(&text).unwrap(), c);
+        }
+    }
+
+    #[test]
+    fn split_roles_get_their_own_instance_and_peers() {
+        let out = ClusterSpec::parse(SPLIT).unwrap().render().unwrap();
+        let m0 = &out[0].config;
+        assert_eq!(m0.vips.len(), 1);
+        assert_eq!(m0.vrrp[0].name, "api");
+        assert_eq!(
+            m0.vrrp[0].unicast_peers,
+            ["192.168.111.21".parse::<IpAddr>().unwrap()]
+        );
+        let w1 = &out[3].config;
+        assert_eq!(w1.vips[0].name, "ingress");
+        assert_eq!(w1.vrrp[0].vrid, 93);
+        assert_eq!(
+            w1.vrrp[0].unicast_peers,
+            ["192.168.111.30".parse::<IpAddr>().unwrap()]
+        );
+        let backends: Vec<String> = w1.vips[0]
+            .backends
+            .iter()
+            .map(|b| b.address.to_string())
+            .collect();
+        assert_eq!(backends, ["192.168.111.30", "192.168.111.31"]);
+        // Every node agrees on what must be equal cluster-wide.
+        assert!(out.iter().all(|r| r.config.hash_seed == m0.hash_seed));
+    }
+
+    #[test]
+    fn keepalived_interop_mode_uses_openshift_auth_and_one_second_adverts() {
+        let out = ClusterSpec::parse(&format!("vrrp_version = 2\n{SPLIT}"))
+            .unwrap()
+            .render()
+            .unwrap();
+        let api = &out[0].config.vrrp[0];
+        assert_eq!(api.version, 2);
+        assert_eq!(api.advert_interval_ms, Some(1000));
+        // "ostest_api_vip" cut to 8 bytes, as keepalived puts it on the wire.
+        assert_eq!(api.auth_pass.as_deref(), Some("ostest_a"));
+        assert_eq!(out[2].config.vrrp[0].auth_pass.as_deref(), Some("ostest_i"));
+    }
+
+    #[test]
+    fn errors_name_the_field() {
+        let e = err(&SPLIT.replace("192.168.111.31", "192.168.111.30"));
+        assert!(e.starts_with("nodes[3].address:"), "{e}");
+        let e = err(&SPLIT.replace("\"192.168.111.31\"", "\"fd00::31\""));
+        assert!(e.starts_with("nodes[3].address:"), "{e}");
+        let e = err(&SPLIT.replace("roles = [\"worker\"]", "roles = [\"router\"]"));
+        assert!(e.starts_with("nodes[2].roles[0]:"), "{e}");
+        let e = err(&SPLIT.replace("name = \"worker-1\"", "name = \"worker-0\""));
+        assert!(e.starts_with("nodes[3].name:"), "{e}");
+        let e = err(&format!("vrrp_version = 4\n{SPLIT}"));
+        assert!(e.starts_with("vrrp_version:"), "{e}");
+        let e = err(&format!("api_ports = [6443, \"x\"]\n{SPLIT}"));
+        assert!(e.starts_with("api_ports[1]:"), "{e}");
+        let e = err(&SPLIT.replace(
+            "interface = \"br-ex\"",
+            "interface = \"an-interface-name-too-long\"",
+        ));
+        assert!(e.starts_with("nodes[0] (master-0): interface:"), "{e}");
+        let e = err(&SPLIT.replace("roles = [\"worker\"]", "roles = [\"control-plane\"]"));
+        assert!(e.starts_with("nodes:"), "ingress without routers: {e}");
+        let e = err(&format!("{SPLIT}\nfoo = 1\n"));
+        assert!(e.contains("foo"), "{e}");
+    }
+
+    #[test]
+    fn ipv6_clusters_render_vrrpv3() {
+        let text = SPLIT
+            .replace("192.168.111.5", "fd00::5")
+            .replace("192.168.111.4", "fd00::4")
+            .replace("192.168.111.", "fd00::");
+        let out = ClusterSpec::parse(&text).unwrap().render().unwrap();
+        assert_eq!(out[0].config.vrrp[0].version, 3);
+        assert_eq!(
+            out[0].config.track[1].address,
+            Some("[::1]:6443".parse().unwrap())
+        );
+        assert!(err(&format!("vrrp_version = 2\n{text}")).starts_with("vrrp_version:"));
+    }
+}

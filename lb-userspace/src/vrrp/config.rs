@@ -1,0 +1,423 @@
+//! One `[[vrrp]]` instance's configuration and its validation (pure).
+
+use std::net::IpAddr;
+
+use serde::{Deserialize, Serialize};
+
+use super::codec::{Auth, Version};
+
+fn default_version() -> u8 {
+    3
+}
+fn default_priority() -> u8 {
+    100
+}
+fn default_true() -> bool {
+    true
+}
+fn default_garp_refresh() -> u64 {
+    60
+}
+
+/// One `[[vrrp]]` entry of the daemon config.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InstanceConfig {
+    pub name: String,
+    /// Defaults to the daemon's interface.
+    #[serde(default)]
+    pub interface: Option<String>,
+    pub vrid: u8,
+    /// 2 or 3.
+    #[serde(default = "default_version")]
+    pub version: u8,
+    /// 1..=255; 255 means this node owns the addresses.
+    #[serde(default = "default_priority")]
+    pub priority: u8,
+    /// Default: 100 ms for v3, 1000 ms for v2 (v2 needs whole seconds).
+    #[serde(default)]
+    pub advert_interval_ms: Option<u32>,
+    /// VRRPv2 simple-text password, at most 8 bytes.
+    #[serde(default)]
+    pub auth_pass: Option<String>,
+    #[serde(default = "default_true")]
+    pub preempt: bool,
+    #[serde(default)]
+    pub preempt_delay_ms: u64,
+    /// Empty: multicast.
+    #[serde(default)]
+    pub unicast_peers: Vec<IpAddr>,
+    /// Unicast: accept adverts only from `unicast_peers` (keepalived's `check_unicast_src`).
+    /// On by default; turning it off lets any host that knows our VRID and VIPs vote.
+    #[serde(default = "default_true")]
+    pub check_unicast_src: bool,
+    /// Migration from VRRPv2 (version = 3 only, IPv4, whole-second interval): also send VRRPv2
+    /// adverts (with `auth_pass`) and count VRRPv2 adverts as votes, so v2 and v3 speakers of
+    /// one instance hear each other while nodes switch one by one. See docs/operations.md.
+    #[serde(default)]
+    pub v2_compat: bool,
+    /// Source address of adverts; default: the interface's first address (IPv6: link-local).
+    #[serde(default)]
+    pub unicast_src: Option<IpAddr>,
+    pub vips: Vec<IpAddr>,
+    /// Re-announce the VIPs this often while master; 0 disables the refresh.
+    #[serde(default = "default_garp_refresh")]
+    pub garp_refresh_s: u64,
+}
+
+/// A config error naming the field (e.g. `vrrp[0].auth_pass`) and the reason.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{field}: {reason}")]
+pub struct ConfigError {
+    pub field: String,
+    pub reason: String,
+}
+
+impl InstanceConfig {
+    /// Validate as the `index`-th entry of the `vrrp` list.
+    pub fn validate_at(&self, index: usize) -> Result<(), ConfigError> {
+        self.validate().map_err(|e| ConfigError {
+            field: format!("vrrp[{index}].{}", e.field),
+            reason: e.reason,
+        })
+    }
+
+    /// Validate; the error's field is relative to this entry (see [`Self::validate_at`]).
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let err = |field: &str, reason: String| {
+            Err(ConfigError {
+                field: field.to_string(),
+                reason,
+            })
+        };
+        if self.name.is_empty() {
+            return err("name", "must not be empty".into());
+        }
+        if let Some(i) = &self.interface
+            && (i.is_empty() || i.len() >= libc::IFNAMSIZ)
+        {
+            return err("interface", format!("{i:?} is not a valid interface name"));
+        }
+        if self.vrid == 0 {
+            return err("vrid", "must be 1..=255".into());
+        }
+        let version = match self.version {
+            2 => Version::V2,
+            3 => Version::V3,
+            v => return err("version", format!("{v} is not 2 or 3")),
+        };
+        if self.priority == 0 {
+            return err(
+                "priority",
+                "must be 1..=255 (0 is reserved for resigning)".into(),
+            );
+        }
+        let ms = self.interval_ms();
+        match version {
+            Version::V2 if !ms.is_multiple_of(1000) || !(1000..=255_000).contains(&ms) => {
+                return err(
+                    "advert_interval_ms",
+                    format!("{ms}: VRRPv2 needs whole seconds, 1000..=255000"),
+                );
+            }
+            Version::V3 if !ms.is_multiple_of(10) || !(10..=40_950).contains(&ms) => {
+                return err(
+                    "advert_interval_ms",
+                    format!("{ms}: VRRPv3 needs centiseconds, 10..=40950 in steps of 10"),
+                );
+            }
+            _ => {}
+        }
+        if self.v2_compat {
+            if version != Version::V3 {
+                return err("v2_compat", "only for version = 3 (a v2 instance speaks v2)".into());
+            }
+            if !ms.is_multiple_of(1000) || ms > 255_000 {
+                return err(
+                    "v2_compat",
+                    format!("advert_interval_ms {ms}: VRRPv2 peers need whole seconds"),
+                );
+            }
+        }
+        if let Some(pass) = &self.auth_pass {
+            if version == Version::V3 && !self.v2_compat {
+                return err("auth_pass", "VRRPv3 has no authentication".into());
+            }
+            if pass.is_empty() {
+                return err(
+                    "auth_pass",
+                    "must not be empty (omit it for no authentication)".into(),
+                );
+            }
+            if pass.len() > 8 {
+                return err("auth_pass", "longer than 8 bytes".into());
+            }
+        }
+        let Some(first) = self.vips.first() else {
+            return err("vips", "at least one VIP is needed".into());
+        };
+        let v6 = first.is_ipv6();
+        for (i, vip) in self.vips.iter().enumerate() {
+            if vip.is_ipv6() != v6 {
+                return err(
+                    &format!("vips[{i}]"),
+                    format!("{vip}: all VIPs must be one address family"),
+                );
+            }
+            if vip.is_unspecified() || vip.is_multicast() || vip.is_loopback() {
+                return err(&format!("vips[{i}]"), format!("{vip} cannot be a VIP"));
+            }
+            if self.vips[..i].contains(vip) {
+                return err(&format!("vips[{i}]"), format!("{vip} is listed twice"));
+            }
+        }
+        if version == Version::V2 && v6 {
+            return err(
+                "version",
+                "VRRPv2 is IPv4 only; use version 3 for IPv6 VIPs".into(),
+            );
+        }
+        if self.v2_compat && v6 {
+            return err("v2_compat", "VRRPv2 is IPv4 only".into());
+        }
+        for (i, peer) in self.unicast_peers.iter().enumerate() {
+            if peer.is_ipv6() != v6 {
+                return err(
+                    &format!("unicast_peers[{i}]"),
+                    format!("{peer}: not the VIPs' address family"),
+                );
+            }
+        }
+        if let Some(src) = self.unicast_src
+            && src.is_ipv6() != v6
+        {
+            return err(
+                "unicast_src",
+                format!("{src}: not the VIPs' address family"),
+            );
+        }
+        if self.preempt_delay_ms > 3_600_000 {
+            return err("preempt_delay_ms", "more than an hour".into());
+        }
+        Ok(())
+    }
+
+    pub fn interval_ms(&self) -> u32 {
+        self.advert_interval_ms
+            .unwrap_or(if self.version == 2 { 1000 } else { 100 })
+    }
+
+    pub fn codec_version(&self) -> Version {
+        if self.version == 2 {
+            Version::V2
+        } else {
+            Version::V3
+        }
+    }
+
+    /// The VRRPv2 authentication (of our v2 adverts, also in `v2_compat`).
+    pub fn auth(&self) -> Auth {
+        match &self.auth_pass {
+            Some(p) if self.version == 2 || self.v2_compat => Auth::simple(p),
+            _ => Auth::None,
+        }
+    }
+
+    /// The fields whose change needs the instance restarted (it resigns and starts again);
+    /// everything else is applied in place. `None`: the two configs can be applied in place.
+    pub fn restart_needed(&self, new: &InstanceConfig) -> Option<&'static str> {
+        let mut ours = self.vips.clone();
+        ours.sort();
+        let mut theirs = new.vips.clone();
+        theirs.sort();
+        [
+            ("name", self.name != new.name),
+            ("interface", self.interface != new.interface),
+            ("vrid", self.vrid != new.vrid),
+            ("version", self.version != new.version),
+            ("vips", ours != theirs),
+            ("unicast_src", self.unicast_src != new.unicast_src),
+            // Multicast <-> unicast changes the socket's group membership.
+            (
+                "unicast_peers",
+                self.unicast_peers.is_empty() != new.unicast_peers.is_empty(),
+            ),
+        ]
+        .into_iter()
+        .find(|(_, changed)| *changed)
+        .map(|(f, _)| f)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg() -> InstanceConfig {
+        toml::from_str(
+            r#"
+            name = "api"
+            vrid = 14
+            vips = ["192.0.2.100"]
+            "#,
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn defaults() {
+        let c = cfg();
+        assert_eq!(c.version, 3);
+        assert_eq!(c.priority, 100);
+        assert_eq!(c.interval_ms(), 100);
+        assert!(c.preempt);
+        assert_eq!(c.garp_refresh_s, 60);
+        assert!(c.unicast_peers.is_empty());
+        assert!(c.check_unicast_src);
+        assert!(!c.v2_compat);
+        c.validate().unwrap();
+        let v2 = InstanceConfig {
+            version: 2,
+            ..cfg()
+        };
+        assert_eq!(v2.interval_ms(), 1000);
+        v2.validate().unwrap();
+    }
+
+    #[test]
+    fn unknown_fields_are_refused() {
+        let r: Result<InstanceConfig, _> = toml::from_str("name='a'\nvrid=1\nvips=[]\nprio=3\n");
+        assert!(r.unwrap_err().to_string().contains("prio"));
+    }
+
+    #[test]
+    fn validation_names_the_field() {
+        let e = |f: fn(&mut InstanceConfig)| {
+            let mut c = cfg();
+            f(&mut c);
+            c.validate_at(0).unwrap_err().to_string()
+        };
+        assert_eq!(
+            e(|c| {
+                c.version = 2;
+                c.auth_pass = Some("ocp_api_vip".into());
+            }),
+            "vrrp[0].auth_pass: longer than 8 bytes"
+        );
+        assert!(e(|c| c.auth_pass = Some("x".into())).starts_with("vrrp[0].auth_pass: VRRPv3"));
+        assert!(e(|c| c.vrid = 0).starts_with("vrrp[0].vrid:"));
+        assert!(e(|c| c.version = 4).starts_with("vrrp[0].version:"));
+        assert!(e(|c| c.priority = 0).starts_with("vrrp[0].priority:"));
+        assert!(e(|c| c.advert_interval_ms = Some(15)).starts_with("vrrp[0].advert_interval_ms:"));
+        assert!(
+            e(|c| {
+                c.version = 2;
+                c.advert_interval_ms = Some(1500);
+            })
+            .starts_with("vrrp[0].advert_interval_ms: 1500: VRRPv2")
+        );
+        assert!(e(|c| c.vips.clear()).starts_with("vrrp[0].vips:"));
+        assert!(e(|c| c.vips.push("2001:db8::1".parse().unwrap())).starts_with("vrrp[0].vips[1]:"));
+        assert!(e(|c| c.vips.push("192.0.2.100".parse().unwrap())).contains("listed twice"));
+        assert!(
+            e(|c| c.unicast_peers = vec!["fe80::1".parse().unwrap()])
+                .starts_with("vrrp[0].unicast_peers[0]:")
+        );
+        assert!(
+            e(|c| c.unicast_src = Some("fe80::1".parse().unwrap()))
+                .starts_with("vrrp[0].unicast_src:")
+        );
+        assert!(
+            e(|c| {
+                c.version = 2;
+                c.vips = vec!["2001:db8::1".parse().unwrap()];
+            })
+            .starts_with("vrrp[0].version:")
+        );
+        assert!(
+            e(|c| c.interface = Some("a-very-long-interface".into()))
+                .starts_with("vrrp[0].interface:")
+        );
+    }
+
+    #[test]
+    fn v2_compat_needs_v3_ipv4_and_whole_seconds() {
+        let e = |f: fn(&mut InstanceConfig)| {
+            let mut c = cfg();
+            c.v2_compat = true;
+            c.advert_interval_ms = Some(1000);
+            c.auth_pass = Some("ostest_a".into());
+            f(&mut c);
+            c.validate_at(0).map_err(|e| e.to_string())
+        };
+        assert_eq!(e(|_| {}), Ok(()));
+        assert!(e(|c| c.version = 2).unwrap_err().starts_with("vrrp[0].v2_compat:"));
+        assert!(
+            e(|c| c.advert_interval_ms = Some(100))
+                .unwrap_err()
+                .starts_with("vrrp[0].v2_compat:")
+        );
+        assert!(
+            e(|c| c.vips = vec!["2001:db8::1".parse().unwrap()])
+                .unwrap_err()
+                .contains("v2_compat")
+        );
+        let mut c = cfg();
+        c.v2_compat = true;
+        c.advert_interval_ms = Some(1000);
+        c.auth_pass = Some("ostest_a".into());
+        assert_eq!(c.auth(), Auth::simple("ostest_a"));
+    }
+
+    #[test]
+    fn what_a_reload_may_change_in_place() {
+        let old = cfg();
+        let same = |f: fn(&mut InstanceConfig)| {
+            let mut c = cfg();
+            f(&mut c);
+            old.restart_needed(&c)
+        };
+        assert_eq!(same(|c| c.priority = 7), None);
+        assert_eq!(same(|c| c.advert_interval_ms = Some(200)), None);
+        assert_eq!(same(|c| c.preempt = false), None);
+        assert_eq!(same(|c| c.preempt_delay_ms = 5000), None);
+        assert_eq!(same(|c| c.garp_refresh_s = 5), None);
+        assert_eq!(same(|c| c.vrid = 9), Some("vrid"));
+        assert_eq!(same(|c| c.version = 2), Some("version"));
+        assert_eq!(
+            same(|c| c.vips = vec!["192.0.2.101".parse().unwrap()]),
+            Some("vips")
+        );
+        assert_eq!(
+            same(|c| c.unicast_peers = vec!["192.0.2.9".parse().unwrap()]),
+            Some("unicast_peers")
+        );
+        let mut uni = cfg();
+        uni.unicast_peers = vec!["192.0.2.9".parse().unwrap()];
+        let mut uni2 = uni.clone();
+        uni2.unicast_peers.push("192.0.2.8".parse().unwrap());
+        assert_eq!(uni.restart_needed(&uni2), None, "peers change in place");
+    }
+
+    #[test]
+    fn openshift_style_v2_config() {
+        let c: InstanceConfig = toml::from_str(
+            r#"
+            name = "ostest_API"
+            vrid = 14
+            version = 2
+            priority = 40
+            advert_interval_ms = 1000
+            auth_pass = "ostest_a"
+            unicast_peers = ["192.0.2.11", "192.0.2.12"]
+            unicast_src = "192.0.2.10"
+            vips = ["192.0.2.5"]
+            "#,
+        )
+        .unwrap();
+        c.validate().unwrap();
+        assert_eq!(c.auth(), Auth::simple("ostest_a"));
+        assert_eq!(c.codec_version(), Version::V2);
+    }
+}
+

@@ -1,0 +1,479 @@
+//! `bench throughput`: packets per second through the real XDP path, in native (driver) mode.
+//!
+//! Two namespaces joined by one veth pair: `gen0` (generator side) and `lb0` (the load
+//! balancer's interface). A generator built into the bench runs `bench_gen` with
+//! BPF_PROG_TEST_RUN in live-frames mode, as if the frames had arrived on gen0: its XDP_TX sends
+//! them out of gen0 into lb0. The program under test, attached natively to lb0, forwards them
+//! with XDP_TX back out of lb0, and `bench_sink` on gen0 counts and drops them (it also makes
+//! the veth deliver them: a native-mode veth only delivers XDP_TX frames to a peer with an XDP
+//! program). Forwarded packets per second = the sink's count over the generator's run time.
+//!
+//! Cases, interleaved round by round so drift hits all of them alike: the MAC-swap baseline
+//! (`lb_baseline`), `lb_xdp` with one established flow, `lb_xdp` with 100k established flows
+//! (the generator rewrites the source address of every frame, walking the flows with a large
+//! stride), and non-VIP traffic through `lb_xdp` (XDP_PASS: counted by lb_xdp's own counters,
+//! the frames then end in the kernel stack of the LB namespace, which drops them).
+//!
+//! CPUs: the generator thread and the sink's NAPI thread are pinned to CPU 0, lb0's NAPI
+//! (threaded NAPI: the load balancer's receive path) to CPU 1, when the machine has two.
+use std::{
+    path::PathBuf,
+    time::{Duration, Instant},
+};
+
+use aya::{
+    Ebpf, EbpfLoader,
+    maps::{PerCpuArray, PerCpuValues},
+    programs::{
+        Xdp, XdpMode,
+        links::{FdLink, PinnedLink},
+    },
+};
+use lb_common::{DEFAULT_CONNTRACK_SIZE, DEFAULT_TABLE_SIZE, PROTO_TCP, maps, stat};
+use lb_userspace::dataplane::{Desired, ServiceSpec, vip_key};
+use serde_json::json;
+
+use super::{live, median, write_json};
+use crate::{
+    TestDataplane, backend,
+    frames::{ACK, SYN, ipv4_frame, tcp},
+    lab::{sh, thread_cpu_seconds, threaded_napi, try_sh},
+    unique,
+};
+
+const VIP: [u8; 4] = [10, 77, 0, 100];
+const MANY_FLOWS: u32 = 100_000;
+/// Coprime with MANY_FLOWS: consecutive frames belong to flows far apart in the table.
+const FLOW_STEP: u32 = 38_201;
+const BATCH: u32 = 64;
+const GEN_IF: &str = "gen0";
+const LB_IF: &str = "lb0";
+
+/// Two namespaces and a veth pair between them, removed on drop.
+struct Wire {
+    gen_ns: String,
+    lb_ns: String,
+}
+
+impl Wire {
+    fn new() -> Wire {
+        let w = Wire {
+            gen_ns: unique("tpg"),
+            lb_ns: unique("tpl"),
+        };
+        sh(&["ip", "netns", "add", &w.gen_ns]);
+        sh(&["ip", "netns", "add", &w.lb_ns]);
+        sh(&[
+            "ip", "-n", &w.gen_ns, "link", "add", GEN_IF, "type", "veth", "peer", "name", LB_IF,
+            "netns", &w.lb_ns,
+        ]);
+        sh(&["ip", "-n", &w.gen_ns, "link", "set", GEN_IF, "up"]);
+        sh(&["ip", "-n", &w.lb_ns, "link", "set", LB_IF, "up"]);
+        w
+    }
+
+    fn path(ns: &str) -> String {
+        format!("/run/netns/{ns}")
+    }
+
+    /// Run `f` on this thread inside namespace `ns`.
+    fn within<T>(ns: &str, f: impl FnOnce() -> T) -> T {
+        let old = live::enter_netns(&Self::path(ns)).expect("enter the bench namespace");
+        let r = f();
+        live::restore_netns(old).expect("return to the bench's namespace");
+        r
+    }
+}
+
+impl Drop for Wire {
+    fn drop(&mut self) {
+        let _ = try_sh(&["ip", "netns", "del", &self.gen_ns]);
+        let _ = try_sh(&["ip", "netns", "del", &self.lb_ns]);
+    }
+}
+
+/// The bench programs (generator, sink, baseline), loaded from the same object as lb_xdp with
+/// maps of their own (pinned in a directory removed on drop, sized small).
+pub(super) struct BenchProgs {
+    ebpf: Ebpf,
+    pin_dir: PathBuf,
+}
+
+impl BenchProgs {
+    fn load() -> BenchProgs {
+        Self::load_programs(&["bench_gen", "bench_sink", "lb_baseline"])
+    }
+
+    /// Load `programs` of the object (verified by the kernel, not attached).
+    pub(super) fn load_programs(programs: &[&str]) -> BenchProgs {
+        let pin_dir = PathBuf::from("/sys/fs/bpf").join(unique("lbtp"));
+        std::fs::create_dir_all(&pin_dir).unwrap();
+        let mut ebpf = EbpfLoader::new()
+            .default_map_pin_directory(&pin_dir)
+            .map_max_entries(maps::TABLES, lb_common::table_elements(7))
+            .map_max_entries(maps::CONNTRACK, 1024)
+            .load(lb_userspace::EBPF_OBJECT)
+            .expect("load the XDP object for the bench programs");
+        for name in programs {
+            let p: &mut Xdp = ebpf.program_mut(name).unwrap().try_into().unwrap();
+            p.load().unwrap_or_else(|e| panic!("load {name}: {e}"));
+        }
+        BenchProgs { ebpf, pin_dir }
+    }
+
+    pub(super) fn prog(&mut self, name: &str) -> &mut Xdp {
+        self.ebpf.program_mut(name).unwrap().try_into().unwrap()
+    }
+
+    fn prog_fd(&mut self, name: &str) -> i32 {
+        use std::os::fd::{AsFd, AsRawFd};
+        self.prog(name).fd().unwrap().as_fd().as_raw_fd()
+    }
+
+    /// Generator settings: spread frames over `flows` flows (1: leave them alone).
+    fn set_flows(&mut self, flows: u32) {
+        let mut m: PerCpuArray<_, [u32; 4]> =
+            PerCpuArray::try_from(self.ebpf.map_mut("BENCH_GEN").unwrap()).unwrap();
+        let n = aya::util::nr_cpus().unwrap();
+        let v = PerCpuValues::try_from(vec![[flows, FLOW_STEP % flows.max(1), 0, 0]; n]).unwrap();
+        m.set(0, v, 0).unwrap();
+    }
+
+    fn sunk(&self) -> u64 {
+        let m: PerCpuArray<_, u64> =
+            PerCpuArray::try_from(self.ebpf.map("BENCH_SINK").unwrap()).unwrap();
+        m.get(&0, 0).unwrap().iter().sum()
+    }
+}
+
+impl Drop for BenchProgs {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.pin_dir);
+    }
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Program {
+    Baseline,
+    Lb,
+}
+
+struct Case {
+    name: &'static str,
+    program: Program,
+    frame: Vec<u8>,
+    flows: u32,
+    /// Counted by lb_xdp's pass counter instead of the sink.
+    passes: bool,
+    /// Mpps per LB core (or forwarded Mpps when the LB thread cannot be timed), per round.
+    mpps: Vec<f64>,
+    /// Forwarded (or passed) Mpps by the wall clock.
+    forwarded: Vec<f64>,
+    sent_mpps: Vec<f64>,
+    /// Connection-table misses lb_xdp counted (0 when every packet was an established flow).
+    misses: u64,
+    /// Share of the run the LB's NAPI thread was on a CPU (1.0: its core was saturated).
+    lb_busy: Vec<f64>,
+}
+
+pub fn run() {
+    let secs: f64 = std::env::var("LB_BENCH_SECONDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(1.0);
+    let rounds: usize = std::env::var("LB_BENCH_ROUNDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(5);
+    let cpus = aya::util::online_cpus().map(|c| c.len()).unwrap_or(1);
+    let wire = Wire::new();
+
+    // The load balancer: production table sizes, one VIP with three backends (XDP_TX).
+    let mut t = TestDataplane::with_conntrack(DEFAULT_TABLE_SIZE, DEFAULT_CONNTRACK_SIZE);
+    t.dp.apply(&Desired {
+        services: vec![ServiceSpec {
+            key: vip_key(VIP.into(), 6443, PROTO_TCP),
+            owned: true,
+            backends: vec![
+                backend("10.77.0.11", 11),
+                backend("10.77.0.12", 12),
+                backend("10.77.0.13", 13),
+            ],
+        }],
+        ..Default::default()
+    })
+    .unwrap();
+    let client = [10, 200, 0, 1];
+    // The one-flow case's flow, established as a real one would be (SYN first).
+    let syn = ipv4_frame(client, VIP, PROTO_TCP, &tcp(40000, 6443, SYN));
+    assert_eq!(t.dp.test_run("lb_xdp", &syn, 1).unwrap().0, 3);
+    let ack = ipv4_frame(client, VIP, PROTO_TCP, &tcp(40000, 6443, ACK));
+    // The 100k flows the generator walks (sources 10.x.y.z, x.y.z = 1..=100000; see bench_gen).
+    for f in 1..=MANY_FLOWS {
+        let src = [10, (f >> 16) as u8, (f >> 8) as u8, f as u8];
+        let syn = ipv4_frame(src, VIP, PROTO_TCP, &tcp(40000, 6443, SYN));
+        assert_eq!(t.dp.test_run("lb_xdp", &syn, 1).unwrap().0, 3);
+    }
+    let mut other = ipv4_frame(client, [10, 77, 0, 50], PROTO_TCP, &tcp(40000, 443, ACK));
+    // Not addressed to lb0's MAC: the LB namespace's stack drops it early (PACKET_OTHERHOST).
+    other[..6].copy_from_slice(&[0x02, 0xee, 0, 0, 0, 1]);
+
+    let entries = t.dp.conntrack_entries();
+    assert!(
+        entries > MANY_FLOWS as usize,
+        "the connection table holds {entries} flows, want {MANY_FLOWS} + 1"
+    );
+
+    let mut progs = BenchProgs::load();
+    Wire::within(&wire.lb_ns, || {
+        t.dp.attach(LB_IF, lb_userspace::config::XdpMode::Driver)
+            .expect("attach lb_xdp natively to the veth")
+    });
+    Wire::within(&wire.gen_ns, || {
+        progs
+            .prog("bench_sink")
+            .attach(GEN_IF, XdpMode::Driver)
+            .expect("attach the sink natively to the veth")
+    });
+    let link_pin = t.opts.pin_dir().join(format!("link_{LB_IF}"));
+
+    let gen_cpu = 0;
+    let lb_cpu = if cpus > 1 { 1 } else { 0 };
+    let lb_napi = threaded_napi(&wire.lb_ns, LB_IF);
+    let sink_napi = threaded_napi(&wire.gen_ns, GEN_IF);
+    let pinned = match (lb_napi, sink_napi) {
+        (Some(l), Some(s)) if cpus > 1 => {
+            // Real-time priority: the other work on this machine (builds) must not time-slice
+            // the receive paths; they sleep whenever there is no traffic.
+            live::pin_to_cpu(l, lb_cpu).is_ok()
+                && live::pin_to_cpu(s, gen_cpu).is_ok()
+                && live::realtime(l, 50).is_ok()
+                && live::realtime(s, 50).is_ok()
+        }
+        _ => false,
+    };
+    println!(
+        "generator on CPU {gen_cpu}; LB receive path {}",
+        if pinned {
+            format!("on CPU {lb_cpu} (threaded NAPI, SCHED_FIFO), sink on CPU {gen_cpu}")
+        } else {
+            "not pinned (softirq wherever the kernel runs it)".into()
+        }
+    );
+
+    let mut cases = vec![
+        Case {
+            name: "baseline",
+            program: Program::Baseline,
+            frame: ack.clone(),
+            flows: 1,
+            passes: false,
+            mpps: vec![],
+            forwarded: vec![],
+            sent_mpps: vec![],
+            misses: 0,
+            lb_busy: vec![],
+        },
+        Case {
+            name: "lb_xdp_1_flow",
+            program: Program::Lb,
+            frame: ack.clone(),
+            flows: 1,
+            passes: false,
+            mpps: vec![],
+            forwarded: vec![],
+            sent_mpps: vec![],
+            misses: 0,
+            lb_busy: vec![],
+        },
+        Case {
+            name: "lb_xdp_100k_flows",
+            program: Program::Lb,
+            frame: ack.clone(),
+            flows: MANY_FLOWS,
+            passes: false,
+            mpps: vec![],
+            forwarded: vec![],
+            sent_mpps: vec![],
+            misses: 0,
+            lb_busy: vec![],
+        },
+        Case {
+            name: "pass_non_vip",
+            program: Program::Lb,
+            frame: other,
+            flows: 1,
+            passes: true,
+            mpps: vec![],
+            forwarded: vec![],
+            sent_mpps: vec![],
+            misses: 0,
+            lb_busy: vec![],
+        },
+    ];
+
+    let gen_fd = progs.prog_fd("bench_gen");
+    let gen_ns = Wire::path(&wire.gen_ns);
+    // Round 0 warms up; not counted.
+    for round in 0..=rounds {
+        for case in cases.iter_mut() {
+            match case.program {
+                Program::Baseline => {
+                    let link: FdLink = PinnedLink::from_pin(&link_pin)
+                        .expect("the pinned XDP link of lb0")
+                        .into();
+                    progs
+                        .prog("lb_baseline")
+                        .attach_to_link(link.try_into().unwrap())
+                        .expect("swap in the baseline");
+                }
+                Program::Lb => Wire::within(&wire.lb_ns, || {
+                    t.dp.attach(LB_IF, lb_userspace::config::XdpMode::Driver)
+                        .expect("swap lb_xdp back in")
+                }),
+            }
+            progs.set_flows(case.flows);
+            let counted = |t: &TestDataplane, progs: &BenchProgs| -> u64 {
+                if case.passes {
+                    stat_value(t, stat::PASS_NOT_VIP)
+                } else {
+                    progs.sunk()
+                }
+            };
+            let before = counted(&t, &progs);
+            let misses_before = stat_value(&t, stat::CONNTRACK_MISS);
+            let busy_before = lb_napi.map(thread_cpu_seconds);
+            let (sent, elapsed) = generate(&gen_ns, gen_fd, &case.frame, secs, gen_cpu);
+            // Frames still in the veth's ring land within microseconds.
+            std::thread::sleep(Duration::from_millis(20));
+            let got = counted(&t, &progs) - before;
+            if std::env::var_os("LB_BENCH_DEBUG").is_some() {
+                for (ns, dev) in [(&wire.lb_ns, LB_IF), (&wire.gen_ns, GEN_IF)] {
+                    let o = try_sh(&["ip", "netns", "exec", ns, "ethtool", "-S", dev]);
+                    eprintln!(
+                        "{} {dev}:\n{}",
+                        case.name,
+                        String::from_utf8_lossy(&o.stdout)
+                    );
+                }
+            }
+            if round == 0 {
+                continue;
+            }
+            case.misses += stat_value(&t, stat::CONNTRACK_MISS) - misses_before;
+            let forwarded = got as f64 / elapsed / 1e6;
+            case.forwarded.push(forwarded);
+            case.sent_mpps.push(sent as f64 / elapsed / 1e6);
+            // Per LB core: what the receive path forwards per second of its own CPU time. The
+            // generator shares its CPU with other work, so the LB thread idles between bursts;
+            // its CPU time, not the wall clock, is what the forwarding cost.
+            let busy = match (lb_napi, busy_before) {
+                (Some(pid), Some(b)) if pinned => Some((thread_cpu_seconds(pid) - b) / elapsed),
+                _ => None,
+            };
+            case.lb_busy.extend(busy);
+            case.mpps.push(match busy {
+                Some(b) if b > 0.01 => forwarded / b,
+                _ => forwarded,
+            });
+        }
+    }
+
+    let per_core = cases.iter().all(|c| c.lb_busy.len() == rounds);
+    println!(
+        "{:<20} {:>8} {:>10} {:>10} {:>10} {:>8} {:>8}",
+        "case",
+        if per_core { "Mpps/core" } else { "Mpps" },
+        "x baseline",
+        "forwarded",
+        "sent",
+        "LB busy",
+        "ct miss"
+    );
+    let mut rows = Vec::new();
+    for c in &cases {
+        let mpps = median(c.mpps.clone());
+        // Rounds are interleaved: each round's ratio compares neighbours in time.
+        let ratio = median(
+            c.mpps
+                .iter()
+                .zip(&cases[0].mpps)
+                .map(|(m, b)| m / b)
+                .collect(),
+        );
+        let forwarded = median(c.forwarded.clone());
+        let sent = median(c.sent_mpps.clone());
+        let busy = (!c.lb_busy.is_empty()).then(|| median(c.lb_busy.clone()));
+        println!(
+            "{:<20} {:>9.2} {:>10.2} {:>10.2} {:>10.2} {:>8} {:>8}",
+            c.name,
+            mpps,
+            ratio,
+            forwarded,
+            sent,
+            busy.map(|b| format!("{:.0}%", b * 100.0))
+                .unwrap_or_else(|| "?".into()),
+            c.misses,
+        );
+        rows.push(json!({
+            "name": c.name,
+            "mpps": mpps,
+            "ratio_to_baseline": ratio,
+            "forwarded_mpps": forwarded,
+            "sent_mpps": sent,
+            "lb_napi_busy": busy,
+            "samples_mpps": c.mpps,
+            "samples_forwarded_mpps": c.forwarded,
+            "flows": c.flows,
+            "conntrack_misses": c.misses,
+            "counted_by": if c.passes { "lb_xdp pass_not_vip counter (XDP_PASS)" } else { "sink on the generator side (XDP_TX back)" },
+        }));
+    }
+    println!(
+        "Mpps{}: forwarded packets per second{}; forwarded/sent are wall-clock rates.",
+        if per_core { "/core" } else { "" },
+        if per_core {
+            " per second of the LB receive thread's CPU time"
+        } else {
+            " (the LB thread could not be pinned and timed)"
+        }
+    );
+    let doc = json!({
+        "cases": rows,
+        "seconds_per_sample": secs,
+        "rounds": rounds,
+        "batch_size": BATCH,
+        "xdp_mode": "driver (native) on veth",
+        "cpus": cpus,
+        "pinned": pinned,
+        "mpps_is_per_lb_core": per_core,
+    });
+    write_json("throughput", &doc);
+}
+
+fn stat_value(t: &TestDataplane, index: u32) -> u64 {
+    t.dp.global_stats().unwrap()[index as usize].1
+}
+
+/// Drive frames for about `secs` seconds from a thread in the generator's namespace pinned to
+/// `cpu`; returns (frames sent, seconds).
+fn generate(ns: &str, prog_fd: i32, frame: &[u8], secs: f64, cpu: usize) -> (u64, f64) {
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let _ = live::pin_to_cpu(0, cpu);
+            let _old = live::enter_netns(ns).expect("enter the generator's namespace");
+            let ifindex = live::ifindex(GEN_IF).expect("gen0's index");
+            let chunk = 200_000;
+            let start = Instant::now();
+            let mut sent = 0u64;
+            while start.elapsed().as_secs_f64() < secs {
+                live::xdp_live_frames(prog_fd, frame, ifindex, chunk, BATCH)
+                    .expect("BPF_PROG_TEST_RUN in live-frames mode");
+                sent += chunk as u64;
+            }
+            (sent, start.elapsed().as_secs_f64())
+        })
+        .join()
+        .unwrap()
+    })
+}

@@ -1,0 +1,235 @@
+//! The static pods of deploy/ run by a real container engine (podman `kube play`) on lab nodes:
+//! a compact three-node cluster whose configs `lbctl render` wrote from one description, each
+//! node running the shipped control-plane manifest (host network, privileged, bpffs and /run
+//! mounts, exec probes) with the image `cargo xtask image` built, named by digest.
+//!
+//! Needs root, podman, runc and catatonit (`cargo xtask setup`); the image is built by
+//! `cargo xtask test` (or here, with `cargo xtask image --debug`, when missing or stale).
+
+use std::{
+    collections::BTreeMap,
+    process::{Child, Stdio},
+    time::Duration,
+};
+
+use lb_tests::{
+    bin_dir,
+    cluster::{API_VIP, CONTROL_PLANE, Cluster, ECHO_PORT, INGRESS_VIP, Runner, Shape},
+    lab::wait_for,
+    pods::Pods,
+};
+use serde_json::Value;
+
+fn pods(c: &Cluster) -> &Pods {
+    match &c.runner {
+        Runner::Pod(p) => p,
+        Runner::Process => unreachable!("booted with pods"),
+    }
+}
+
+fn boot() -> Cluster {
+    let c = Cluster::boot(Shape::Compact, Runner::Pod(Pods::new("pd")));
+    // Host networking must mean the node's network: a pod that landed in the host's
+    // namespace would be a test escaping its lab.
+    for n in CONTROL_PLANE {
+        let pid = wait_for(Duration::from_secs(20), || pods(&c).pid(n))
+            .unwrap_or_else(|| panic!("lbd not running in the pod on {n}\n{}", pods(&c).logs(n)));
+        assert_eq!(
+            Pods::netns_of_pid(pid),
+            Pods::netns_of_node(&c.lab, n),
+            "lbd of {n} runs in its node's network namespace"
+        );
+    }
+    c
+}
+
+/// Both VIPs elected and every API backend active on the API owner: (api owner, ingress owner).
+fn elected(c: &Cluster) -> (String, String) {
+    let logs = || {
+        CONTROL_PLANE
+            .iter()
+            .map(|n| format!("--- {n}\n{}", pods(c).logs(n)))
+            .collect::<String>()
+    };
+    let api = c
+        .wait_master("api", &CONTROL_PLANE, Duration::from_secs(30))
+        .unwrap_or_else(|| panic!("no API VIP owner\n{}", logs()));
+    let ingress = c
+        .wait_master("ingress", &CONTROL_PLANE, Duration::from_secs(30))
+        .unwrap_or_else(|| panic!("no ingress VIP owner\n{}", logs()));
+    wait_for(Duration::from_secs(20), || {
+        let rows = c.lbctl(&api, &["backends", "list"])?;
+        let rows = rows.as_array()?;
+        (rows.len() == 3 * 2 + 3 * 2 && rows.iter().all(|r| r["state"] == "active")).then_some(())
+    })
+    .unwrap_or_else(|| {
+        panic!(
+            "backends not all active on {api}\n{}",
+            c.lbctl_text(&api, &["backends", "list"])
+        )
+    });
+    (api, ingress)
+}
+
+fn labnode(c: &Cluster, args: &[&str]) -> Child {
+    c.lab
+        .cmd("client", bin_dir().join("labnode"))
+        .args(args)
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("start labnode")
+}
+
+fn json_of(child: Child) -> Value {
+    let out = child.wait_with_output().expect("labnode");
+    serde_json::from_slice(&out.stdout).unwrap_or(Value::Null)
+}
+
+fn sum(v: &Value) -> u64 {
+    v.as_object()
+        .map(|m| m.values().filter_map(|n| n.as_u64()).sum())
+        .unwrap_or(0)
+}
+
+#[test]
+fn pods_from_the_manifests_elect_forward_and_survive_a_crash() {
+    let c = boot();
+    let p = pods(&c);
+    let (api, ingress) = elected(&c);
+
+    // Forwarding through both VIPs of the combined config, spread over the backends.
+    let v = c.get_many(&format!("{API_VIP}:6443"), true, 300);
+    assert_eq!(v["ok"], 300, "HTTPS through the API VIP: {v}");
+    let by_id: BTreeMap<String, u64> = serde_json::from_value(v["by_id"].clone()).unwrap();
+    assert!(by_id.len() >= 2, "flows spread over apiservers: {v}");
+    let v = c.get_many(&format!("{INGRESS_VIP}:80"), false, 200);
+    assert_eq!(v["ok"], 200, "HTTP through the ingress VIP: {v}");
+
+    // lbctl inside the pod, on the socket of the pod's /run/lbd mount.
+    let out = p.exec(
+        &api,
+        &["/usr/local/bin/lbctl", "-o", "json", "vips", "list"],
+    );
+    assert!(
+        out.status.success(),
+        "lbctl in the pod: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let vips: Value = serde_json::from_slice(&out.stdout).expect("lbctl JSON");
+    let owned = |name: &str| {
+        vips.as_array()
+            .unwrap()
+            .iter()
+            .filter(|r| r["name"] == name)
+            .all(|r| r["owned"] == true)
+    };
+    assert!(
+        owned("api"),
+        "the API owner's pod says it owns the API VIP: {vips}"
+    );
+    assert_eq!(owned("ingress"), api == ingress, "{vips}");
+    // The manifest's probes run in the image, as kubelet runs them.
+    for probe in ["startupProbe", "livenessProbe", "readinessProbe"] {
+        let out = p.probe(&api, probe);
+        assert!(
+            out.status.success(),
+            "{probe}: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    // SIGKILL of lbd in the owner's pod while 100 connections are open: the pinned program keeps
+    // forwarding, a backup takes the VIP with the same table, the engine restarts the
+    // container and the new lbd adopts the pinned state.
+    let hold = labnode(&c, &["hold-ids", API_VIP, ECHO_PORT, "100", "10", "100"]);
+    std::thread::sleep(Duration::from_millis(2000));
+    let old = p.pid(&api).unwrap();
+    let restarts = p.restart_count(&api);
+    p.kill(&api, libc::SIGKILL);
+    let new = p
+        .wait_restarted(&api, old, Duration::from_secs(30))
+        .unwrap_or_else(|| panic!("the pod's lbd was not restarted\n{}", p.logs(&api)));
+    assert_eq!(
+        Pods::netns_of_pid(new),
+        Pods::netns_of_node(&c.lab, &api),
+        "the restarted lbd runs in its node's network namespace"
+    );
+    assert!(
+        p.restart_count(&api) > restarts,
+        "restart policy restarted it"
+    );
+    let held = json_of(hold);
+    assert_eq!(
+        (sum(&held["survived_by_id"]), sum(&held["failed_by_id"])),
+        (100, 0),
+        "connections across SIGKILL of the owner's lbd and its restart: {held}"
+    );
+    let logs = wait_for(Duration::from_secs(20), || {
+        let l = p.logs(&api);
+        (l.contains("adopted pinned data-plane state") && l.contains("adopted the pinned XDP link"))
+            .then_some(l)
+    })
+    .unwrap_or_else(|| panic!("the restarted lbd adopted nothing\n{}", p.logs(&api)));
+    assert!(!logs.contains("resetting it"), "pinned state kept: {logs}");
+    wait_for(Duration::from_secs(20), || {
+        c.lbctl(&api, &["vrrp", "status"])
+            .filter(|v| v.as_array().map(|a| a.len()) == Some(2))
+    })
+    .expect("the restarted lbd answers with both instances");
+    let v = c.get_many(&format!("{API_VIP}:6443"), true, 100);
+    assert_eq!(v["ok"], 100, "after the restart: {v}");
+}
+
+#[test]
+fn pod_restart_of_the_owner_with_sigterm_resets_no_connection() {
+    let c = boot();
+    let p = pods(&c);
+    let (api, _) = elected(&c);
+
+    // 100 long-lived connections and a stream of new ones while the owner's pod restarts the
+    // way kubelet restarts it: SIGTERM, wait for exit (grace 10 s), start.
+    let hold = labnode(&c, &["hold-ids", API_VIP, ECHO_PORT, "100", "12", "100"]);
+    let stream = labnode(&c, &["connect-for", API_VIP, ECHO_PORT, "11", "2", "2000"]);
+    std::thread::sleep(Duration::from_millis(2000));
+    let stop = p.stop(&api, Duration::from_secs(10));
+    assert!(
+        stop.status.success(),
+        "podman pod stop: {}",
+        String::from_utf8_lossy(&stop.stderr)
+    );
+    assert_eq!(
+        p.exit_code(&api),
+        Some(0),
+        "lbd exits by itself on SIGTERM, within the grace period\n{}",
+        p.logs(&api)
+    );
+    let start = p.start(&api);
+    assert!(
+        start.status.success(),
+        "podman pod start: {}",
+        String::from_utf8_lossy(&start.stderr)
+    );
+    let pid = wait_for(Duration::from_secs(20), || p.pid(&api)).expect("lbd back");
+    assert_eq!(
+        Pods::netns_of_pid(pid),
+        Pods::netns_of_node(&c.lab, &api),
+        "the restarted pod runs in its node's network namespace"
+    );
+    let held = json_of(hold);
+    let new = json_of(stream);
+    // Zero resets on a planned move needs the graceful handover (issue 8): the old owner keeps
+    // forwarding with its last table for a grace period after giving up the VIP, until the new
+    // owner's announcement has reached the clients.
+    assert_eq!(
+        (sum(&held["survived_by_id"]), sum(&held["failed_by_id"])),
+        (100, 0),
+        "long-lived connections across a SIGTERM restart of the owner's pod: {held}\n{}",
+        p.logs(&api)
+    );
+    assert_eq!(
+        new["failed"], 0,
+        "new connections during the restart: {new}"
+    );
+    assert!(new["ok"].as_u64().unwrap_or(0) > 0, "{new}");
+}

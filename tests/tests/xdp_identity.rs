@@ -1,0 +1,358 @@
+//! Connection-table entries cannot outlive what they name: after any sequence of service
+//! creation, removal, re-creation, backend id reuse, MAC changes and restarts with changed
+//! settings, an entry never sends a packet to a backend of another VIP or one its VIP no longer
+//! has. Also: a failing backend's flows move without a drop, and the loop guard. Real XDP program
+//! through BPF_PROG_TEST_RUN; run through `cargo xtask test` (single-threaded).
+
+use std::{collections::HashMap, net::IpAddr};
+
+use lb_common::{PROTO_TCP, stat};
+use lb_tests::{TestDataplane, backend, frames::*, xdp_fuzz::Rng};
+use lb_userspace::dataplane::{BackendSpec, Desired, ServiceSpec, vip_key};
+
+const PASS: u32 = 2;
+const TX: u32 = 3;
+const CLIENT: [u8; 4] = [10, 66, 0, 1];
+
+fn vip(n: u8) -> [u8; 4] {
+    [10, 66, 1, n]
+}
+
+fn counter(t: &TestDataplane, index: u32) -> u64 {
+    t.dp.global_stats().unwrap()[index as usize].1
+}
+
+/// One service of the model: VIP `n`, port 6443, and its backends (address last byte -> MAC).
+#[derive(Clone)]
+struct Svc {
+    n: u8,
+    owned: bool,
+    backends: Vec<BackendSpec>,
+}
+
+fn spec(s: &Svc) -> ServiceSpec {
+    ServiceSpec {
+        key: vip_key(IpAddr::from(vip(s.n)), 6443, PROTO_TCP),
+        owned: s.owned,
+        backends: s.backends.clone(),
+    }
+}
+
+fn apply(t: &mut TestDataplane, model: &HashMap<u8, Svc>) {
+    let mut services: Vec<ServiceSpec> = model.values().map(spec).collect();
+    services.sort_by_key(|s| s.key.addr);
+    t.dp.apply(&Desired {
+        services,
+        ..Default::default()
+    })
+    .unwrap();
+}
+
+fn ack(n: u8, sport: u16) -> Vec<u8> {
+    ipv4_frame(CLIENT, vip(n), PROTO_TCP, &tcp(sport, 6443, ACK))
+}
+
+/// A backend with a MAC that names its service and a version: 02:b0:<vip>:<addr>:<ver>:00.
+fn be(n: u8, addr: u8, ver: u8) -> BackendSpec {
+    let mut b = backend(&format!("10.66.{n}.{addr}"), 0);
+    b.mac = Some([0x02, 0xb0, n, addr, ver, 0]);
+    b
+}
+
+/// Every open flow: where its packets may go now, by the model alone.
+fn check_flows(t: &mut TestDataplane, model: &HashMap<u8, Svc>, flows: &[(u8, u16)], step: &str) {
+    for &(n, sport) in flows {
+        let f = ack(n, sport);
+        let (v, out, _) = t.dp.test_run("lb_xdp", &f, 1).unwrap();
+        let Some(s) = model.get(&n).filter(|s| s.owned) else {
+            assert_ne!(
+                v, TX,
+                "{step}: flow to removed or unowned VIP {n} forwarded"
+            );
+            continue;
+        };
+        if v == TX {
+            let dst: [u8; 6] = out[0..6].try_into().unwrap();
+            assert!(
+                s.backends.iter().any(|b| b.in_set() && b.mac == Some(dst)),
+                "{step}: flow {sport} of VIP {n} sent to {dst:02x?}, not an in-set backend of it"
+            );
+        }
+    }
+}
+
+#[test]
+fn entries_never_outlive_what_they_name() {
+    // A small table keeps thousands of applies fast.
+    let mut t = TestDataplane::new(13);
+    let mut rng = Rng::new(0xe90c);
+    let mut model: HashMap<u8, Svc> = HashMap::new();
+    let mut flows: Vec<(u8, u16)> = Vec::new();
+    let mut ver = 0u8;
+
+    // Use up the never-used backend ids so that every later pair reuses a freed id.
+    for round in 0..5u8 {
+        let scratch = Svc {
+            n: 200,
+            owned: true,
+            backends: (0..250).map(|a| be(200 + round, a, 0)).collect(),
+        };
+        let mut m = model.clone();
+        m.insert(200, scratch.clone());
+        for chunk in 0..4u8 {
+            let mut s = scratch.clone();
+            s.backends = (0..250).map(|a| be(200 + round, a, chunk + 1)).collect();
+            for b in &mut s.backends {
+                b.addr = format!("10.{}.{chunk}.{}", 100 + round, b.mac.unwrap()[3])
+                    .parse()
+                    .unwrap();
+            }
+            m.insert(200, s);
+            apply(&mut t, &m);
+        }
+        apply(&mut t, &model);
+    }
+
+    for step in 0..400 {
+        let n = 1 + rng.below(4) as u8;
+        let what = rng.below(9);
+        let name = format!("step {step} op {what} vip {n}");
+        match what {
+            // Create or re-create a service with 1-4 backends (new addresses each time).
+            0 | 1 => {
+                ver = ver.wrapping_add(1);
+                let k = 1 + rng.below(4);
+                let backends = (0..k)
+                    .map(|i| be(n, (ver % 50) * 4 + i as u8, ver))
+                    .collect();
+                model.insert(
+                    n,
+                    Svc {
+                        n,
+                        owned: true,
+                        backends,
+                    },
+                );
+            }
+            2 => {
+                model.remove(&n);
+            }
+            // A backend fails or recovers.
+            3 => {
+                if let Some(s) = model.get_mut(&n) {
+                    let i = rng.below(s.backends.len());
+                    s.backends[i].healthy = !s.backends[i].healthy;
+                }
+            }
+            // A backend's MAC changes (a new NIC, a moved VM).
+            4 => {
+                if let Some(s) = model.get_mut(&n) {
+                    let i = rng.below(s.backends.len());
+                    let mac = s.backends[i].mac.as_mut().unwrap();
+                    mac[5] = mac[5].wrapping_add(1);
+                }
+            }
+            5 => {
+                if let Some(s) = model.get_mut(&n) {
+                    s.owned = !s.owned;
+                }
+            }
+            // A restart of lbd, with the same or with other settings.
+            6 => {
+                let (size, seed) = [(13, 0x1b_5eed), (13, 7), (17, 7)][rng.below(3)];
+                t.restart(size, seed);
+            }
+            // New flows.
+            _ => {
+                for _ in 0..8 {
+                    let sport = 1024 + rng.below(60000) as u16;
+                    let syn = ipv4_frame(CLIENT, vip(n), PROTO_TCP, &tcp(sport, 6443, SYN));
+                    t.dp.test_run("lb_xdp", &syn, 1).unwrap();
+                    flows.push((n, sport));
+                }
+            }
+        }
+        apply(&mut t, &model);
+        check_flows(&mut t, &model, &flows, &name);
+    }
+    assert!(flows.len() > 100, "the sequence opened flows");
+    assert!(
+        counter(&t, stat::CONNTRACK_STALE) > 0,
+        "some entries went stale"
+    );
+}
+
+#[test]
+fn a_restart_with_the_same_settings_keeps_every_flow_on_its_backend() {
+    let mut t = TestDataplane::new(251);
+    let s = Svc {
+        n: 1,
+        owned: true,
+        backends: (1..=4).map(|a| be(1, a, 0)).collect(),
+    };
+    let model = HashMap::from([(1, s.clone())]);
+    apply(&mut t, &model);
+    let mut before = Vec::new();
+    for sport in 30000..30200u16 {
+        let syn = ipv4_frame(CLIENT, vip(1), PROTO_TCP, &tcp(sport, 6443, SYN));
+        before.push(t.dp.test_run("lb_xdp", &syn, 1).unwrap().1[0..6].to_vec());
+    }
+    // Grow the set so the table differs from what a fresh hash would give for some flows.
+    let mut grown = s.clone();
+    grown.backends.push(be(1, 5, 0));
+    let model = HashMap::from([(1, grown)]);
+    apply(&mut t, &model);
+    t.restart(251, 0x1b_5eed);
+    apply(&mut t, &model);
+    for (i, sport) in (30000..30200u16).enumerate() {
+        let (v, out, _) = t.dp.test_run("lb_xdp", &ack(1, sport), 1).unwrap();
+        assert_eq!(v, TX);
+        assert_eq!(
+            out[0..6],
+            before[i][..],
+            "flow {sport} moved across a restart"
+        );
+    }
+}
+
+#[test]
+fn a_mac_change_is_a_new_pair_and_flows_follow_it() {
+    let mut t = TestDataplane::new(251);
+    let s = Svc {
+        n: 2,
+        owned: true,
+        backends: (1..=3).map(|a| be(2, a, 0)).collect(),
+    };
+    let mut model = HashMap::from([(2, s.clone())]);
+    apply(&mut t, &model);
+    let key = spec(&s).key;
+    let ids_before: Vec<u32> = t.dp.installed(&key).iter().map(|b| b.id).collect();
+    let mut on_first = Vec::new();
+    for sport in 31000..31100u16 {
+        let syn = ipv4_frame(CLIENT, vip(2), PROTO_TCP, &tcp(sport, 6443, SYN));
+        if t.dp.test_run("lb_xdp", &syn, 1).unwrap().1[3] == 1 {
+            on_first.push(sport);
+        }
+    }
+    assert!(!on_first.is_empty());
+    let m = model.get_mut(&2).unwrap();
+    m.backends[0].mac = Some([0x02, 0xb0, 2, 1, 9, 0]);
+    apply(&mut t, &model);
+    let installed = t.dp.installed(&key);
+    let moved = installed
+        .iter()
+        .find(|b| b.spec.addr == s.backends[0].addr)
+        .unwrap();
+    assert!(
+        !ids_before.contains(&moved.id),
+        "a MAC change installs a new pair (the old slot is never rewritten in place)"
+    );
+    for sport in on_first {
+        let (v, out, _) = t.dp.test_run("lb_xdp", &ack(2, sport), 1).unwrap();
+        assert_eq!(v, TX);
+        assert_eq!(
+            out[0..6],
+            [0x02, 0xb0, 2, 1, 9, 0],
+            "flow {sport} follows the new MAC"
+        );
+    }
+}
+
+#[test]
+fn a_failing_backends_flows_move_without_a_drop() {
+    let mut t = TestDataplane::new(251);
+    let s = Svc {
+        n: 3,
+        owned: true,
+        backends: (1..=3).map(|a| be(3, a, 0)).collect(),
+    };
+    let mut model = HashMap::from([(3, s.clone())]);
+    apply(&mut t, &model);
+    let mut on_first = Vec::new();
+    for sport in 32000..32400u16 {
+        let syn = ipv4_frame(CLIENT, vip(3), PROTO_TCP, &tcp(sport, 6443, SYN));
+        if t.dp.test_run("lb_xdp", &syn, 1).unwrap().1[3] == 1 {
+            on_first.push(sport);
+        }
+    }
+    // Packets of those flows run on another instance of the program, on the same maps, while
+    // the backend fails and recovers over and over.
+    let mut reader = t.second_instance();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let stop2 = stop.clone();
+    let flows = on_first.clone();
+    let packets = std::thread::spawn(move || {
+        let mut verdicts: HashMap<u32, u64> = HashMap::new();
+        while !stop2.load(std::sync::atomic::Ordering::Relaxed) {
+            // ACKs follow entries; SYNs always take the Maglev table (a slot naming a backend
+            // already out of the set would drop them).
+            for sport in &flows {
+                let syn = ipv4_frame(CLIENT, vip(3), PROTO_TCP, &tcp(*sport, 6443, SYN));
+                for f in [ack(3, *sport), syn] {
+                    let (v, _, _) = reader.test_run("lb_xdp", &f, 1).unwrap();
+                    *verdicts.entry(v).or_default() += 1;
+                }
+            }
+        }
+        verdicts
+    });
+    for i in 0..300 {
+        model.get_mut(&3).unwrap().backends[0].healthy = i % 2 == 1;
+        apply(&mut t, &model);
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let verdicts = packets.join().unwrap();
+    assert!(
+        verdicts.get(&TX).copied().unwrap_or(0) > 1000,
+        "{verdicts:?}"
+    );
+    assert_eq!(
+        verdicts.len(),
+        1,
+        "every packet forwarded, none dropped or passed: {verdicts:?}"
+    );
+    assert_eq!(counter(&t, stat::DROP_BAD_BACKEND), 0);
+}
+
+#[test]
+fn a_syn_crosses_two_nodes_whose_tables_disagree_at_most_once() {
+    // Two LB nodes, each the other's backend (their tables disagree on purpose: each sends the
+    // flow to the other), each knowing the other's MAC as a peer.
+    const A: [u8; 6] = [0x02, 0xaa, 0, 0, 0, 1];
+    const B: [u8; 6] = [0x02, 0xbb, 0, 0, 0, 2];
+    let node = |me: [u8; 6], other: [u8; 6]| {
+        let mut t = TestDataplane::new(251);
+        let mut b = backend("10.66.9.9", 0);
+        b.mac = Some(other);
+        b.src_mac = me;
+        t.dp.apply(&Desired {
+            services: vec![ServiceSpec {
+                key: vip_key(IpAddr::from(vip(9)), 6443, PROTO_TCP),
+                owned: true,
+                backends: vec![b],
+            }],
+            peers: vec![other],
+        })
+        .unwrap();
+        t
+    };
+    let mut a = node(A, B);
+    let mut b = node(B, A);
+    let mut frame = ipv4_frame(CLIENT, vip(9), PROTO_TCP, &tcp(33000, 6443, SYN));
+    let mut forwards = 0;
+    for hop in 0..6 {
+        let t = if hop % 2 == 0 { &mut a } else { &mut b };
+        let (v, out, _) = t.dp.test_run("lb_xdp", &frame, 1).unwrap();
+        if v != TX {
+            assert_eq!(v, PASS, "the second node gives it to its local stack");
+            assert_eq!(counter(t, stat::PASS_FROM_PEER), 1);
+            break;
+        }
+        forwards += 1;
+        frame = out;
+    }
+    assert_eq!(forwards, 1, "the SYN was forwarded {forwards} times");
+    // The same frame from the client (not a peer) is forwarded by either node.
+    let fresh = ipv4_frame(CLIENT, vip(9), PROTO_TCP, &tcp(33001, 6443, SYN));
+    assert_eq!(b.dp.test_run("lb_xdp", &fresh, 1).unwrap().0, TX);
+}
