@@ -391,6 +391,21 @@ pub fn run_case(ch: &mut Chaos, case: Case, seed: u64) -> CaseResult {
         .sum();
     let samples = ch.sampler.samples(start, end);
     r.dual_master_ms = sampler::dual_ms(&samples);
+    let mut seen: Vec<String> = Vec::new();
+    for smp in &samples {
+        for (v, h) in smp.holders.iter().enumerate() {
+            if h.len() >= 2 {
+                let names: Vec<&str> = h.iter().map(|i| super::NODES[*i]).collect();
+                let d = format!("{} held by {}", super::VIPS[v], names.join("+"));
+                if !seen.contains(&d) {
+                    seen.push(d);
+                }
+            }
+        }
+    }
+    if !seen.is_empty() {
+        r.notes.push(format!("two holders seen: {}", seen.join(", ")));
+    }
 
     // The targets.
     let interval = ch.flavor.advert_ms();

@@ -178,11 +178,15 @@ impl Flavor for KeepalivedFlavor {
     /// child gracefully (it sends a priority-0 advert), as a pod's termination does.
     fn stop_daemon(&mut self, node: &str, signal: i32) {
         let child = self.child(node);
+        // The child first: a child whose parent dies shuts down gracefully (priority 0, VIPs
+        // removed), which a crash does not.
+        if let Some(pid) = child
+            && signal == libc::SIGKILL
+        {
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
         self.lab.stop(&format!("ka-{node}"), signal);
-        if let Some(pid) = child {
-            if signal == libc::SIGKILL {
-                unsafe { libc::kill(pid, libc::SIGKILL) };
-            }
+        if child.is_some() {
             let _ = wait_for(Duration::from_secs(5), || {
                 self.child(node).is_none().then_some(())
             });
