@@ -3,7 +3,7 @@
 //! ```text
 //! hostile adverts --vrid N --priority P --vips A[,B] --src IP --dst IP[,IP] [--count N]
 //!                 [--interval-ms M] [--version 3|2] [--advert-cs C]
-//! hostile syn-flood --dst IP --port P --count N [--seed S]
+//! hostile syn-flood --dst IP --port P --count N [--pps R] [--seed S]
 //! ```
 //!
 //! `adverts` crafts VRRP advertisements with the project's own codec and sends them with a
@@ -58,6 +58,9 @@ enum Cmd {
         port: u16,
         #[arg(long)]
         count: u64,
+        /// Packets per second (0: as fast as the socket takes them).
+        #[arg(long, default_value_t = 0)]
+        pps: u64,
         #[arg(long, default_value_t = 1)]
         seed: u64,
     },
@@ -209,12 +212,21 @@ fn main() -> Result<()> {
             dst,
             port,
             count,
+            pps,
             seed,
         } => {
             let sock = RawSocket::new(libc::IPPROTO_RAW).context("flood socket")?;
             let mut s = seed.max(1);
             let (mut sent, mut errors) = (0u64, 0u64);
-            for _ in 0..count {
+            let start = std::time::Instant::now();
+            for i in 0..count {
+                // Paced in batches of 100 so the flood lasts count/pps seconds.
+                if pps > 0 && i % 100 == 0 {
+                    let due = std::time::Duration::from_secs_f64(i as f64 / pps as f64);
+                    if let Some(wait) = due.checked_sub(start.elapsed()) {
+                        std::thread::sleep(wait);
+                    }
+                }
                 let r = xorshift(&mut s);
                 // 198.18.0.0/15: the low 17 bits of r pick the host.
                 let host = (r & 0x1_ffff) as u32;

@@ -93,6 +93,10 @@ impl Case {
     }
 }
 
+/// The SYN flood's rate: 10x a 4096-entry table takes about 4 s, long enough for the client
+/// load to run through it.
+const FLOOD_PPS: u64 = 10_000;
+
 /// What the fault did, for the measurement.
 struct Injected {
     /// When the fault was over (healed, restarted, restored): ms on the load's clock.
@@ -195,6 +199,8 @@ fn inject(ch: &mut Chaos, case: Case, owner: &str, seed: u64) -> Injected {
                     ECHO_PORT,
                     "--count",
                     &count.to_string(),
+                    "--pps",
+                    &FLOOD_PPS.to_string(),
                     "--seed",
                     &(seed | 1).to_string(),
                 ])
@@ -380,6 +386,17 @@ pub fn run_case(ch: &mut Chaos, case: Case, seed: u64) -> CaseResult {
         .fold(0.0, f64::max);
     let lost = ch.load.lost(start, end);
     r.long_lived_lost = lost.len() as u64;
+    if let (Some(first), Some(last)) = (
+        lost.iter().map(|l| l.at).min(),
+        lost.iter().map(|l| l.at).max(),
+    ) {
+        r.notes.push(format!(
+            "long-lived losses from {} to {} ms after the fault (fault over at {} ms)",
+            first - start,
+            last - start,
+            injected.healed_at - start
+        ));
+    }
     for l in &lost {
         *r.lost_by_backend.entry(l.backend.clone()).or_default() += 1;
         *r.errors.entry(format!("long-lived {}", l.error)).or_default() += 1;
