@@ -111,7 +111,10 @@ pub fn aux_vrid() -> u8 {
 fn aux_entries(
     node: &str,
     priority: u8,
-) -> (lb_userspace::config::VipConfig, lb_userspace::vrrp::InstanceConfig) {
+) -> (
+    lb_userspace::config::VipConfig,
+    lb_userspace::vrrp::InstanceConfig,
+) {
     #[derive(serde::Deserialize)]
     struct Aux {
         vips: Vec<lb_userspace::config::VipConfig>,

@@ -7,8 +7,8 @@ pub mod cluster;
 pub mod dsr;
 pub mod frames;
 pub mod lab;
-pub mod strict;
 pub mod pods;
+pub mod strict;
 pub mod vrrp_lab;
 pub mod xdp_fuzz;
 

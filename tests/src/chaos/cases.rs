@@ -251,7 +251,16 @@ fn hostile_adverts(ch: &mut Chaos, owner: &str, notes: &mut Vec<String>) {
     let lab = ch.flavor.lab();
     let ns = lab.node(HOSTILE).netns.clone();
     // Multicast leaves through eth0 (the namespace has no default route).
-    let _ = try_sh(&["ip", "-n", &ns, "route", "replace", "224.0.0.0/4", "dev", "eth0"]);
+    let _ = try_sh(&[
+        "ip",
+        "-n",
+        &ns,
+        "route",
+        "replace",
+        "224.0.0.0/4",
+        "dev",
+        "eth0",
+    ]);
     let (api_vrid, _) = lb_userspace::vrrp::vrids::openshift_vrids(crate::cluster::CLUSTER);
     let vrid = api_vrid.to_string();
     let all_cp: Vec<String> = CONTROL_PLANE.iter().map(|n| node_addr(n)).collect();
@@ -356,7 +365,10 @@ pub fn run_case(ch: &mut Chaos, case: Case, seed: u64) -> CaseResult {
     let end = ch.now_ms();
     r.healthy_again = healthy.is_ok();
     if let Err(e) = healthy {
-        r.notes.push(format!("not healthy again within {:?}: {e}", super::HEAL_TIMEOUT));
+        r.notes.push(format!(
+            "not healthy again within {:?}: {e}",
+            super::HEAL_TIMEOUT
+        ));
     }
     r.duration_ms = end - start;
     r.owner_after = ch.owner().unwrap_or_else(|| "?".into());
@@ -399,7 +411,9 @@ pub fn run_case(ch: &mut Chaos, case: Case, seed: u64) -> CaseResult {
     }
     for l in &lost {
         *r.lost_by_backend.entry(l.backend.clone()).or_default() += 1;
-        *r.errors.entry(format!("long-lived {}", l.error)).or_default() += 1;
+        *r.errors
+            .entry(format!("long-lived {}", l.error))
+            .or_default() += 1;
     }
     r.long_lived_lost_expected = injected
         .dead
@@ -421,7 +435,8 @@ pub fn run_case(ch: &mut Chaos, case: Case, seed: u64) -> CaseResult {
         }
     }
     if !seen.is_empty() {
-        r.notes.push(format!("two holders seen: {}", seen.join(", ")));
+        r.notes
+            .push(format!("two holders seen: {}", seen.join(", ")));
     }
 
     // The targets.
@@ -476,10 +491,14 @@ pub fn run_case(ch: &mut Chaos, case: Case, seed: u64) -> CaseResult {
             r.owner_before, r.owner_after
         ));
     }
-    if r.notes.iter().any(|n| n.contains("accepted") || n.contains("refused")) {
+    if r.notes
+        .iter()
+        .any(|n| n.contains("accepted") || n.contains("refused"))
+    {
         miss.push("reload outcome wrong".into());
     }
     r.ok = miss.is_empty();
-    r.notes.extend(miss.into_iter().map(|m| format!("MISSED: {m}")));
+    r.notes
+        .extend(miss.into_iter().map(|m| format!("MISSED: {m}")));
     r
 }

@@ -104,7 +104,16 @@ impl Flavor for LbdFlavor {
     fn reboot_cleanup(&mut self, node: &str) {
         let ns = self.cluster.lab.node(node).netns.clone();
         for vip in [cluster::API_VIP, cluster::INGRESS_VIP, cluster::AUX_VIP] {
-            let _ = try_sh(&["ip", "-n", &ns, "addr", "del", &format!("{vip}/32"), "dev", "eth0"]);
+            let _ = try_sh(&[
+                "ip",
+                "-n",
+                &ns,
+                "addr",
+                "del",
+                &format!("{vip}/32"),
+                "dev",
+                "eth0",
+            ]);
         }
         let _ = try_sh(&["ip", "-n", &ns, "link", "set", "eth0", "xdpgeneric", "off"]);
         let _ = try_sh(&["ip", "-n", &ns, "link", "set", "eth0", "xdp", "off"]);

@@ -159,7 +159,13 @@ fn short(t: &Target) -> Result<String, String> {
 impl Load {
     /// Start `long_count` long-lived connections spread over `long` targets and short
     /// connections at `rate` per second over `short` targets, from the namespace `netns`.
-    pub fn start(netns: &str, long: Vec<Target>, long_count: usize, short: Vec<Target>, rate: u32) -> Load {
+    pub fn start(
+        netns: &str,
+        long: Vec<Target>,
+        long_count: usize,
+        short: Vec<Target>,
+        rate: u32,
+    ) -> Load {
         let shared = Arc::new(Shared {
             epoch: Instant::now(),
             stop: AtomicBool::new(false),
@@ -182,9 +188,7 @@ impl Load {
         for _ in 0..SHORT_WORKERS {
             let sh = shared.clone();
             let targets = short.clone();
-            threads.push(spawn_in(&path, move || {
-                short_worker(sh, &targets, period)
-            }));
+            threads.push(spawn_in(&path, move || short_worker(sh, &targets, period)));
         }
         Load { shared, threads }
     }

@@ -338,8 +338,8 @@ impl Chaos {
         std::thread::sleep(pause);
         let mac = mac.unwrap_or(old_mac);
         sh(&[
-            "ip", "-n", &sw, "link", "add", node, "type", "veth", "peer", "name", "eth0",
-            "netns", &n.netns,
+            "ip", "-n", &sw, "link", "add", node, "type", "veth", "peer", "name", "eth0", "netns",
+            &n.netns,
         ]);
         sh(&["ip", "-n", &sw, "link", "set", node, "master", "br0", "up"]);
         sh(&["ip", "-n", &n.netns, "link", "set", "eth0", "address", &mac]);
@@ -417,7 +417,11 @@ impl Rng {
 
 /// Control-plane node names other than `node`.
 pub fn other_cp(node: &str) -> Vec<&'static str> {
-    CONTROL_PLANE.iter().copied().filter(|n| *n != node).collect()
+    CONTROL_PLANE
+        .iter()
+        .copied()
+        .filter(|n| *n != node)
+        .collect()
 }
 
 /// Whether `node` is a worker.

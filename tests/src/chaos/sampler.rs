@@ -128,8 +128,7 @@ impl Rtnl {
             if ty == RTM_NEWLINK && b.len() >= 16 {
                 let index = i32::from_ne_bytes(b[4..8].try_into().unwrap());
                 let flags = u32::from_ne_bytes(b[8..12].try_into().unwrap());
-                if flags & IFF_UP != 0 && flags & IFF_LOWER_UP != 0 && flags & IFF_LOOPBACK == 0
-                {
+                if flags & IFF_UP != 0 && flags & IFF_LOWER_UP != 0 && flags & IFF_LOOPBACK == 0 {
                     up.push(index as u32);
                 }
             }
@@ -185,7 +184,9 @@ impl Sampler {
                 let at = clock();
                 let mut holders = vec![Vec::new(); vips.len()];
                 for (i, s) in socks.iter().enumerate() {
-                    let Some(addrs) = s.live_addrs() else { continue };
+                    let Some(addrs) = s.live_addrs() else {
+                        continue;
+                    };
                     for (v, vip) in vips.iter().enumerate() {
                         if addrs.contains(vip) {
                             holders[v].push(i);
