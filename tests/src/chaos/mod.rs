@@ -285,7 +285,15 @@ impl Chaos {
         self.flavor.settled()?;
         for (v, name) in VIPS.iter().enumerate() {
             if self.holder(v).is_none() {
-                return Err(format!("not exactly one holder of {name}"));
+                let held: Vec<&str> = self
+                    .sampler
+                    .last()
+                    .map(|s| s.holders[v].iter().map(|i| NODES[*i]).collect())
+                    .unwrap_or_default();
+                return Err(format!(
+                    "not exactly one holder of {name}: held by [{}]",
+                    held.join(", ")
+                ));
             }
         }
         if !self.load.long_all_fresh(since) {
