@@ -268,7 +268,10 @@ pub async fn remove_stale(handle: &Handle, ifname: &str, vips: &[IpAddr]) -> Res
 /// Start-up cleanup (before any instance runs): remove addresses carrying our label that no
 /// configured instance owns (VIPs of an earlier configuration).
 pub async fn remove_orphans(handle: &Handle, ifname: &str, keep: &[IpAddr]) -> Result<Vec<IpAddr>> {
-    remove_matching(handle, ifname, |ip, labelled| labelled && !keep.contains(&ip)).await
+    remove_matching(handle, ifname, |ip, labelled| {
+        labelled && !keep.contains(&ip)
+    })
+    .await
 }
 
 async fn remove_matching(

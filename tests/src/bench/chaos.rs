@@ -51,8 +51,21 @@ fn print_table(title: &str, rows: &[CaseResult]) {
     }
 }
 
-/// Markdown: lbd next to keepalived + haproxy for the cases both ran.
-fn side_by_side(lbd: &[CaseResult], ka: &[CaseResult]) -> String {
+/// Markdown: lbd (its run in order, else the shuffled one) next to keepalived + haproxy for the
+/// cases both ran.
+fn side_by_side(in_order: &[CaseResult], shuffled: &[CaseResult], ka: &[CaseResult]) -> String {
+    let ran = |r: &&CaseResult| r.new_attempted > 0;
+    let lbd: Vec<CaseResult> = ka
+        .iter()
+        .filter_map(|k| {
+            in_order
+                .iter()
+                .filter(ran)
+                .chain(shuffled.iter().filter(ran))
+                .find(|l| l.name == k.name)
+                .cloned()
+        })
+        .collect();
     let mut s = String::from(
         "| case | lbd new failed | lbd lost/expected | lbd gap ms | lbd dual ms | lbd ok | keepalived+haproxy new failed | lost/expected | gap ms | dual ms | ok |\n|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
@@ -116,7 +129,7 @@ pub fn run() {
         Vec::new()
     };
     if !ka.is_empty() {
-        println!("\n{}", side_by_side(&in_order, &ka));
+        println!("\n{}", side_by_side(&in_order, &shuffled, &ka));
     }
     let all: Vec<&CaseResult> = in_order.iter().chain(&shuffled).collect();
     let failed: Vec<&str> = all

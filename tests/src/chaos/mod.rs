@@ -489,6 +489,13 @@ pub fn run_cases(ch: &mut Chaos, cases: &[Case], seed: u64, label: &str) -> Vec<
             if let Err(e) = repaired {
                 eprintln!("    the cluster stays broken ({e}); the remaining cases are not run");
                 out.push(r);
+                for c in cases[i + 1..].iter().filter(|c| ch.flavor.supports(**c)) {
+                    out.push(CaseResult {
+                        name: c.name().to_string(),
+                        notes: vec!["MISSED: not run: the cluster stayed broken".into()],
+                        ..Default::default()
+                    });
+                }
                 break;
             }
         }
