@@ -11,7 +11,7 @@ use serde_json::json;
 
 use super::write_json;
 use crate::chaos::{
-    Case, CaseResult, Chaos, Rng, keepalived::KeepalivedFlavor, lbd::LbdFlavor, run_cases,
+    Case, CaseResult, Chaos, Rng, keepalived::KeepalivedFlavor, lbd::LbdFlavor, run_cases, shuffle,
     table_header, table_row,
 };
 
@@ -103,7 +103,7 @@ pub fn run() {
         let in_order = run_cases(&mut ch, &cases, seed, "in order");
         let mut order = cases.clone();
         let shuffled = if env_flag("LB_CHAOS_SHUFFLED") {
-            Rng::new(seed).shuffle(&mut order);
+            shuffle(&mut Rng::new(seed), &mut order);
             run_cases(&mut ch, &order, seed.wrapping_add(1), "shuffled")
         } else {
             Vec::new()

@@ -397,29 +397,14 @@ fn current_mac(netns: &str) -> Option<String> {
     v[0]["address"].as_str().map(str::to_string)
 }
 
-/// A small deterministic generator (xorshift64*) for the shuffled order and fault timing.
-#[derive(Clone, Debug)]
-pub struct Rng(u64);
+/// The shuffled order and the faults' details come from the project's seeded generator.
+pub use crate::xdp_fuzz::Rng;
 
-impl Rng {
-    pub fn new(seed: u64) -> Rng {
-        Rng(seed ^ 0x9e37_79b9_7f4a_7c15 | 1)
-    }
-    pub fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    pub fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-    /// Fisher-Yates.
-    pub fn shuffle<T>(&mut self, v: &mut [T]) {
-        for i in (1..v.len()).rev() {
-            let j = self.below(i as u64 + 1) as usize;
-            v.swap(i, j);
-        }
+/// Fisher-Yates shuffle of `v` driven by `rng`.
+pub fn shuffle<T>(rng: &mut Rng, v: &mut [T]) {
+    for i in (1..v.len()).rev() {
+        let j = rng.below(i + 1);
+        v.swap(i, j);
     }
 }
 
