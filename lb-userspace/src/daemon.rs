@@ -213,7 +213,10 @@ impl Daemon {
         let link = netlink.link(&cfg.interface).await?;
         // A link pinned to a device that was deleted since (the interface was recreated) must
         // not make every start fail: drop it and attach afresh.
-        churn::drop_stale_link_pin(&churn::link_pin(&load_options(&cfg), &cfg.interface), &link)?;
+        churn::drop_stale_link_pin(
+            &churn::link_pin(&load_options(&cfg), &cfg.interface),
+            &link,
+        )?;
         let mut dp = Dataplane::load(load_options(&cfg))?;
         dp.attach(&cfg.interface, cfg.xdp_mode)?;
         dp.spawn_log_reader()?;

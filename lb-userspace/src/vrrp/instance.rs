@@ -228,10 +228,7 @@ impl Instance {
 
     /// Apply a reload that changed only in-place fields: no resignation, the VIPs stay.
     pub async fn reconfigure(&self, cfg: InstanceConfig) {
-        let _ = self
-            .commands
-            .send(Command::Reconfigure(Box::new(cfg)))
-            .await;
+        let _ = self.commands.send(Command::Reconfigure(Box::new(cfg))).await;
     }
 
     /// Whether the instance task is still running (it ends only on shutdown or a panic).
@@ -372,11 +369,7 @@ impl Runner {
                 self.link_up = false;
                 self.step(Event::InterfaceDown).await;
             }
-            match VrrpSocket::open(
-                &self.ifname,
-                self.socket.src(),
-                self.cfg.unicast_peers.is_empty(),
-            ) {
+            match VrrpSocket::open(&self.ifname, self.socket.src(), self.cfg.unicast_peers.is_empty()) {
                 Ok(socket) => {
                     tracing::info!(instance = %self.cfg.name, interface = %self.ifname, old = self.ifindex, new = info.index, "interface recreated; VRRP socket bound to the new device");
                     self.socket = socket;
