@@ -154,8 +154,34 @@ pub struct LbConfig {
     /// The same for the source MACs in `LB_PEERS` (bit `mac_filter_bit(mac)`): most frames come
     /// from a router, whose bit is clear, and skip the loop-guard lookup.
     pub peer_filter: [u64; 4],
+    /// SYN flood mode: above this many new connections per second on one CPU, SYNs stop
+    /// writing connection-table entries (the handshake's ACK writes them) for at least
+    /// `FLOOD_HOLD_NS`. 0 = never.
+    pub syn_flood_rate: u32,
+    pub _pad: u32,
 }
-const _: () = assert!(size_of::<LbConfig>() == 80);
+const _: () = assert!(size_of::<LbConfig>() == 88);
+
+/// Per-CPU SYN accounting for flood mode (`LB_FLOOD`), in `bpf_ktime_get_ns` time.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct FloodState {
+    pub window_start: u64,
+    /// SYNs to owned VIPs in the current window, and in the one before.
+    pub count: u32,
+    pub last_count: u32,
+    /// Flood mode holds on this CPU until then.
+    pub flood_until: u64,
+}
+const _: () = assert!(size_of::<FloodState>() == 24);
+
+/// The window SYNs are counted in (`LbConfig::syn_flood_rate` is scaled to it).
+pub const FLOOD_WINDOW_NS: u64 = 100_000_000;
+/// Once the rate is exceeded, flood mode holds this long after the last window over it.
+pub const FLOOD_HOLD_NS: u64 = 1_000_000_000;
+/// Default `syn_flood_rate`: far above what an API or ingress VIP sees from real clients per
+/// CPU, far below what a spoofed flood sends.
+pub const DEFAULT_SYN_FLOOD_RATE: u32 = 10_000;
 
 /// The bit of `addr` in `LbConfig::addr_filter`.
 #[inline(always)]
@@ -219,7 +245,10 @@ pub mod stat {
     /// Loop guard: a VIP packet whose source MAC is another lbd node's (a VRRP peer or a
     /// backend) was already forwarded once; it goes to the local stack.
     pub const PASS_FROM_PEER: u32 = 18;
-    pub const COUNT: u32 = 19;
+    /// A SYN forwarded in SYN flood mode without a connection-table entry (its handshake's ACK
+    /// writes it).
+    pub const SYN_FLOOD_UNTRACKED: u32 = 19;
+    pub const COUNT: u32 = 20;
 
     /// Names in index order, used by user space for `lbctl stats` and metrics.
     pub const NAMES: [&str; COUNT as usize] = [
@@ -242,6 +271,7 @@ pub mod stat {
         "icmp_forwarded",
         "forwarded",
         "pass_from_peer",
+        "syn_flood_untracked",
     ];
 }
 
@@ -258,6 +288,7 @@ pub mod maps {
     pub const BACKEND_STATS: &str = "LB_BACKEND_STATS";
     pub const VIP_OWNED: &str = "LB_VIP_OWNED";
     pub const PEERS: &str = "LB_PEERS";
+    pub const FLOOD: &str = "LB_FLOOD";
     /// Pins of maps earlier versions had and this one does not.
     pub const OBSOLETE: &[&str] = &["LB_VIP_GEN"];
     /// The XDP program's name in the object.
@@ -335,6 +366,7 @@ mod pod {
     unsafe impl aya::Pod for FlowValue {}
     unsafe impl aya::Pod for Counters {}
     unsafe impl aya::Pod for LbConfig {}
+    unsafe impl aya::Pod for FloodState {}
 }
 
 #[cfg(test)]

@@ -18,18 +18,18 @@ mod packet;
 
 use aya_ebpf::{
     bindings::xdp_action::{XDP_DROP, XDP_PASS, XDP_TX},
-    helpers::generated::bpf_redirect,
+    helpers::generated::{bpf_ktime_get_ns, bpf_redirect},
     macros::xdp,
     programs::XdpContext,
 };
 use lb_common::{
-    ALL_PORTS, BACKEND_F_IN_SET, BACKEND_F_LOCAL, BackendInfo, CONFIG_F_ALL_PORTS, FlowKey,
-    FlowValue, NO_BACKEND, VIP_F_OWNED, VIP_OWNED, VipInfo, VipKey, addr_filter_bit, flow_hash,
-    mac_filter_bit, peer_key, stat, table_index,
+    ALL_PORTS, BACKEND_F_IN_SET, BACKEND_F_LOCAL, BackendInfo, CONFIG_F_ALL_PORTS, FLOOD_HOLD_NS,
+    FLOOD_WINDOW_NS, FlowKey, FlowValue, NO_BACKEND, VIP_F_OWNED, VIP_OWNED, VipInfo, VipKey,
+    addr_filter_bit, flow_hash, mac_filter_bit, peer_key, stat, table_index,
 };
 use maps::{
-    LB_BACKEND_STATS, LB_BACKENDS, LB_CONFIG, LB_CONNTRACK, LB_PEERS, LB_TABLES, LB_VIP_ADDRS,
-    LB_VIP_OWNED, LB_VIP_STATS, LB_VIPS, NONE, count, count_traffic,
+    LB_BACKEND_STATS, LB_BACKENDS, LB_CONFIG, LB_CONNTRACK, LB_FLOOD, LB_PEERS, LB_TABLES,
+    LB_VIP_ADDRS, LB_VIP_OWNED, LB_VIP_STATS, LB_VIPS, NONE, count, count_traffic,
 };
 use packet::{ETH_HLEN, ETH_P_IP, ETH_P_IPV6, L3, ParseError, has_ports, ptr_at};
 
@@ -229,6 +229,30 @@ enum Track {
     LookupOnly,
 }
 
+/// Count a SYN on this CPU; whether flood mode holds.
+#[inline(always)]
+fn syn_flood() -> bool {
+    let Some(limit) = LB_CONFIG.get(0).map(|c| c.syn_flood_rate / 10) else {
+        return false;
+    };
+    let Some(s) = LB_FLOOD.get_ptr_mut(0) else {
+        return false;
+    };
+    // Per-CPU value: no other writer.
+    let s = unsafe { &mut *s };
+    let now = unsafe { bpf_ktime_get_ns() };
+    if now.wrapping_sub(s.window_start) >= FLOOD_WINDOW_NS {
+        s.last_count = s.count;
+        s.count = 0;
+        s.window_start = now;
+    }
+    s.count += 1;
+    if limit != 0 && s.count > limit {
+        s.flood_until = now + FLOOD_HOLD_NS;
+    }
+    now < s.flood_until
+}
+
 #[inline(always)]
 fn vip_owned(vip_id: u32) -> bool {
     LB_VIP_OWNED
@@ -311,7 +335,15 @@ fn balance(ctx: &XdpContext, flow: &FlowKey, track: Track) -> Outcome {
             (id, b)
         }
     };
-    if new_flow && track != Track::LookupOnly {
+    // SYN flood mode: a spoofed flood must not push established flows out of the LRU table, so
+    // while SYNs arrive faster than `syn_flood_rate` a SYN's choice is not remembered; the
+    // handshake's ACK (a miss) takes the same Maglev slot and writes the entry.
+    let mut remember = new_flow && track != Track::LookupOnly;
+    if track == Track::NewConnection && syn_flood() {
+        remember = false;
+        ct = stat::SYN_FLOOD_UNTRACKED;
+    }
+    if remember {
         let _ = LB_CONNTRACK.insert(
             flow,
             FlowValue {

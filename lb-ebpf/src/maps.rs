@@ -8,8 +8,8 @@ use aya_ebpf::{
     maps::{Array, HashMap, LruHashMap, PerCpuArray},
 };
 use lb_common::{
-    BackendInfo, Counters, DEFAULT_CONNTRACK_SIZE, DEFAULT_TABLE_SIZE, FlowKey, FlowValue,
-    LbConfig, MAX_BACKENDS, MAX_PEERS, MAX_VIP_ADDRS, MAX_VIPS, VipInfo, VipKey, stat,
+    BackendInfo, Counters, DEFAULT_CONNTRACK_SIZE, DEFAULT_TABLE_SIZE, FloodState, FlowKey,
+    FlowValue, LbConfig, MAX_BACKENDS, MAX_PEERS, MAX_VIP_ADDRS, MAX_VIPS, VipInfo, VipKey, stat,
 };
 
 /// One entry: hash seed and table size.
@@ -48,6 +48,10 @@ pub static LB_TABLES: Array<[u32; 2]> =
 #[map]
 pub static LB_CONNTRACK: LruHashMap<FlowKey, FlowValue> =
     LruHashMap::pinned(DEFAULT_CONNTRACK_SIZE, 0);
+
+/// SYN flood accounting, per CPU (see `lb_common::FloodState`).
+#[map]
+pub static LB_FLOOD: PerCpuArray<FloodState> = PerCpuArray::pinned(1, 0);
 
 /// Global counters: one per-CPU entry holding every counter, so a packet costs one lookup.
 #[map]

@@ -184,7 +184,12 @@ where
 
 /// Accept connections from `accept` and serve each within `limits`: over the connection cap,
 /// a new connection is closed at once (counted), never queued.
-async fn serve_accepted<S, H, F, Fut>(mut accept: F, handler: Arc<H>, full_api: bool, limits: Limits) -> Result<()>
+async fn serve_accepted<S, H, F, Fut>(
+    mut accept: F,
+    handler: Arc<H>,
+    full_api: bool,
+    limits: Limits,
+) -> Result<()>
 where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
     H: Handler,
@@ -207,7 +212,11 @@ where
         let Ok(permit) = slots.clone().try_acquire_owned() else {
             refused += 1;
             if refused.is_power_of_two() {
-                tracing::warn!(refused, max = limits.max_connections, "API connection limit reached; closing new connections");
+                tracing::warn!(
+                    refused,
+                    max = limits.max_connections,
+                    "API connection limit reached; closing new connections"
+                );
             }
             drop(stream);
             continue;
@@ -223,7 +232,14 @@ where
 fn is_transient(e: &std::io::Error) -> bool {
     matches!(
         e.raw_os_error(),
-        Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM | libc::ECONNABORTED | libc::EPROTO)
+        Some(
+            libc::EMFILE
+                | libc::ENFILE
+                | libc::ENOBUFS
+                | libc::ENOMEM
+                | libc::ECONNABORTED
+                | libc::EPROTO
+        )
     ) || e.kind() == std::io::ErrorKind::ConnectionAborted
 }
 
@@ -397,7 +413,10 @@ mod tests {
             .ok()?;
         let mut out = Vec::new();
         c.read_to_end(&mut out).await.ok()?;
-        String::from_utf8_lossy(&out).lines().next().map(str::to_owned)
+        String::from_utf8_lossy(&out)
+            .lines()
+            .next()
+            .map(str::to_owned)
     }
 
     #[tokio::test]
@@ -419,7 +438,9 @@ mod tests {
         let mut slow = Vec::new();
         for _ in 0..32 {
             let mut c = tokio::net::TcpStream::connect(addr).await.unwrap();
-            c.write_all(b"GET /healthz HTTP/1.1\r\nx-slow: ").await.unwrap();
+            c.write_all(b"GET /healthz HTTP/1.1\r\nx-slow: ")
+                .await
+                .unwrap();
             slow.push(c);
         }
         let t = Instant::now();

@@ -117,6 +117,17 @@ pub struct Config {
     /// VIP on `lo` (never announced) and sets `arp_ignore=1`, `arp_announce=2`.
     #[serde(default = "default_true")]
     pub dsr_backend: bool,
+    /// After this node stops being a VIP's VRRP master (lbd stopping, a tracked check failing,
+    /// preemption), it keeps forwarding the VIP's packets that still reach it for this long, so
+    /// connections survive until clients' ARP/ND caches take the new owner (0 turns it off). On
+    /// SIGTERM lbd stays alive through it. See docs/operations.md.
+    #[serde(default = "default_handover_grace_ms")]
+    pub handover_grace_ms: u64,
+    /// SYN flood mode: above this many new connections per second on one CPU, SYNs stop
+    /// writing connection-table entries (the handshake's ACK does), so a spoofed flood cannot
+    /// push established flows out of the table. 0 turns it off. See docs/architecture.md.
+    #[serde(default = "default_syn_flood_rate")]
+    pub syn_flood_rate: u32,
 }
 
 /// A tracked local check: while it passes, `weight` is added to the instance's priority.
@@ -184,6 +195,12 @@ fn default_table_size() -> u32 {
 }
 fn default_conntrack_size() -> u32 {
     lb_common::DEFAULT_CONNTRACK_SIZE
+}
+fn default_syn_flood_rate() -> u32 {
+    lb_common::DEFAULT_SYN_FLOOD_RATE
+}
+fn default_handover_grace_ms() -> u64 {
+    crate::handover::DEFAULT_GRACE.as_millis() as u64
 }
 fn default_protocol() -> Protocol {
     Protocol::Tcp
@@ -254,6 +271,15 @@ impl Config {
         }
         if self.conntrack_size < 1024 {
             return Err(invalid("conntrack_size", "must be at least 1024"));
+        }
+        if self.handover_grace_ms > 60_000 {
+            return Err(invalid(
+                "handover_grace_ms",
+                format!(
+                    "must be at most 60000 (a minute), got {}",
+                    self.handover_grace_ms
+                ),
+            ));
         }
         let services = self.services();
         if services.len() > lb_common::MAX_VIPS as usize {
@@ -457,6 +483,8 @@ weight = 2
         assert!(c.vips[0].owned);
         assert_eq!(c.vips[0].backends[1].weight, 2);
         assert_eq!(c.services(), vec![(0, 6443), (0, 22623)]);
+        assert_eq!(c.handover_grace_ms, 2000);
+        assert_eq!(c.syn_flood_rate, lb_common::DEFAULT_SYN_FLOOD_RATE);
     }
 
     #[test]
@@ -473,6 +501,9 @@ weight = 2
         assert!(e.starts_with("vips[0].ports[0]:"), "{e}");
         let e = err(&GOOD.replace("name = \"api\"", "name = \"api\"\nvrrp = \"nope\""));
         assert!(e.starts_with("vips[0].vrrp:"), "{e}");
+        let e = err(&format!("handover_grace_ms = 600000\n{GOOD}"));
+        assert!(e.starts_with("handover_grace_ms:"), "{e}");
+        assert!(Config::parse(&format!("handover_grace_ms = 0\n{GOOD}")).is_ok());
     }
 
     #[test]

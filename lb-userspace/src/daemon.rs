@@ -14,13 +14,19 @@ use serde::Serialize;
 use tokio::sync::Mutex;
 
 mod churn;
+mod conntrack;
+mod fate;
 mod reload;
+mod rollback;
 mod supervise;
+
+pub use rollback::teardown;
 
 use crate::{
     api::{self, Request, Response},
     config::Config,
     dataplane::{Dataplane, LoadOptions, vip_key},
+    handover::Handover,
     health::{CheckKind, Health, HealthEvent, HealthMonitor, Target},
     metrics,
     netlink::{self, Netlink},
@@ -113,6 +119,7 @@ pub fn load_options(cfg: &Config) -> LoadOptions {
         table_size: cfg.table_size,
         conntrack_size: cfg.conntrack_size,
         hash_seed: cfg.hash_seed,
+        syn_flood_rate: cfg.syn_flood_rate,
     }
 }
 
@@ -194,6 +201,8 @@ pub struct Daemon {
     vrrp_started: std::sync::atomic::AtomicBool,
     /// When the main loop last ran (ms since `started`): /healthz fails when it is stale.
     last_tick_ms: std::sync::atomic::AtomicU64,
+    /// The connection table's size, counted in the background (never under `inner`).
+    conntrack: Arc<conntrack::ConntrackCount>,
 }
 
 /// The main loop ticks every second; this long without a tick means lbd is wedged.
@@ -213,13 +222,15 @@ impl Daemon {
         let link = netlink.link(&cfg.interface).await?;
         // A link pinned to a device that was deleted since (the interface was recreated) must
         // not make every start fail: drop it and attach afresh.
-        churn::drop_stale_link_pin(
-            &churn::link_pin(&load_options(&cfg), &cfg.interface),
-            &link,
-        )?;
+        churn::drop_stale_link_pin(&churn::link_pin(&load_options(&cfg), &cfg.interface), &link)?;
         let mut dp = Dataplane::load(load_options(&cfg))?;
         dp.attach(&cfg.interface, cfg.xdp_mode)?;
         dp.spawn_log_reader()?;
+        let conntrack = conntrack::spawn_counter(
+            load_options(&cfg)
+                .pin_dir()
+                .join(lb_common::maps::CONNTRACK),
+        );
         let up = adopted_up(&cfg, &dp);
         let drained = adopted_drained(&cfg, &dp);
         let (health, events) = HealthMonitor::start(health_targets(&cfg, &up));
@@ -252,6 +263,7 @@ impl Daemon {
             attached: true.into(),
             vrrp_started: false.into(),
             last_tick_ms: 0.into(),
+            conntrack,
         });
         daemon.refresh().await?;
         daemon
@@ -268,7 +280,7 @@ impl Daemon {
             return Ok(());
         }
         if cfg.dsr_backend {
-            netlink::set_arp_sysctls(&cfg.interface)?;
+            netlink::set_arp_sysctls(&cfg.interface, &rollback::saved_sysctls(&cfg))?;
             for r in &cfg.vrrp {
                 for vip in &r.vips {
                     netlink::ensure_local_vip(self.netlink.handle(), *vip).await?;
@@ -302,26 +314,49 @@ impl Daemon {
     }
 
     async fn spawn_instance(self: &Arc<Self>, r: InstanceConfig, interface: &str) -> Result<()> {
-        let instance = Instance::spawn(r.clone(), interface, self.netlink.handle().clone())
+        let mut instance = Instance::spawn(r.clone(), interface, self.netlink.handle().clone())
             .await
             .with_context(|| format!("start VRRP instance {}", r.name))?;
+        self.watch_peer_failures(&mut instance, &r.name);
         let mut owned = instance.ownership();
         let (d, name) = (self.clone(), r.name.clone());
+        let grace = Duration::from_millis(self.config().await.handover_grace_ms);
         tokio::spawn(async move {
+            // Mastership drives forwarding, through the handover grace (see `handover`).
+            let mut handover = Handover::new(grace);
+            let mut f = handover.observe(*owned.borrow_and_update(), Instant::now());
+            let mut alive = true;
             loop {
-                let master = *owned.borrow_and_update();
-                tracing::info!(instance = %name, master, "VRRP ownership");
+                tracing::info!(instance = %name, master = *owned.borrow(), forward = f.forward, grace_until = ?f.until, "VRRP ownership");
                 if let Err(e) = d
-                    .update_facts(|f| {
-                        f.vrrp_master.insert(name.clone(), master);
+                    .update_facts(|facts| {
+                        facts.vrrp_master.insert(name.clone(), f.forward);
                     })
                     .await
                 {
                     tracing::error!(error = %format!("{e:#}"), "applying VRRP ownership");
                 }
-                if owned.changed().await.is_err() {
-                    break;
-                }
+                f = match (f.until, alive) {
+                    (Some(until), true) => tokio::select! {
+                        r = owned.changed() => {
+                            alive = r.is_ok();
+                            handover.observe(*owned.borrow_and_update(), Instant::now())
+                        }
+                        _ = tokio::time::sleep_until(until.into()) => handover.at(Instant::now()),
+                    },
+                    // The instance is gone (lbd stopping): finish the grace, then stop.
+                    (Some(until), false) => {
+                        tokio::time::sleep_until(until.into()).await;
+                        handover.at(Instant::now())
+                    }
+                    (None, true) => {
+                        if owned.changed().await.is_err() {
+                            break;
+                        }
+                        handover.observe(*owned.borrow_and_update(), Instant::now())
+                    }
+                    (None, false) => break,
+                };
             }
         });
         self.vrrp.lock().await.push(VrrpHandle {
@@ -365,10 +400,29 @@ impl Daemon {
 
     /// Stop every VRRP instance gracefully (priority-0 adverts, VIPs removed) and stop
     /// forwarding for their VIPs.
+    /// An instance that was master keeps forwarding through the handover grace
+    /// (`handover_grace_ms`) before lbd exits: clients that have not yet learnt the new owner
+    /// keep their connections.
     pub async fn stop_vrrp(&self) {
         let handles = std::mem::take(&mut *self.vrrp.lock().await);
+        let forwarding = self
+            .inner
+            .lock()
+            .await
+            .facts
+            .vrrp_master
+            .values()
+            .any(|m| *m);
         for h in handles {
             h.instance.shutdown().await;
+        }
+        if forwarding {
+            let grace = Duration::from_millis(self.config().await.handover_grace_ms);
+            tracing::info!(
+                ?grace,
+                "handover: forwarding for the new owner's clients until the grace ends"
+            );
+            tokio::time::sleep(grace).await;
         }
         let _ = self.update_facts(|f| f.vrrp_master.clear()).await;
     }
@@ -614,8 +668,10 @@ impl Daemon {
         Ok(serde_json::json!({
             "interface": g.cfg.interface,
             "uptime_s": self.started.elapsed().map(|d| d.as_secs()).unwrap_or(0),
-            "conntrack_entries": g.dp.conntrack_entries(),
+            "conntrack_entries": self.conntrack.entries(),
+            "conntrack_count": self.conntrack.snapshot(),
             "conntrack_size": g.cfg.conntrack_size,
+            "syn_flood": g.dp.flood_status()?,
             "table_size": g.cfg.table_size,
             "reloads": g.reloads,
             "reload_failures": g.reload_failures,

@@ -17,6 +17,7 @@ pub mod api;
 pub mod config;
 pub mod daemon;
 pub mod dataplane;
+pub mod handover;
 pub mod health;
 pub mod maglev;
 pub mod metrics;

@@ -241,13 +241,64 @@ pub async fn ensure_local_vip(handle: &Handle, vip: IpAddr) -> Result<()> {
 
 /// Make `interface` (and `all`) answer ARP only for addresses configured on the interface the
 /// request came in on, and use such an address as ARP source: then a VIP on `lo` is never
-/// announced, while the VRRP master's VIP on `interface` is.
-pub fn set_arp_sysctls(interface: &str) -> Result<()> {
-    for dev in ["all", interface] {
-        for (k, v) in [("arp_ignore", "1"), ("arp_announce", "2")] {
-            let path = format!("/proc/sys/net/ipv4/conf/{dev}/{k}");
-            std::fs::write(&path, v).with_context(|| format!("write {path}"))?;
+/// announced, while the VRRP master's VIP on `interface` is. The values found the first time
+/// are saved in `saved` (JSON) so a rollback can put them back ([`restore_arp_sysctls`]).
+pub fn set_arp_sysctls(interface: &str, saved: &std::path::Path) -> Result<()> {
+    let keys: Vec<String> = ["all", interface]
+        .iter()
+        .flat_map(|dev| {
+            ["arp_ignore", "arp_announce"].map(|k| format!("/proc/sys/net/ipv4/conf/{dev}/{k}"))
+        })
+        .collect();
+    if !saved.exists() {
+        let mut before = serde_json::Map::new();
+        for path in &keys {
+            let v = std::fs::read_to_string(path).with_context(|| format!("read {path}"))?;
+            before.insert(path.clone(), v.trim().into());
         }
+        if let Some(dir) = saved.parent() {
+            std::fs::create_dir_all(dir)?;
+        }
+        std::fs::write(saved, serde_json::Value::Object(before).to_string())
+            .with_context(|| format!("save sysctls to {}", saved.display()))?;
+    }
+    for path in &keys {
+        let v = if path.ends_with("arp_ignore") {
+            "1"
+        } else {
+            "2"
+        };
+        std::fs::write(path, v).with_context(|| format!("write {path}"))?;
     }
     Ok(())
+}
+
+/// Put back the sysctls [`set_arp_sysctls`] saved, and forget them. Nothing saved: nothing to
+/// do. Returns the paths restored.
+pub fn restore_arp_sysctls(saved: &std::path::Path) -> Result<Vec<String>> {
+    let Ok(text) = std::fs::read_to_string(saved) else {
+        return Ok(Vec::new());
+    };
+    let before: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_str(&text).with_context(|| format!("parse {}", saved.display()))?;
+    let mut done = Vec::new();
+    for (path, v) in before {
+        // Only ARP sysctls, whatever the file says.
+        if !path.starts_with("/proc/sys/net/ipv4/conf/") {
+            continue;
+        }
+        if let Some(v) = v.as_str() {
+            // The interface may be gone; that is fine for a rollback.
+            if std::fs::write(&path, v).is_ok() {
+                done.push(path);
+            }
+        }
+    }
+    std::fs::remove_file(saved)?;
+    Ok(done)
+}
+
+/// Remove `vip` from `lo` (the DSR-backend address [`ensure_local_vip`] added). Absent is fine.
+pub async fn remove_local_vip(handle: &Handle, vip: IpAddr) -> Result<()> {
+    crate::vrrp::announce::remove_vip(handle, "lo", vip).await
 }

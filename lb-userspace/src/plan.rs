@@ -126,6 +126,23 @@ pub fn owned(cfg: &Config, i: usize, facts: &Facts) -> bool {
     }
 }
 
+/// Fate sharing: the (VIP name, backend) pairs that live on a node whose VRRP master role we
+/// just took over because it went silent. They take no new flows at once instead of after
+/// their checks fail; only checked backends qualify, since a passing check is what brings them
+/// back (an unchecked backend would stay out for good).
+pub fn fate_shared(cfg: &Config, dead: IpAddr) -> Vec<(String, IpAddr)> {
+    cfg.vips
+        .iter()
+        .filter(|v| v.health.kind != crate::health::CheckKind::None)
+        .flat_map(|v| {
+            v.backends
+                .iter()
+                .filter(|b| b.address == dead)
+                .map(|b| (v.name.clone(), b.address))
+        })
+        .collect()
+}
+
 pub fn plan(cfg: &Config, facts: &Facts) -> (Desired, Vec<BackendPlan>) {
     let mut rows = Vec::new();
     let mut specs_per_vip: Vec<Vec<BackendSpec>> = Vec::new();
@@ -321,5 +338,68 @@ address = "10.0.0.4"
         );
         f.vrrp_master.insert("api".into(), true);
         assert!(plan(&cfg, &f).0.services[0].owned);
+    }
+
+    #[test]
+    fn fate_shared_takes_the_dead_nodes_checked_backends() {
+        let mut cfg = Config::parse(
+            r#"
+interface = "eth0"
+[[vips]]
+name = "api"
+address = "10.0.0.100"
+ports = [6443]
+[vips.health]
+kind = "tcp"
+[[vips.backends]]
+address = "10.0.0.1"
+[[vips.backends]]
+address = "10.0.0.2"
+[[vips]]
+name = "ingress"
+address = "10.0.0.101"
+ports = [443]
+[vips.health]
+kind = "tcp"
+[[vips.backends]]
+address = "10.0.0.1"
+[[vips]]
+name = "unchecked"
+address = "10.0.0.102"
+ports = [80]
+[vips.health]
+kind = "none"
+[[vips.backends]]
+address = "10.0.0.1"
+"#,
+        )
+        .unwrap();
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        assert_eq!(
+            fate_shared(&cfg, ip("10.0.0.1")),
+            vec![
+                ("api".to_string(), ip("10.0.0.1")),
+                ("ingress".to_string(), ip("10.0.0.1"))
+            ]
+        );
+        assert!(fate_shared(&cfg, ip("10.0.0.9")).is_empty());
+        cfg.vips.truncate(1);
+        // With the fact set, the plan takes it out of the table.
+        let mut f = Facts::default();
+        f.macs.insert(ip("10.0.0.1"), [2, 0, 0, 0, 0, 1]);
+        f.macs.insert(ip("10.0.0.2"), [2, 0, 0, 0, 0, 2]);
+        for pair in fate_shared(&cfg, ip("10.0.0.1")) {
+            f.health.insert(
+                pair,
+                HealthFact {
+                    healthy: false,
+                    reason: "VRRP master failed".into(),
+                },
+            );
+        }
+        let (d, rows) = plan(&cfg, &f);
+        assert!(!d.services[0].backends[0].in_table());
+        assert!(d.services[0].backends[1].in_table());
+        assert_eq!(rows[0].state, BackendState::Down);
     }
 }

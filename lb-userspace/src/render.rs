@@ -317,6 +317,8 @@ impl ClusterSpec {
             vrrp: Vec::new(),
             track: Vec::new(),
             dsr_backend: true,
+            handover_grace_ms: crate::handover::DEFAULT_GRACE.as_millis() as u64,
+            syn_flood_rate: lb_common::DEFAULT_SYN_FLOOD_RATE,
         };
         // A tracked check of a local port, or (None) of the load balancer's own readiness.
         let track =

@@ -92,18 +92,53 @@ impl Lab {
         sh(&a)
     }
 
+    /// Delete a node's `eth0` (and its switch-side peer): a NIC unplugged, a bridge removed.
+    pub fn delete_link(&self, name: &str) {
+        self.ip(&self.switch, &["link", "del", name]);
+    }
+
+    /// Create a node's `eth0` again after [`Lab::delete_link`]: a new device (new index) with
+    /// the same name, MAC and addresses, as a rebuilt bridge such as br-ex comes back.
+    pub fn create_link(&self, name: &str) {
+        let n = self.nodes[name].clone();
+        self.plug(name, &n.netns);
+        self.ip(&n.netns, &["link", "set", "eth0", "address", &n.mac]);
+        self.ip(
+            &n.netns,
+            &["addr", "add", &format!("{}/24", n.v4), "dev", "eth0"],
+        );
+        self.ip(
+            &n.netns,
+            &[
+                "addr",
+                "add",
+                &format!("{}/64", n.v6),
+                "dev",
+                "eth0",
+                "nodad",
+            ],
+        );
+        self.ip(&n.netns, &["link", "set", "eth0", "up"]);
+    }
+
+    /// The veth pair of a node: `eth0` in its namespace, the peer (named after the node) on
+    /// the bridge.
+    fn plug(&self, name: &str, netns: &str) {
+        self.ip(
+            &self.switch,
+            &[
+                "link", "add", name, "type", "veth", "peer", "name", "eth0", "netns", netns,
+            ],
+        );
+        self.ip(&self.switch, &["link", "set", name, "master", "br0", "up"]);
+    }
+
     /// A node with `eth0` on the bridge, addresses `v4/24` and `v6/64`.
     pub fn add_node(&mut self, name: &str, v4: &str, v6: &str) -> Node {
         let netns = format!("{}-{name}", self.prefix);
         sh(&["ip", "netns", "add", &netns]);
         // The switch-side end is named after the node.
-        self.ip(
-            &self.switch,
-            &[
-                "link", "add", name, "type", "veth", "peer", "name", "eth0", "netns", &netns,
-            ],
-        );
-        self.ip(&self.switch, &["link", "set", name, "master", "br0", "up"]);
+        self.plug(name, &netns);
         for (k, v) in [
             ("net.ipv6.conf.all.accept_dad", "0"),
             ("net.ipv6.conf.default.accept_dad", "0"),

@@ -11,6 +11,7 @@ pub mod pods;
 pub mod strict;
 pub mod vrrp_lab;
 pub mod xdp_fuzz;
+pub mod vrrp_send;
 
 use std::{
     net::IpAddr,
@@ -51,6 +52,7 @@ impl TestDataplane {
             table_size,
             conntrack_size,
             hash_seed: 0x1b_5eed,
+            syn_flood_rate: lb_common::DEFAULT_SYN_FLOOD_RATE,
         };
         let dp = Dataplane::load(opts.clone())
             .expect("load the XDP program (needs root and `cargo xtask setup`)");

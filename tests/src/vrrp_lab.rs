@@ -39,6 +39,21 @@ pub struct NodeOpts {
     pub keepalived: bool,
     /// The VIP this node's instance carries, if not the lab's (a VRID collision).
     pub vip: Option<&'static str>,
+    /// lbd: a VRRPv3 instance that also speaks VRRPv2 (a version migration).
+    pub v2_compat: bool,
+    /// lbd: top-level config lines put before everything else.
+    pub top: String,
+    /// lbd: lines appended to the `[[vrrp]]` entry.
+    pub vrrp_extra: String,
+    /// lbd: the backends' TCP check interval.
+    pub health_interval_ms: u32,
+    /// keepalived: haproxy in front, as on OpenShift: VIP:PORT is redirected (nftables) to
+    /// haproxy on 9445, which balances over every node's server with `check inter 5s fall 3
+    /// rise 1`. Without it the keepalived owner serves the VIP itself.
+    pub haproxy: bool,
+    /// keepalived: a tracked script that always passes, adding this weight (OpenShift tracks
+    /// haproxy and apiserver readiness: +20, +5, +3 on an equal base priority).
+    pub track_weight: Option<i32>,
 }
 
 impl Default for NodeOpts {
@@ -53,6 +68,12 @@ impl Default for NodeOpts {
             auth_pass: None,
             keepalived: false,
             vip: None,
+            v2_compat: false,
+            top: String::new(),
+            vrrp_extra: String::new(),
+            health_interval_ms: 200,
+            haproxy: false,
+            track_weight: None,
         }
     }
 }
@@ -203,13 +224,15 @@ impl VrrpLab {
     pub fn config(&self, i: usize) -> String {
         let o = &self.opts[i];
         let vip = self.node_vip(i);
-        let mut c = format!(
+        let mut c = o.top.clone();
+        c += &format!(
             "interface = \"eth0\"\nname = \"{}\"\napi_socket = \"{}\"\nxdp_mode = \"skb\"\n",
             self.pin_name(i),
             self.socket(i)
         );
         c += &format!(
-            "\n[[vips]]\nname = \"api\"\naddress = \"{vip}\"\nports = [{PORT}]\nvrrp = \"api\"\n[vips.health]\nkind = \"tcp\"\ninterval_ms = 200\n",
+            "\n[[vips]]\nname = \"api\"\naddress = \"{vip}\"\nports = [{PORT}]\nvrrp = \"api\"\n[vips.health]\nkind = \"tcp\"\ninterval_ms = {}\n",
+            o.health_interval_ms
         );
         for n in &self.nodes {
             c += &format!("[[vips.backends]]\naddress = \"{}\"\n", self.addr(n));
@@ -221,6 +244,10 @@ impl VrrpLab {
         if let Some(p) = &o.auth_pass {
             c += &format!("auth_pass = \"{p}\"\n");
         }
+        if o.v2_compat {
+            c += "v2_compat = true\n";
+        }
+        c += &o.vrrp_extra;
         if o.unicast {
             let peers: Vec<String> = self.peers(i).iter().map(|p| format!("\"{p}\"")).collect();
             c += &format!(
@@ -238,9 +265,14 @@ impl VrrpLab {
         let vip = self.node_vip(i);
         let prefix = if vip.contains(':') { 128 } else { 32 };
         let mut c = format!(
-            "global_defs {{\n    router_id {}\n    vrrp_version {}\n    vrrp_garp_master_refresh 60\n}}\n\n",
+            "global_defs {{\n    router_id {}\n    vrrp_version {}\n    vrrp_garp_master_refresh 60\n    enable_script_security\n    script_user root\n}}\n\n",
             self.nodes[i], o.version
         );
+        if let Some(w) = o.track_weight {
+            c += &format!(
+                "vrrp_script chk_ready {{\n    script \"/bin/true\"\n    interval 1\n    weight {w}\n    rise 1\n    fall 1\n}}\n\n"
+            );
+        }
         c += "vrrp_instance ostest_API {\n    state BACKUP\n    interface eth0\n";
         c += &format!(
             "    virtual_router_id {VRID}\n    priority {}\n    advert_int {}\n",
@@ -249,6 +281,9 @@ impl VrrpLab {
         );
         if !o.preempt {
             c += "    nopreempt\n";
+        }
+        if o.track_weight.is_some() {
+            c += "    track_script {\n        chk_ready\n    }\n";
         }
         if o.unicast {
             c += &format!(
@@ -311,6 +346,9 @@ impl VrrpLab {
             let (pid, vrrp_pid) = (pid.display().to_string(), vrrp_pid.display().to_string());
             // -n: stay in the foreground (so the lab tracks it); -P: VRRP only; -l -D -G:
             // detailed log on the console (the lab's log file), no syslog.
+            if self.opts[i].haproxy {
+                self.start_haproxy(i);
+            }
             self.lab.spawn(
                 &n,
                 &tag,
@@ -326,6 +364,58 @@ impl VrrpLab {
             .cleanup(PathBuf::from("/sys/fs/bpf").join(self.pin_name(i)));
         self.lab
             .spawn(&n, &tag, bin_dir().join("lbd"), &["--config", &cfg]);
+    }
+
+    /// haproxy on keepalived node `i` as OpenShift runs it in front of the apiservers (TCP,
+    /// round robin, `inter 5s fall 3 rise 1`), reached through an nftables redirect of
+    /// VIP:PORT to 9445 (on the owner, which holds the VIP).
+    fn start_haproxy(&mut self, i: usize) {
+        let n = self.nodes[i].clone();
+        let tag = format!("haproxy-{n}");
+        if self.lab.pid(&tag).is_some() {
+            return;
+        }
+        let mut cfg = String::from(
+            "global\n    maxconn 4096\ndefaults\n    mode tcp\n    timeout connect 5s\n    timeout client 30s\n    timeout server 30s\nlisten api\n    bind :::9445 v4v6\n    balance roundrobin\n",
+        );
+        for (k, node) in self.nodes.iter().enumerate() {
+            cfg += &format!(
+                "    server s{k} {}:{PORT} check inter 5s fall 3 rise 1\n",
+                self.addr(node)
+            );
+        }
+        let path = self.lab.dir.join(format!("haproxy-{n}.cfg"));
+        std::fs::write(&path, cfg).unwrap();
+        let netns = self.lab.node(&n).netns.clone();
+        let (family, daddr) = if self.vip.contains(':') {
+            ("ip6", "ip6 daddr")
+        } else {
+            ("ip", "ip daddr")
+        };
+        let rules = format!(
+            "table {family} lbt {{\n  chain pre {{\n    type nat hook prerouting priority -100;\n    {daddr} {} tcp dport {PORT} redirect to :9445\n  }}\n}}\n",
+            self.vip
+        );
+        let rules_path = self.lab.dir.join(format!("nft-{n}.conf"));
+        std::fs::write(&rules_path, rules).unwrap();
+        let _ = try_sh(&[
+            "nsenter",
+            &format!("--net=/run/netns/{netns}"),
+            "nft",
+            "delete",
+            "table",
+            family,
+            "lbt",
+        ]);
+        sh(&[
+            "nsenter",
+            &format!("--net=/run/netns/{netns}"),
+            "nft",
+            "-f",
+            &rules_path.display().to_string(),
+        ]);
+        let path = path.display().to_string();
+        self.lab.spawn(&n, &tag, "haproxy", &["-db", "-f", &path]);
     }
 
     /// keepalived's VRRP child of node `i`, if running (from its pid file, checked).
@@ -354,6 +444,9 @@ impl VrrpLab {
             .flatten();
         let tag = self.tag(i);
         self.lab.stop(&tag, signal);
+        if self.opts[i].haproxy {
+            self.lab.stop(&format!("haproxy-{}", self.nodes[i]), signal);
+        }
         if let Some(pid) = child {
             if signal == libc::SIGKILL {
                 unsafe { libc::kill(pid, libc::SIGKILL) };
@@ -362,6 +455,19 @@ impl VrrpLab {
                 self.keepalived_child(i).is_none().then_some(())
             });
         }
+    }
+
+    /// CPU time (user + system, seconds) node `i`'s speaker has used so far.
+    pub fn cpu_seconds(&self, i: usize) -> Option<f64> {
+        let pid = self.lab.pid(&self.tag(i))?;
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        // Fields after the command name (which may hold spaces): utime is the 12th, stime 13th.
+        let rest = &stat[stat.rfind(')')? + 2..];
+        let f: Vec<&str> = rest.split(' ').collect();
+        let ticks: u64 = f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?;
+        // SAFETY: sysconf has no preconditions.
+        let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+        Some(ticks as f64 / hz)
     }
 
     /// Send `signal` to node `i`'s speaker without waiting; the unix time in ms it was sent.
@@ -596,6 +702,74 @@ impl VrrpLab {
     /// measurement: call right after failing the master). See [`VrrpLab::answered_since`].
     pub fn time_to_answer(&self, limit: Duration) -> Option<Duration> {
         self.answered_since(Instant::now(), limit)
+    }
+
+    /// After a failure at `start`: (first answer, fully restored). Fully restored is the start
+    /// of the first run of `streak` consecutive new connections that all succeed and after
+    /// which none failed (each connection has its own source port, so hashes to its own
+    /// backend: a dead backend still in the table shows up as failures). Connections start
+    /// every 20 ms, each with a 200 ms timeout, in their own process.
+    pub fn restored_since(
+        &self,
+        start: Instant,
+        limit: Duration,
+        streak: usize,
+    ) -> (Option<Duration>, Option<Duration>) {
+        const SPACING: Duration = Duration::from_millis(20);
+        const MAX_IN_FLIGHT: usize = 16;
+        let mut results: Vec<(Duration, Option<bool>)> = Vec::new();
+        let mut in_flight: Vec<(usize, std::process::Child)> = Vec::new();
+        let mut next = Instant::now();
+        let mut first = None;
+        let restored = loop {
+            if start.elapsed() > limit {
+                break None;
+            }
+            if Instant::now() >= next && in_flight.len() < MAX_IN_FLIGHT {
+                let child = self
+                    .lab
+                    .cmd("client", &self.labnode)
+                    .args(["connect-many", self.vip, PORT, "1", "1", "200"])
+                    .stdout(std::process::Stdio::piped())
+                    .stderr(std::process::Stdio::null())
+                    .spawn();
+                if let Ok(c) = child {
+                    results.push((start.elapsed(), None));
+                    in_flight.push((results.len() - 1, c));
+                }
+                next = Instant::now() + SPACING;
+            }
+            let mut k = 0;
+            while k < in_flight.len() {
+                if matches!(in_flight[k].1.try_wait(), Ok(Some(_))) {
+                    let (idx, c) = in_flight.remove(k);
+                    let ok = c
+                        .wait_with_output()
+                        .ok()
+                        .and_then(|o| serde_json::from_slice::<Value>(&o.stdout).ok())
+                        .is_some_and(|v| v["ok"] == 1);
+                    if ok && first.is_none() {
+                        first = Some(start.elapsed());
+                    }
+                    results[idx].1 = Some(ok);
+                } else {
+                    k += 1;
+                }
+            }
+            // The completed prefix (in start order) decides.
+            let done = results.iter().take_while(|r| r.1.is_some()).count();
+            let last_fail = results[..done].iter().rposition(|r| r.1 == Some(false));
+            let from = last_fail.map_or(0, |f| f + 1);
+            if first.is_some() && done - from >= streak {
+                break Some(results[from].0);
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        };
+        for (_, mut c) in in_flight {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        (first, restored)
     }
 
     /// Time from `start` (e.g. just before a failure) until the client first gets an answer

@@ -142,3 +142,86 @@ fn keepalived_v3_ipv6_and_lbd_share_one_instance() {
     };
     interop(v3(true), v3(false));
 }
+
+/// The VRRP version migration (docs/operations.md): keepalived in OpenShift's VRRPv2 with
+/// lbd nodes that run VRRPv3 with `v2_compat` (they send v2 and v3 adverts and count v2 ones):
+/// one master throughout, also when the keepalived node stops and when the last nodes drop
+/// `v2_compat` by reload. Without `v2_compat` the same mix has two masters, and lbd reports
+/// it as split brain.
+#[test]
+fn v2_to_v3_migration_keeps_one_master() {
+    let compat = |priority| NodeOpts {
+        version: 3,
+        v2_compat: true,
+        ..NodeOpts::openshift_lbd(priority)
+    };
+    let mut l = VrrpLab::new(
+        LABNODE,
+        vec![NodeOpts::openshift_keepalived(150), compat(100), compat(50)],
+    );
+    assert_eq!(master_of(&l, &[0, 1, 2]), 0, "keepalived (150) is master");
+    steady(&l, &[0, 1, 2], 0, 4);
+    lbd_follows(&l, 1, 0);
+    lbd_follows(&l, 2, 0);
+    // The keepalived node is migrated: it stops; the compat lbd node takes over, and the
+    // other one follows it.
+    l.stop(0, libc::SIGTERM);
+    assert_eq!(master_of(&l, &[1, 2]), 1);
+    steady(&l, &[1, 2], 1, 3);
+    lbd_follows(&l, 2, 1);
+    // keepalived (v2 only) comes back with the highest priority: it hears the compat master's
+    // v2 adverts and preempts; nobody sees two masters.
+    l.start(0);
+    assert!(l.wait_master(0, Duration::from_secs(15)), "{}", l.logs());
+    assert_eq!(master_of(&l, &[0, 1, 2]), 0);
+    l.stop(0, libc::SIGTERM);
+    assert_eq!(master_of(&l, &[1, 2]), 1);
+    // Every node is lbd now: drop v2_compat and the password, backup first, by reload (in
+    // place: no resignation, the VIP does not move).
+    for i in [2, 1] {
+        l.opts[i].v2_compat = false;
+        l.opts[i].auth_pass = None;
+        l.write_config(i);
+        let before = l.transitions(i);
+        l.signal(i, libc::SIGHUP);
+        std::thread::sleep(Duration::from_secs(3));
+        assert_eq!(l.transitions(i), before, "n{} applied it in place", i + 1);
+        assert_eq!(master_of(&l, &[1, 2]), 1);
+    }
+    steady(&l, &[1, 2], 1, 3);
+    for i in 1..3 {
+        assert_eq!(l.status(i).unwrap()["counters"]["split_brain"], 0);
+    }
+    assert!(l.wait_serving(Duration::from_secs(10)));
+}
+
+/// What the migration must avoid: a plain VRRPv3 lbd next to a VRRPv2 keepalived. Neither
+/// hears the other, both are master; lbd counts one split-brain episode and says why.
+#[test]
+fn mixed_versions_without_compat_are_reported_as_split_brain() {
+    let plain_v3 = NodeOpts {
+        version: 3,
+        auth_pass: None,
+        ..NodeOpts::openshift_lbd(100)
+    };
+    let l = VrrpLab::new(LABNODE, vec![NodeOpts::openshift_keepalived(150), plain_v3]);
+    let both = lb_tests::lab::wait_for(Duration::from_secs(15), || {
+        (l.masters(&[0, 1]).len() == 2).then_some(())
+    });
+    assert!(both.is_some(), "two masters\n{}", l.logs());
+    let s = lb_tests::lab::wait_for(Duration::from_secs(5), || {
+        let s = l.status(1)?;
+        (s["counters"]["split_brain"] == 1).then_some(s)
+    })
+    .unwrap_or_else(|| panic!("no split brain reported: {:?}", l.status(1)));
+    assert_eq!(
+        s["last_split_brain"]["their_adverts"], "wrong_version",
+        "{s}"
+    );
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(
+        l.status(1).unwrap()["counters"]["split_brain"],
+        1,
+        "one episode, not one per advert"
+    );
+}

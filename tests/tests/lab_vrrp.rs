@@ -283,30 +283,44 @@ fn vrid_collision_other_cluster_with_other_auth_is_reported_without_flapping() {
 }
 
 #[test]
-fn vrid_collision_other_vip_set_is_reported_without_flapping() {
-    // n4 uses our VRID (v3, no auth) for another VIP at a low priority: it takes part in the
-    // election as the RFC says, stays backup, and reports our master's adverts as a collision.
+fn vrid_collision_other_vip_set_is_reported_and_never_votes() {
+    // n4 uses our VRID (v3, no auth) for another VIP: each side drops the other's adverts as
+    // a collision (they never vote), so n4 is master of its own VIP and ours stays on n1.
     let mut opts = vec![prio(150), prio(100), prio(50)];
     opts.push(NodeOpts {
-        priority: 20,
+        priority: 200,
         vip: Some("10.78.0.200"),
         ..Default::default()
     });
     let l = VrrpLab::new(LABNODE, opts);
-    assert_eq!(master_of(&l, &[0, 1, 2, 3]), 0);
+    assert_eq!(master_of(&l, &[0, 1, 2]), 0);
+    assert!(
+        l.wait_master(3, Duration::from_secs(5)),
+        "n4 runs its own VIP"
+    );
     let transitions: Vec<_> = (0..4).map(|i| l.transitions(i)).collect();
-    let n1 = l.lab.node("n1").v4.clone();
+    let (n1, n4) = (l.lab.node("n1").v4.clone(), l.lab.node("n4").v4.clone());
     let c = collision_seen(&l, 3, &n1);
     assert_eq!(c["differs"]["vips"], true, "{c}");
     assert_eq!(c["differs"]["auth"], false, "{c}");
     assert_eq!(c["their_vips"][0], "10.78.0.100");
+    for i in 0..3 {
+        let c = collision_seen(&l, i, &n4);
+        assert_eq!(c["their_vips"][0], "10.78.0.200");
+        assert!(
+            l.status(i).unwrap()["counters"]["drops"]["other_vips"]
+                .as_u64()
+                .unwrap_or(0)
+                > 0
+        );
+    }
     std::thread::sleep(Duration::from_secs(2));
     assert_eq!(
-        l.masters(&[0, 1, 2, 3]),
+        l.masters(&[0, 1, 2]),
         vec![0],
-        "the master stays the same"
+        "our master stays the same although n4 has a higher priority"
     );
+    assert_eq!(l.holders(&[0, 1, 2]), vec![0]);
     let after: Vec<_> = (0..4).map(|i| l.transitions(i)).collect();
     assert_eq!(transitions, after, "no node changed state: no flapping");
-    assert_eq!(l.state(3).as_deref(), Some("backup"));
 }

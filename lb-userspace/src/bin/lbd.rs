@@ -32,7 +32,8 @@ enum Command {
     Run,
     /// Check the config and exit: 0 if valid, else the error naming the field.
     Check,
-    /// Detach the XDP program and remove every pinned map: the node stops load balancing.
+    /// Undo everything lbd added (run with lbd stopped): detach the XDP program and remove its
+    /// pins, remove the VIPs from the interface and `lo`, put the ARP sysctls back.
     Teardown,
 }
 
@@ -60,9 +61,7 @@ fn main() -> std::process::ExitCode {
         Command::Teardown => lb_userspace::config::Config::load(&cli.config)
             .map_err(anyhow::Error::from)
             .and_then(|cfg| {
-                lb_userspace::dataplane::Dataplane::teardown(&lb_userspace::daemon::load_options(
-                    &cfg,
-                ))
+                tokio::runtime::Runtime::new()?.block_on(lb_userspace::daemon::teardown(&cfg))
             }),
         Command::Run => tokio::runtime::Runtime::new()
             .map_err(anyhow::Error::from)

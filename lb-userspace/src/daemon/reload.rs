@@ -194,7 +194,10 @@ mod tests {
             field(|c| c.dsr_backend = !c.dsr_backend),
             Some("dsr_backend".into())
         );
-        assert_eq!(field(|c| c.interface = "eth1".into()), Some("interface".into()));
+        assert_eq!(
+            field(|c| c.interface = "eth1".into()),
+            Some("interface".into())
+        );
         assert_eq!(field(|c| c.table_size = 65_521), Some("table_size".into()));
         assert_eq!(field(|c| c.hash_seed ^= 1), Some("hash_seed".into()));
         assert_eq!(

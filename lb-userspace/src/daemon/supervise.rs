@@ -204,7 +204,9 @@ mod tests {
         h.abort();
         settle().await;
         assert_eq!(s.failure(), None, "an abort at shutdown is not a failure");
-        s.supervise("API listener", async { anyhow::bail!("bind: address in use") });
+        s.supervise("API listener", async {
+            anyhow::bail!("bind: address in use")
+        });
         settle().await;
         assert_eq!(
             s.failure().as_deref(),

@@ -13,6 +13,7 @@
 //! - a slot's MAC, interface or VIP is never rewritten in place (a reader could see half of it):
 //!   such a change is a new pair (id and epoch), installed like an added backend.
 
+mod counters;
 mod pins;
 mod tables;
 
@@ -27,17 +28,18 @@ use aya::{
     Ebpf, EbpfLoader,
     maps::{Array, HashMap as BpfHashMap, Map, MapData, PerCpuArray},
     programs::{
-        TestRun, TestRunOptions, Xdp, XdpMode,
+        Xdp, XdpMode,
         links::{FdLink, PinnedLink},
     },
 };
+pub use counters::{FloodStatus, Traffic};
 use lb_common::{
     BACKEND_F_IN_SET, BACKEND_F_LOCAL, BackendInfo, Counters, FAMILY_V4, FAMILY_V6, FlowKey,
     FlowValue, LbConfig, MAX_BACKENDS, MAX_PEERS, MAX_VIPS, VIP_F_OWNED, VIP_OWNED, VipInfo,
     VipKey, maps, stat, table_index,
 };
 pub use pins::ensure_bpffs;
-use pins::{Shape, drop_unadoptable_pins};
+use pins::{drop_unadoptable_pins, map_shapes};
 use tables::TableMemory;
 
 use crate::maglev;
@@ -133,20 +135,14 @@ pub struct LoadOptions {
     pub table_size: u32,
     pub conntrack_size: u32,
     pub hash_seed: u32,
+    /// `LbConfig::syn_flood_rate`.
+    pub syn_flood_rate: u32,
 }
 
 impl LoadOptions {
     pub fn pin_dir(&self) -> PathBuf {
         self.bpffs_root.join(&self.name)
     }
-}
-
-/// Counters of one service or backend, summed over CPUs.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
-pub struct Traffic {
-    pub packets: u64,
-    pub bytes: u64,
-    pub new_flows: u64,
 }
 
 /// What is installed for one (service, backend) pair.
@@ -182,6 +178,7 @@ pub struct Dataplane {
     vip_owned: Array<MapData, u32>,
     peers: BpfHashMap<MapData, [u8; 8], u32>,
     backend_stats: PerCpuArray<MapData, Counters>,
+    flood: PerCpuArray<MapData, lb_common::FloodState>,
     tables: TableMemory,
     _tables_map: MapData,
     logger: Option<aya_log::EbpfLogger<&'static dyn log::Log>>,
@@ -253,6 +250,7 @@ impl Dataplane {
             vip_stats: take(&mut ebpf, maps::VIP_STATS)?,
             vip_owned: take(&mut ebpf, maps::VIP_OWNED)?,
             peers: take(&mut ebpf, maps::PEERS)?,
+            flood: take(&mut ebpf, maps::FLOOD)?,
             backend_stats: take(&mut ebpf, maps::BACKEND_STATS)?,
             ebpf,
             tables,
@@ -269,6 +267,7 @@ impl Dataplane {
         let cfg = LbConfig {
             hash_seed: dp.opts.hash_seed,
             table_size: dp.opts.table_size,
+            syn_flood_rate: dp.opts.syn_flood_rate,
             ..old
         };
         if old.table_size != 0 && (old.hash_seed, old.table_size) != (cfg.hash_seed, cfg.table_size)
@@ -798,91 +797,6 @@ impl Dataplane {
     pub fn vip_id(&self, key: &VipKey) -> Option<u32> {
         self.services.get(key).map(|s| s.vip_id)
     }
-
-    pub fn global_stats(&self) -> Result<Vec<(&'static str, u64)>> {
-        let per_cpu = self.stats.get(&0, 0)?;
-        Ok(stat::NAMES
-            .iter()
-            .enumerate()
-            .map(|(i, name)| (*name, per_cpu.iter().map(|c| c[i]).sum()))
-            .collect())
-    }
-
-    fn sum(map: &PerCpuArray<MapData, Counters>, id: u32) -> Result<Traffic> {
-        let v = map.get(&id, 0)?;
-        Ok(v.iter().fold(Traffic::default(), |t, c| Traffic {
-            packets: t.packets + c.packets,
-            bytes: t.bytes + c.bytes,
-            new_flows: t.new_flows + c.new_flows,
-        }))
-    }
-
-    pub fn vip_traffic(&self, vip_id: u32) -> Result<Traffic> {
-        Self::sum(&self.vip_stats, vip_id)
-    }
-
-    pub fn backend_traffic(&self, backend_id: u32) -> Result<Traffic> {
-        Self::sum(&self.backend_stats, backend_id)
-    }
-
-    /// Entries in the connection table (walks the map: for status, not for hot paths).
-    pub fn conntrack_entries(&self) -> usize {
-        self.conntrack.keys().filter(|k| k.is_ok()).count()
-    }
-
-    /// Run one of the object's XDP programs on `frame` with BPF_PROG_TEST_RUN.
-    /// Returns (verdict, output frame, average ns per run).
-    pub fn test_run(
-        &mut self,
-        program: &str,
-        frame: &[u8],
-        repeat: u32,
-    ) -> Result<(u32, Vec<u8>, f64)> {
-        let prog: &mut Xdp = self
-            .ebpf
-            .program_mut(program)
-            .ok_or_else(|| anyhow!("no program {program}"))?
-            .try_into()?;
-        let mut out = vec![0u8; frame.len() + 256];
-        let opts = TestRunOptions {
-            data_in: Some(frame),
-            data_out: Some(&mut out),
-            repeat: repeat.max(1),
-            ..TestRunOptions::new()
-        };
-        let r = prog.test_run(opts).context("BPF_PROG_TEST_RUN")?;
-        out.truncate(r.data_size_out as usize);
-        Ok((r.return_value, out, r.duration.as_nanos() as f64))
-    }
-}
-
-/// Every pinned map with the shape this version creates.
-fn map_shapes(table_entries: u32, conntrack: u32) -> Vec<Shape> {
-    use std::mem::size_of;
-    let shape = |name, key, value, entries| Shape {
-        name,
-        key,
-        value,
-        entries,
-    };
-    vec![
-        shape(maps::CONFIG, 4, size_of::<LbConfig>(), None),
-        shape(maps::VIPS, size_of::<VipKey>(), size_of::<VipInfo>(), None),
-        shape(maps::VIP_ADDRS, size_of::<VipKey>(), 4, None),
-        shape(maps::VIP_OWNED, 4, 4, None),
-        shape(maps::PEERS, 8, 4, None),
-        shape(maps::BACKENDS, 4, size_of::<BackendInfo>(), None),
-        shape(maps::TABLES, 4, 8, Some(table_entries)),
-        shape(
-            maps::CONNTRACK,
-            size_of::<FlowKey>(),
-            size_of::<FlowValue>(),
-            Some(conntrack),
-        ),
-        shape(maps::STATS, 4, 8 * stat::COUNT as usize, None),
-        shape(maps::VIP_STATS, 4, size_of::<Counters>(), None),
-        shape(maps::BACKEND_STATS, 4, size_of::<Counters>(), None),
-    ]
 }
 
 fn backend_info(vip_id: u32, b: &BackendSpec, epoch: u32) -> BackendInfo {

@@ -4,6 +4,7 @@
 use std::path::Path;
 
 use anyhow::{Context, Result, bail};
+use lb_common::{BackendInfo, Counters, FlowKey, FlowValue, LbConfig, VipInfo, VipKey, maps, stat};
 
 const BPF_FS_MAGIC: i64 = 0xcafe4a11;
 
@@ -90,4 +91,34 @@ fn remove(dir: &Path, name: &str, why: &str) -> Result<()> {
         std::fs::remove_file(&path).with_context(|| format!("remove {}", path.display()))?;
     }
     Ok(())
+}
+
+/// Every pinned map with the shape this version creates.
+pub fn map_shapes(table_entries: u32, conntrack: u32) -> Vec<Shape> {
+    use std::mem::size_of;
+    let shape = |name, key, value, entries| Shape {
+        name,
+        key,
+        value,
+        entries,
+    };
+    vec![
+        shape(maps::CONFIG, 4, size_of::<LbConfig>(), None),
+        shape(maps::VIPS, size_of::<VipKey>(), size_of::<VipInfo>(), None),
+        shape(maps::VIP_ADDRS, size_of::<VipKey>(), 4, None),
+        shape(maps::VIP_OWNED, 4, 4, None),
+        shape(maps::PEERS, 8, 4, None),
+        shape(maps::BACKENDS, 4, size_of::<BackendInfo>(), None),
+        shape(maps::TABLES, 4, 8, Some(table_entries)),
+        shape(
+            maps::CONNTRACK,
+            size_of::<FlowKey>(),
+            size_of::<FlowValue>(),
+            Some(conntrack),
+        ),
+        shape(maps::STATS, 4, 8 * stat::COUNT as usize, None),
+        shape(maps::VIP_STATS, 4, size_of::<Counters>(), None),
+        shape(maps::BACKEND_STATS, 4, size_of::<Counters>(), None),
+        shape(maps::FLOOD, 4, size_of::<lb_common::FloodState>(), None),
+    ]
 }

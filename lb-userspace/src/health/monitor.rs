@@ -250,6 +250,25 @@ impl HealthMonitor {
         }
     }
 
+    /// Mark these targets down at once (their node died): no event is sent for this (the
+    /// caller applies it); they come back with the usual event after `rise` passing probes.
+    /// Returns the ids that were not down already.
+    pub fn force_down(&self, ids: &[String], reason: &str) -> Vec<String> {
+        let entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
+        let mut changed = Vec::new();
+        for id in ids {
+            if let Some(e) = entries.get(id) {
+                let mut st = lock(&e.state);
+                if st.tracker.force_down().is_some() {
+                    st.last_result = reason.to_string();
+                    st.last_change = Some(SystemTime::now());
+                    changed.push(id.clone());
+                }
+            }
+        }
+        changed
+    }
+
     /// Every target's status, ordered by id.
     pub fn status(&self) -> Vec<TargetStatus> {
         let entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());

@@ -84,6 +84,20 @@ impl Tracker {
         self.fall = fall.max(1);
     }
 
+    /// Mark down without a failed probe (the node behind it was seen to die, e.g. its VRRP
+    /// master-down timer expired): it comes back only through `rise` passing probes.
+    pub fn force_down(&mut self) -> Option<Transition> {
+        self.successes = 0;
+        if self.state == Health::Down {
+            return None;
+        }
+        let from = std::mem::replace(&mut self.state, Health::Down);
+        Some(Transition {
+            from,
+            to: Health::Down,
+        })
+    }
+
     /// Record one probe result; returns the transition it caused, if any.
     pub fn record(&mut self, ok: bool) -> Option<Transition> {
         // Saturate: a backend up for years must not overflow its counter.
@@ -205,5 +219,29 @@ mod tests {
         t.successes = u32::MAX;
         assert_eq!(t.record(true), None);
         assert_eq!(t.consecutive_successes(), u32::MAX);
+    }
+
+    #[test]
+    fn forced_down_comes_back_through_the_rise_count() {
+        let mut t = Tracker::new(3, 2, Health::Up);
+        assert_eq!(
+            t.force_down(),
+            Some(Transition {
+                from: Health::Up,
+                to: Health::Down
+            })
+        );
+        assert_eq!(t.force_down(), None, "already down");
+        assert_eq!(
+            run(&mut t, "++-+++"),
+            [
+                Health::Down,
+                Health::Down,
+                Health::Down,
+                Health::Down,
+                Health::Down,
+                Health::Up
+            ]
+        );
     }
 }

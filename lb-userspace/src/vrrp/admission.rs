@@ -94,8 +94,8 @@ impl Policy {
             return drop(DecodeError::NotAPeer, None);
         }
         let differs = collision::compare(advert, &self.vips, &self.auth);
-        let version_ok = advert.version == self.version
-            || (self.accept_v2 && advert.version == Version::V2);
+        let version_ok =
+            advert.version == self.version || (self.accept_v2 && advert.version == Version::V2);
         if !version_ok {
             return drop(DecodeError::WrongVersion, None);
         }
@@ -168,7 +168,11 @@ mod tests {
     #[test]
     fn our_vip_set_in_any_order_votes() {
         let p = multicast();
-        let j = p.judge(ip("10.0.0.12"), MC, &advert(100, &["10.0.0.101", "10.0.0.100"]));
+        let j = p.judge(
+            ip("10.0.0.12"),
+            MC,
+            &advert(100, &["10.0.0.101", "10.0.0.100"]),
+        );
         assert_eq!(j.verdict, Ok(()));
         assert!(j.claims_our_vips);
         assert_eq!(j.collision, None);

@@ -130,7 +130,10 @@ impl InstanceConfig {
         }
         if self.v2_compat {
             if version != Version::V3 {
-                return err("v2_compat", "only for version = 3 (a v2 instance speaks v2)".into());
+                return err(
+                    "v2_compat",
+                    "only for version = 3 (a v2 instance speaks v2)".into(),
+                );
             }
             if !ms.is_multiple_of(1000) || ms > 255_000 {
                 return err(
@@ -351,7 +354,11 @@ mod tests {
             c.validate_at(0).map_err(|e| e.to_string())
         };
         assert_eq!(e(|_| {}), Ok(()));
-        assert!(e(|c| c.version = 2).unwrap_err().starts_with("vrrp[0].v2_compat:"));
+        assert!(
+            e(|c| c.version = 2)
+                .unwrap_err()
+                .starts_with("vrrp[0].v2_compat:")
+        );
         assert!(
             e(|c| c.advert_interval_ms = Some(100))
                 .unwrap_err()
@@ -420,4 +427,3 @@ mod tests {
         assert_eq!(c.codec_version(), Version::V2);
     }
 }
-

@@ -108,6 +108,7 @@ pub struct Instance {
     commands: mpsc::Sender<Command>,
     status: Arc<Mutex<InstanceStatus>>,
     owned: watch::Receiver<bool>,
+    peer_failures: Option<mpsc::UnboundedReceiver<IpAddr>>,
     task: JoinHandle<()>,
 }
 
@@ -177,6 +178,7 @@ impl Instance {
         }));
         let (commands, rx) = mpsc::channel(16);
         let (owned_tx, owned) = watch::channel(false);
+        let (peer_failed, peer_failures) = mpsc::unbounded_channel();
         let runner = Runner {
             policy: policy(&cfg),
             cfg,
@@ -196,12 +198,14 @@ impl Instance {
             next_garp: None,
             status: status.clone(),
             owned: owned_tx,
+            peer_failed,
         };
         let task = tokio::spawn(runner.run(rx));
         Ok(Instance {
             commands,
             status,
             owned,
+            peer_failures: Some(peer_failures),
             task,
         })
     }
@@ -226,9 +230,19 @@ impl Instance {
         let _ = self.commands.send(Command::TrackWeight(weight)).await;
     }
 
+    /// The addresses of masters that died: we took over because our master-down timer expired
+    /// (not because one resigned). The daemon takes their backends out at once (fate sharing).
+    /// Can be taken once.
+    pub fn take_peer_failures(&mut self) -> Option<mpsc::UnboundedReceiver<IpAddr>> {
+        self.peer_failures.take()
+    }
+
     /// Apply a reload that changed only in-place fields: no resignation, the VIPs stay.
     pub async fn reconfigure(&self, cfg: InstanceConfig) {
-        let _ = self.commands.send(Command::Reconfigure(Box::new(cfg))).await;
+        let _ = self
+            .commands
+            .send(Command::Reconfigure(Box::new(cfg)))
+            .await;
     }
 
     /// Whether the instance task is still running (it ends only on shutdown or a panic).
@@ -293,6 +307,7 @@ struct Runner {
     next_garp: Option<Instant>,
     status: Arc<Mutex<InstanceStatus>>,
     owned: watch::Sender<bool>,
+    peer_failed: mpsc::UnboundedSender<IpAddr>,
 }
 
 fn unix_ms() -> u64 {
@@ -369,7 +384,11 @@ impl Runner {
                 self.link_up = false;
                 self.step(Event::InterfaceDown).await;
             }
-            match VrrpSocket::open(&self.ifname, self.socket.src(), self.cfg.unicast_peers.is_empty()) {
+            match VrrpSocket::open(
+                &self.ifname,
+                self.socket.src(),
+                self.cfg.unicast_peers.is_empty(),
+            ) {
                 Ok(socket) => {
                     tracing::info!(instance = %self.cfg.name, interface = %self.ifname, old = self.ifindex, new = info.index, "interface recreated; VRRP socket bound to the new device");
                     self.socket = socket;
@@ -500,7 +519,15 @@ impl Runner {
 
     /// Feed one event to the machine and carry out its output.
     async fn step(&mut self, event: Event) {
+        let was_master = self.machine.master_addr();
         let out = self.machine.handle(self.now(), event);
+        if let Some(t) = out.transition
+            && t.to == State::Master
+            && t.reason == state::REASON_MASTER_DOWN
+            && let Some(dead) = was_master.filter(|m| *m != self.socket.src())
+        {
+            let _ = self.peer_failed.send(dead);
+        }
         self.carry_out(out).await;
     }
 

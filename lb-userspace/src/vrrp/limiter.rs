@@ -125,6 +125,10 @@ mod tests {
             }
         }
         assert!(l.len() <= MAX_KEYS + 1, "{} keys", l.len());
-        assert_eq!(lines, MAX_KEYS + 1, "distinct peers up to the bound, then one shared key");
+        assert_eq!(
+            lines,
+            MAX_KEYS + 1,
+            "distinct peers up to the bound, then one shared key"
+        );
     }
 }

@@ -48,7 +48,11 @@ impl DualMaster {
         if self.runs.len() >= MAX_PEERS && !self.runs.contains_key(&peer) {
             self.runs.retain(|_, r| !expired(r));
             if self.runs.len() >= MAX_PEERS
-                && let Some(oldest) = self.runs.iter().min_by_key(|(_, r)| r.last).map(|(a, _)| *a)
+                && let Some(oldest) = self
+                    .runs
+                    .iter()
+                    .min_by_key(|(_, r)| r.last)
+                    .map(|(a, _)| *a)
             {
                 self.runs.remove(&oldest);
             }
@@ -122,7 +126,11 @@ mod tests {
     fn a_flood_of_sources_stays_bounded() {
         let mut d = DualMaster::default();
         for i in 0..10_000u32 {
-            d.observe(MS(u64::from(i)), IpAddr::from(std::net::Ipv4Addr::from(i)), MS(100));
+            d.observe(
+                MS(u64::from(i)),
+                IpAddr::from(std::net::Ipv4Addr::from(i)),
+                MS(100),
+            );
         }
         assert!(d.runs.len() <= MAX_PEERS);
     }

@@ -14,6 +14,9 @@ use serde::Serialize;
 /// A point in time: the duration since an epoch the caller chooses (e.g. its start).
 pub type Time = Duration;
 
+/// The transition reason when the master went silent (it died, or we lost it).
+pub const REASON_MASTER_DOWN: &str = "master down timer expired";
+
 /// Immediate answers to conflicting adverts are at least this fraction of our interval apart.
 pub const ANSWER_GAP: u32 = 4;
 
@@ -301,7 +304,7 @@ impl Machine {
                         let reason = if self.master_resigned {
                             "master resigned (priority 0 advert)"
                         } else {
-                            "master down timer expired"
+                            REASON_MASTER_DOWN
                         };
                         self.become_master(now, &mut out, reason);
                     }
@@ -676,16 +679,27 @@ mod tests {
         // Long after start-up, that master fails and a lower one takes over: we wait the full
         // delay again, counted from its first advert (61 s), before preempting it.
         let out = m.handle(MS(61_000), advert("192.0.2.20", 100));
-        assert_eq!(out.actions.len(), 1, "lower master accepted within the delay");
+        assert_eq!(
+            out.actions.len(),
+            1,
+            "lower master accepted within the delay"
+        );
         let out = m.handle(MS(65_999), advert("192.0.2.20", 100));
         assert_eq!(out.actions.len(), 1, "still within the delay");
         let out = m.handle(MS(66_000), advert("192.0.2.20", 100));
-        assert!(out.actions.is_empty(), "delay over: the lower master is ignored");
+        assert!(
+            out.actions.is_empty(),
+            "delay over: the lower master is ignored"
+        );
         // A master at least our priority restarts the count for the next lower one.
         m.handle(MS(66_100), advert("192.0.2.30", 200));
         let out = m.handle(MS(67_000), advert("192.0.2.20", 100));
         assert_eq!(out.actions.len(), 1, "a new delay started at 67 s");
-        assert!(m.handle(MS(72_000), advert("192.0.2.20", 100)).actions.is_empty());
+        assert!(
+            m.handle(MS(72_000), advert("192.0.2.20", 100))
+                .actions
+                .is_empty()
+        );
     }
 
     #[test]

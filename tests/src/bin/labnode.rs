@@ -10,6 +10,8 @@
 //!   connection that failed before reading its id counts under `"?"`).
 //! - `labnode connect-for ADDR PORT SECONDS CONCURRENCY TIMEOUT_MS`: as `connect-many`, but for
 //!   SECONDS instead of a count; same JSON.
+//! - `labnode vrrp-send IFACE SRC DSTS VRID PRIO VIPS|- RATE SECS [V2PASS]`: a foreign VRRP
+//!   router (see `lb_tests::vrrp_send`); prints `{"sent": N}`.
 use std::{
     collections::BTreeMap,
     io::{BufRead, BufReader, Read, Write},
@@ -224,6 +226,11 @@ fn main() {
                 arg(5).parse().unwrap(),
                 Duration::from_millis(arg(6).parse().unwrap()),
             )
+        }
+        Some("vrrp-send") => {
+            let f = lb_tests::vrrp_send::from_args(&args[1..]);
+            let sent = lb_tests::vrrp_send::run(&f).unwrap();
+            println!("{{\"sent\": {sent}}}");
         }
         _ => {
             eprintln!(

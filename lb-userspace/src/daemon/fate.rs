@@ -1,0 +1,56 @@
+//! Fate sharing: when we take over an instance because its master went silent (our
+//! master-down timer expired, not a priority-0 resignation), that node is most likely dead,
+//! and so are the backends at its address. They take no new flows from now on instead of
+//! after their health checks fail; they come back through the normal rise count.
+
+use std::{net::IpAddr, sync::Arc};
+
+use anyhow::Result;
+
+use super::Daemon;
+use crate::{
+    plan::{self, HealthFact},
+    vrrp::Instance,
+};
+
+impl Daemon {
+    /// Follow `instance`'s reports of dead masters.
+    pub(super) fn watch_peer_failures(self: &Arc<Self>, instance: &mut Instance, name: &str) {
+        let Some(mut rx) = instance.take_peer_failures() else {
+            return;
+        };
+        let (d, name) = (self.clone(), name.to_string());
+        tokio::spawn(async move {
+            while let Some(peer) = rx.recv().await {
+                if let Err(e) = d.peer_failed(&name, peer).await {
+                    tracing::error!(error = %format!("{e:#}"), %peer, "fate sharing");
+                }
+            }
+        });
+    }
+
+    /// The master `peer` of `instance` died: its backends leave every VIP's table now.
+    pub async fn peer_failed(&self, instance: &str, peer: IpAddr) -> Result<()> {
+        let reason = format!(
+            "VRRP master {peer} of {instance} went silent; out until its checks pass again"
+        );
+        let mut g = self.inner.lock().await;
+        let pairs = plan::fate_shared(&g.cfg, peer);
+        if pairs.is_empty() {
+            return Ok(());
+        }
+        let ids: Vec<String> = pairs.iter().map(|(v, a)| format!("{v}/{a}")).collect();
+        let changed = g.health.force_down(&ids, &reason);
+        tracing::warn!(%peer, instance, backends = ?changed, "backends of the failed master taken out at once");
+        for pair in pairs {
+            g.facts.health.insert(
+                pair,
+                HealthFact {
+                    healthy: false,
+                    reason: reason.clone(),
+                },
+            );
+        }
+        g.apply()
+    }
+}

@@ -1,0 +1,46 @@
+//! `lbd teardown`: undo everything lbd added to a node, so a rollback to keepalived + haproxy
+//! leaves nothing behind: the XDP program and its pins, the VIPs on the VRRP interfaces
+//! (labelled ones of earlier configurations too), the DSR-backend VIPs on `lo`, and the ARP
+//! sysctls (put back to the values lbd found).
+
+use std::path::PathBuf;
+
+use anyhow::Result;
+
+use super::load_options;
+use crate::{config::Config, dataplane::Dataplane, netlink, vrrp::announce};
+
+/// Where the ARP sysctls lbd replaced are saved (next to the API socket).
+pub fn saved_sysctls(cfg: &Config) -> PathBuf {
+    cfg.api_socket
+        .with_file_name(format!("{}-sysctls.json", cfg.name))
+}
+
+/// Remove everything lbd added on this node for `cfg`. Run with lbd stopped.
+pub async fn teardown(cfg: &Config) -> Result<()> {
+    Dataplane::teardown(&load_options(cfg))?;
+    let nl = netlink::Netlink::new()?;
+    let vips: Vec<std::net::IpAddr> = cfg.vrrp.iter().flat_map(|r| r.vips.clone()).collect();
+    let mut interfaces: Vec<String> = cfg
+        .vrrp
+        .iter()
+        .map(|r| r.interface.clone().unwrap_or_else(|| cfg.interface.clone()))
+        .collect();
+    interfaces.push(cfg.interface.clone());
+    interfaces.sort();
+    interfaces.dedup();
+    for ifname in &interfaces {
+        let mut removed = announce::remove_stale(nl.handle(), ifname, &vips).await?;
+        removed.extend(announce::remove_orphans(nl.handle(), ifname, &[]).await?);
+        if !removed.is_empty() {
+            tracing::info!(interface = %ifname, ?removed, "removed VIPs");
+        }
+    }
+    for vip in &vips {
+        netlink::remove_local_vip(nl.handle(), *vip).await?;
+    }
+    let restored = netlink::restore_arp_sysctls(&saved_sysctls(cfg))?;
+    tracing::info!(?restored, "restored ARP sysctls");
+    let _ = std::fs::remove_file(&cfg.api_socket);
+    Ok(())
+}

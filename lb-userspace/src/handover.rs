@@ -1,0 +1,162 @@
+//! Graceful handover: when this node stops being a VIP's VRRP master while it stays alive (lbd
+//! stopping on SIGTERM, a tracked check failing, preemption by a higher priority), clients keep
+//! sending to it until their ARP/ND caches take the new owner's announcement. Passing those
+//! packets to the local stack would reset their connections; forwarding them with the last table
+//! for a grace period keeps them. The new owner's loop guard (`LB_PEERS`) makes that safe: a frame
+//! we forward during the grace reaches a backend, never a second forwarder.
+//!
+//! Pure: a function of (VRRP mastership, time). The daemon asks it what the data plane should do
+//! and when to ask again.
+
+use std::time::{Duration, Instant};
+
+/// The default grace: longer than a GARP/unsolicited-NA burst takes to land (lbd sends its
+/// announcements at once and repeats them within a second).
+pub const DEFAULT_GRACE: Duration = Duration::from_secs(2);
+
+/// What the data plane should do for one VRRP instance's VIPs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Forwarding {
+    /// Forward VIP packets (as the owner does).
+    pub forward: bool,
+    /// In the grace period: ask again at this time (it ends then unless mastership returns).
+    pub until: Option<Instant>,
+}
+
+/// The handover state of one VRRP instance.
+#[derive(Clone, Debug)]
+pub struct Handover {
+    grace: Duration,
+    master: bool,
+    /// When mastership was lost (start of the grace), while the grace lasts.
+    lost_at: Option<Instant>,
+}
+
+impl Handover {
+    pub fn new(grace: Duration) -> Self {
+        Handover {
+            grace,
+            master: false,
+            lost_at: None,
+        }
+    }
+
+    /// VRRP says `master` at `now` (a change or not).
+    pub fn observe(&mut self, master: bool, now: Instant) -> Forwarding {
+        if master {
+            self.lost_at = None;
+        } else if self.master && !self.grace.is_zero() {
+            self.lost_at = Some(now);
+        }
+        self.master = master;
+        self.at(now)
+    }
+
+    /// What to do at `now` (call at `Forwarding::until`).
+    pub fn at(&mut self, now: Instant) -> Forwarding {
+        if self.master {
+            return Forwarding {
+                forward: true,
+                until: None,
+            };
+        }
+        match self.lost_at {
+            Some(t) if now < t + self.grace => Forwarding {
+                forward: true,
+                until: Some(t + self.grace),
+            },
+            _ => {
+                self.lost_at = None;
+                Forwarding {
+                    forward: false,
+                    until: None,
+                }
+            }
+        }
+    }
+
+    /// Time left in the grace at `now` (zero when not in one): how long a stopping lbd stays.
+    pub fn remaining(&self, now: Instant) -> Duration {
+        match self.lost_at {
+            Some(t) if !self.master => (t + self.grace).saturating_duration_since(now),
+            _ => Duration::ZERO,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const G: Duration = Duration::from_secs(2);
+
+    #[test]
+    fn a_backup_that_never_was_master_does_not_forward() {
+        let mut h = Handover::new(G);
+        let t = Instant::now();
+        assert_eq!(
+            h.observe(false, t),
+            Forwarding {
+                forward: false,
+                until: None
+            }
+        );
+        assert_eq!(h.remaining(t), Duration::ZERO);
+    }
+
+    #[test]
+    fn losing_mastership_forwards_for_the_grace_then_stops() {
+        let mut h = Handover::new(G);
+        let t = Instant::now();
+        assert!(h.observe(true, t).forward);
+        let lost = t + Duration::from_secs(10);
+        let f = h.observe(false, lost);
+        assert_eq!(
+            f,
+            Forwarding {
+                forward: true,
+                until: Some(lost + G)
+            }
+        );
+        assert_eq!(
+            h.remaining(lost + Duration::from_millis(500)),
+            G - Duration::from_millis(500)
+        );
+        assert!(h.at(lost + G - Duration::from_millis(1)).forward);
+        assert_eq!(
+            h.at(lost + G),
+            Forwarding {
+                forward: false,
+                until: None
+            }
+        );
+        // A repeated "backup" after the grace does not start another one.
+        assert!(!h.observe(false, lost + G * 2).forward);
+    }
+
+    #[test]
+    fn regaining_mastership_in_the_grace_ends_it() {
+        let mut h = Handover::new(G);
+        let t = Instant::now();
+        h.observe(true, t);
+        h.observe(false, t + Duration::from_secs(1));
+        assert_eq!(
+            h.observe(true, t + Duration::from_secs(2)),
+            Forwarding {
+                forward: true,
+                until: None
+            }
+        );
+        // Lost again later: a fresh grace from then.
+        let again = t + Duration::from_secs(5);
+        assert_eq!(h.observe(false, again).until, Some(again + G));
+    }
+
+    #[test]
+    fn a_zero_grace_stops_at_once() {
+        let mut h = Handover::new(Duration::ZERO);
+        let t = Instant::now();
+        h.observe(true, t);
+        assert!(!h.observe(false, t).forward);
+    }
+}
