@@ -55,16 +55,110 @@ pub struct Cluster {
     pub runner: Runner,
     pub lab: Lab,
     pub shape: Shape,
+    pub opts: Options,
 }
 
 fn addr(i: usize) -> String {
     format!("10.79.0.{}", 11 + i)
 }
 
+/// Variations of the demo cluster for labs that need more (the chaos bench), applied on top
+/// of the rendered configs.
+#[derive(Clone, Debug, Default)]
+pub struct Options {
+    /// Connection-table entries of every lbd (default: lbd's default).
+    pub conntrack_size: Option<u32>,
+    /// Routers also run the echo service and the ingress VIP serves [`ECHO_PORT`], so
+    /// long-lived connections can go through both VIPs.
+    pub worker_echo: bool,
+    /// Control-plane nodes run a second VRRP instance ("aux", [`AUX_VIP`]), so a reload can
+    /// change one of two instances.
+    pub aux_instance: bool,
+    /// One more host on the segment ([`HOSTILE`]) that runs nothing of ours.
+    pub hostile: bool,
+}
+
+/// The aux instance's VIP and name (see [`Options::aux_instance`]).
+pub const AUX_VIP: &str = "10.79.0.9";
+pub const AUX: &str = "aux";
+/// The hostile host's node name and address.
+pub const HOSTILE: &str = "hostile";
+pub const HOSTILE_ADDR: &str = "10.79.0.66";
+
+/// The address of a demo-cluster node ("cp1".."cp3", "w1", "w2").
+pub fn node_addr(node: &str) -> String {
+    let i = CONTROL_PLANE
+        .iter()
+        .chain(WORKERS.iter())
+        .position(|n| *n == node)
+        .unwrap_or_else(|| panic!("no cluster node {node}"));
+    addr(i)
+}
+
+/// The aux instance's VRID: next to the API one, never the ingress one.
+pub fn aux_vrid() -> u8 {
+    let (api, ingress) = lb_userspace::vrrp::vrids::openshift_vrids(CLUSTER);
+    let mut v = api;
+    loop {
+        v = if v >= 254 { 1 } else { v + 1 };
+        if v != ingress && v != api {
+            return v;
+        }
+    }
+}
+
+/// The aux VIP and its VRRP instance for control-plane node `node` with `priority`.
+fn aux_entries(
+    node: &str,
+    priority: u8,
+) -> (
+    lb_userspace::config::VipConfig,
+    lb_userspace::vrrp::InstanceConfig,
+) {
+    #[derive(serde::Deserialize)]
+    struct Aux {
+        vips: Vec<lb_userspace::config::VipConfig>,
+        vrrp: Vec<lb_userspace::vrrp::InstanceConfig>,
+    }
+    let mut t = format!(
+        "[[vips]]\nname = \"{AUX}\"\naddress = \"{AUX_VIP}\"\nports = [{ECHO_PORT}]\nvrrp = \"{AUX}\"\n[vips.health]\nkind = \"https\"\npath = \"/readyz\"\nport = 6443\n"
+    );
+    for n in CONTROL_PLANE {
+        t += &format!("[[vips.backends]]\naddress = \"{}\"\n", node_addr(n));
+    }
+    let peers: Vec<String> = CONTROL_PLANE
+        .iter()
+        .filter(|n| **n != node)
+        .map(|n| format!("\"{}\"", node_addr(n)))
+        .collect();
+    t += &format!(
+        "[[vrrp]]\nname = \"{AUX}\"\nvrid = {}\npriority = {priority}\nvips = [\"{AUX_VIP}\"]\nunicast_src = \"{}\"\nunicast_peers = [{}]\n",
+        aux_vrid(),
+        node_addr(node),
+        peers.join(", ")
+    );
+    let mut a: Aux = toml::from_str(&t).expect("aux entries");
+    (a.vips.remove(0), a.vrrp.remove(0))
+}
+
+/// `cfg` with the aux instance's priority set to `priority` (the other instances untouched).
+pub fn with_aux_priority(cfg: &Config, priority: u8) -> Config {
+    let mut c = cfg.clone();
+    for i in c.vrrp.iter_mut().filter(|i| i.name == AUX) {
+        i.priority = priority;
+    }
+    c
+}
+
 impl Cluster {
     /// The demo's cluster, lbd as processes.
     pub fn new() -> Cluster {
         Cluster::boot(Shape::Demo, Runner::Process)
+    }
+
+    /// The demo's cluster with `opts`, lbd as processes.
+    pub fn with(opts: Options) -> Cluster {
+        Cluster::boot_with(Shape::Demo, Runner::Process, opts)
     }
 
     /// Nodes of the cluster with the control-plane role.
@@ -94,20 +188,45 @@ impl Cluster {
     /// Build the lab, start the stand-ins, render every node's config from one cluster
     /// description with `lbctl render`, and start lbd on every node.
     pub fn boot(shape: Shape, runner: Runner) -> Cluster {
+        Cluster::boot_with(shape, runner, Options::default())
+    }
+
+    pub fn boot_with(shape: Shape, runner: Runner, opts: Options) -> Cluster {
         let mut lab = Lab::new("cl");
         lab.add_node("client", "10.79.0.1", "fd79::1");
-        let mut c = Cluster { lab, shape, runner };
+        let mut c = Cluster {
+            lab,
+            shape,
+            runner,
+            opts,
+        };
         let nodes = c.nodes();
         for (i, n) in nodes.iter().enumerate() {
             c.lab.add_node(n, &addr(i), &format!("fd79::{}", 11 + i));
         }
+        if c.opts.hostile {
+            c.lab.add_node(HOSTILE, HOSTILE_ADDR, "fd79::66");
+        }
+        for n in &nodes {
+            std::fs::write(c.ready_file(n), "").unwrap();
+            c.start_services(n);
+        }
+        for (n, cfg) in c.render() {
+            c.write_config(&n, &cfg);
+            c.start(&n);
+        }
+        c
+    }
+
+    /// Start what a node serves (everything but lbd): the apiserver stand-in and the echo
+    /// service on control-plane nodes, the router stand-ins (and the echo service with
+    /// [`Options::worker_echo`]) on routers.
+    pub fn start_services(&mut self, n: &str) {
         let standin = bin_dir().join("standin");
         let labnode = bin_dir().join("labnode");
-        for n in c.control_plane() {
-            let ready = c.ready_file(n);
-            std::fs::write(&ready, "").unwrap();
-            let r = ready.display().to_string();
-            c.lab.spawn(
+        let r = self.ready_file(n).display().to_string();
+        if CONTROL_PLANE.contains(&n) {
+            self.lab.spawn(
                 n,
                 &format!("apiserver-{n}"),
                 &standin,
@@ -121,24 +240,15 @@ impl Cluster {
                     &r,
                 ],
             );
-            c.lab.spawn(
-                n,
-                &format!("echo-{n}"),
-                &labnode,
-                &["serve-id", ECHO_PORT, n],
-            );
         }
-        for n in c.routers() {
-            let ready = c.ready_file(n);
-            std::fs::write(&ready, "").unwrap();
-            let r = ready.display().to_string();
+        if self.routers().contains(&n) {
             for (tag, kind, port) in [
                 ("http", "http", "80"),
                 ("https", "https", "443"),
                 ("health", "http", "1936"),
             ] {
                 let listen = format!("0.0.0.0:{port}");
-                c.lab.spawn(
+                self.lab.spawn(
                     n,
                     &format!("router-{tag}-{n}"),
                     &standin,
@@ -146,25 +256,33 @@ impl Cluster {
                 );
             }
         }
-        let rendered = c.render();
-        for (n, cfg) in &rendered {
-            match c.runner {
-                Runner::Process => c.write_config(&c.config_path(n), cfg),
-                // Every node gets every node's config, as from one MachineConfig.
-                Runner::Pod(_) => {
-                    for m in c.nodes() {
-                        c.write_config(
-                            &c.config_dir(m).join("nodes").join(format!("{n}.toml")),
-                            cfg,
-                        )
-                    }
-                }
-            }
+        if CONTROL_PLANE.contains(&n) || self.opts.worker_echo {
+            self.lab.spawn(
+                n,
+                &format!("echo-{n}"),
+                &labnode,
+                &["serve-id", ECHO_PORT, n],
+            );
         }
-        for (n, _) in &rendered {
-            c.start(n);
+    }
+
+    /// Tags of the processes [`Cluster::start_services`] starts on `n`.
+    pub fn service_tags(&self, n: &str) -> Vec<String> {
+        let mut v = Vec::new();
+        if CONTROL_PLANE.contains(&n) {
+            v.push(format!("apiserver-{n}"));
         }
-        c
+        if self.routers().contains(&n) {
+            v.extend(
+                ["http", "https", "health"]
+                    .iter()
+                    .map(|t| format!("router-{t}-{n}")),
+            );
+        }
+        if CONTROL_PLANE.contains(&n) || self.opts.worker_echo {
+            v.push(format!("echo-{n}"));
+        }
+        v
     }
 
     /// The cluster description this lab is, in `lbctl render`'s format.
@@ -216,6 +334,7 @@ impl Cluster {
                 let mut cfg =
                     Config::load(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
                 cfg.name = self.pin_name(n);
+                self.apply_options(n, &mut cfg);
                 if matches!(self.runner, Runner::Process) {
                     cfg.api_socket = self.socket(n).into();
                 }
@@ -224,9 +343,62 @@ impl Cluster {
             .collect()
     }
 
-    fn write_config(&self, path: &std::path::Path, cfg: &Config) {
-        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-        std::fs::write(path, toml::to_string(cfg).unwrap()).unwrap();
+    /// [`Options`] on a rendered config.
+    fn apply_options(&self, node: &str, cfg: &mut Config) {
+        if let Some(n) = self.opts.conntrack_size {
+            cfg.conntrack_size = n;
+        }
+        if self.opts.worker_echo {
+            let port: u16 = ECHO_PORT.parse().unwrap();
+            for v in cfg.vips.iter_mut() {
+                if v.address.to_string() == INGRESS_VIP && !v.ports.contains(&port) {
+                    v.ports.push(port);
+                }
+            }
+        }
+        if self.opts.aux_instance && CONTROL_PLANE.contains(&node) {
+            let (vip, inst) = aux_entries(node, 40);
+            cfg.vips.push(vip);
+            cfg.vrrp.push(inst);
+        }
+    }
+
+    /// The config `node` runs with now (its lbd.toml).
+    pub fn config_of(&self, node: &str) -> Config {
+        Config::load(&self.own_config_file(node)).expect("the node's config")
+    }
+
+    /// The file holding `node`'s own config on `node`.
+    fn own_config_file(&self, node: &str) -> PathBuf {
+        match self.runner {
+            Runner::Process => self.config_path(node),
+            Runner::Pod(_) => self.config_path(node).join(format!("{node}.toml")),
+        }
+    }
+
+    /// Where `node`'s config goes: its lbd.toml for processes; for pods, every node's
+    /// `/etc/lb/nodes/<node>.toml`, as one MachineConfig ships every node's config.
+    fn config_files(&self, node: &str) -> Vec<PathBuf> {
+        match self.runner {
+            Runner::Process => vec![self.config_path(node)],
+            Runner::Pod(_) => self
+                .nodes()
+                .iter()
+                .map(|m| self.config_path(m).join(format!("{node}.toml")))
+                .collect(),
+        }
+    }
+
+    /// Write `text` as `node`'s config (for reload tests, even a broken one).
+    pub fn write_config_text(&self, node: &str, text: &str) {
+        for path in self.config_files(node) {
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(path, text).unwrap();
+        }
+    }
+
+    pub fn write_config(&self, node: &str, cfg: &Config) {
+        self.write_config_text(node, &toml::to_string(cfg).unwrap());
     }
 
     pub fn ready_file(&self, node: &str) -> PathBuf {

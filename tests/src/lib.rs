@@ -3,6 +3,7 @@
 
 pub mod bench;
 pub mod bgp_lab;
+pub mod chaos;
 pub mod cluster;
 pub mod dsr;
 pub mod frames;

@@ -82,6 +82,7 @@ const DEBIAN_PACKAGES: &[&str] = &[
     "binutils",
     // BGP ECMP labs: the router and every LB node run FRR (zebra, bgpd, bfdd).
     "frr",
+    // The chaos bench's partition: a bridge-family filter in the lab's switch namespace.
     "nftables",
 ];
 

@@ -223,15 +223,27 @@ pub async fn remove_vip(handle: &Handle, ifname: &str, vip: IpAddr) -> Result<()
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
         Err(e) => return Err(e.into()),
     };
-    let found: Vec<_> = handle
-        .address()
-        .get()
-        .set_link_index_filter(index)
-        .set_address_filter(vip)
-        .execute()
-        .try_collect()
-        .await
-        .with_context(|| format!("list addresses of {ifname}"))?;
+    // The kernel answers EBUSY when the address list changed during the dump (another
+    // instance adding or removing its VIP at the same moment): dump again. Giving up would
+    // leave the VIP on a node that is no longer master.
+    let mut attempt = 0;
+    let found: Vec<_> = loop {
+        let listed: Result<Vec<_>, _> = handle
+            .address()
+            .get()
+            .set_link_index_filter(index)
+            .set_address_filter(vip)
+            .execute()
+            .try_collect()
+            .await;
+        match listed {
+            Err(e) if errno(&e) == Some(libc::EBUSY) && attempt < 10 => {
+                attempt += 1;
+                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+            }
+            other => break other.with_context(|| format!("list addresses of {ifname}"))?,
+        }
+    };
     for msg in found {
         match handle.address().del(msg).execute().await {
             Ok(()) => {}

@@ -1,6 +1,7 @@
 //! Benchmarks behind `cargo xtask bench`: each part prints a table and writes JSON under
 //! target/bench/ (LB_BENCH_DIR). Ratios are measured in one run against a baseline.
 
+pub mod chaos;
 pub mod detect;
 pub mod e2e;
 mod e2e_owner;

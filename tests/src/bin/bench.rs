@@ -12,6 +12,7 @@ fn main() {
         ("e2e", bench::e2e::run),
         ("failover", bench::failover::run),
         ("scale", bench::scale::run),
+        ("chaos", bench::chaos::run),
     ];
     let chosen: Vec<&(&str, fn())> = parts
         .iter()
