@@ -130,6 +130,11 @@ pub struct Config {
     /// push established flows out of the table. 0 turns it off. See docs/architecture.md.
     #[serde(default = "default_syn_flood_rate")]
     pub syn_flood_rate: u32,
+    /// A backend that fails its checks (or whose node is taken for dead by fate sharing) gets
+    /// no new flows at once; its established flows stay on it this long, then move to other
+    /// backends. A backend back within it loses nothing (0: flows move at once).
+    #[serde(default = "default_failed_backend_hold_ms")]
+    pub failed_backend_hold_ms: u64,
     /// BGP announcement of VIPs with `announce = "bgp"` through FRR (at most one section).
     #[serde(default)]
     pub bgp: Vec<BgpConfig>,
@@ -218,6 +223,12 @@ fn default_conntrack_size() -> u32 {
 fn default_syn_flood_rate() -> u32 {
     lb_common::DEFAULT_SYN_FLOOD_RATE
 }
+fn default_failed_backend_hold_ms() -> u64 {
+    DEFAULT_FAILED_BACKEND_HOLD_MS
+}
+/// Long enough for a readiness flap, a link flap or a partition to heal; short enough that a
+/// dead backend's clients get resets (and reconnect elsewhere) within seconds.
+pub const DEFAULT_FAILED_BACKEND_HOLD_MS: u64 = 10_000;
 fn default_handover_grace_ms() -> u64 {
     crate::handover::DEFAULT_GRACE.as_millis() as u64
 }
@@ -290,6 +301,15 @@ impl Config {
         }
         if self.conntrack_size < 1024 {
             return Err(invalid("conntrack_size", "must be at least 1024"));
+        }
+        if self.failed_backend_hold_ms > 600_000 {
+            return Err(invalid(
+                "failed_backend_hold_ms",
+                format!(
+                    "must be at most 600000 (ten minutes), got {}",
+                    self.failed_backend_hold_ms
+                ),
+            ));
         }
         if self.handover_grace_ms > 60_000 {
             return Err(invalid(

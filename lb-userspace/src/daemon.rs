@@ -100,6 +100,7 @@ fn initial_health(
                 HealthFact {
                     healthy,
                     reason: reason.into(),
+                    hold_until: None,
                 },
             );
         }
@@ -487,14 +488,35 @@ impl Daemon {
             return Ok(());
         };
         tracing::info!(vip, backend = %addr, healthy = e.healthy, reason = %e.reason, "backend health changed");
-        let fact = HealthFact {
-            healthy: e.healthy,
-            reason: e.reason.clone(),
+        let pair = (vip.to_string(), addr);
+        let mut g = self.inner.lock().await;
+        let hold = Duration::from_millis(g.cfg.failed_backend_hold_ms);
+        let fact = match g.facts.health.get(&pair) {
+            _ if e.healthy => HealthFact {
+                healthy: true,
+                reason: e.reason.clone(),
+                hold_until: None,
+            },
+            // Already failing (e.g. taken out by fate sharing): its hold runs on.
+            Some(old) if !old.healthy => HealthFact {
+                reason: e.reason.clone(),
+                ..old.clone()
+            },
+            // Up until now: it may hold established flows.
+            Some(_) if e.previous == Health::Up => {
+                HealthFact::failed(e.reason.clone(), Instant::now(), hold)
+            }
+            _ => HealthFact {
+                healthy: false,
+                reason: e.reason.clone(),
+                hold_until: None,
+            },
         };
-        self.update_facts(|f| {
-            f.health.insert((vip.to_string(), addr), fact);
-        })
-        .await
+        g.facts.health.insert(pair, fact);
+        g.apply()?;
+        drop(g);
+        self.sync_tracking().await;
+        Ok(())
     }
 
     /// Re-read kernel facts (interface, neighbours, local addresses) and re-apply the plan.
@@ -771,6 +793,14 @@ fn adopted_up(cfg: &Config, dp: &Dataplane) -> HashSet<(String, IpAddr)> {
 
 impl Inner {
     fn apply(&mut self) -> Result<()> {
+        let now = Instant::now();
+        self.facts.now = Some(now);
+        // Holds that ended: their backends' flows move now (and the refresh stops asking).
+        for h in self.facts.health.values_mut() {
+            if h.hold_until.is_some_and(|t| t <= now) {
+                h.hold_until = None;
+            }
+        }
         let (desired, rows) = plan::plan(&self.cfg, &self.facts);
         self.dp.apply(&desired).context("apply to the data plane")?;
         self.rows = rows;

@@ -5,6 +5,7 @@
 use std::{
     collections::{HashMap, HashSet},
     net::IpAddr,
+    time::{Duration, Instant},
 };
 
 use serde::Serialize;
@@ -32,12 +33,37 @@ pub struct Facts {
     pub vrrp_master: HashMap<String, bool>,
     /// Resolved MACs of VRRP peers (unicast peers, the current master) on the XDP interface.
     pub peer_macs: HashMap<IpAddr, [u8; 6]>,
+    /// The time the plan is made at (holds of failed backends end by it); `None`: every
+    /// hold still applies.
+    pub now: Option<Instant>,
 }
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct HealthFact {
     pub healthy: bool,
     pub reason: String,
+    /// A backend that went down after taking flows keeps its established flows until then (see
+    /// [`flows_held`]); `None`: no hold (never up, or the hold is over).
+    pub hold_until: Option<Instant>,
+}
+
+impl HealthFact {
+    /// A backend that was up failed at `now`: no new flows from now on; its established flows
+    /// stay for `hold`, then move. A short outage (a flapping readiness probe, a link flap, an
+    /// apiserver that reports unready while it finishes its requests) then costs no
+    /// connection; haproxy likewise leaves established sessions alone when a server goes down.
+    pub fn failed(reason: String, now: Instant, hold: Duration) -> HealthFact {
+        HealthFact {
+            healthy: false,
+            reason,
+            hold_until: (!hold.is_zero()).then(|| now + hold),
+        }
+    }
+}
+
+/// Whether a failing backend still keeps its established flows at `now`.
+pub fn flows_held(h: &HealthFact, now: Option<Instant>) -> bool {
+    !h.healthy && h.hold_until.is_some_and(|t| now.is_none_or(|n| n < t))
 }
 
 /// The state of one backend as `lbctl backends list` shows it.
@@ -161,7 +187,8 @@ pub fn plan(cfg: &Config, facts: &Facts) -> (Desired, Vec<BackendPlan>) {
             };
             let pair = (v.name.clone(), b.address);
             let health = facts.health.get(&pair);
-            let healthy = health.map(|h| h.healthy).unwrap_or(true);
+            let held = health.is_some_and(|h| flows_held(h, facts.now));
+            let healthy = health.map(|h| h.healthy).unwrap_or(true) || held;
             let drained = facts.drained.contains(&pair);
             let spec = BackendSpec {
                 addr: b.address,
@@ -172,8 +199,20 @@ pub fn plan(cfg: &Config, facts: &Facts) -> (Desired, Vec<BackendPlan>) {
                 local,
                 healthy,
                 drained,
+                failing: held,
             };
-            let (state, reason) = if !healthy {
+            let (state, reason) = if held {
+                let h = health.expect("held implies a fact");
+                let left = h
+                    .hold_until
+                    .zip(facts.now)
+                    .map(|(t, n)| t.saturating_duration_since(n).as_secs_f64())
+                    .unwrap_or(0.0);
+                (
+                    BackendState::Down,
+                    format!("{}; established flows stay for {left:.0}s more", h.reason),
+                )
+            } else if !healthy {
                 (
                     BackendState::Down,
                     health.map(|h| h.reason.clone()).unwrap_or_default(),
@@ -282,6 +321,7 @@ address = "10.0.0.4"
             HealthFact {
                 healthy: false,
                 reason: "timeout".into(),
+                hold_until: None,
             },
         );
         let (d, rows) = plan(&cfg, &f);
@@ -398,6 +438,7 @@ address = "10.0.0.1"
                 HealthFact {
                     healthy: false,
                     reason: "VRRP master failed".into(),
+                    hold_until: None,
                 },
             );
         }
@@ -405,5 +446,44 @@ address = "10.0.0.1"
         assert!(!d.services[0].backends[0].in_table());
         assert!(d.services[0].backends[1].in_table());
         assert_eq!(rows[0].state, BackendState::Down);
+    }
+
+    #[test]
+    fn a_failed_backend_keeps_its_established_flows_for_the_hold_only() {
+        let cfg = cfg();
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        let t0 = Instant::now();
+        let mut f = Facts::default();
+        for (i, b) in ["10.0.0.1", "10.0.0.2", "10.0.0.3", "10.0.0.4"]
+            .iter()
+            .enumerate()
+        {
+            f.macs.insert(ip(b), [2, 0, 0, 0, 0, i as u8]);
+        }
+        let pair = ("api".to_string(), ip("10.0.0.1"));
+        f.health.insert(
+            pair.clone(),
+            HealthFact::failed("HTTP 500".into(), t0, Duration::from_secs(10)),
+        );
+        f.now = Some(t0 + Duration::from_secs(3));
+        let (d, rows) = plan(&cfg, &f);
+        let b = &d.services[0].backends[0];
+        assert!(b.in_set(), "established flows stay during the hold");
+        assert!(!b.in_table(), "no new flows at once");
+        assert_eq!(rows[0].state, BackendState::Down);
+        assert!(rows[0].reason.contains("7s more"), "{}", rows[0].reason);
+        f.now = Some(t0 + Duration::from_secs(10));
+        let (d, _) = plan(&cfg, &f);
+        assert!(
+            !d.services[0].backends[0].in_set(),
+            "after the hold, flows move"
+        );
+        // No hold (never up, or a zero hold): out of the set at once.
+        f.health.insert(
+            pair,
+            HealthFact::failed("timeout".into(), t0, Duration::ZERO),
+        );
+        f.now = Some(t0);
+        assert!(!plan(&cfg, &f).0.services[0].backends[0].in_set());
     }
 }

@@ -320,6 +320,7 @@ impl ClusterSpec {
             handover_grace_ms: crate::handover::DEFAULT_GRACE.as_millis() as u64,
             syn_flood_rate: lb_common::DEFAULT_SYN_FLOOD_RATE,
             bgp: Vec::new(),
+            failed_backend_hold_ms: crate::config::DEFAULT_FAILED_BACKEND_HOLD_MS,
         };
         // A tracked check of a local port, or (None) of the load balancer's own readiness.
         let track =

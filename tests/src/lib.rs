@@ -95,6 +95,7 @@ pub fn backend(addr: &str, n: u8) -> BackendSpec {
         local: false,
         healthy: true,
         drained: false,
+        failing: false,
     }
 }
 

@@ -165,6 +165,7 @@ address = "10.0.0.21"
             HealthFact {
                 healthy: false,
                 reason: "timeout".into(),
+                hold_until: None,
             },
         );
         let d = run(&f, NodeState::default());

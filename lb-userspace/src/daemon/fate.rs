@@ -42,14 +42,19 @@ impl Daemon {
         let ids: Vec<String> = pairs.iter().map(|(v, a)| format!("{v}/{a}")).collect();
         let changed = g.health.force_down(&ids, &reason);
         tracing::warn!(%peer, instance, backends = ?changed, "backends of the failed master taken out at once");
+        // No new flows from now on; established flows stay for the hold, so a node that was
+        // only cut off (its lbd killed, a partition) loses nothing if it is back in time.
+        let hold = std::time::Duration::from_millis(g.cfg.failed_backend_hold_ms);
+        let now = std::time::Instant::now();
         for pair in pairs {
-            g.facts.health.insert(
-                pair,
-                HealthFact {
-                    healthy: false,
+            let fact = match g.facts.health.get(&pair) {
+                Some(old) if !old.healthy => HealthFact {
                     reason: reason.clone(),
+                    ..old.clone()
                 },
-            );
+                _ => HealthFact::failed(reason.clone(), now, hold),
+            };
+            g.facts.health.insert(pair, fact);
         }
         g.apply()
     }

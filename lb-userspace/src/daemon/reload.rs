@@ -12,7 +12,7 @@ use crate::{config::Config, netlink};
 
 /// Top-level config fields a reload applies. Any other field that changes refuses the reload
 /// (the running config stays), so no setting is ever silently ignored.
-pub const APPLIED_ON_RELOAD: &[&str] = &["vips", "vrrp", "track", "bgp"];
+pub const APPLIED_ON_RELOAD: &[&str] = &["vips", "vrrp", "track", "bgp", "failed_backend_hold_ms"];
 
 /// Refuse a reload that changes a field lbd cannot apply while running, naming the field.
 pub fn check_reloadable(old: &Config, new: &Config) -> Result<()> {

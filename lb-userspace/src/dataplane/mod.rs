@@ -72,10 +72,13 @@ pub struct BackendSpec {
     pub ifindex: u32,
     /// The backend is this node (its traffic goes to the local stack).
     pub local: bool,
-    /// Passing health checks. A failed backend leaves the set: its flows move.
+    /// In the set by health: a backend out of it has its established flows moved.
     pub healthy: bool,
     /// Drained: no new flows, established ones stay.
     pub drained: bool,
+    /// Failing its checks (or its node suspected dead) but still within the hold during which
+    /// its established flows stay (see `plan`): no new flows. Not persisted in the maps.
+    pub failing: bool,
 }
 
 impl BackendSpec {
@@ -93,7 +96,7 @@ impl BackendSpec {
     }
     /// May receive new flows.
     pub fn in_table(&self) -> bool {
-        self.in_set() && !self.drained && self.weight > 0
+        self.in_set() && !self.drained && !self.failing && self.weight > 0
     }
 }
 
@@ -340,6 +343,7 @@ impl Dataplane {
                         local: b.flags & BACKEND_F_LOCAL != 0,
                         healthy: in_set,
                         drained: b.flags & lb_common::BACKEND_F_DRAINED != 0,
+                        failing: false,
                     },
                 },
             );
