@@ -163,6 +163,8 @@ struct Inner {
     reload_failures: u64,
     last_reload_error: Option<String>,
     health: HealthMonitor,
+    /// The last apply succeeded: the maps say what `cfg` and `facts` ask for.
+    in_sync: bool,
 }
 
 /// A running VRRP instance and what its tracked checks last added to its priority.
@@ -217,6 +219,7 @@ impl Daemon {
                 reloads: 0,
                 reload_failures: 0,
                 last_reload_error: None,
+                in_sync: false,
                 health,
             }),
             netlink,
@@ -449,13 +452,20 @@ impl Daemon {
             }
         }
         let mut g = self.inner.lock().await;
-        g.facts.macs = macs;
         // Only unicast addresses of real interfaces count; VIPs themselves are not backends.
         let vips: HashSet<IpAddr> = g.cfg.vips.iter().map(|v| v.address).collect();
-        g.facts.local_addrs = local_addrs
+        let local_addrs: HashSet<IpAddr> = local_addrs
             .into_iter()
             .filter(|a| !vips.contains(a))
             .collect();
+        // Refreshes come every second and on every neighbour notification (many under load):
+        // with nothing new, re-applying would only rebuild every Maglev table to find it equal.
+        let unchanged = g.facts.macs == macs && g.facts.local_addrs == local_addrs;
+        g.facts.macs = macs;
+        g.facts.local_addrs = local_addrs;
+        if unchanged && g.in_sync {
+            return Ok(());
+        }
         g.apply()
     }
 
@@ -706,7 +716,9 @@ fn adopted_up(cfg: &Config, dp: &Dataplane) -> HashSet<(String, IpAddr)> {
 impl Inner {
     fn apply(&mut self) -> Result<()> {
         let (desired, rows) = plan::plan(&self.cfg, &self.facts);
+        self.in_sync = false;
         self.dp.apply(&desired).context("apply to the data plane")?;
+        self.in_sync = true;
         self.rows = rows;
         Ok(())
     }

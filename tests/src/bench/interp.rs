@@ -217,6 +217,10 @@ impl<'a> Interp<'a> {
                 });
             }
             8 => "get_smp_processor_id",
+            7 => {
+                *p.helpers.entry("get_prandom_u32".into()).or_default() += 1;
+                return Ok(4);
+            }
             5 => "ktime_get_ns",
             23 => {
                 *p.helpers.entry("redirect".into()).or_default() += 1;
