@@ -8,8 +8,8 @@
 #![no_std]
 #![no_main]
 
-mod maps;
 mod bench_progs;
+mod maps;
 mod packet;
 
 use aya_ebpf::{
