@@ -146,6 +146,8 @@ struct Inner {
     reload_failures: u64,
     last_reload_error: Option<String>,
     health: HealthMonitor,
+    /// The last apply succeeded: the maps say what `cfg` and `facts` ask for.
+    in_sync: bool,
 }
 
 /// A running VRRP instance and what its tracked checks last added to its priority.
@@ -234,6 +236,7 @@ impl Daemon {
                 reloads: 0,
                 reload_failures: 0,
                 last_reload_error: None,
+                in_sync: false,
                 health,
             }),
             bgp: Mutex::new(bgp::Announcer::new(netlink.handle().clone())),
@@ -547,15 +550,31 @@ impl Daemon {
             .filter_map(|p| macs.remove(p).map(|m| (*p, m)))
             .collect();
         let mut g = self.inner.lock().await;
-        g.facts.macs = macs;
-        g.facts.peer_macs = peer_macs;
         // Only unicast addresses of real interfaces count; VIPs themselves are not backends.
         let vips: HashSet<IpAddr> = g.cfg.vips.iter().map(|v| v.address).collect();
-        g.facts.local_addrs = local_addrs
+        let local_addrs: HashSet<IpAddr> = local_addrs
             .into_iter()
             .filter(|a| !vips.contains(a))
             .collect();
-        g.apply()?;
+        // Refreshes come every second and on every neighbour notification (many under load):
+        // with nothing new, re-applying would only rebuild every Maglev table to find it equal.
+        // A failed backend's hold that has run out is news: its flows move now.
+        let now = Instant::now();
+        let hold_over = g
+            .facts
+            .health
+            .values()
+            .any(|h| h.hold_until.is_some_and(|t| t <= now));
+        let unchanged = g.facts.macs == macs
+            && g.facts.peer_macs == peer_macs
+            && g.facts.local_addrs == local_addrs
+            && !hold_over;
+        g.facts.macs = macs;
+        g.facts.peer_macs = peer_macs;
+        g.facts.local_addrs = local_addrs;
+        if !(unchanged && g.in_sync) {
+            g.apply()?;
+        }
         drop(g);
         self.sync_bgp().await;
         Ok(())
@@ -802,7 +821,9 @@ impl Inner {
             }
         }
         let (desired, rows) = plan::plan(&self.cfg, &self.facts);
+        self.in_sync = false;
         self.dp.apply(&desired).context("apply to the data plane")?;
+        self.in_sync = true;
         self.rows = rows;
         Ok(())
     }

@@ -6,7 +6,8 @@
 //! is the owner's whole cost. For this phase the owner's `eth0` and its bridge-side peer get
 //! NAPI instances (GRO on) and threaded NAPI: everything the owner's receive path does (for lbd:
 //! the XDP program, generic-mode skb handling and the XDP_TX transmit; for haproxy: its TCP/IP
-//! receive path) then runs in the owner's own NAPI thread, and what leaves the owner is handed
+//! receive path) then runs in the owner's own NAPI thread (TSO is off on both ends, or the veth
+//! would bypass NAPI for TCP), and what leaves the owner is handed
 //! to the peer's thread (the bridge and the backends), not charged to the owner. Owner CPU =
 //! the load balancer's processes (haproxy, or lbd) + the owner's NAPI thread. The phase runs
 //! after the throughput rounds, which keep the lab's normal (softirq) receive path.
@@ -25,17 +26,12 @@ struct OwnerThreads {
     rx_thread: Option<i32>,
 }
 
-fn gro(netns: &str, dev: &str, on: bool) -> bool {
+/// GRO on and TSO off (`on`), or the veth defaults back. A veth hands a packet to its peer's
+/// NAPI only when the peer has NAPI (GRO or XDP) and the sender does not do TSO.
+fn napi_path(netns: &str, dev: &str, on: bool) -> bool {
+    let (gro, tso) = if on { ("on", "off") } else { ("off", "on") };
     try_sh(&[
-        "ip",
-        "netns",
-        "exec",
-        netns,
-        "ethtool",
-        "-K",
-        dev,
-        "gro",
-        if on { "on" } else { "off" },
+        "ip", "netns", "exec", netns, "ethtool", "-K", dev, "gro", gro, "tso", tso,
     ])
     .status
     .success()
@@ -51,8 +47,8 @@ impl OwnerThreads {
         };
         // The bridge-side peer first: it takes over what leaves the owner.
         for (netns, dev) in [(sw, node.to_string()), (ns, "eth0".to_string())] {
-            if !gro(&netns, &dev, true) {
-                eprintln!("GRO on {dev} ({netns}) failed");
+            if !napi_path(&netns, &dev, true) {
+                eprintln!("GRO on / TSO off on {dev} ({netns}) failed");
             }
             let pid = threaded_napi(&netns, &dev);
             t.devices.push((netns, dev.clone()));
@@ -68,7 +64,7 @@ impl Drop for OwnerThreads {
     fn drop(&mut self) {
         for (netns, dev) in &self.devices {
             set_threaded_napi(netns, dev, false);
-            gro(netns, dev, false);
+            napi_path(netns, dev, false);
         }
     }
 }
@@ -89,6 +85,11 @@ pub(super) fn like_for_like(l: &E2eLab, targets: [(&str, &str, &str, u32); 2]) -
             let (wrk, _) = run_wrk(l, target, short);
             let (proc_s, rx_s) = (proc_cpu(pid) - p0, thread_cpu_seconds(rx) - k0);
             drop(threads);
+            if rx_s < 0.01 {
+                eprintln!(
+                    "owner CPU of {name}: its receive thread hardly ran ({rx_s:.3} s): the path bypassed it"
+                );
+            }
             let req = wrk.requests.max(1) as f64;
             let us = 1e6 * (proc_s + rx_s) / req;
             println!(

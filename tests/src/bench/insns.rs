@@ -50,7 +50,14 @@ impl MapSource for KernelMaps {
     }
 }
 
+/// Print the counts and write `target/bench/insns.json`.
 pub fn run() {
+    write_json("insns", &measure());
+}
+
+/// Interpret every path (panicking if the interpreter and the kernel disagree on a verdict or
+/// an output frame), print the table, and return the JSON document.
+pub fn measure() -> serde_json::Value {
     let (mut t, mut cases) = setup();
     cases.push((
         "tcp_midstream_new",
@@ -202,17 +209,14 @@ pub fn run() {
          one-byte loads/stores; st ld/st st: stack loads/stores; div64: 64-bit div/mod; calls: \
          bpf-to-bpf calls"
     );
-    write_json(
-        "insns",
-        &json!({
-            "lb_xdp_static_insns": lb.len() - wide,
-            "lb_baseline_static_insns": baseline.len(),
-            "function_sizes": sizes,
-            "kernel_sizes": kernel_sizes,
-            "paths": rows,
-            "method": "compiled object as linked by aya-obj, interpreted on each frame against the real maps; verdict and output checked against BPF_PROG_TEST_RUN",
-        }),
-    );
+    json!({
+        "lb_xdp_static_insns": lb.len() - wide,
+        "lb_baseline_static_insns": baseline.len(),
+        "function_sizes": sizes,
+        "kernel_sizes": kernel_sizes,
+        "paths": rows,
+        "method": "compiled object as linked by aya-obj, interpreted on each frame against the real maps; verdict and output checked against BPF_PROG_TEST_RUN",
+    })
 }
 
 /// Source lines of a linked program (BTF line info): which line each instruction came from.

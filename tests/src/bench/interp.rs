@@ -181,7 +181,7 @@ impl<'a> Interp<'a> {
 
     fn helper(&mut self, id: i32, r: &[u64; 11], p: &mut Profile) -> Result<u64, String> {
         let name = match id {
-            1 | 2 | 3 => {
+            1..=3 => {
                 let map = self.map_of(r[1])?;
                 let def = self.maps[map as usize].clone();
                 let key = self.mem(r[2], def.key_size)?.to_vec();
@@ -217,6 +217,10 @@ impl<'a> Interp<'a> {
                 });
             }
             8 => "get_smp_processor_id",
+            7 => {
+                *p.helpers.entry("get_prandom_u32".into()).or_default() += 1;
+                return Ok(4);
+            }
             5 => "ktime_get_ns",
             23 => {
                 *p.helpers.entry("redirect".into()).or_default() += 1;
@@ -284,7 +288,7 @@ impl<'a> Interp<'a> {
                         _ => return Err(format!("ld_imm64 src {src}")),
                     };
                 }
-                1 | 2 | 3 => {
+                1..=3 => {
                     let size = [4, 2, 1, 8][((code >> 3) & 3) as usize];
                     let mode = code & 0xe0;
                     if size == 1 {
