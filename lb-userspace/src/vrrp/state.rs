@@ -341,10 +341,22 @@ impl Machine {
         match self.state {
             State::Backup => {
                 if priority == 0 {
-                    // The master resigned: take over after the skew only, so the highest
-                    // priority backup still wins.
+                    // A resignation counts only from the master we follow (or any, before we
+                    // heard one): a priority-0 advert from another host is noise.
+                    if self.master_addr.is_some_and(|m| m != from) {
+                        return;
+                    }
+                    // The master resigned: take over after one of its intervals plus the skew
+                    // (the skew keeps the highest-priority backup first). RFC 9568 waits the
+                    // skew only; waiting one interval more means a resignation forged in the
+                    // master's name is overridden by the real master's next advert (which
+                    // resets the timer below) instead of moving the VIP. A real resignation
+                    // costs one interval, during which the old owner still forwards (its
+                    // handover grace).
                     self.master_resigned = true;
-                    let at = now + skew_time(self.priority, self.master_interval);
+                    let at = now
+                        + self.master_interval
+                        + skew_time(self.priority, self.master_interval);
                     self.set_timer(out, at);
                 } else if priority >= self.priority || !self.may_preempt(now) {
                     if priority >= self.priority {
@@ -776,7 +788,7 @@ mod tests {
         let mut m = started(100);
         m.handle(MS(100), advert("192.0.2.20", 200));
         let out = m.handle(MS(200), advert("192.0.2.20", 0));
-        let at = MS(200) + skew_time(100, MS(1000));
+        let at = MS(200) + MS(1000) + skew_time(100, MS(1000));
         assert_eq!(out.actions, vec![Action::SetTimer(at)]);
         let out = m.handle(at, Event::TimerFired);
         assert_eq!(
@@ -988,5 +1000,27 @@ mod tests {
         lo.handle(t_hi, advert("192.0.2.10", 200));
         assert_eq!(lo.handle(t_lo, Event::TimerFired), Output::default());
         assert_eq!(lo.state(), State::Backup);
+    }
+
+    #[test]
+    fn a_forged_resignation_is_overridden_by_the_real_masters_next_advert() {
+        let mut m = started(100);
+        m.handle(MS(100), advert("192.0.2.20", 100));
+        // A hostile host sends priority 0 in the master's name between its adverts.
+        m.handle(MS(150), advert("192.0.2.20", 0));
+        // The real master keeps advertising every second: each advert resets the timer.
+        for k in 1..5u64 {
+            let t = MS(100 + k * 1000);
+            if let Some(timer) = m.timer() {
+                assert!(timer > t, "took over at {timer:?} before the master's advert at {t:?}");
+            }
+            m.handle(t, advert("192.0.2.20", 100));
+            m.handle(t + MS(50), advert("192.0.2.20", 0));
+        }
+        assert_eq!(m.state(), State::Backup);
+        // A priority-0 advert from a host that is not our master changes nothing.
+        let before = m.timer();
+        assert_eq!(m.handle(MS(5200), advert("192.0.2.99", 0)), Output::default());
+        assert_eq!(m.timer(), before);
     }
 }
