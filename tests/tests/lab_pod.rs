@@ -137,6 +137,16 @@ fn pods_from_the_manifests_elect_and_forward_and_lbctl_works_inside() {
             "warnings at a normal start on {n}:\n{logs}"
         );
     }
+    // What docs/deploy.md quotes for the manifests' memory request (`--nocapture` shows it).
+    for n in CONTROL_PLANE {
+        let pid = p.pid(n).unwrap();
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+        let rss = status
+            .lines()
+            .find(|l| l.starts_with("VmRSS"))
+            .unwrap_or("VmRSS: ?");
+        println!("lbd in the pod on {n}: {rss}");
+    }
     // Forwarding through both VIPs of the combined config, spread over the backends.
     let v = c.get_many(&format!("{API_VIP}:6443"), true, 300);
     assert_eq!(v["ok"], 300, "HTTPS through the API VIP: {v}");
