@@ -611,6 +611,13 @@ impl Runner {
                     stepped_down: sb.stepped_down,
                 });
             });
+            // We stay master, but the other master announced the VIPs too and clients may
+            // have taken its MAC: announce ours again (a fresh burst), or they keep sending to
+            // a node that no longer forwards until their caches expire.
+            if !sb.stepped_down && self.garp_left == 0 {
+                self.garp_left = GARP_BURST;
+                self.next_garp = Some(Instant::now());
+            }
         }
         for action in out.actions {
             match action {
