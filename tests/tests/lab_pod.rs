@@ -138,7 +138,10 @@ fn pods_from_the_manifests_elect_and_forward_and_lbctl_works_inside() {
             .lines()
             .filter(|l| l.contains("\"level\":\"WARN\"") && l.contains("netlink_packet_route"))
             .collect();
-        assert!(noise.is_empty(), "netlink warnings at start on {n}:\n{noise:?}");
+        assert!(
+            noise.is_empty(),
+            "netlink warnings at start on {n}:\n{noise:?}"
+        );
     }
     // What docs/deploy.md quotes for the manifests' memory request (`--nocapture` shows it).
     for n in CONTROL_PLANE {
