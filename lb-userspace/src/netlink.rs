@@ -170,23 +170,15 @@ impl Netlink {
 /// Make the kernel resolve `addr`'s MAC: a zero-length UDP datagram to the discard port, sent out
 /// of `interface`. The backend's reply (if any) is irrelevant; the ARP/ND exchange is the point.
 pub fn trigger_resolution(interface: &str, addr: IpAddr) {
-    let bind: std::net::SocketAddr = match addr {
-        IpAddr::V4(_) => "0.0.0.0:0".parse().expect("literal"),
-        IpAddr::V6(_) => "[::]:0".parse().expect("literal"),
+    use socket2::{Domain, SockAddr, Socket, Type};
+    let target = std::net::SocketAddr::new(addr, 9);
+    let Ok(sock) = Socket::new(Domain::for_address(target), Type::DGRAM, None) else {
+        return;
     };
-    if let Ok(sock) = std::net::UdpSocket::bind(bind) {
-        let name = interface.as_bytes();
-        unsafe {
-            libc::setsockopt(
-                std::os::fd::AsRawFd::as_raw_fd(&sock),
-                libc::SOL_SOCKET,
-                libc::SO_BINDTODEVICE,
-                name.as_ptr().cast(),
-                name.len() as libc::socklen_t,
-            );
-        }
-        let _ = sock.send_to(&[], (addr, 9));
-    }
+    // Best effort: without the device binding the datagram may leave by another route, which
+    // only means this attempt resolves nothing; the next refresh tries again.
+    let _ = sock.bind_device(Some(interface.as_bytes()));
+    let _ = sock.send_to(&[], &SockAddr::from(target));
 }
 
 /// A stream of "the neighbour table changed" signals (RTNLGRP_NEIGH notifications), so backend

@@ -262,7 +262,15 @@ fn test(filter: Option<String>, no_fuzz: bool) -> Result<()> {
     step("kernel tests: BPF_PROG_TEST_RUN and network-namespace labs (root, one at a time)");
     let bin_dir = root().join("target/debug");
     let mut c = cargo();
-    c.args(["test", "-p", "lb-tests", "--", "--test-threads=1"]);
+    // Every lab runs even when one fails, so one failure does not hide the others.
+    c.args([
+        "test",
+        "--no-fail-fast",
+        "-p",
+        "lb-tests",
+        "--",
+        "--test-threads=1",
+    ]);
     if let Some(f) = &filter {
         c.arg(f);
     }

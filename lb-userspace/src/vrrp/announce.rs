@@ -12,7 +12,7 @@ use futures::TryStreamExt;
 use rtnetlink::Handle;
 use rtnetlink::packet_route::address::{AddressAttribute, AddressFlags, AddressHeaderFlags};
 
-use super::io::{bind_to_device, if_index, interface_info, setsockopt_int, sockaddr_in6};
+use super::io::{if_index, interface_info};
 
 const ETH_P_ARP: u16 = 0x0806;
 const ETH_P_IPV4: u16 = 0x0800;
@@ -57,7 +57,7 @@ pub struct Announcer {
     ifindex: u32,
     mac: [u8; 6],
     arp: OwnedFd,
-    nd: OwnedFd,
+    nd: socket2::Socket,
 }
 
 impl Announcer {
@@ -82,29 +82,17 @@ impl Announcer {
         }
         // SAFETY: fresh descriptor.
         let arp = unsafe { OwnedFd::from_raw_fd(arp) };
-        // SAFETY: as above.
-        let nd = unsafe {
-            libc::socket(
-                libc::AF_INET6,
-                libc::SOCK_RAW | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
-                libc::IPPROTO_ICMPV6,
-            )
-        };
-        if nd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: fresh descriptor.
-        let nd = unsafe { OwnedFd::from_raw_fd(nd) };
-        let s = nd.as_raw_fd();
-        bind_to_device(s, ifname)?;
-        // Hop limit 255 or receivers discard the NA (RFC 4861 7.1.2).
-        setsockopt_int(s, libc::IPPROTO_IPV6, libc::IPV6_MULTICAST_HOPS, 255)?;
-        setsockopt_int(
-            s,
-            libc::IPPROTO_IPV6,
-            libc::IPV6_MULTICAST_IF,
-            info.index as i32,
+        // The ND socket through socket2 (no raw calls); the ARP one above stays libc because a
+        // link-layer destination (sockaddr_ll) has no safe constructor in socket2.
+        let nd = socket2::Socket::new(
+            socket2::Domain::IPV6,
+            socket2::Type::RAW.nonblocking().cloexec(),
+            Some(socket2::Protocol::ICMPV6),
         )?;
+        nd.bind_device(Some(ifname.as_bytes()))?;
+        // Hop limit 255 or receivers discard the NA (RFC 4861 7.1.2).
+        nd.set_multicast_hops_v6(255)?;
+        nd.set_multicast_if_v6(info.index)?;
         Ok(Announcer {
             ifindex: info.index,
             mac,
@@ -156,21 +144,8 @@ impl Announcer {
 
     fn send_na(&self, ip: Ipv6Addr) -> io::Result<()> {
         let msg = unsolicited_na(self.mac, ip);
-        let sa = sockaddr_in6(ALL_NODES, self.ifindex);
-        // SAFETY: message and address are valid for the call.
-        let n = unsafe {
-            libc::sendto(
-                self.nd.as_raw_fd(),
-                msg.as_ptr().cast(),
-                msg.len(),
-                0,
-                (&sa as *const libc::sockaddr_in6).cast(),
-                size_of::<libc::sockaddr_in6>() as libc::socklen_t,
-            )
-        };
-        if n < 0 {
-            return Err(io::Error::last_os_error());
-        }
+        let to = std::net::SocketAddrV6::new(ALL_NODES, 0, 0, self.ifindex);
+        self.nd.send_to(&msg, &socket2::SockAddr::from(to))?;
         Ok(())
     }
 }

@@ -558,6 +558,13 @@ impl Runner {
             // One conflicting advert is an ordinary election (e.g. a preemption); only one
             // that persists is an episode (see `record_split_brain`).
             tracing::debug!(instance = %self.cfg.name, peer = %c.peer, peer_priority = c.peer_priority, stepped_down = c.stepped_down, "conflicting master advert");
+            // We stay master, but the other master announced the VIPs too and clients may
+            // have taken its MAC: announce ours again (a fresh burst), or they keep sending to
+            // a node that no longer forwards until their caches expire.
+            if !c.stepped_down && self.garp_left == 0 {
+                self.garp_left = GARP_BURST;
+                self.next_garp = Some(Instant::now());
+            }
         }
         if self.machine.state() != State::Master {
             self.dual.reset();

@@ -354,9 +354,8 @@ impl Machine {
                     // costs one interval, during which the old owner still forwards (its
                     // handover grace).
                     self.master_resigned = true;
-                    let at = now
-                        + self.master_interval
-                        + skew_time(self.priority, self.master_interval);
+                    let at =
+                        now + self.master_interval + skew_time(self.priority, self.master_interval);
                     self.set_timer(out, at);
                 } else if priority >= self.priority || !self.may_preempt(now) {
                     if priority >= self.priority {
@@ -1012,7 +1011,10 @@ mod tests {
         for k in 1..5u64 {
             let t = MS(100 + k * 1000);
             if let Some(timer) = m.timer() {
-                assert!(timer > t, "took over at {timer:?} before the master's advert at {t:?}");
+                assert!(
+                    timer > t,
+                    "took over at {timer:?} before the master's advert at {t:?}"
+                );
             }
             m.handle(t, advert("192.0.2.20", 100));
             m.handle(t + MS(50), advert("192.0.2.20", 0));
@@ -1020,7 +1022,10 @@ mod tests {
         assert_eq!(m.state(), State::Backup);
         // A priority-0 advert from a host that is not our master changes nothing.
         let before = m.timer();
-        assert_eq!(m.handle(MS(5200), advert("192.0.2.99", 0)), Output::default());
+        assert_eq!(
+            m.handle(MS(5200), advert("192.0.2.99", 0)),
+            Output::default()
+        );
         assert_eq!(m.timer(), before);
     }
 }
