@@ -314,6 +314,7 @@ impl Daemon {
             .with_context(|| format!("start VRRP instance {}", r.name))?;
         self.watch_peer_failures(&mut instance, &r.name);
         let mut owned = instance.ownership();
+        let forwarding = instance.forwarding_ack();
         let (d, name) = (self.clone(), r.name.clone());
         let grace = Duration::from_millis(self.config().await.handover_grace_ms);
         // After a crash and a quick restart, clients may still send to this node (their ARP/ND
@@ -340,6 +341,10 @@ impl Daemon {
                     .await
                 {
                     tracing::error!(error = %format!("{e:#}"), "applying VRRP ownership");
+                }
+                // The instance announces its VIPs only once the data plane forwards them.
+                if let Some(ack) = &forwarding {
+                    let _ = ack.send(f.forward);
                 }
                 f = match (f.until, alive) {
                     (Some(until), true) => tokio::select! {

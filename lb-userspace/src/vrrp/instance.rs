@@ -28,6 +28,9 @@ use super::state::{self, Action, Event, Machine, Params, State};
 /// frame can be lost and switches may still be learning.
 pub const GARP_BURST: u32 = 5;
 pub const GARP_SPACING: Duration = Duration::from_millis(100);
+/// Longest a new master waits for the data plane to forward before adding and announcing its
+/// VIPs anyway.
+pub const FORWARDING_ACK_WAIT: Duration = Duration::from_millis(300);
 /// How often link state is polled (a link going down means fault).
 const LINK_POLL: Duration = Duration::from_millis(250);
 
@@ -108,6 +111,9 @@ pub struct Instance {
     commands: mpsc::Sender<Command>,
     status: Arc<Mutex<InstanceStatus>>,
     owned: watch::Receiver<bool>,
+    /// The data plane's confirmation that it forwards (see [`Instance::forwarding_ack`]).
+    forwarding: Option<watch::Sender<bool>>,
+    forwarding_acked: Arc<std::sync::atomic::AtomicBool>,
     peer_failures: Option<mpsc::UnboundedReceiver<IpAddr>>,
     task: JoinHandle<()>,
 }
@@ -178,6 +184,8 @@ impl Instance {
         }));
         let (commands, rx) = mpsc::channel(16);
         let (owned_tx, owned) = watch::channel(false);
+        let (forwarding_tx, forwarding_rx) = watch::channel(false);
+        let forwarding_acked = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let (peer_failed, peer_failures) = mpsc::unbounded_channel();
         let runner = Runner {
             policy: policy(&cfg),
@@ -198,10 +206,14 @@ impl Instance {
             next_garp: None,
             status: status.clone(),
             owned: owned_tx,
+            forwarding: forwarding_rx,
+            forwarding_acked: forwarding_acked.clone(),
             peer_failed,
         };
         let task = tokio::spawn(runner.run(rx));
         Ok(Instance {
+            forwarding: Some(forwarding_tx),
+            forwarding_acked,
             commands,
             status,
             owned,
@@ -222,6 +234,16 @@ impl Instance {
     /// plane's owned flag.
     pub fn ownership(&self) -> watch::Receiver<bool> {
         self.owned.clone()
+    }
+
+    /// For the owner of the data plane: send `true` once it forwards the instance's VIPs. With
+    /// it taken, a new master adds its VIPs and announces them (GARP/NA) only after that (or
+    /// after at most [`FORWARDING_ACK_WAIT`]): clients that follow the announcement before
+    /// the data plane forwards would reach the local stack and be reset.
+    pub fn forwarding_ack(&mut self) -> Option<watch::Sender<bool>> {
+        self.forwarding_acked
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        self.forwarding.take()
     }
 
     /// Set the sum of tracked weights (e.g. +20 for a ready local haproxy-equivalent); the
@@ -307,6 +329,9 @@ struct Runner {
     next_garp: Option<Instant>,
     status: Arc<Mutex<InstanceStatus>>,
     owned: watch::Sender<bool>,
+    /// The data plane forwards our VIPs (set by the daemon, see `Instance::forwarding_ack`).
+    forwarding: watch::Receiver<bool>,
+    forwarding_acked: Arc<std::sync::atomic::AtomicBool>,
     peer_failed: mpsc::UnboundedSender<IpAddr>,
 }
 
@@ -652,13 +677,27 @@ impl Runner {
     }
 
     async fn take_ownership(&mut self) {
+        // Forwarding first, then the addresses and their announcement: a client that follows
+        // the GARP/NA must find a data plane that forwards its flows, not the local stack.
+        let _ = self.owned.send(true);
+        if self
+            .forwarding_acked
+            .load(std::sync::atomic::Ordering::SeqCst)
+        {
+            let wait = self.forwarding.wait_for(|f| *f);
+            if tokio::time::timeout(FORWARDING_ACK_WAIT, wait)
+                .await
+                .is_err()
+            {
+                tracing::warn!(instance = %self.cfg.name, "data plane slow to forward; announcing anyway");
+            }
+        }
         for vip in self.cfg.vips.clone() {
             if let Err(e) = announce::add_vip(&self.netlink, &self.ifname, vip).await {
                 tracing::error!(instance = %self.cfg.name, error = format!("{e:#}"), "adding VIP failed");
                 self.with_status(|s| s.counters.vip_errors += 1);
             }
         }
-        let _ = self.owned.send(true);
         self.with_status(|s| s.owned = true);
         self.garp_left = GARP_BURST;
         self.next_garp = Some(Instant::now());
