@@ -56,8 +56,7 @@ type Outcome = (u32, u32, u32);
 fn try_lb(ctx: &XdpContext) -> Result<Outcome, ParseError> {
     // VLAN-tagged frames are not ours: lbd attaches to the interface that carries the VIPs
     // untagged.
-    let (src_mac, ethertype) = packet::ethernet(ctx)?;
-    let l3 = match ethertype {
+    let l3 = match packet::ethertype(ctx)? {
         ETH_P_IP => packet::ipv4(ctx, ETH_HLEN)?,
         ETH_P_IPV6 => packet::ipv6(ctx, ETH_HLEN)?,
         _ => return Ok((XDP_PASS, stat::PASS_NOT_VIP, NONE)),
@@ -70,7 +69,7 @@ fn try_lb(ctx: &XdpContext) -> Result<Outcome, ParseError> {
     // The loop guard: another lbd node already forwarded this frame (it may be a backup that
     // still forwards, or one whose tables differ from ours). Forwarding it again could send it
     // back and forth; the local stack serves it (this node is a backend of the VIP).
-    if from_peer(&src_mac) {
+    if from_peer(&packet::source_mac(ctx)?) {
         return Ok((XDP_PASS, stat::PASS_FROM_PEER, NONE));
     }
     if l3.fragment {
