@@ -64,6 +64,30 @@ pub fn render(
     );
     header(
         &mut o,
+        "lb_new_connections_per_second",
+        "gauge",
+        "SYNs to owned VIPs per second (last 100 ms window, all CPUs): a SYN flood shows here.",
+    );
+    let _ = writeln!(
+        o,
+        "lb_new_connections_per_second {}",
+        stats["syn_flood"]["new_connections_per_s"]
+            .as_u64()
+            .unwrap_or(0)
+    );
+    header(
+        &mut o,
+        "lb_syn_flood_mode",
+        "gauge",
+        "1 while SYN flood mode holds on some CPU (SYNs write no connection-table entry).",
+    );
+    let _ = writeln!(
+        o,
+        "lb_syn_flood_mode {}",
+        u8::from(stats["syn_flood"]["active"] == true)
+    );
+    header(
+        &mut o,
         "lb_config_reloads_total",
         "counter",
         "Config reloads, by result.",
