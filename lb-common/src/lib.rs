@@ -162,7 +162,8 @@ pub struct LbConfig {
 }
 const _: () = assert!(size_of::<LbConfig>() == 88);
 
-/// Per-CPU SYN accounting for flood mode (`LB_FLOOD`), in `bpf_ktime_get_ns` time.
+/// Per-CPU SYN accounting for flood mode (`LB_FLOOD`), in `bpf_ktime_get_coarse_ns` time (with
+/// the precise clock the SYN path was clearly slower in `bench micro`; a tick does for 100 ms).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct FloodState {

@@ -18,14 +18,14 @@ mod packet;
 
 use aya_ebpf::{
     bindings::xdp_action::{XDP_DROP, XDP_PASS, XDP_TX},
-    helpers::generated::{bpf_ktime_get_ns, bpf_redirect},
+    helpers::generated::{bpf_ktime_get_coarse_ns, bpf_redirect},
     macros::xdp,
     programs::XdpContext,
 };
 use lb_common::{
     ALL_PORTS, BACKEND_F_IN_SET, BACKEND_F_LOCAL, BackendInfo, CONFIG_F_ALL_PORTS, FLOOD_HOLD_NS,
-    FLOOD_WINDOW_NS, FlowKey, FlowValue, NO_BACKEND, VIP_F_OWNED, VIP_OWNED, VipInfo, VipKey,
-    addr_filter_bit, flow_hash, mac_filter_bit, peer_key, stat, table_index,
+    FLOOD_WINDOW_NS, FlowKey, FlowValue, LbConfig, NO_BACKEND, VIP_F_OWNED, VIP_OWNED, VipInfo,
+    VipKey, addr_filter_bit, flow_hash, mac_filter_bit, peer_key, stat, table_index,
 };
 use maps::{
     LB_BACKEND_STATS, LB_BACKENDS, LB_CONFIG, LB_CONNTRACK, LB_FLOOD, LB_PEERS, LB_TABLES,
@@ -57,21 +57,21 @@ type Outcome = (u32, u32, u32);
 fn try_lb(ctx: &XdpContext) -> Result<Outcome, ParseError> {
     // VLAN-tagged frames are not ours: lbd attaches to the interface that carries the VIPs
     // untagged.
-    let (src_mac, ethertype) = packet::ethernet(ctx)?;
-    let l3 = match ethertype {
+    let l3 = match packet::ethertype(ctx)? {
         ETH_P_IP => packet::ipv4(ctx, ETH_HLEN)?,
         ETH_P_IPV6 => packet::ipv6(ctx, ETH_HLEN)?,
         _ => return Ok((XDP_PASS, stat::PASS_NOT_VIP, NONE)),
     };
     // Most traffic on a node is not for a VIP: a filter bit says so without a hash lookup.
     // (Fragments and ICMP errors for a VIP flow are addressed to the VIP too.)
-    if !maybe_vip(&l3.dst) {
+    let cfg = LB_CONFIG.get(0);
+    if !maybe_vip(cfg, &l3.dst) {
         return Ok((XDP_PASS, stat::PASS_NOT_VIP, NONE));
     }
     // The loop guard: another lbd node already forwarded this frame (it may be a backup that
     // still forwards, or one whose tables differ from ours). Forwarding it again could send it
     // back and forth; the local stack serves it (this node is a backend of the VIP).
-    if from_peer(&src_mac) {
+    if from_peer(cfg, &packet::source_mac(ctx)?) {
         return Ok((XDP_PASS, stat::PASS_FROM_PEER, NONE));
     }
     if l3.fragment {
@@ -113,8 +113,8 @@ fn try_lb(ctx: &XdpContext) -> Result<Outcome, ParseError> {
 }
 
 #[inline(always)]
-fn maybe_vip(addr: &[u8; 16]) -> bool {
-    let Some(cfg) = LB_CONFIG.get(0) else {
+fn maybe_vip(cfg: Option<&LbConfig>, addr: &[u8; 16]) -> bool {
+    let Some(cfg) = cfg else {
         return true;
     };
     let bit = addr_filter_bit(addr);
@@ -125,8 +125,8 @@ fn maybe_vip(addr: &[u8; 16]) -> bool {
 }
 
 #[inline(always)]
-fn from_peer(mac: &[u8; 6]) -> bool {
-    let Some(cfg) = LB_CONFIG.get(0) else {
+fn from_peer(cfg: Option<&LbConfig>, mac: &[u8; 6]) -> bool {
+    let Some(cfg) = cfg else {
         return false;
     };
     let bit = mac_filter_bit(mac);
@@ -240,7 +240,7 @@ fn syn_flood() -> bool {
     };
     // Per-CPU value: no other writer.
     let s = unsafe { &mut *s };
-    let now = unsafe { bpf_ktime_get_ns() };
+    let now = unsafe { bpf_ktime_get_coarse_ns() };
     if now.wrapping_sub(s.window_start) >= FLOOD_WINDOW_NS {
         s.last_count = s.count;
         s.count = 0;

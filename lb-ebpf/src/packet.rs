@@ -46,14 +46,17 @@ pub fn pair_at(ctx: &XdpContext, offset: usize) -> Result<[u8; 2], ParseError> {
     Ok(unsafe { *ptr_at::<[u8; 2]>(ctx, offset)? })
 }
 
-/// The Ethernet header's source MAC and ethertype, through one bounds check.
+/// The Ethernet header's ethertype.
 #[inline(always)]
-pub fn ethernet(ctx: &XdpContext) -> Result<([u8; 6], u16), ParseError> {
-    let h = unsafe { *ptr_at::<[u8; ETH_HLEN]>(ctx, 0)? };
-    Ok((
-        [h[6], h[7], h[8], h[9], h[10], h[11]],
-        u16::from_be_bytes([h[12], h[13]]),
-    ))
+pub fn ethertype(ctx: &XdpContext) -> Result<u16, ParseError> {
+    let t = unsafe { *ptr_at::<[u8; 2]>(ctx, 12)? };
+    Ok(u16::from_be_bytes(t))
+}
+
+/// The Ethernet header's source MAC (read only for VIP packets: the loop guard).
+#[inline(always)]
+pub fn source_mac(ctx: &XdpContext) -> Result<[u8; 6], ParseError> {
+    Ok(unsafe { *ptr_at::<[u8; 6]>(ctx, 6)? })
 }
 
 /// The layer-3 facts the pipeline needs.

@@ -331,7 +331,6 @@ impl Daemon {
             // Mastership drives forwarding, through the handover grace (see `handover`).
             let mut handover = Handover::adopted(grace, hold, Instant::now());
             let mut f = handover.observe(*owned.borrow_and_update(), Instant::now());
-            let mut alive = true;
             loop {
                 tracing::info!(instance = %name, master = *owned.borrow(), forward = f.forward, grace_until = ?f.until, "VRRP ownership");
                 if let Err(e) = d
@@ -346,26 +345,25 @@ impl Daemon {
                 if let Some(ack) = &forwarding {
                     let _ = ack.send(f.forward);
                 }
-                f = match (f.until, alive) {
-                    (Some(until), true) => tokio::select! {
+                // When the instance is gone (lbd stopping, or a reload replacing it) this
+                // watcher stops without another write: `stop_vrrp` runs the stop's grace, and a
+                // replacing instance's watcher owns the fact from then on.
+                f = match f.until {
+                    Some(until) => tokio::select! {
                         r = owned.changed() => {
-                            alive = r.is_ok();
+                            if r.is_err() {
+                                break;
+                            }
                             handover.observe(*owned.borrow_and_update(), Instant::now())
                         }
                         _ = tokio::time::sleep_until(until.into()) => handover.at(Instant::now()),
                     },
-                    // The instance is gone (lbd stopping): finish the grace, then stop.
-                    (Some(until), false) => {
-                        tokio::time::sleep_until(until.into()).await;
-                        handover.at(Instant::now())
-                    }
-                    (None, true) => {
+                    None => {
                         if owned.changed().await.is_err() {
                             break;
                         }
                         handover.observe(*owned.borrow_and_update(), Instant::now())
                     }
-                    (None, false) => break,
                 };
             }
         });

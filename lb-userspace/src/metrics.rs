@@ -165,6 +165,28 @@ pub fn render(
         None,
         [(Labels::new(), n(&stats["reloads"]))],
     );
+    gauge_family(
+        &mut r,
+        "new_connections_per_second",
+        "SYNs to owned VIPs per second (last 100 ms window, all CPUs): a SYN flood shows here.",
+        None,
+        [(
+            Labels::new(),
+            stats["syn_flood"]["new_connections_per_s"]
+                .as_u64()
+                .unwrap_or(0) as i64,
+        )],
+    );
+    gauge_family(
+        &mut r,
+        "syn_flood_mode",
+        "1 while SYN flood mode holds on some CPU (SYNs write no connection-table entry).",
+        None,
+        [(
+            Labels::new(),
+            i64::from(stats["syn_flood"]["active"] == true),
+        )],
+    );
     counter_family(
         &mut r,
         "config_reload_failures",

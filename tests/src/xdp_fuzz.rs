@@ -39,7 +39,7 @@ impl Rng {
     pub fn new(seed: u64) -> Self {
         Rng(seed)
     }
-    pub fn next(&mut self) -> u64 {
+    pub fn next_u64(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
@@ -47,10 +47,10 @@ impl Rng {
         z ^ (z >> 31)
     }
     pub fn below(&mut self, n: usize) -> usize {
-        (self.next() % n.max(1) as u64) as usize
+        (self.next_u64() % n.max(1) as u64) as usize
     }
     fn byte(&mut self) -> u8 {
-        self.next() as u8
+        self.next_u64() as u8
     }
 }
 
@@ -152,7 +152,7 @@ fn oracle(specs: &[ServiceSpec]) -> Vec<Service> {
 
 fn tcp_opts(sport: u16, dport: u16, flags: u8, opts: &[u8], payload: &[u8]) -> Vec<u8> {
     let mut t = tcp(sport, dport, flags);
-    t[12] = ((20 + opts.len()) / 4 << 4) as u8;
+    t[12] = (((20 + opts.len()) / 4) << 4) as u8;
     t.extend_from_slice(opts);
     t.extend_from_slice(payload);
     t

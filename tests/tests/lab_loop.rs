@@ -89,4 +89,14 @@ fn two_nodes_whose_tables_disagree_forward_a_syn_at_most_once() {
     );
     assert_eq!(b_fwd, 0, "b never forwards what a already forwarded");
     assert_eq!(b_guard, a_fwd, "everything a forwarded ended at b's stack");
+    // The flood view sits next to the table size in `lbctl stats`.
+    let stats = lb_tests::lbctl_json(&sockets[0], &["stats"]).unwrap();
+    assert_eq!(stats["syn_flood"]["conntrack_size"], 262144, "{stats}");
+    assert_eq!(stats["syn_flood"]["active"], false, "{stats}");
+    let text = String::from_utf8_lossy(&lb_tests::lbctl_output(&sockets[0], &["stats"]).stdout)
+        .to_string();
+    assert!(
+        text.contains("new connections/s against 262144 entries"),
+        "{text}"
+    );
 }

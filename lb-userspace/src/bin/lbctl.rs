@@ -521,6 +521,15 @@ async fn run_once(cli: Cli) -> Result<()> {
                 ] {
                     println!("{k:<20} {}", s(&v, k));
                 }
+                let f = &v["syn_flood"];
+                println!(
+                    "{:<20} {} new connections/s against {} entries (flood mode above {}/s per CPU: {})",
+                    "syn_flood",
+                    f["new_connections_per_s"],
+                    f["conntrack_size"],
+                    f["threshold_per_cpu"],
+                    if f["active"] == true { "ON" } else { "off" }
+                );
                 println!();
                 let rows = v["counters"]
                     .as_object()

@@ -61,7 +61,7 @@ impl Dataplane {
     pub fn flood_status(&self) -> Result<FloodStatus> {
         let per_cpu = self.flood.get(&0, 0)?;
         let mut ts: libc::timespec = unsafe { std::mem::zeroed() };
-        // bpf_ktime_get_ns is CLOCK_MONOTONIC.
+        // The program uses bpf_ktime_get_coarse_ns: CLOCK_MONOTONIC, at tick resolution.
         unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
         let now = ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64;
         let window = lb_common::FLOOD_WINDOW_NS;
