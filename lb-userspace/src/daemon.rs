@@ -199,6 +199,8 @@ pub struct Daemon {
     vrrp_started: std::sync::atomic::AtomicBool,
     /// The connection table's size, counted in the background (never under `inner`).
     conntrack: Arc<conntrack::ConntrackCount>,
+    /// Interface checks so far (see `churn.rs`).
+    churn_checks: std::sync::atomic::AtomicU64,
 }
 
 impl Daemon {
@@ -256,6 +258,7 @@ impl Daemon {
             attached: true.into(),
             vrrp_started: false.into(),
             conntrack,
+            churn_checks: 0.into(),
         });
         daemon.refresh().await?;
         daemon

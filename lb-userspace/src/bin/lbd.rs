@@ -40,7 +40,8 @@ enum Command {
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     let filter = tracing_subscriber::EnvFilter::try_from_env("LB_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        // netlink-packet-route warns on every link dump about attributes newer kernels add.
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,netlink_packet_route=error"));
     match cli.log_format {
         LogFormat::Human => tracing_subscriber::fmt()
             .with_env_filter(filter)
