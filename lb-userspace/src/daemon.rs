@@ -185,6 +185,8 @@ pub struct Daemon {
     bgp: Mutex<bgp::Announcer>,
     /// A `[[bgp]]` section was in effect: routes may need withdrawing after a reload drops it.
     bgp_active: std::sync::atomic::AtomicBool,
+    /// Interface checks so far (see `churn.rs`).
+    churn_checks: std::sync::atomic::AtomicU64,
 }
 
 /// The main loop ticks every second; this long without a tick means lbd is wedged.
@@ -254,6 +256,7 @@ impl Daemon {
             conntrack,
             adopted_master: vrrp_master.into_keys().collect(),
             static_vips: Mutex::new(crate::static_vip::StaticVips::new(&cfg_interface)),
+            churn_checks: 0.into(),
         });
         daemon.refresh().await?;
         daemon

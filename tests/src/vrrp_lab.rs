@@ -265,8 +265,14 @@ impl VrrpLab {
         let vip = self.node_vip(i);
         let prefix = if vip.contains(':') { 128 } else { 32 };
         let mut c = format!(
-            "global_defs {{\n    router_id {}\n    vrrp_version {}\n    vrrp_garp_master_refresh 60\n    enable_script_security\n    script_user root\n}}\n\n",
-            self.nodes[i], o.version
+            "global_defs {{\n    router_id {}\n    vrrp_version {}\n    vrrp_garp_master_refresh 60\n{}}}\n\n",
+            self.nodes[i],
+            o.version,
+            if o.track_weight.is_some() {
+                "    enable_script_security\n    script_user root\n"
+            } else {
+                ""
+            }
         );
         if let Some(w) = o.track_weight {
             c += &format!(

@@ -11,6 +11,10 @@ use anyhow::Result;
 use super::Daemon;
 use crate::{dataplane::LoadOptions, netlink::Link};
 
+/// Every this many refreshes (about seconds) the interface's XDP attachment is checked through
+/// netlink even when its index did not change.
+const FULL_CHECK_EVERY: u64 = 10;
+
 /// Where the data plane pins the XDP link for `interface`.
 pub fn link_pin(opts: &LoadOptions, interface: &str) -> std::path::PathBuf {
     opts.pin_dir().join(format!("link_{interface}"))
@@ -31,7 +35,19 @@ impl Daemon {
     /// Compare the interface with what the data plane is attached to; re-attach after the
     /// interface was recreated (new index) or lost its program. Called from `refresh`.
     pub(super) async fn follow_interface(&self) -> Result<()> {
-        let iface = self.inner.lock().await.cfg.interface.clone();
+        let (iface, ifindex) = {
+            let g = self.inner.lock().await;
+            (g.cfg.interface.clone(), g.ifindex)
+        };
+        // Cheap check first (no netlink dump): same device as before, attached when last
+        // looked. The full check runs every FULL_CHECK_EVERY refreshes or on a change.
+        let n = self.churn_checks.fetch_add(1, SeqCst);
+        if crate::vrrp::io::if_index(&iface).ok() == Some(ifindex)
+            && self.attached.load(SeqCst)
+            && !n.is_multiple_of(FULL_CHECK_EVERY)
+        {
+            return Ok(());
+        }
         let link = match self.netlink.link(&iface).await {
             Ok(l) => l,
             Err(_) => {

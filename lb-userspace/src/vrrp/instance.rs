@@ -196,6 +196,7 @@ impl Instance {
             weight: 0,
             warn: WarnLimiter::default(),
             dual: DualMaster::default(),
+            remove_pending: false,
             socket,
             announcer,
             netlink,
@@ -318,6 +319,8 @@ struct Runner {
     weight: i32,
     warn: WarnLimiter,
     dual: DualMaster,
+    /// A VIP removal failed and is retried at the next link poll.
+    remove_pending: bool,
     socket: VrrpSocket,
     announcer: Option<Announcer>,
     netlink: rtnetlink::Handle,
@@ -401,6 +404,9 @@ impl Runner {
     /// new index, e.g. a rebuilt bridge) means the socket and announcer are bound again to it
     /// before the instance starts again.
     async fn poll_link(&mut self) {
+        if self.remove_pending && self.machine.state() != State::Master {
+            self.remove_vips().await;
+        }
         let info = interface_info(&self.ifname).ok();
         let up = info.as_ref().is_some_and(|i| i.up);
         if let Some(info) = info.as_ref().filter(|i| i.index != self.ifindex) {
@@ -709,12 +715,21 @@ impl Runner {
         self.with_status(|s| s.owned = false);
         self.garp_left = 0;
         self.next_garp = None;
+        self.remove_vips().await;
+    }
+
+    /// Remove our VIPs from the interface; on failure (e.g. a netlink dump interrupted with
+    /// EBUSY) try again at every link poll until done, so a backup never keeps a VIP.
+    async fn remove_vips(&mut self) {
+        let mut failed = false;
         for vip in self.cfg.vips.clone() {
             if let Err(e) = announce::remove_vip(&self.netlink, &self.ifname, vip).await {
-                tracing::error!(instance = %self.cfg.name, error = format!("{e:#}"), "removing VIP failed");
+                tracing::error!(instance = %self.cfg.name, error = format!("{e:#}"), "removing VIP failed; retrying");
                 self.with_status(|s| s.counters.vip_errors += 1);
+                failed = true;
             }
         }
+        self.remove_pending = failed;
     }
 
     /// Send one round of announcements; schedule the next one of the burst, then the refresh.
