@@ -52,14 +52,21 @@ impl Daemon {
         }
     }
 
-    /// Periodic: configure FRR again if it lost lbd's configuration (FRR restarted).
+    /// Periodic: configure FRR again if it lost lbd's configuration (FRR restarted; the
+    /// announcement routes are in the kernel and zebra reads them again). vtysh runs without
+    /// the announcer's lock, so a slow FRR never delays a withdrawal.
     pub async fn check_bgp(&self) {
-        let cfg = self.config().await;
-        if cfg.bgp.is_empty() {
+        let Some(applied) = self.bgp.lock().await.applied() else {
             return;
-        }
-        if let Err(e) = self.bgp.lock().await.check_frr(&cfg).await {
-            tracing::warn!(error = %format!("{e:#}"), "BGP: checking FRR");
+        };
+        match bgp::frr_has_instance(&applied).await {
+            Ok(true) => {}
+            Ok(false) => {
+                tracing::warn!("BGP: FRR lost lbd's configuration (restarted?); configuring it again");
+                self.bgp.lock().await.mark_unconfigured();
+                self.sync_bgp().await;
+            }
+            Err(e) => tracing::warn!(error = %format!("{e:#}"), "BGP: checking FRR"),
         }
     }
 
@@ -97,6 +104,8 @@ impl Daemon {
 
     pub async fn bgp_status(&self) -> bgp::Status {
         let cfg = self.config().await;
-        self.bgp.lock().await.status(&cfg).await
+        let mut status = self.bgp.lock().await.status(&cfg);
+        (status.sessions, status.sessions_error) = bgp::sessions(&cfg).await;
+        status
     }
 }
