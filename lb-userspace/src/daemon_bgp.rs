@@ -62,7 +62,9 @@ impl Daemon {
         match bgp::frr_has_instance(&applied).await {
             Ok(true) => {}
             Ok(false) => {
-                tracing::warn!("BGP: FRR lost lbd's configuration (restarted?); configuring it again");
+                tracing::warn!(
+                    "BGP: FRR lost lbd's configuration (restarted?); configuring it again"
+                );
                 self.bgp.lock().await.mark_unconfigured();
                 self.sync_bgp().await;
             }
