@@ -214,6 +214,7 @@ impl Daemon {
             drained,
             ..Default::default()
         };
+        let bgp_drained = bgp::drain_marker(&cfg).exists();
         let daemon = Arc::new(Daemon {
             inner: Mutex::new(Inner {
                 cfg,
@@ -227,7 +228,9 @@ impl Daemon {
                 last_reload_error: None,
                 health,
             }),
-            bgp: Mutex::new(bgp::Announcer::new(netlink.handle().clone())),
+            bgp: Mutex::new(
+                bgp::Announcer::new(netlink.handle().clone()).with_drained(bgp_drained),
+            ),
             bgp_active: false.into(),
             netlink,
             vrrp: Mutex::new(Vec::new()),

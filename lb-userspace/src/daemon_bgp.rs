@@ -99,6 +99,18 @@ impl Daemon {
         if cfg.bgp.is_empty() {
             anyhow::bail!("no [[bgp]] section: this node announces nothing over BGP");
         }
+        let marker = bgp::drain_marker(&cfg);
+        let written = if drained {
+            std::fs::write(&marker, b"drained by lbctl bgp drain\n")
+        } else {
+            std::fs::remove_file(&marker).or_else(|e| match e.kind() {
+                std::io::ErrorKind::NotFound => Ok(()),
+                _ => Err(e),
+            })
+        };
+        if let Err(e) = written {
+            tracing::warn!(error = %e, path = %marker.display(), "BGP: the drain will not survive an lbd restart");
+        }
         self.bgp.lock().await.set_drained(drained);
         self.sync_bgp().await;
         Ok(serde_json::json!({ "node_drained": drained }))

@@ -38,6 +38,13 @@ pub fn bgp_addresses(cfg: &Config) -> Vec<IpAddr> {
     out
 }
 
+/// Where `lbctl bgp drain` is remembered, next to the API socket (`/run/lbd/lbd.bgp-drained`):
+/// a drained node stays drained when lbd restarts (an upgrade during maintenance), not across
+/// a reboot (/run is emptied).
+pub fn drain_marker(cfg: &Config) -> std::path::PathBuf {
+    cfg.api_socket.with_extension("bgp-drained")
+}
+
 /// `lbctl bgp status`.
 #[derive(Clone, Debug, Serialize)]
 pub struct Status {
@@ -97,6 +104,12 @@ impl Announcer {
 
     pub fn set_drained(&mut self, drained: bool) {
         self.node.drained = drained;
+    }
+
+    /// Start drained (a previous lbd left the drain marker).
+    pub fn with_drained(mut self, drained: bool) -> Self {
+        self.node.drained = drained;
+        self
     }
 
     pub fn set_stopping(&mut self) {
