@@ -227,6 +227,7 @@ impl Daemon {
             vrrp_master: vrrp_master.clone(),
             ..Default::default()
         };
+        let bgp_drained = bgp::drain_marker(&cfg).exists();
         let daemon = Arc::new(Daemon {
             inner: Mutex::new(Inner {
                 cfg,
@@ -241,7 +242,9 @@ impl Daemon {
                 in_sync: false,
                 health,
             }),
-            bgp: Mutex::new(bgp::Announcer::new(netlink.handle().clone())),
+            bgp: Mutex::new(
+                bgp::Announcer::new(netlink.handle().clone()).with_drained(bgp_drained),
+            ),
             bgp_active: false.into(),
             netlink,
             vrrp: Mutex::new(Vec::new()),

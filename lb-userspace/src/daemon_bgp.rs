@@ -52,14 +52,23 @@ impl Daemon {
         }
     }
 
-    /// Periodic: configure FRR again if it lost lbd's configuration (FRR restarted).
+    /// Periodic: configure FRR again if it lost lbd's configuration (FRR restarted; the
+    /// announcement routes are in the kernel and zebra reads them again). vtysh runs without
+    /// the announcer's lock, so a slow FRR never delays a withdrawal.
     pub async fn check_bgp(&self) {
-        let cfg = self.config().await;
-        if cfg.bgp.is_empty() {
+        let Some(applied) = self.bgp.lock().await.applied() else {
             return;
-        }
-        if let Err(e) = self.bgp.lock().await.check_frr(&cfg).await {
-            tracing::warn!(error = %format!("{e:#}"), "BGP: checking FRR");
+        };
+        match bgp::frr_has_instance(&applied).await {
+            Ok(true) => {}
+            Ok(false) => {
+                tracing::warn!(
+                    "BGP: FRR lost lbd's configuration (restarted?); configuring it again"
+                );
+                self.bgp.lock().await.mark_unconfigured();
+                self.sync_bgp().await;
+            }
+            Err(e) => tracing::warn!(error = %format!("{e:#}"), "BGP: checking FRR"),
         }
     }
 
@@ -90,6 +99,18 @@ impl Daemon {
         if cfg.bgp.is_empty() {
             anyhow::bail!("no [[bgp]] section: this node announces nothing over BGP");
         }
+        let marker = bgp::drain_marker(&cfg);
+        let written = if drained {
+            std::fs::write(&marker, b"drained by lbctl bgp drain\n")
+        } else {
+            std::fs::remove_file(&marker).or_else(|e| match e.kind() {
+                std::io::ErrorKind::NotFound => Ok(()),
+                _ => Err(e),
+            })
+        };
+        if let Err(e) = written {
+            tracing::warn!(error = %e, path = %marker.display(), "BGP: the drain will not survive an lbd restart");
+        }
         self.bgp.lock().await.set_drained(drained);
         self.sync_bgp().await;
         Ok(serde_json::json!({ "node_drained": drained }))
@@ -97,6 +118,8 @@ impl Daemon {
 
     pub async fn bgp_status(&self) -> bgp::Status {
         let cfg = self.config().await;
-        self.bgp.lock().await.status(&cfg).await
+        let mut status = self.bgp.lock().await.status(&cfg);
+        (status.sessions, status.sessions_error) = bgp::sessions(&cfg).await;
+        status
     }
 }

@@ -28,7 +28,7 @@ fn status(l: &BgpLab, node: &str) -> Value {
 
 #[test]
 fn bgp_ecmp_all_nodes_forward_and_a_drained_node_loses_nothing() {
-    let l = BgpLab::new();
+    let mut l = BgpLab::new();
 
     // Every node: the session is up with BFD, both host routes announced.
     for n in LB_NODES {
@@ -142,6 +142,18 @@ fn bgp_ecmp_all_nodes_forward_and_a_drained_node_loses_nothing() {
         before,
         "drained lb1 still receives traffic"
     );
+
+    // The drain survives an lbd restart (an upgrade during maintenance).
+    l.lab.stop("lbd-lb1", libc::SIGTERM);
+    l.start_lbd("lb1");
+    let back = lb_tests::lab::wait_for(Duration::from_secs(20), || {
+        let s = l.lbctl("lb1", &["bgp", "status"])?;
+        (s["prefixes"].as_array()?.len() == 2).then_some(s)
+    })
+    .expect("restarted lbd answers");
+    assert_eq!(back["node_drained"], true, "{back}");
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(!l.router_nexthops(VIP4).contains(&"10.81.0.11".to_string()));
 
     // Undrain: back in the ECMP group.
     l.lbctl("lb1", &["bgp", "undrain"]).expect("undrain");

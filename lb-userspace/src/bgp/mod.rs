@@ -38,6 +38,13 @@ pub fn bgp_addresses(cfg: &Config) -> Vec<IpAddr> {
     out
 }
 
+/// Where `lbctl bgp drain` is remembered, next to the API socket (`/run/lbd/lbd.bgp-drained`):
+/// a drained node stays drained when lbd restarts (an upgrade during maintenance), not across
+/// a reboot (/run is emptied).
+pub fn drain_marker(cfg: &Config) -> std::path::PathBuf {
+    cfg.api_socket.with_extension("bgp-drained")
+}
+
 /// `lbctl bgp status`.
 #[derive(Clone, Debug, Serialize)]
 pub struct Status {
@@ -86,23 +93,6 @@ impl Announcer {
         }
     }
 
-    /// FRR keeps what lbd configured only in its running config: after FRR restarts, lbd's
-    /// BGP instance is gone (the kernel routes are not; zebra reads them again). Check that the
-    /// instance is there and configure again if not. Called every few seconds.
-    pub async fn check_frr(&mut self, cfg: &Config) -> Result<()> {
-        let Some(applied) = &self.applied else {
-            return Ok(());
-        };
-        let running = frr::Vtysh::new(applied).running_config().await?;
-        let want = format!("router bgp {}", applied.asn);
-        if !running.lines().any(|l| l.trim() == want) {
-            tracing::warn!("BGP: FRR lost lbd's configuration (restarted?); configuring it again");
-            self.applied = None;
-            self.configure(cfg).await?;
-        }
-        Ok(())
-    }
-
     /// FRR has been configured (by this lbd) with a `[[bgp]]` section.
     pub fn configured(&self) -> bool {
         self.applied.is_some()
@@ -114,6 +104,12 @@ impl Announcer {
 
     pub fn set_drained(&mut self, drained: bool) {
         self.node.drained = drained;
+    }
+
+    /// Start drained (a previous lbd left the drain marker).
+    pub fn with_drained(mut self, drained: bool) -> Self {
+        self.node.drained = drained;
+        self
     }
 
     pub fn set_stopping(&mut self) {
@@ -195,26 +191,16 @@ impl Announcer {
         }
     }
 
-    pub async fn status(&self, cfg: &Config) -> Status {
+    /// The status without the sessions (see [`sessions`]): cheap, no I/O, so it can be taken
+    /// under the lock that withdrawals also need.
+    pub fn status(&self, cfg: &Config) -> Status {
         let bgp = cfg.bgp.first();
-        let (sessions, sessions_error) = match bgp {
-            None => (Vec::new(), None),
-            Some(b) => {
-                let v = frr::Vtysh::new(b);
-                let summary = v.show_json("show bgp summary json").await;
-                let bfd = v.show_json("show bfd peers json").await;
-                match (summary, bfd) {
-                    (Ok(s), Ok(f)) => (frr::sessions(b, &s, &f), None),
-                    (Err(e), _) | (_, Err(e)) => (Vec::new(), Some(format!("{e:#}"))),
-                }
-            }
-        };
         Status {
             enabled: bgp.is_some(),
             asn: bgp.map(|b| b.asn),
             node_drained: self.node.drained,
-            sessions,
-            sessions_error,
+            sessions: Vec::new(),
+            sessions_error: None,
             prefixes: self
                 .decisions
                 .iter()
@@ -230,6 +216,38 @@ impl Announcer {
             last_error: self.last_error.clone(),
         }
     }
+
+    /// The section FRR was last configured with.
+    pub fn applied(&self) -> Option<BgpConfig> {
+        self.applied.clone()
+    }
+
+    /// Forget what FRR was configured with (it lost it): the next sync configures it again.
+    pub fn mark_unconfigured(&mut self) {
+        self.applied = None;
+    }
+}
+
+/// BGP and BFD sessions as FRR reports them (vtysh; run without holding the announcer).
+pub async fn sessions(cfg: &Config) -> (Vec<frr::Session>, Option<String>) {
+    let Some(b) = cfg.bgp.first() else {
+        return (Vec::new(), None);
+    };
+    let v = frr::Vtysh::new(b);
+    let summary = v.show_json("show bgp summary json").await;
+    let bfd = v.show_json("show bfd peers json").await;
+    match (summary, bfd) {
+        (Ok(s), Ok(f)) => (frr::sessions(b, &s, &f), None),
+        (Err(e), _) | (_, Err(e)) => (Vec::new(), Some(format!("{e:#}"))),
+    }
+}
+
+/// Whether FRR's running config still holds lbd's BGP instance (it does not after an FRR
+/// restart: lbd's configuration lives only in FRR's running config).
+pub async fn frr_has_instance(applied: &BgpConfig) -> Result<bool> {
+    let running = frr::Vtysh::new(applied).running_config().await?;
+    let want = format!("router bgp {}", applied.asn);
+    Ok(running.lines().any(|l| l.trim() == want))
 }
 
 /// `lbctl bgp status` as text (from the API's JSON).
