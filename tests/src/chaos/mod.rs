@@ -438,7 +438,7 @@ pub fn run_cases(ch: &mut Chaos, cases: &[Case], seed: u64, label: &str) -> Vec<
             c.number(),
             c.name()
         );
-        let case_seed = rng.next();
+        let case_seed = rng.next_u64();
         let mut r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             cases::run_case(ch, *c, case_seed)
         }))
