@@ -24,11 +24,18 @@ use crate::{
 /// Re-announce this often, as keepalived's `garp_master_refresh 60` does for a master.
 const REFRESH: Duration = Duration::from_secs(60);
 
-/// The statically owned VIP addresses of `cfg`, each once, in config order. Pure.
+/// The statically owned VIP addresses of `cfg`, each once, in config order. Pure. A BGP VIP
+/// is not one: every node forwards it, the routers reach it by the announced host route, and
+/// an address on the interface would make the routing daemon prefer its connected route over
+/// lbd's announcement.
 pub fn static_vips(cfg: &Config) -> Vec<IpAddr> {
     let mut out: Vec<IpAddr> = Vec::new();
     for v in &cfg.vips {
-        if v.vrrp.is_none() && v.owned && !out.contains(&v.address) {
+        if v.vrrp.is_none()
+            && v.owned
+            && v.announce != crate::config::Announce::Bgp
+            && !out.contains(&v.address)
+        {
             out.push(v.address);
         }
     }
@@ -136,10 +143,20 @@ name = "c"
 address = "192.0.2.3"
 ports = [80]
 vrrp = "v"
+[[vips]]
+name = "d"
+address = "192.0.2.4"
+ports = [80]
+announce = "bgp"
 [[vrrp]]
 name = "v"
 vrid = 1
 vips = ["192.0.2.3"]
+[[bgp]]
+asn = 65001
+[[bgp.peers]]
+address = "192.0.2.254"
+asn = 65000
 "#,
         )
         .unwrap();

@@ -221,7 +221,27 @@ impl<'a> Interp<'a> {
                 *p.helpers.entry("get_prandom_u32".into()).or_default() += 1;
                 return Ok(4);
             }
-            5 => "ktime_get_ns",
+            // Clocks: the real ones, so time-window logic (SYN flood rate) runs as in the
+            // kernel.
+            5 | 160 => {
+                let name = if id == 5 {
+                    "ktime_get_ns"
+                } else {
+                    "ktime_get_coarse_ns"
+                };
+                *p.helpers.entry(name.into()).or_default() += 1;
+                let clock = if id == 5 {
+                    libc::CLOCK_MONOTONIC
+                } else {
+                    libc::CLOCK_MONOTONIC_COARSE
+                };
+                let mut ts = libc::timespec {
+                    tv_sec: 0,
+                    tv_nsec: 0,
+                };
+                unsafe { libc::clock_gettime(clock, &mut ts) };
+                return Ok(ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64);
+            }
             23 => {
                 *p.helpers.entry("redirect".into()).or_default() += 1;
                 return Ok(4);

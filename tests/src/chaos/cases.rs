@@ -337,6 +337,7 @@ pub fn run_case(ch: &mut Chaos, case: Case, seed: u64) -> CaseResult {
         name: case.name().to_string(),
         ..Default::default()
     };
+    ch.load.renew_long();
     let t_pre = ch.now_ms();
     if let Err(e) = ch.wait_healthy(t_pre, super::HEAL_TIMEOUT) {
         r.notes.push(format!("not healthy before the case: {e}"));
