@@ -16,6 +16,9 @@ pub type Time = Duration;
 
 /// The transition reason when the master went silent (it died, or we lost it).
 pub const REASON_MASTER_DOWN: &str = "master down timer expired";
+/// The master-down timer expired while a lower-priority master was still advertising: we
+/// preempted it (it is alive, so no fate sharing).
+pub const REASON_PREEMPT: &str = "preempted a lower-priority master";
 
 /// Immediate answers to conflicting adverts are at least this fraction of our interval apart.
 pub const ANSWER_GAP: u32 = 4;
@@ -159,6 +162,9 @@ pub struct Machine {
     iface_down: bool,
     /// The current master resigned (priority 0); only used to explain the next transition.
     master_resigned: bool,
+    /// When we last ignored a lower-priority master's advert (to preempt it): a master that is
+    /// still heard when our timer fires was preempted, not lost.
+    lower_master_heard: Option<Time>,
 }
 
 impl Machine {
@@ -176,6 +182,7 @@ impl Machine {
             last_sent: None,
             iface_down: false,
             master_resigned: false,
+            lower_master_heard: None,
         }
     }
 
@@ -301,8 +308,13 @@ impl Machine {
                 }
                 match self.state {
                     State::Backup => {
+                        let heard = self.lower_master_heard.take().is_some_and(|t| {
+                            now < t + master_down_interval(self.priority, self.master_interval)
+                        });
                         let reason = if self.master_resigned {
                             "master resigned (priority 0 advert)"
+                        } else if heard {
+                            REASON_PREEMPT
                         } else {
                             REASON_MASTER_DOWN
                         };
@@ -367,9 +379,11 @@ impl Machine {
                     self.master_addr = Some(from);
                     let at = now + master_down_interval(self.priority, interval);
                     self.set_timer(out, at);
+                } else {
+                    // A lower-priority master while we may preempt: ignore it, and our
+                    // master-down timer makes us take over (remembering it was alive).
+                    self.lower_master_heard = Some(now);
                 }
-                // Otherwise a lower-priority master while we may preempt: ignore it, and our
-                // master-down timer makes us take over.
             }
             State::Master => {
                 if priority == 0 {
@@ -1027,5 +1041,32 @@ mod tests {
             Output::default()
         );
         assert_eq!(m.timer(), before);
+    }
+
+    #[test]
+    fn preempting_a_live_lower_master_is_not_a_master_failure() {
+        let mut m = started(200);
+        // A lower-priority master keeps advertising; we may preempt, so our timer runs out.
+        m.handle(MS(100), advert("192.0.2.20", 100));
+        let mut t = MS(100);
+        while m.state() == State::Backup && t < MS(10_000) {
+            t += MS(1000);
+            m.handle(t, advert("192.0.2.20", 100));
+            if let Some(timer) = m.timer()
+                && timer <= t + MS(1000)
+            {
+                let out = m.handle(timer, Event::TimerFired);
+                if let Some(tr) = out.transition {
+                    assert_eq!(tr.reason, REASON_PREEMPT);
+                }
+            }
+        }
+        assert_eq!(m.state(), State::Master);
+        // A master that went silent is a failure.
+        let mut b = started(100);
+        b.handle(MS(100), advert("192.0.2.20", 200));
+        let at = b.timer().unwrap();
+        let out = b.handle(at, Event::TimerFired);
+        assert_eq!(out.transition.unwrap().reason, REASON_MASTER_DOWN);
     }
 }
