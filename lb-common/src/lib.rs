@@ -63,13 +63,20 @@ pub struct VipInfo {
 const _: () = assert!(size_of::<VipInfo>() == 16);
 
 /// `BackendInfo::flags`: the backend is in its VIP's set; established flows may stay on it.
-/// A drained backend keeps this flag but is absent from the Maglev table.
 pub const BACKEND_F_IN_SET: u32 = 1;
 /// The backend is this node: its packets go to the local stack (`XDP_PASS`).
 pub const BACKEND_F_LOCAL: u32 = 2;
-/// Drained by the operator (not read by the program: the table already leaves it out). Kept in
-/// the pinned map so a restarted `lbd` keeps the drain.
+/// Drained by the operator (not read by the program: `BACKEND_F_NO_NEW` says what matters).
+/// Kept in the pinned map so a restarted `lbd` keeps the drain.
 pub const BACKEND_F_DRAINED: u32 = 4;
+/// In the set and in the Maglev table, but takes no new flows (drained, failing its checks
+/// within its hold, its node suspected dead). It keeps its table slots so that a node without
+/// a connection-table entry (a new VIP owner) still sends the backend's established flows to
+/// it; a new connection whose slot names it takes the next slot that does not (at most
+/// `MAX_SLOT_SKIPS` further).
+pub const BACKEND_F_NO_NEW: u32 = 8;
+/// Slots a new connection looks past `BACKEND_F_NO_NEW` backends before it is dropped.
+pub const MAX_SLOT_SKIPS: u32 = 16;
 
 /// One (VIP, backend) pair, indexed by backend id.
 #[repr(C)]

@@ -23,9 +23,10 @@ use aya_ebpf::{
     programs::XdpContext,
 };
 use lb_common::{
-    ALL_PORTS, BACKEND_F_IN_SET, BACKEND_F_LOCAL, BackendInfo, CONFIG_F_ALL_PORTS, FLOOD_HOLD_NS,
-    FLOOD_WINDOW_NS, FlowKey, FlowValue, LbConfig, NO_BACKEND, VIP_F_OWNED, VIP_OWNED, VipInfo,
-    VipKey, addr_filter_bit, flow_hash, mac_filter_bit, peer_key, stat, table_index,
+    ALL_PORTS, BACKEND_F_IN_SET, BACKEND_F_LOCAL, BACKEND_F_NO_NEW, BackendInfo,
+    CONFIG_F_ALL_PORTS, FLOOD_HOLD_NS, FLOOD_WINDOW_NS, FlowKey, FlowValue, LbConfig,
+    MAX_SLOT_SKIPS, NO_BACKEND, PROTO_TCP, VIP_F_OWNED, VIP_OWNED, VipInfo, VipKey,
+    addr_filter_bit, flow_hash, mac_filter_bit, peer_key, stat, table_index,
 };
 use maps::{
     LB_BACKEND_STATS, LB_BACKENDS, LB_CONFIG, LB_CONNTRACK, LB_FLOOD, LB_PEERS, LB_TABLES,
@@ -229,6 +230,43 @@ enum Track {
     LookupOnly,
 }
 
+/// The backend id at `slot` of a VIP's live table; for a packet that starts a flow, the first
+/// one from there that takes new flows (`BACKEND_F_NO_NEW` clear), at most `MAX_SLOT_SKIPS`
+/// slots on. `NO_BACKEND` when there is none. A function of its own (a BPF subprogram): its
+/// loop then costs the caller nothing in registers.
+#[inline(never)]
+fn pick_slot(vip_id: u32, active: u32, size: u32, slot: u32, starts_flow: u32) -> u32 {
+    let mut slot = slot;
+    for _ in 0..=MAX_SLOT_SKIPS {
+        let pos = table_index(vip_id, active, size, slot);
+        let id = match LB_TABLES.get(pos >> 1) {
+            Some(pair) => pair[(pos & 1) as usize],
+            None => return NO_BACKEND,
+        };
+        if id == NO_BACKEND || starts_flow == 0 {
+            return id;
+        }
+        match LB_BACKENDS.get(id) {
+            Some(b) if b.flags & BACKEND_F_NO_NEW != 0 => {}
+            _ => return id,
+        }
+        slot += 1;
+        if slot >= size {
+            slot = 0;
+        }
+    }
+    NO_BACKEND
+}
+
+/// Whether SYN flood mode holds on this CPU (without counting a SYN).
+#[inline(always)]
+fn flood_active() -> bool {
+    match LB_FLOOD.get(0) {
+        Some(s) => (unsafe { bpf_ktime_get_coarse_ns() }) < s.flood_until,
+        None => false,
+    }
+}
+
 /// Count a SYN on this CPU; whether flood mode holds.
 #[inline(always)]
 fn syn_flood() -> bool {
@@ -319,11 +357,22 @@ fn balance(ctx: &XdpContext, flow: &FlowKey, track: Track) -> Outcome {
                 return (XDP_DROP, stat::DROP_NO_BACKEND, ct);
             }
             let slot = flow_hash(flow, cfg.hash_seed) % cfg.table_size;
-            let pos = table_index(vip.vip_id, vip.active_table, cfg.table_size, slot);
-            let id = match LB_TABLES.get(pos >> 1) {
-                Some(pair) => pair[(pos & 1) as usize],
-                None => NO_BACKEND,
+            // A packet that starts a flow skips backends that take no new flows; a mid-flow
+            // packet without an entry (e.g. at a new VIP owner) goes where the table says, so
+            // established flows of a drained or failing backend stay on it. In SYN flood mode
+            // the handshake's ACK writes the entry, so it must choose as its SYN did.
+            let starts_flow = match track {
+                Track::NewConnection => true,
+                Track::Yes => flow.proto != PROTO_TCP || flood_active(),
+                Track::LookupOnly => false,
             };
+            let id = pick_slot(
+                vip.vip_id,
+                vip.active_table,
+                cfg.table_size,
+                slot,
+                starts_flow as u32,
+            );
             if id == NO_BACKEND {
                 return (XDP_DROP, stat::DROP_NO_BACKEND, ct);
             }

@@ -335,6 +335,47 @@ fn drained_backend_keeps_established_flows_but_gets_no_new_ones() {
     }
 }
 
+/// A new VIP owner has no connection-table entries: the drained (or failing, or suspected
+/// dead) backend's established flows must still reach it through the table, while new flows
+/// whose slot names it take another backend. Without its slots the new owner would re-hash
+/// those flows and their new backends would reset them.
+#[test]
+fn a_new_owner_sends_a_drained_backends_flows_to_it_but_no_new_ones() {
+    let svc = service(IpAddr::from(VIP), 6443, PROTO_TCP, three());
+    // The old owner: flows open while every backend takes new flows.
+    let mut old = setup(vec![svc.clone()]);
+    let mut on_11 = Vec::new();
+    for sport in 46000..46150u16 {
+        if open(&mut old, sport)[5] == 11 {
+            on_11.push(sport);
+        }
+    }
+    assert!(!on_11.is_empty());
+    // The new owner (its own, empty connection table) with backend 11 drained.
+    let mut drained = svc.clone();
+    drained.backends[0].drained = true;
+    let mut new = setup(vec![drained]);
+    for sport in &on_11 {
+        let (v, out) = run(
+            &mut new,
+            &ipv4_frame(CLIENT, VIP, PROTO_TCP, &tcp(*sport, 6443, ACK)),
+        );
+        assert_eq!(v, TX);
+        assert_eq!(
+            out[5], 11,
+            "an established flow left its drained backend at a new owner"
+        );
+    }
+    for sport in &on_11 {
+        let (v, out) = run(
+            &mut new,
+            &ipv4_frame(CLIENT, VIP, PROTO_TCP, &tcp(*sport + 1000, 6443, SYN)),
+        );
+        assert_eq!(v, TX);
+        assert_ne!(out[5], 11, "a new connection went to the drained backend");
+    }
+}
+
 #[test]
 fn local_backend_passes_to_the_stack() {
     let mut b = three();

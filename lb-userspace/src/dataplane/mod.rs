@@ -602,7 +602,8 @@ impl Dataplane {
                 }
                 None => self.install_pair(vip_id, b)?,
             };
-            if b.in_table() {
+            // Backends that take no new flows keep their slots (flagged): see BACKEND_F_NO_NEW.
+            if b.in_set() && b.weight > 0 {
                 entries.push(maglev::Entry {
                     addr: b.addr,
                     weight: b.weight,
@@ -820,6 +821,9 @@ fn backend_info(vip_id: u32, b: &BackendSpec, epoch: u32) -> BackendInfo {
     }
     if b.drained {
         flags |= lb_common::BACKEND_F_DRAINED;
+    }
+    if b.in_set() && !b.in_table() {
+        flags |= lb_common::BACKEND_F_NO_NEW;
     }
     BackendInfo {
         addr,
