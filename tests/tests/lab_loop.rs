@@ -78,33 +78,29 @@ fn two_nodes_whose_tables_disagree_forward_a_syn_at_most_once() {
     );
     assert_eq!(v["ok"], 50, "every connection is served: {v}");
     // Both nodes hold the VIP (static ownership on both: lbd adds and announces it), so the
-    // client reaches whichever answered its ARP last: that node forwards, the other one serves.
+    // client reaches whichever answered its ARP last, and that may change during the run.
+    // Whatever reached a node was forwarded once, to the other node, whose loop guard gave
+    // every such frame to its local stack: nothing is forwarded twice.
     let fwd = |c: &Value| c["forwarded"].as_u64().unwrap();
     let guard = |c: &Value| c["pass_from_peer"].as_u64().unwrap();
-    let (entry, exit, exit_name) = if fwd(&a) >= fwd(&b) {
-        (&a, &b, "lbb")
-    } else {
-        (&b, &a, "lba")
-    };
-    assert_eq!(
-        v["by_id"][exit_name], 50,
-        "by {exit_name}'s local stack: {v}"
-    );
     assert!(
-        fwd(entry) >= 150,
-        "the entry node forwarded each client packet once ({})",
-        fwd(entry)
+        fwd(&a) + fwd(&b) >= 150,
+        "each client packet was forwarded once ({} + {})",
+        fwd(&a),
+        fwd(&b)
     );
     assert_eq!(
-        fwd(exit),
-        0,
-        "the other node never forwards what was forwarded to it"
+        guard(&b),
+        fwd(&a),
+        "everything a forwarded ended at b's stack"
     );
     assert_eq!(
-        guard(exit),
-        fwd(entry),
-        "everything the entry node forwarded ended at the other node's stack"
+        guard(&a),
+        fwd(&b),
+        "everything b forwarded ended at a's stack"
     );
+    let served = v["by_id"]["lba"].as_u64().unwrap_or(0) + v["by_id"]["lbb"].as_u64().unwrap_or(0);
+    assert_eq!(served, 50, "every connection served by a local stack: {v}");
     // The flood view sits next to the table size in `lbctl stats`.
     let stats = lb_tests::lbctl_json(&sockets[0], &["stats"]).unwrap();
     assert_eq!(stats["syn_flood"]["conntrack_size"], 262144, "{stats}");
