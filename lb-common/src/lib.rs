@@ -34,7 +34,9 @@ pub const MAX_IPV6_EXT_HEADERS: usize = 4;
 pub const ALL_PORTS: u16 = 0;
 
 /// A VIP service: looked up first with the packet's destination port, then with [`ALL_PORTS`].
-#[repr(C)]
+// Aligned to 4 (same size and offsets as without): the XDP program builds and hashes keys with
+// word loads and stores instead of byte by byte.
+#[repr(C, align(4))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 pub struct VipKey {
     /// IPv4 in the first 4 bytes (rest zero) or IPv6, network byte order.
@@ -95,7 +97,8 @@ pub struct BackendInfo {
 const _: () = assert!(size_of::<BackendInfo>() == 48);
 
 /// The connection table's key: the full 5-tuple as the client sent it.
-#[repr(C)]
+// Aligned to 4 like `VipKey` (layout unchanged).
+#[repr(C, align(4))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 pub struct FlowKey {
     pub src: [u8; 16],
@@ -187,8 +190,13 @@ pub const DEFAULT_SYN_FLOOD_RATE: u32 = 10_000;
 /// The bit of `addr` in `LbConfig::addr_filter`.
 #[inline(always)]
 pub fn addr_filter_bit(addr: &[u8; 16]) -> u32 {
-    let x = word(addr, 0) ^ word(addr, 4) ^ word(addr, 8) ^ word(addr, 12);
-    x.wrapping_mul(0x9e37_79b1) >> 24
+    addr_filter_bit_words(&[word(addr, 0), word(addr, 4), word(addr, 8), word(addr, 12)])
+}
+
+/// `addr_filter_bit` of an address held as four native-endian words (its bytes in memory order).
+#[inline(always)]
+pub fn addr_filter_bit_words(w: &[u32; 4]) -> u32 {
+    (w[0] ^ w[1] ^ w[2] ^ w[3]).wrapping_mul(0x9e37_79b1) >> 24
 }
 
 /// The bit of a MAC address in `LbConfig::peer_filter`.

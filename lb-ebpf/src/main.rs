@@ -25,7 +25,7 @@ use aya_ebpf::{
 use lb_common::{
     ALL_PORTS, BACKEND_F_IN_SET, BACKEND_F_LOCAL, BackendInfo, CONFIG_F_ALL_PORTS, FLOOD_HOLD_NS,
     FLOOD_WINDOW_NS, FlowKey, FlowValue, LbConfig, NO_BACKEND, VIP_F_OWNED, VIP_OWNED, VipInfo,
-    VipKey, addr_filter_bit, flow_hash, mac_filter_bit, peer_key, stat, table_index,
+    VipKey, addr_filter_bit_words, flow_hash, mac_filter_bit, peer_key, stat, table_index,
 };
 use maps::{
     LB_BACKEND_STATS, LB_BACKENDS, LB_CONFIG, LB_CONNTRACK, LB_FLOOD, LB_PEERS, LB_TABLES,
@@ -91,15 +91,15 @@ fn try_lb(ctx: &XdpContext) -> Result<Outcome, ParseError> {
         // The embedded packet is one the VIP sent to the client: swap it back into the flow
         // as the client sent it, so it hashes to the same backend.
         let flow = FlowKey {
-            src: inner.l3.dst,
-            dst: inner.l3.src,
+            src: addr_bytes(inner.l3.dst),
+            dst: addr_bytes(inner.l3.src),
             sport: inner.dport,
             dport: inner.sport,
             proto: inner.l3.proto,
             family: inner.l3.family,
             _pad: [0; 2],
         };
-        if flow.dst != l3.dst || lookup_vip(&flow).is_none() {
+        if inner.l3.src != l3.dst || lookup_vip(&flow).is_none() {
             return Ok((XDP_PASS, stat::PASS_ICMP_NOT_VIP, NONE));
         }
         let (action, reason, conntrack) = balance(ctx, &flow, Track::LookupOnly);
@@ -113,11 +113,11 @@ fn try_lb(ctx: &XdpContext) -> Result<Outcome, ParseError> {
 }
 
 #[inline(always)]
-fn maybe_vip(cfg: Option<&LbConfig>, addr: &[u8; 16]) -> bool {
+fn maybe_vip(cfg: Option<&LbConfig>, addr: &[u32; 4]) -> bool {
     let Some(cfg) = cfg else {
         return true;
     };
-    let bit = addr_filter_bit(addr);
+    let bit = addr_filter_bit_words(addr);
     match cfg.addr_filter.get((bit >> 6) as usize) {
         Some(w) => w & (1u64 << (bit & 63)) != 0,
         None => true,
@@ -140,8 +140,8 @@ fn from_peer(cfg: Option<&LbConfig>, mac: &[u8; 6]) -> bool {
 #[inline(always)]
 fn flow_key(l3: &L3, sport: u16, dport: u16) -> FlowKey {
     FlowKey {
-        src: l3.src,
-        dst: l3.dst,
+        src: addr_bytes(l3.src),
+        dst: addr_bytes(l3.dst),
         sport,
         dport,
         proto: l3.proto,
@@ -150,13 +150,21 @@ fn flow_key(l3: &L3, sport: u16, dport: u16) -> FlowKey {
     }
 }
 
+/// An address's words as the bytes of a map key (the same bytes in memory: keys are aligned to 4,
+/// so this compiles to word stores).
+#[inline(always)]
+fn addr_bytes(w: [u32; 4]) -> [u8; 16] {
+    // SAFETY: plain integers of the same size; every bit pattern is valid.
+    unsafe { core::mem::transmute(w) }
+}
+
 /// Fragments carry no ports after the first, so they cannot be hashed like the rest of their
 /// flow. Fragments of datagrams to a VIP address are dropped and counted (never split across
 /// backends, never sent to a wrong one); other fragments are not ours and pass.
 #[inline(always)]
 fn fragment(l3: &L3) -> Outcome {
     let key = VipKey {
-        addr: l3.dst,
+        addr: addr_bytes(l3.dst),
         port: 0,
         proto: 0,
         family: l3.family,

@@ -64,8 +64,10 @@ pub fn source_mac(ctx: &XdpContext) -> Result<[u8; 6], ParseError> {
 pub struct L3 {
     pub family: u8,
     pub proto: u8,
-    pub src: [u8; 16],
-    pub dst: [u8; 16],
+    /// Addresses as four native-endian words holding the header's bytes in order (IPv4: the
+    /// first word, the rest zero), so they are read, compared and hashed a word at a time.
+    pub src: [u32; 4],
+    pub dst: [u32; 4],
     /// Offset of the transport header.
     pub l4_off: usize,
     /// Offset just past the datagram, by its own length field (IPv4 total length, IPv6 payload
@@ -79,28 +81,30 @@ pub struct L3 {
 /// whole header (options included) is in the frame. Returns the facts and the total length.
 #[inline(always)]
 fn ipv4_fixed(ctx: &XdpContext, off: usize) -> Result<(L3, usize, u16), ParseError> {
-    let h = unsafe { *ptr_at::<[u8; 20]>(ctx, off)? };
-    let ihl = ((h[0] & 0x0f) as usize) * 4;
-    if h[0] >> 4 != 4 || ihl < 20 {
+    // Word loads: the verifier allows unaligned packet access where the CPU does (x86, arm64),
+    // and byte loads would cost four instructions per word plus the shifts to join them.
+    let h = unsafe { *ptr_at::<[u32; 5]>(ctx, off)? };
+    let [ver_ihl, _, len_hi, len_lo] = h[0].to_ne_bytes();
+    let [_, _, frag_hi, frag_lo] = h[1].to_ne_bytes();
+    let [_, proto, _, _] = h[2].to_ne_bytes();
+    let ihl = ((ver_ihl & 0x0f) as usize) * 4;
+    if ver_ihl >> 4 != 4 || ihl < 20 {
         return Err(ParseError::Malformed);
     }
     ptr_at::<[u8; 4]>(ctx, off + ihl - 4)?;
-    let mut src = [0u8; 16];
-    let mut dst = [0u8; 16];
-    src[..4].copy_from_slice(&h[12..16]);
-    dst[..4].copy_from_slice(&h[16..20]);
-    let frag = u16::from_be_bytes([h[6], h[7]]);
+    let total = u16::from_be_bytes([len_hi, len_lo]) as usize;
+    let frag = u16::from_be_bytes([frag_hi, frag_lo]);
     let l3 = L3 {
         family: FAMILY_V4,
-        proto: h[9],
-        src,
-        dst,
+        proto,
+        src: [h[3], 0, 0, 0],
+        dst: [h[4], 0, 0, 0],
         l4_off: off + ihl,
-        end: off + u16::from_be_bytes([h[2], h[3]]) as usize,
+        end: off + total,
         // MF set, or a non-zero fragment offset.
         fragment: frag & 0x3fff != 0,
     };
-    Ok((l3, u16::from_be_bytes([h[2], h[3]]) as usize, frag))
+    Ok((l3, total, frag))
 }
 
 /// Parse an IPv4 header at `off`, honouring IHL (options allowed).
@@ -171,24 +175,24 @@ pub fn ipv6(ctx: &XdpContext, off: usize) -> Result<L3, ParseError> {
 /// next-header) and the payload length.
 #[inline(always)]
 fn ipv6_fixed(ctx: &XdpContext, off: usize) -> Result<(L3, usize), ParseError> {
-    let h = unsafe { &*ptr_at::<[u8; IPV6_HLEN]>(ctx, off)? };
-    if h[0] >> 4 != 6 {
+    // Word loads, as in `ipv4_fixed`.
+    let h = unsafe { *ptr_at::<[u32; IPV6_HLEN / 4]>(ctx, off)? };
+    let [ver_tc, _, _, _] = h[0].to_ne_bytes();
+    let [len_hi, len_lo, next, _] = h[1].to_ne_bytes();
+    if ver_tc >> 4 != 6 {
         return Err(ParseError::Malformed);
     }
-    let mut src = [0u8; 16];
-    let mut dst = [0u8; 16];
-    src.copy_from_slice(&h[8..24]);
-    dst.copy_from_slice(&h[24..40]);
+    let payload = u16::from_be_bytes([len_hi, len_lo]) as usize;
     let l3 = L3 {
         family: FAMILY_V6,
-        proto: h[6],
-        src,
-        dst,
+        proto: next,
+        src: [h[2], h[3], h[4], h[5]],
+        dst: [h[6], h[7], h[8], h[9]],
         l4_off: off + IPV6_HLEN,
-        end: off + IPV6_HLEN + u16::from_be_bytes([h[4], h[5]]) as usize,
+        end: off + IPV6_HLEN + payload,
         fragment: false,
     };
-    Ok((l3, u16::from_be_bytes([h[4], h[5]]) as usize))
+    Ok((l3, payload))
 }
 
 /// Transport facts of a TCP or UDP header: ports, and for TCP whether it is a SYN without ACK
