@@ -213,6 +213,26 @@ pub fn peer_key(mac: &[u8; 6]) -> [u8; 8] {
     [mac[0], mac[1], mac[2], mac[3], mac[4], mac[5], 0, 0]
 }
 
+/// `mac_filter_bit` and `peer_key` of a MAC held as three native-endian u16 (its bytes in memory
+/// order, as the XDP program reads it from the frame with half-word loads).
+#[inline(always)]
+pub fn mac_halves_filter_bit(h: [u16; 3]) -> u32 {
+    let [a, b] = h[0].to_ne_bytes();
+    let [c, d] = h[1].to_ne_bytes();
+    let [e, f] = h[2].to_ne_bytes();
+    let x = u32::from_ne_bytes([a, b, c, d]) ^ u32::from_ne_bytes([e, f, a, b]).rotate_left(16);
+    x.wrapping_mul(0x9e37_79b1) >> 24
+}
+
+/// `peer_key` of a MAC held as in `mac_halves_filter_bit`.
+#[inline(always)]
+pub fn peer_key_halves(h: [u16; 3]) -> [u8; 8] {
+    let [a, b] = h[0].to_ne_bytes();
+    let [c, d] = h[1].to_ne_bytes();
+    let [e, f] = h[2].to_ne_bytes();
+    [a, b, c, d, e, f, 0, 0]
+}
+
 /// Most MACs of other lbd nodes (VRRP peers and backends) one node tracks for the loop guard.
 pub const MAX_PEERS: u32 = 1024;
 
@@ -430,6 +450,25 @@ mod tests {
         }
         for b in buckets {
             assert!((7000..8000).contains(&b), "uneven bucket {b}: {buckets:?}");
+        }
+    }
+
+    #[test]
+    fn word_forms_agree_with_byte_forms() {
+        for i in 0..200u8 {
+            let mac = [i, 0x52, i.wrapping_mul(7), 0x01, 0xfe, i ^ 0x5a];
+            let halves = [
+                u16::from_ne_bytes([mac[0], mac[1]]),
+                u16::from_ne_bytes([mac[2], mac[3]]),
+                u16::from_ne_bytes([mac[4], mac[5]]),
+            ];
+            assert_eq!(mac_halves_filter_bit(halves), mac_filter_bit(&mac));
+            assert_eq!(peer_key_halves(halves), peer_key(&mac));
+            let mut a = [0u8; 16];
+            a[..4].copy_from_slice(&[10, i, 0, 100]);
+            a[15] = i.wrapping_mul(3);
+            let w = [word(&a, 0), word(&a, 4), word(&a, 8), word(&a, 12)];
+            assert_eq!(addr_filter_bit_words(&w), addr_filter_bit(&a));
         }
     }
 

@@ -55,8 +55,9 @@ pub fn ethertype(ctx: &XdpContext) -> Result<u16, ParseError> {
 
 /// The Ethernet header's source MAC (read only for VIP packets: the loop guard).
 #[inline(always)]
-pub fn source_mac(ctx: &XdpContext) -> Result<[u8; 6], ParseError> {
-    Ok(unsafe { *ptr_at::<[u8; 6]>(ctx, 6)? })
+/// As three native-endian half-words in memory order (see `lb_common::mac_halves_filter_bit`).
+pub fn source_mac(ctx: &XdpContext) -> Result<[u16; 3], ParseError> {
+    Ok(unsafe { *ptr_at::<[u16; 3]>(ctx, 6)? })
 }
 
 /// The layer-3 facts the pipeline needs.
