@@ -40,6 +40,7 @@ pub fn lb_xdp(ctx: XdpContext) -> u32 {
         Ok(v) => v,
         Err(ParseError::Malformed) => (XDP_PASS, stat::PASS_MALFORMED, NONE),
         Err(ParseError::ExtLimit) => (XDP_PASS, stat::PASS_IPV6_EXT_LIMIT, NONE),
+        Err(ParseError::NotWanted) => (XDP_PASS, stat::PASS_NOT_VIP, NONE),
     };
     let verdict = match action {
         XDP_PASS => stat::VERDICT_PASS,
@@ -58,17 +59,17 @@ type Outcome = (u32, u32, u32);
 fn try_lb(ctx: &XdpContext) -> Result<Outcome, ParseError> {
     // VLAN-tagged frames are not ours: lbd attaches to the interface that carries the VIPs
     // untagged.
-    let l3 = match packet::ethertype(ctx)? {
-        ETH_P_IP => packet::ipv4(ctx, ETH_HLEN)?,
-        ETH_P_IPV6 => packet::ipv6(ctx, ETH_HLEN)?,
+    let ethertype = packet::ethertype(ctx)?;
+    // Most traffic on a node is not for a VIP: a filter bit says so without a hash lookup, tested
+    // as soon as the destination is read (a frame to another address, well-formed or not, is
+    // passed as not ours). Fragments and ICMP errors for a VIP flow are addressed to the VIP too.
+    let cfg = LB_CONFIG.get(0);
+    let wanted = |dst: &[u32; 4]| maybe_vip(cfg, dst);
+    let l3 = match ethertype {
+        ETH_P_IP => packet::ipv4(ctx, ETH_HLEN, wanted)?,
+        ETH_P_IPV6 => packet::ipv6(ctx, ETH_HLEN, wanted)?,
         _ => return Ok((XDP_PASS, stat::PASS_NOT_VIP, NONE)),
     };
-    // Most traffic on a node is not for a VIP: a filter bit says so without a hash lookup.
-    // (Fragments and ICMP errors for a VIP flow are addressed to the VIP too.)
-    let cfg = LB_CONFIG.get(0);
-    if !maybe_vip(cfg, &l3.dst) {
-        return Ok((XDP_PASS, stat::PASS_NOT_VIP, NONE));
-    }
     // The loop guard: another lbd node already forwarded this frame (it may be a backup that
     // still forwards, or one whose tables differ from ours). Forwarding it again could send it
     // back and forth; the local stack serves it (this node is a backend of the VIP).

@@ -24,6 +24,9 @@ pub enum ParseError {
     Malformed,
     /// More IPv6 extension headers than `MAX_IPV6_EXT_HEADERS`.
     ExtLimit,
+    /// The caller's destination filter declined the packet (checked straight after the fixed
+    /// header is read, before any other parsing: most traffic on a node is not for a VIP).
+    NotWanted,
 }
 
 /// Largest offset we ever read at; keeps the verifier's range tracking simple.
@@ -81,10 +84,17 @@ pub struct L3 {
 /// The fixed 20 bytes of an IPv4 header, read through one bounds check, and the check that the
 /// whole header (options included) is in the frame. Returns the facts and the total length.
 #[inline(always)]
-fn ipv4_fixed(ctx: &XdpContext, off: usize) -> Result<(L3, usize, u16), ParseError> {
+fn ipv4_fixed(
+    ctx: &XdpContext,
+    off: usize,
+    wanted: impl Fn(&[u32; 4]) -> bool,
+) -> Result<(L3, usize, u16), ParseError> {
     // Word loads: the verifier allows unaligned packet access where the CPU does (x86, arm64),
     // and byte loads would cost four instructions per word plus the shifts to join them.
     let h = unsafe { *ptr_at::<[u32; 5]>(ctx, off)? };
+    if !wanted(&[h[4], 0, 0, 0]) {
+        return Err(ParseError::NotWanted);
+    }
     let [ver_ihl, _, len_hi, len_lo] = h[0].to_ne_bytes();
     let [_, _, frag_hi, frag_lo] = h[1].to_ne_bytes();
     let [_, proto, _, _] = h[2].to_ne_bytes();
@@ -108,10 +118,15 @@ fn ipv4_fixed(ctx: &XdpContext, off: usize) -> Result<(L3, usize, u16), ParseErr
     Ok((l3, total, frag))
 }
 
-/// Parse an IPv4 header at `off`, honouring IHL (options allowed).
+/// Parse an IPv4 header at `off`, honouring IHL (options allowed), if `wanted` accepts its
+/// destination.
 #[inline(always)]
-pub fn ipv4(ctx: &XdpContext, off: usize) -> Result<L3, ParseError> {
-    let (l3, total, _) = ipv4_fixed(ctx, off)?;
+pub fn ipv4(
+    ctx: &XdpContext,
+    off: usize,
+    wanted: impl Fn(&[u32; 4]) -> bool,
+) -> Result<L3, ParseError> {
+    let (l3, total, _) = ipv4_fixed(ctx, off, wanted)?;
     // The datagram must fit in the frame: a truncated datagram is malformed even if all its
     // headers are present.
     if total < l3.l4_off - off || off + total > ctx.data_end() - ctx.data() {
@@ -120,10 +135,15 @@ pub fn ipv4(ctx: &XdpContext, off: usize) -> Result<L3, ParseError> {
     Ok(l3)
 }
 
-/// Parse an IPv6 header at `off` and walk up to `MAX_IPV6_EXT_HEADERS` extension headers.
+/// Parse an IPv6 header at `off`, if `wanted` accepts its destination, and walk up to
+/// `MAX_IPV6_EXT_HEADERS` extension headers.
 #[inline(always)]
-pub fn ipv6(ctx: &XdpContext, off: usize) -> Result<L3, ParseError> {
-    let (mut l3, payload) = ipv6_fixed(ctx, off)?;
+pub fn ipv6(
+    ctx: &XdpContext,
+    off: usize,
+    wanted: impl Fn(&[u32; 4]) -> bool,
+) -> Result<L3, ParseError> {
+    let (mut l3, payload) = ipv6_fixed(ctx, off, wanted)?;
     // Payload length 0 would mean a jumbogram: not ours to handle, and it cannot be checked.
     if payload == 0 || off + IPV6_HLEN + payload > ctx.data_end() - ctx.data() {
         return Err(ParseError::Malformed);
@@ -175,9 +195,16 @@ pub fn ipv6(ctx: &XdpContext, off: usize) -> Result<L3, ParseError> {
 /// The fixed 40-byte IPv6 header through one bounds check; returns the facts (proto = the first
 /// next-header) and the payload length.
 #[inline(always)]
-fn ipv6_fixed(ctx: &XdpContext, off: usize) -> Result<(L3, usize), ParseError> {
+fn ipv6_fixed(
+    ctx: &XdpContext,
+    off: usize,
+    wanted: impl Fn(&[u32; 4]) -> bool,
+) -> Result<(L3, usize), ParseError> {
     // Word loads, as in `ipv4_fixed`.
     let h = unsafe { *ptr_at::<[u32; IPV6_HLEN / 4]>(ctx, off)? };
+    if !wanted(&[h[6], h[7], h[8], h[9]]) {
+        return Err(ParseError::NotWanted);
+    }
     let [ver_tc, _, _, _] = h[0].to_ne_bytes();
     let [len_hi, len_lo, next, _] = h[1].to_ne_bytes();
     if ver_tc >> 4 != 6 {
@@ -283,7 +310,7 @@ pub fn icmp_too_big(ctx: &XdpContext, outer: &L3) -> Result<Option<Embedded>, Pa
 fn ipv4_embedded(ctx: &XdpContext, off: usize) -> Result<L3, ParseError> {
     // An ICMP error quotes only the start of the datagram: its total length is not checked,
     // and a quoted first fragment still carries the ports.
-    let (mut l3, _, frag) = ipv4_fixed(ctx, off)?;
+    let (mut l3, _, frag) = ipv4_fixed(ctx, off, |_| true)?;
     l3.fragment = frag & 0x1fff != 0;
     Ok(l3)
 }
@@ -292,5 +319,5 @@ fn ipv4_embedded(ctx: &XdpContext, off: usize) -> Result<L3, ParseError> {
 fn ipv6_embedded(ctx: &XdpContext, off: usize) -> Result<L3, ParseError> {
     // No extension-header walk inside an ICMP payload: the embedded header must be followed
     // directly by TCP or UDP, anything else is not treated as a VIP flow.
-    Ok(ipv6_fixed(ctx, off)?.0)
+    Ok(ipv6_fixed(ctx, off, |_| true)?.0)
 }
