@@ -97,8 +97,8 @@ pub struct BackendInfo {
 const _: () = assert!(size_of::<BackendInfo>() == 48);
 
 /// The connection table's key: the full 5-tuple as the client sent it.
-// Aligned to 4 like `VipKey` (layout unchanged).
-#[repr(C, align(4))]
+// Aligned to 8 (layout unchanged): the XDP program stores the key's zero words in pairs.
+#[repr(C, align(8))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 pub struct FlowKey {
     pub src: [u8; 16],

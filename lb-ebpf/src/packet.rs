@@ -230,30 +230,30 @@ fn ipv6_fixed(
 #[inline(always)]
 pub fn ports(ctx: &XdpContext, l3: &L3) -> Result<(u16, u16, bool), ParseError> {
     let off = l3.l4_off;
-    if l3.proto == PROTO_TCP {
-        let t = unsafe { *ptr_at::<[u8; 20]>(ctx, off)? };
-        let doff = (t[12] >> 4) as usize * 4;
+    // Word loads, as in `ipv4_fixed`; the first word of both headers holds the two ports.
+    let (ports, syn_only) = if l3.proto == PROTO_TCP {
+        let t = unsafe { *ptr_at::<[u32; 5]>(ctx, off)? };
+        let [doff, flags, _, _] = t[3].to_ne_bytes();
+        let doff = (doff >> 4) as usize * 4;
         if doff < 20 || off + doff > l3.end {
             return Err(ParseError::Malformed);
         }
-        let syn_only = t[13] & 0x12 == 0x02;
-        Ok((
-            u16::from_be_bytes([t[0], t[1]]),
-            u16::from_be_bytes([t[2], t[3]]),
-            syn_only,
-        ))
+        (t[0], flags & 0x12 == 0x02)
     } else {
-        let u = unsafe { *ptr_at::<[u8; 8]>(ctx, off)? };
-        let len = u16::from_be_bytes([u[4], u[5]]) as usize;
+        let u = unsafe { *ptr_at::<[u32; 2]>(ctx, off)? };
+        let [len_hi, len_lo, _, _] = u[1].to_ne_bytes();
+        let len = u16::from_be_bytes([len_hi, len_lo]) as usize;
         if len < 8 || off + len > l3.end {
             return Err(ParseError::Malformed);
         }
-        Ok((
-            u16::from_be_bytes([u[0], u[1]]),
-            u16::from_be_bytes([u[2], u[3]]),
-            false,
-        ))
-    }
+        (u[0], false)
+    };
+    let [s0, s1, d0, d1] = ports.to_ne_bytes();
+    Ok((
+        u16::from_be_bytes([s0, s1]),
+        u16::from_be_bytes([d0, d1]),
+        syn_only,
+    ))
 }
 
 pub fn has_ports(proto: u8) -> bool {
