@@ -52,8 +52,9 @@ pub fn pair_at(ctx: &XdpContext, offset: usize) -> Result<[u8; 2], ParseError> {
 /// The Ethernet header's ethertype.
 #[inline(always)]
 pub fn ethertype(ctx: &XdpContext) -> Result<u16, ParseError> {
-    let t = unsafe { *ptr_at::<[u8; 2]>(ctx, 12)? };
-    Ok(u16::from_be_bytes(t))
+    // One half-word load (the frame's bytes in order), then to host order.
+    let t = unsafe { *ptr_at::<u16>(ctx, 12)? };
+    Ok(u16::from_be(t))
 }
 
 /// The Ethernet header's source MAC (read only for VIP packets: the loop guard).
