@@ -34,7 +34,9 @@ pub const MAX_IPV6_EXT_HEADERS: usize = 4;
 pub const ALL_PORTS: u16 = 0;
 
 /// A VIP service: looked up first with the packet's destination port, then with [`ALL_PORTS`].
-#[repr(C)]
+// Aligned to 4 (same size and offsets as without): the XDP program builds and hashes keys with
+// word loads and stores instead of byte by byte.
+#[repr(C, align(4))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 pub struct VipKey {
     /// IPv4 in the first 4 bytes (rest zero) or IPv6, network byte order.
@@ -102,7 +104,8 @@ pub struct BackendInfo {
 const _: () = assert!(size_of::<BackendInfo>() == 48);
 
 /// The connection table's key: the full 5-tuple as the client sent it.
-#[repr(C)]
+// Aligned to 8 (layout unchanged): the XDP program stores the key's zero words in pairs.
+#[repr(C, align(8))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 pub struct FlowKey {
     pub src: [u8; 16],
@@ -194,8 +197,13 @@ pub const DEFAULT_SYN_FLOOD_RATE: u32 = 10_000;
 /// The bit of `addr` in `LbConfig::addr_filter`.
 #[inline(always)]
 pub fn addr_filter_bit(addr: &[u8; 16]) -> u32 {
-    let x = word(addr, 0) ^ word(addr, 4) ^ word(addr, 8) ^ word(addr, 12);
-    x.wrapping_mul(0x9e37_79b1) >> 24
+    addr_filter_bit_words(&[word(addr, 0), word(addr, 4), word(addr, 8), word(addr, 12)])
+}
+
+/// `addr_filter_bit` of an address held as four native-endian words (its bytes in memory order).
+#[inline(always)]
+pub fn addr_filter_bit_words(w: &[u32; 4]) -> u32 {
+    (w[0] ^ w[1] ^ w[2] ^ w[3]).wrapping_mul(0x9e37_79b1) >> 24
 }
 
 /// The bit of a MAC address in `LbConfig::peer_filter`.
@@ -210,6 +218,26 @@ pub fn mac_filter_bit(mac: &[u8; 6]) -> u32 {
 #[inline(always)]
 pub fn peer_key(mac: &[u8; 6]) -> [u8; 8] {
     [mac[0], mac[1], mac[2], mac[3], mac[4], mac[5], 0, 0]
+}
+
+/// `mac_filter_bit` and `peer_key` of a MAC held as three native-endian u16 (its bytes in memory
+/// order, as the XDP program reads it from the frame with half-word loads).
+#[inline(always)]
+pub fn mac_halves_filter_bit(h: [u16; 3]) -> u32 {
+    let [a, b] = h[0].to_ne_bytes();
+    let [c, d] = h[1].to_ne_bytes();
+    let [e, f] = h[2].to_ne_bytes();
+    let x = u32::from_ne_bytes([a, b, c, d]) ^ u32::from_ne_bytes([e, f, a, b]).rotate_left(16);
+    x.wrapping_mul(0x9e37_79b1) >> 24
+}
+
+/// `peer_key` of a MAC held as in `mac_halves_filter_bit`.
+#[inline(always)]
+pub fn peer_key_halves(h: [u16; 3]) -> [u8; 8] {
+    let [a, b] = h[0].to_ne_bytes();
+    let [c, d] = h[1].to_ne_bytes();
+    let [e, f] = h[2].to_ne_bytes();
+    [a, b, c, d, e, f, 0, 0]
 }
 
 /// Most MACs of other lbd nodes (VRRP peers and backends) one node tracks for the loop guard.
@@ -429,6 +457,25 @@ mod tests {
         }
         for b in buckets {
             assert!((7000..8000).contains(&b), "uneven bucket {b}: {buckets:?}");
+        }
+    }
+
+    #[test]
+    fn word_forms_agree_with_byte_forms() {
+        for i in 0..200u8 {
+            let mac = [i, 0x52, i.wrapping_mul(7), 0x01, 0xfe, i ^ 0x5a];
+            let halves = [
+                u16::from_ne_bytes([mac[0], mac[1]]),
+                u16::from_ne_bytes([mac[2], mac[3]]),
+                u16::from_ne_bytes([mac[4], mac[5]]),
+            ];
+            assert_eq!(mac_halves_filter_bit(halves), mac_filter_bit(&mac));
+            assert_eq!(peer_key_halves(halves), peer_key(&mac));
+            let mut a = [0u8; 16];
+            a[..4].copy_from_slice(&[10, i, 0, 100]);
+            a[15] = i.wrapping_mul(3);
+            let w = [word(&a, 0), word(&a, 4), word(&a, 8), word(&a, 12)];
+            assert_eq!(addr_filter_bit_words(&w), addr_filter_bit(&a));
         }
     }
 

@@ -24,11 +24,20 @@ pub enum ParseError {
     Malformed,
     /// More IPv6 extension headers than `MAX_IPV6_EXT_HEADERS`.
     ExtLimit,
+    /// The caller's destination filter declined the packet (checked straight after the fixed
+    /// header is read, before any other parsing: most traffic on a node is not for a VIP).
+    NotWanted,
 }
 
 /// Largest offset we ever read at; keeps the verifier's range tracking simple.
 const MAX_OFFSET: usize = 512;
 
+/// A bounds-checked pointer to a `T` at `offset` of the frame. Headers after the 14-byte Ethernet
+/// header are only 2-byte aligned, and word reads through these pointers are deliberate: BPF has
+/// one load instruction whatever the alignment, the kernel accepts misaligned packet loads on
+/// the architectures lb supports (x86_64, arm64: CONFIG_HAVE_EFFICIENT_UNALIGNED_ACCESS), and it
+/// is what the kernel's own XDP programs do with `struct iphdr *`. `read_unaligned` would make
+/// LLVM split every load into bytes.
 #[inline(always)]
 pub fn ptr_at<T>(ctx: &XdpContext, offset: usize) -> Result<*mut T, ParseError> {
     let start = ctx.data();
@@ -49,14 +58,16 @@ pub fn pair_at(ctx: &XdpContext, offset: usize) -> Result<[u8; 2], ParseError> {
 /// The Ethernet header's ethertype.
 #[inline(always)]
 pub fn ethertype(ctx: &XdpContext) -> Result<u16, ParseError> {
-    let t = unsafe { *ptr_at::<[u8; 2]>(ctx, 12)? };
-    Ok(u16::from_be_bytes(t))
+    // One half-word load (the frame's bytes in order), then to host order.
+    let t = unsafe { *ptr_at::<u16>(ctx, 12)? };
+    Ok(u16::from_be(t))
 }
 
 /// The Ethernet header's source MAC (read only for VIP packets: the loop guard).
 #[inline(always)]
-pub fn source_mac(ctx: &XdpContext) -> Result<[u8; 6], ParseError> {
-    Ok(unsafe { *ptr_at::<[u8; 6]>(ctx, 6)? })
+/// As three native-endian half-words in memory order (see `lb_common::mac_halves_filter_bit`).
+pub fn source_mac(ctx: &XdpContext) -> Result<[u16; 3], ParseError> {
+    Ok(unsafe { *ptr_at::<[u16; 3]>(ctx, 6)? })
 }
 
 /// The layer-3 facts the pipeline needs.
@@ -64,8 +75,10 @@ pub fn source_mac(ctx: &XdpContext) -> Result<[u8; 6], ParseError> {
 pub struct L3 {
     pub family: u8,
     pub proto: u8,
-    pub src: [u8; 16],
-    pub dst: [u8; 16],
+    /// Addresses as four native-endian words holding the header's bytes in order (IPv4: the
+    /// first word, the rest zero), so they are read, compared and hashed a word at a time.
+    pub src: [u32; 4],
+    pub dst: [u32; 4],
     /// Offset of the transport header.
     pub l4_off: usize,
     /// Offset just past the datagram, by its own length field (IPv4 total length, IPv6 payload
@@ -78,35 +91,49 @@ pub struct L3 {
 /// The fixed 20 bytes of an IPv4 header, read through one bounds check, and the check that the
 /// whole header (options included) is in the frame. Returns the facts and the total length.
 #[inline(always)]
-fn ipv4_fixed(ctx: &XdpContext, off: usize) -> Result<(L3, usize, u16), ParseError> {
-    let h = unsafe { *ptr_at::<[u8; 20]>(ctx, off)? };
-    let ihl = ((h[0] & 0x0f) as usize) * 4;
-    if h[0] >> 4 != 4 || ihl < 20 {
+fn ipv4_fixed(
+    ctx: &XdpContext,
+    off: usize,
+    wanted: impl Fn(&[u32; 4]) -> bool,
+) -> Result<(L3, usize, u16), ParseError> {
+    // Word loads: the verifier allows unaligned packet access where the CPU does (x86, arm64),
+    // and byte loads would cost four instructions per word plus the shifts to join them.
+    let h = unsafe { *ptr_at::<[u32; 5]>(ctx, off)? };
+    if !wanted(&[h[4], 0, 0, 0]) {
+        return Err(ParseError::NotWanted);
+    }
+    let [ver_ihl, _, len_hi, len_lo] = h[0].to_ne_bytes();
+    let [_, _, frag_hi, frag_lo] = h[1].to_ne_bytes();
+    let [_, proto, _, _] = h[2].to_ne_bytes();
+    let ihl = ((ver_ihl & 0x0f) as usize) * 4;
+    if ver_ihl >> 4 != 4 || ihl < 20 {
         return Err(ParseError::Malformed);
     }
     ptr_at::<[u8; 4]>(ctx, off + ihl - 4)?;
-    let mut src = [0u8; 16];
-    let mut dst = [0u8; 16];
-    src[..4].copy_from_slice(&h[12..16]);
-    dst[..4].copy_from_slice(&h[16..20]);
-    let frag = u16::from_be_bytes([h[6], h[7]]);
+    let total = u16::from_be_bytes([len_hi, len_lo]) as usize;
+    let frag = u16::from_be_bytes([frag_hi, frag_lo]);
     let l3 = L3 {
         family: FAMILY_V4,
-        proto: h[9],
-        src,
-        dst,
+        proto,
+        src: [h[3], 0, 0, 0],
+        dst: [h[4], 0, 0, 0],
         l4_off: off + ihl,
-        end: off + u16::from_be_bytes([h[2], h[3]]) as usize,
+        end: off + total,
         // MF set, or a non-zero fragment offset.
         fragment: frag & 0x3fff != 0,
     };
-    Ok((l3, u16::from_be_bytes([h[2], h[3]]) as usize, frag))
+    Ok((l3, total, frag))
 }
 
-/// Parse an IPv4 header at `off`, honouring IHL (options allowed).
+/// Parse an IPv4 header at `off`, honouring IHL (options allowed), if `wanted` accepts its
+/// destination.
 #[inline(always)]
-pub fn ipv4(ctx: &XdpContext, off: usize) -> Result<L3, ParseError> {
-    let (l3, total, _) = ipv4_fixed(ctx, off)?;
+pub fn ipv4(
+    ctx: &XdpContext,
+    off: usize,
+    wanted: impl Fn(&[u32; 4]) -> bool,
+) -> Result<L3, ParseError> {
+    let (l3, total, _) = ipv4_fixed(ctx, off, wanted)?;
     // The datagram must fit in the frame: a truncated datagram is malformed even if all its
     // headers are present.
     if total < l3.l4_off - off || off + total > ctx.data_end() - ctx.data() {
@@ -115,10 +142,15 @@ pub fn ipv4(ctx: &XdpContext, off: usize) -> Result<L3, ParseError> {
     Ok(l3)
 }
 
-/// Parse an IPv6 header at `off` and walk up to `MAX_IPV6_EXT_HEADERS` extension headers.
+/// Parse an IPv6 header at `off`, if `wanted` accepts its destination, and walk up to
+/// `MAX_IPV6_EXT_HEADERS` extension headers.
 #[inline(always)]
-pub fn ipv6(ctx: &XdpContext, off: usize) -> Result<L3, ParseError> {
-    let (mut l3, payload) = ipv6_fixed(ctx, off)?;
+pub fn ipv6(
+    ctx: &XdpContext,
+    off: usize,
+    wanted: impl Fn(&[u32; 4]) -> bool,
+) -> Result<L3, ParseError> {
+    let (mut l3, payload) = ipv6_fixed(ctx, off, wanted)?;
     // Payload length 0 would mean a jumbogram: not ours to handle, and it cannot be checked.
     if payload == 0 || off + IPV6_HLEN + payload > ctx.data_end() - ctx.data() {
         return Err(ParseError::Malformed);
@@ -170,25 +202,32 @@ pub fn ipv6(ctx: &XdpContext, off: usize) -> Result<L3, ParseError> {
 /// The fixed 40-byte IPv6 header through one bounds check; returns the facts (proto = the first
 /// next-header) and the payload length.
 #[inline(always)]
-fn ipv6_fixed(ctx: &XdpContext, off: usize) -> Result<(L3, usize), ParseError> {
-    let h = unsafe { &*ptr_at::<[u8; IPV6_HLEN]>(ctx, off)? };
-    if h[0] >> 4 != 6 {
+fn ipv6_fixed(
+    ctx: &XdpContext,
+    off: usize,
+    wanted: impl Fn(&[u32; 4]) -> bool,
+) -> Result<(L3, usize), ParseError> {
+    // Word loads, as in `ipv4_fixed`.
+    let h = unsafe { *ptr_at::<[u32; IPV6_HLEN / 4]>(ctx, off)? };
+    if !wanted(&[h[6], h[7], h[8], h[9]]) {
+        return Err(ParseError::NotWanted);
+    }
+    let [ver_tc, _, _, _] = h[0].to_ne_bytes();
+    let [len_hi, len_lo, next, _] = h[1].to_ne_bytes();
+    if ver_tc >> 4 != 6 {
         return Err(ParseError::Malformed);
     }
-    let mut src = [0u8; 16];
-    let mut dst = [0u8; 16];
-    src.copy_from_slice(&h[8..24]);
-    dst.copy_from_slice(&h[24..40]);
+    let payload = u16::from_be_bytes([len_hi, len_lo]) as usize;
     let l3 = L3 {
         family: FAMILY_V6,
-        proto: h[6],
-        src,
-        dst,
+        proto: next,
+        src: [h[2], h[3], h[4], h[5]],
+        dst: [h[6], h[7], h[8], h[9]],
         l4_off: off + IPV6_HLEN,
-        end: off + IPV6_HLEN + u16::from_be_bytes([h[4], h[5]]) as usize,
+        end: off + IPV6_HLEN + payload,
         fragment: false,
     };
-    Ok((l3, u16::from_be_bytes([h[4], h[5]]) as usize))
+    Ok((l3, payload))
 }
 
 /// Transport facts of a TCP or UDP header: ports, and for TCP whether it is a SYN without ACK
@@ -198,30 +237,30 @@ fn ipv6_fixed(ctx: &XdpContext, off: usize) -> Result<(L3, usize), ParseError> {
 #[inline(always)]
 pub fn ports(ctx: &XdpContext, l3: &L3) -> Result<(u16, u16, bool), ParseError> {
     let off = l3.l4_off;
-    if l3.proto == PROTO_TCP {
-        let t = unsafe { *ptr_at::<[u8; 20]>(ctx, off)? };
-        let doff = (t[12] >> 4) as usize * 4;
+    // Word loads, as in `ipv4_fixed`; the first word of both headers holds the two ports.
+    let (ports, syn_only) = if l3.proto == PROTO_TCP {
+        let t = unsafe { *ptr_at::<[u32; 5]>(ctx, off)? };
+        let [doff, flags, _, _] = t[3].to_ne_bytes();
+        let doff = (doff >> 4) as usize * 4;
         if doff < 20 || off + doff > l3.end {
             return Err(ParseError::Malformed);
         }
-        let syn_only = t[13] & 0x12 == 0x02;
-        Ok((
-            u16::from_be_bytes([t[0], t[1]]),
-            u16::from_be_bytes([t[2], t[3]]),
-            syn_only,
-        ))
+        (t[0], flags & 0x12 == 0x02)
     } else {
-        let u = unsafe { *ptr_at::<[u8; 8]>(ctx, off)? };
-        let len = u16::from_be_bytes([u[4], u[5]]) as usize;
+        let u = unsafe { *ptr_at::<[u32; 2]>(ctx, off)? };
+        let [len_hi, len_lo, _, _] = u[1].to_ne_bytes();
+        let len = u16::from_be_bytes([len_hi, len_lo]) as usize;
         if len < 8 || off + len > l3.end {
             return Err(ParseError::Malformed);
         }
-        Ok((
-            u16::from_be_bytes([u[0], u[1]]),
-            u16::from_be_bytes([u[2], u[3]]),
-            false,
-        ))
-    }
+        (u[0], false)
+    };
+    let [s0, s1, d0, d1] = ports.to_ne_bytes();
+    Ok((
+        u16::from_be_bytes([s0, s1]),
+        u16::from_be_bytes([d0, d1]),
+        syn_only,
+    ))
 }
 
 pub fn has_ports(proto: u8) -> bool {
@@ -278,7 +317,7 @@ pub fn icmp_too_big(ctx: &XdpContext, outer: &L3) -> Result<Option<Embedded>, Pa
 fn ipv4_embedded(ctx: &XdpContext, off: usize) -> Result<L3, ParseError> {
     // An ICMP error quotes only the start of the datagram: its total length is not checked,
     // and a quoted first fragment still carries the ports.
-    let (mut l3, _, frag) = ipv4_fixed(ctx, off)?;
+    let (mut l3, _, frag) = ipv4_fixed(ctx, off, |_| true)?;
     l3.fragment = frag & 0x1fff != 0;
     Ok(l3)
 }
@@ -287,5 +326,5 @@ fn ipv4_embedded(ctx: &XdpContext, off: usize) -> Result<L3, ParseError> {
 fn ipv6_embedded(ctx: &XdpContext, off: usize) -> Result<L3, ParseError> {
     // No extension-header walk inside an ICMP payload: the embedded header must be followed
     // directly by TCP or UDP, anything else is not treated as a VIP flow.
-    Ok(ipv6_fixed(ctx, off)?.0)
+    Ok(ipv6_fixed(ctx, off, |_| true)?.0)
 }
