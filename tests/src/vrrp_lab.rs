@@ -133,7 +133,11 @@ impl VrrpLab {
     pub fn prepare(labnode: &str, opts: Vec<NodeOpts>) -> VrrpLab {
         let ipv6 = opts.first().map(|o| o.ipv6).unwrap_or(false);
         let mut lab = Lab::new("vr");
-        lab.add_node("client", "10.78.0.1", "fd78::1");
+        let client = lab.add_node("client", "10.78.0.1", "fd78::1");
+        // The client opens thousands of short connections a second: with the default port range
+        // it runs out of ports (EADDRNOTAVAIL) before anything under test fails.
+        lab.sysctl(&client.netns, "net.ipv4.ip_local_port_range", "1024 65000");
+        lab.sysctl(&client.netns, "net.ipv4.tcp_tw_reuse", "1");
         let mut nodes = Vec::new();
         for i in 0..opts.len() {
             let n = format!("n{}", i + 1);
