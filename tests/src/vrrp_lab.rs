@@ -230,7 +230,7 @@ impl VrrpLab {
         let vip = self.node_vip(i);
         let mut c = o.top.clone();
         c += &format!(
-            "interface = \"eth0\"\nname = \"{}\"\napi_socket = \"{}\"\nxdp_mode = \"skb\"\n",
+            "interface = \"eth0\"\nname = \"{}\"\napi_socket = \"{}\"\nxdp_mode = \"skb\"\n# The probes open ~10k connections/s: above the default flood threshold.\nsyn_flood_rate = 100000\n",
             self.pin_name(i),
             self.socket(i)
         );
