@@ -190,6 +190,10 @@ const _: () = assert!(size_of::<FloodState>() == 24);
 pub const FLOOD_WINDOW_NS: u64 = 100_000_000;
 /// Once the rate is exceeded, flood mode holds this long after the last window over it.
 pub const FLOOD_HOLD_NS: u64 = 1_000_000_000;
+/// Entries of `LB_HANDSHAKES`: handshakes in flight whose SYN skipped a slot in SYN flood mode.
+/// Only SYNs that land on a slot taking no new flows use it; at a million such SYNs a second an
+/// entry still lasts 16 ms, far above a round trip inside a data centre.
+pub const HANDSHAKE_TABLE_SIZE: u32 = 16384;
 /// Default `syn_flood_rate`: far above what an API or ingress VIP sees from real clients per
 /// CPU, far below what a spoofed flood sends.
 pub const DEFAULT_SYN_FLOOD_RATE: u32 = 10_000;
@@ -282,7 +286,8 @@ pub mod stat {
     /// backend) was already forwarded once; it goes to the local stack.
     pub const PASS_FROM_PEER: u32 = 18;
     /// A SYN forwarded in SYN flood mode without a connection-table entry (its handshake's ACK
-    /// writes it).
+    /// writes it; a SYN that skipped a slot taking no new flows is remembered in the small
+    /// handshake table instead).
     pub const SYN_FLOOD_UNTRACKED: u32 = 19;
     pub const COUNT: u32 = 20;
 
@@ -325,6 +330,7 @@ pub mod maps {
     pub const VIP_OWNED: &str = "LB_VIP_OWNED";
     pub const PEERS: &str = "LB_PEERS";
     pub const FLOOD: &str = "LB_FLOOD";
+    pub const HANDSHAKES: &str = "LB_HANDSHAKES";
     /// Pins of maps earlier versions had and this one does not.
     pub const OBSOLETE: &[&str] = &["LB_VIP_GEN"];
     /// The XDP program's name in the object.

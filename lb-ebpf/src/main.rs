@@ -25,11 +25,12 @@ use aya_ebpf::{
 use lb_common::{
     ALL_PORTS, BACKEND_F_IN_SET, BACKEND_F_LOCAL, BACKEND_F_NO_NEW, BackendInfo,
     CONFIG_F_ALL_PORTS, FLOOD_HOLD_NS, FLOOD_WINDOW_NS, FlowKey, FlowValue, LbConfig,
-    MAX_SLOT_SKIPS, NO_BACKEND, PROTO_TCP, VIP_F_OWNED, VIP_OWNED, VipInfo, VipKey,
+    MAX_BACKENDS, MAX_SLOT_SKIPS, NO_BACKEND, PROTO_TCP, VIP_F_OWNED, VIP_OWNED, VipInfo, VipKey,
     addr_filter_bit_words, flow_hash, mac_halves_filter_bit, peer_key_halves, stat, table_index,
 };
 use maps::{
-    LB_BACKEND_STATS, LB_BACKENDS, LB_CONFIG, LB_CONNTRACK, LB_FLOOD, LB_PEERS, LB_TABLES,
+    LB_BACKEND_STATS, LB_BACKENDS, LB_CONFIG, LB_CONNTRACK, LB_FLOOD, LB_HANDSHAKES, LB_PEERS,
+    LB_TABLES,
     LB_VIP_ADDRS, LB_VIP_OWNED, LB_VIP_STATS, LB_VIPS, NONE, count, count_traffic,
 };
 use packet::{ETH_HLEN, ETH_P_IP, ETH_P_IPV6, L3, ParseError, has_ports, ptr_at};
@@ -239,41 +240,41 @@ enum Track {
     LookupOnly,
 }
 
+/// Set in `pick_slot`'s answer when it skipped at least one slot (backend ids are below it).
+const SLOT_SKIPPED: u32 = 1 << 31;
+const _: () = assert!(MAX_BACKENDS < SLOT_SKIPPED);
+
 /// The backend id at `slot` of a VIP's live table; for a packet that starts a flow, the first
 /// one from there that takes new flows (`BACKEND_F_NO_NEW` clear), at most `MAX_SLOT_SKIPS`
-/// slots on. `NO_BACKEND` when there is none. A function of its own (a BPF subprogram): its
-/// loop then costs the caller nothing in registers.
+/// slots on, with `SLOT_SKIPPED` set if that is not the first. `NO_BACKEND` when there is none.
+/// A function of its own (a BPF subprogram): its loop then costs the caller nothing in registers.
 #[inline(never)]
 fn pick_slot(vip_id: u32, active: u32, size: u32, slot: u32, starts_flow: u32) -> u32 {
     let mut slot = slot;
+    let mut skipped = 0;
     for _ in 0..=MAX_SLOT_SKIPS {
         let pos = table_index(vip_id, active, size, slot);
         let id = match LB_TABLES.get(pos >> 1) {
             Some(pair) => pair[(pos & 1) as usize],
             None => return NO_BACKEND,
         };
-        if id == NO_BACKEND || starts_flow == 0 {
+        if id == NO_BACKEND {
+            return NO_BACKEND;
+        }
+        if starts_flow == 0 {
             return id;
         }
         match LB_BACKENDS.get(id) {
             Some(b) if b.flags & BACKEND_F_NO_NEW != 0 => {}
-            _ => return id,
+            _ => return id | skipped,
         }
+        skipped = SLOT_SKIPPED;
         slot += 1;
         if slot >= size {
             slot = 0;
         }
     }
     NO_BACKEND
-}
-
-/// Whether SYN flood mode holds on this CPU (without counting a SYN).
-#[inline(always)]
-fn flood_active() -> bool {
-    match LB_FLOOD.get(0) {
-        Some(s) => (unsafe { bpf_ktime_get_coarse_ns() }) < s.flood_until,
-        None => false,
-    }
 }
 
 /// Count a SYN on this CPU; whether flood mode holds.
@@ -306,6 +307,32 @@ fn vip_owned(vip_id: u32) -> bool {
         .get(vip_id)
         .map(|o| o & VIP_OWNED != 0)
         .unwrap_or(false)
+}
+
+/// For a TCP packet without a connection-table entry whose slot's backend takes no new flows:
+/// the backend its SYN chose if that SYN skipped the slot in SYN flood mode (`LB_HANDSHAKES`)
+/// and the pair still stands. Counted as a connection-table hit.
+#[inline(always)]
+fn handshake_of(
+    track: Track,
+    flow: &FlowKey,
+    slot_backend: &BackendInfo,
+    vip: &VipInfo,
+) -> Option<(u32, &'static BackendInfo)> {
+    if track != Track::Yes
+        || flow.proto != PROTO_TCP
+        || slot_backend.flags & BACKEND_F_NO_NEW == 0
+    {
+        return None;
+    }
+    let v = unsafe { *LB_HANDSHAKES.get_ptr(flow)? };
+    // Used once: this packet writes the connection-table entry.
+    let _ = LB_HANDSHAKES.remove(flow);
+    let b = entry_backend(&v)?;
+    if b.vip_id != vip.vip_id {
+        return None;
+    }
+    Some((v.backend_id, b))
 }
 
 #[inline(always)]
@@ -354,6 +381,7 @@ fn balance(ctx: &XdpContext, cfg: Option<&LbConfig>, flow: &FlowKey, track: Trac
         chosen = Some((id, b));
     }
     let new_flow = chosen.is_none();
+    let mut skipped = false;
 
     // 4. Maglev: the slot of the flow hash in the VIP's live table.
     let (id, backend) = match chosen {
@@ -368,38 +396,60 @@ fn balance(ctx: &XdpContext, cfg: Option<&LbConfig>, flow: &FlowKey, track: Trac
             let slot = flow_hash(flow, cfg.hash_seed) % cfg.table_size;
             // A packet that starts a flow skips backends that take no new flows; a mid-flow
             // packet without an entry (e.g. at a new VIP owner) goes where the table says, so
-            // established flows of a drained or failing backend stay on it. In SYN flood mode
-            // the handshake's ACK writes the entry, so it must choose as its SYN did.
+            // established flows of a drained or failing backend stay on it.
             let starts_flow = match track {
                 Track::NewConnection => true,
-                Track::Yes => flow.proto != PROTO_TCP || flood_active(),
+                Track::Yes => flow.proto != PROTO_TCP,
                 Track::LookupOnly => false,
             };
-            let id = pick_slot(
+            let picked = pick_slot(
                 vip.vip_id,
                 vip.active_table,
                 cfg.table_size,
                 slot,
                 starts_flow as u32,
             );
-            if id == NO_BACKEND {
+            if picked == NO_BACKEND {
                 return (XDP_DROP, stat::DROP_NO_BACKEND, ct);
             }
+            skipped = picked & SLOT_SKIPPED != 0;
+            let id = picked & !SLOT_SKIPPED;
             // User space takes a backend out of the set only after no table names it: this is
             // a bug or a hand-edited map, counted (never logged per packet) and never forwarded.
             let Some(b) = backend_of(&vip, id) else {
                 return (XDP_DROP, stat::DROP_BAD_BACKEND, ct);
             };
-            (id, b)
+            // A TCP packet without an entry whose slot takes no new flows: the ACK of a
+            // handshake whose SYN skipped that slot in SYN flood mode follows its SYN.
+            match handshake_of(track, flow, b, &vip) {
+                Some(h) => h,
+                None => (id, b),
+            }
         }
     };
     // SYN flood mode: a spoofed flood must not push established flows out of the LRU table, so
-    // while SYNs arrive faster than `syn_flood_rate` a SYN's choice is not remembered; the
-    // handshake's ACK (a miss) takes the same Maglev slot and writes the entry.
+    // while SYNs arrive faster than `syn_flood_rate` a SYN's choice is not remembered there; the
+    // handshake's ACK (a miss) takes the same Maglev slot and writes the entry. A SYN that
+    // skipped its slot is remembered in the small handshake table instead: its ACK must not
+    // depend on this CPU's flood state (another CPU, or the flood over by then).
     let mut remember = new_flow && track != Track::LookupOnly;
     if track == Track::NewConnection && syn_flood(cfg) {
         remember = false;
         ct = stat::SYN_FLOOD_UNTRACKED;
+        // An entry of an earlier connection on this 5-tuple (a client that reuses its port)
+        // would take this handshake's ACK to that connection's backend, which resets it.
+        // Removing never evicts anything else.
+        let _ = LB_CONNTRACK.remove(flow);
+        if skipped {
+            let _ = LB_HANDSHAKES.insert(
+                flow,
+                FlowValue {
+                    backend_id: id,
+                    epoch: backend.epoch,
+                },
+                0,
+            );
+        }
     }
     if remember {
         let _ = LB_CONNTRACK.insert(

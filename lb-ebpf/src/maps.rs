@@ -9,7 +9,7 @@ use aya_ebpf::{
 };
 use lb_common::{
     BackendInfo, Counters, DEFAULT_CONNTRACK_SIZE, DEFAULT_TABLE_SIZE, FloodState, FlowKey,
-    FlowValue, LbConfig, MAX_BACKENDS, MAX_PEERS, MAX_VIP_ADDRS, MAX_VIPS, VipInfo, VipKey, stat,
+    FlowValue, HANDSHAKE_TABLE_SIZE, LbConfig, MAX_BACKENDS, MAX_PEERS, MAX_VIP_ADDRS, MAX_VIPS, VipInfo, VipKey, stat,
 };
 
 /// One entry: hash seed and table size.
@@ -48,6 +48,13 @@ pub static LB_TABLES: Array<[u32; 2]> =
 #[map]
 pub static LB_CONNTRACK: LruHashMap<FlowKey, FlowValue> =
     LruHashMap::pinned(DEFAULT_CONNTRACK_SIZE, 0);
+
+/// Handshakes whose SYN skipped a slot that takes no new flows in SYN flood mode: their ACK
+/// follows the SYN whatever the flood state is by then. Small and apart from `LB_CONNTRACK`, so
+/// a flood churns this table, not the established flows'.
+#[map]
+pub static LB_HANDSHAKES: LruHashMap<FlowKey, FlowValue> =
+    LruHashMap::pinned(HANDSHAKE_TABLE_SIZE, 0);
 
 /// SYN flood accounting, per CPU (see `lb_common::FloodState`).
 #[map]

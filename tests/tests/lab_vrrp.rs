@@ -148,16 +148,21 @@ fn lbd_crash_alone_does_not_interrupt_and_a_backup_takes_over() {
     assert!(l.wait_serving(Duration::from_secs(10)));
     // Probe continuously while lbd on the master is killed: the pinned XDP program keeps
     // forwarding until n2 takes over and announces the VIP, and n2 forwards with the same table.
+    let mut killed_at = 0;
     let (ok, failed) = std::thread::scope(|s| {
         let probes = s.spawn(|| l.probe_for(3, 1000));
         std::thread::sleep(Duration::from_millis(500));
+        killed_at = unix_ms();
         unsafe { libc::kill(l.lab.pid("lbd-n1").unwrap() as i32, libc::SIGKILL) };
         probes.join().unwrap()
     });
-    println!("lbd kill -9 on the master: {ok} answers, {failed} failures over 3 s");
+    let took_over = l.status(1).unwrap()["last_transition"]["at_unix_ms"].clone();
+    println!(
+        "lbd kill -9 on the master at {killed_at}: {ok} answers, {failed} failures over 3 s; n2 master at {took_over}"
+    );
     l.lab.wait("lbd-n1", Duration::from_secs(5));
     assert!(ok > 10, "the client kept getting answers ({ok})");
-    assert_eq!(failed, 0, "no connection failed while lbd was dead");
+    assert_eq!(failed, 0, "no connection failed while lbd was dead\n{}", l.logs());
     assert_eq!(master_of(&l, &[1, 2]), 1, "a backup becomes master");
     // A new lbd on n1 removes the stale VIP and takes over again (preemption).
     l.start(0);

@@ -191,3 +191,103 @@ fn the_flood_is_visible_next_to_the_table_size() {
         "the rate shows the flood: {s:?}"
     );
 }
+
+#[test]
+fn a_handshake_whose_syn_skipped_a_drained_slot_in_flood_mode_completes_after_the_flood() {
+    // Which flows' slots name backend 11 (a mid-flow packet without an entry goes to its slot).
+    let mut probe = TestDataplane::new(251);
+    probe.dp.apply(&desired(false)).unwrap();
+    let client = [10, 67, 3, 3];
+    let on_11: Vec<u16> = (30000..30300u16)
+        .filter(|sport| backend_of(&mut probe, &frame(client, *sport, ACK)) == 11)
+        .collect();
+    drop(probe);
+    assert!(on_11.len() > 40, "flows on backend 11: {}", on_11.len());
+
+    // The owner: backend 11 drained, flood mode at one SYN per 100 ms window.
+    let mut t = TestDataplane::new(251);
+    t.opts.syn_flood_rate = 10;
+    t.restart(251, t.opts.hash_seed);
+    t.dp.apply(&desired(true)).unwrap();
+    for n in 0..5u16 {
+        backend_of(&mut t, &frame([100, 1, 1, 1], 1000 + n, SYN));
+    }
+    assert!(t.dp.flood_status().unwrap().active, "flood mode is on");
+    // Half of the drained backend's flows open now, in flood mode: their SYNs skip its slots
+    // and write no connection-table entry.
+    let (opened, established) = on_11.split_at(on_11.len() / 2);
+    let untracked = counter(&t, stat::SYN_FLOOD_UNTRACKED);
+    let chosen: Vec<u8> = opened
+        .iter()
+        .map(|sport| backend_of(&mut t, &frame(client, *sport, SYN)))
+        .collect();
+    assert!(chosen.iter().all(|b| *b != 11), "a new connection went to the drained backend");
+    assert_eq!(
+        counter(&t, stat::SYN_FLOOD_UNTRACKED) - untracked,
+        opened.len() as u64
+    );
+    // Their ACKs come after flood mode ended (on another CPU it may never have started): each
+    // goes where its SYN went, not to the slot's drained backend (which would reset it).
+    std::thread::sleep(std::time::Duration::from_millis(
+        lb_common::FLOOD_HOLD_NS / 1_000_000 + 300,
+    ));
+    assert!(!t.dp.flood_status().unwrap().active, "flood mode is over");
+    for (sport, b) in opened.iter().zip(&chosen) {
+        for _ in 0..3 {
+            assert_eq!(
+                backend_of(&mut t, &frame(client, *sport, ACK)),
+                *b,
+                "the handshake's ACK left its SYN's backend"
+            );
+        }
+    }
+    // Mid-flow packets of the drained backend's established flows (no entry here) stay on it.
+    for sport in established {
+        assert_eq!(backend_of(&mut t, &frame(client, *sport, ACK)), 11);
+    }
+}
+
+#[test]
+fn a_reused_port_in_flood_mode_follows_its_new_syn_not_the_old_connections_entry() {
+    // Entries that differ from the table: flows whose slot is backend 11 opened while it was
+    // drained went to other backends, and their entries stay after it takes new flows again.
+    let mut t = TestDataplane::new(251);
+    t.opts.syn_flood_rate = 10;
+    t.restart(251, t.opts.hash_seed);
+    t.dp.apply(&desired(false)).unwrap();
+    let client = [10, 67, 4, 4];
+    let on_11: Vec<u16> = (31000..31300u16)
+        .filter(|sport| {
+            // A mid-flow packet without an entry goes to its slot (and writes the entry, which
+            // the SYN below replaces).
+            backend_of(&mut t, &frame(client, *sport, ACK)) == 11
+        })
+        .collect();
+    assert!(on_11.len() > 40, "flows on backend 11: {}", on_11.len());
+    std::thread::sleep(std::time::Duration::from_millis(
+        lb_common::FLOOD_HOLD_NS / 1_000_000 + 300,
+    ));
+    t.dp.apply(&desired(true)).unwrap();
+    let reused = &on_11[..12];
+    for sport in reused {
+        // One SYN per 100 ms window: below the flood threshold, so the SYN writes its entry.
+        assert_ne!(backend_of(&mut t, &frame(client, *sport, SYN)), 11);
+        assert!(!t.dp.flood_status().unwrap().active);
+        std::thread::sleep(std::time::Duration::from_millis(105));
+    }
+    t.dp.apply(&desired(false)).unwrap();
+    // Flood mode, and the client reuses those ports: each new SYN goes to the slot's backend
+    // (11 again) without an entry, and its ACK must follow it, not the old entry.
+    for n in 0..5u16 {
+        backend_of(&mut t, &frame([100, 1, 1, 1], 1000 + n, SYN));
+    }
+    assert!(t.dp.flood_status().unwrap().active, "flood mode is on");
+    for sport in reused {
+        assert_eq!(backend_of(&mut t, &frame(client, *sport, SYN)), 11);
+        assert_eq!(
+            backend_of(&mut t, &frame(client, *sport, ACK)),
+            11,
+            "the new connection's ACK went to the old connection's backend"
+        );
+    }
+}

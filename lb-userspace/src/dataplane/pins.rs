@@ -71,11 +71,13 @@ pub fn drop_unadoptable_pins(dir: &Path, shapes: &[Shape]) -> Result<()> {
         }
     }
     if identity_lost {
-        remove(
-            dir,
-            lb_common::maps::CONNTRACK,
-            "pair epochs start afresh; dropping the connection table",
-        )?;
+        for name in [lb_common::maps::CONNTRACK, lb_common::maps::HANDSHAKES] {
+            remove(
+                dir,
+                name,
+                "pair epochs start afresh; dropping the connection table",
+            )?;
+        }
     }
     Ok(())
 }
@@ -115,6 +117,12 @@ pub fn map_shapes(table_entries: u32, conntrack: u32) -> Vec<Shape> {
             size_of::<FlowKey>(),
             size_of::<FlowValue>(),
             Some(conntrack),
+        ),
+        shape(
+            maps::HANDSHAKES,
+            size_of::<FlowKey>(),
+            size_of::<FlowValue>(),
+            Some(lb_common::HANDSHAKE_TABLE_SIZE),
         ),
         shape(maps::STATS, 4, 8 * stat::COUNT as usize, None),
         shape(maps::VIP_STATS, 4, size_of::<Counters>(), None),
