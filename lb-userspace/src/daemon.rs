@@ -187,6 +187,8 @@ pub struct Daemon {
     bgp_active: std::sync::atomic::AtomicBool,
     /// Interface checks so far (see `churn.rs`).
     churn_checks: std::sync::atomic::AtomicU64,
+    /// Gives the VRRP VIPs back if this process dies without stopping (`lbd run` only).
+    guardian: std::sync::OnceLock<crate::guardian::Guardian>,
 }
 
 /// The main loop ticks every second; this long without a tick means lbd is wedged.
@@ -260,6 +262,7 @@ impl Daemon {
             adopted_master: vrrp_master.into_keys().collect(),
             static_vips: Mutex::new(crate::static_vip::StaticVips::new(&cfg_interface)),
             churn_checks: 0.into(),
+            guardian: std::sync::OnceLock::new(),
         });
         daemon.refresh().await?;
         daemon
@@ -888,6 +891,15 @@ pub async fn run(config_path: PathBuf) -> Result<()> {
     let cfg =
         Config::load(&config_path).with_context(|| format!("config {}", config_path.display()))?;
     let (daemon, mut health_events) = Daemon::start(config_path, cfg.clone()).await?;
+    match crate::guardian::Guardian::spawn() {
+        Ok(g) => {
+            g.watch(&crate::guardian::Watch::of(&cfg));
+            let _ = daemon.guardian.set(g);
+        }
+        Err(e) => {
+            tracing::error!(error = %format!("{e:#}"), "no VIP guardian: a crash would leave the VIPs up")
+        }
+    }
     daemon.start_vrrp().await?;
     daemon.start_bgp().await;
     tracing::info!(interface = %cfg.interface, vips = cfg.vips.len(), "lbd running");
@@ -940,6 +952,9 @@ pub async fn run(config_path: PathBuf) -> Result<()> {
     };
     daemon.stop_bgp().await;
     daemon.stop_vrrp().await;
+    if let Some(g) = daemon.guardian.get() {
+        g.bye();
+    }
     for t in tasks {
         t.abort();
     }

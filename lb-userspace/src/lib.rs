@@ -21,6 +21,7 @@ pub mod bgp;
 pub mod config;
 pub mod daemon;
 pub mod dataplane;
+pub mod guardian;
 pub mod handover;
 pub mod health;
 pub mod maglev;

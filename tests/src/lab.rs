@@ -374,6 +374,15 @@ impl Drop for Lab {
 }
 
 /// Poll `f` until it returns Some or `timeout` passes.
+/// Whether `addr` is configured on `dev` in the namespace `netns`.
+pub fn has_address(netns: &str, dev: &str, addr: &str) -> bool {
+    let out = try_sh(&["ip", "-n", netns, "-j", "addr", "show", "dev", dev]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+    v[0]["addr_info"]
+        .as_array()
+        .is_some_and(|a| a.iter().any(|x| x["local"] == addr))
+}
+
 pub fn wait_for<T>(timeout: Duration, mut f: impl FnMut() -> Option<T>) -> Option<T> {
     let start = Instant::now();
     loop {

@@ -6,7 +6,8 @@
 //!
 //! Node failure is simulated by taking the node's link down and killing its daemon with
 //! SIGKILL: killing lbd alone does not interrupt forwarding (the pinned XDP program keeps
-//! working), and the VIP would stay on the dead daemon's interface.
+//! working), and lbd's guardian takes the VIP off the dead daemon's interface at once (a node
+//! whose link is down keeps it, as a dead node would).
 
 use std::{
     path::PathBuf,
@@ -539,12 +540,7 @@ impl VrrpLab {
     /// Whether node `i` holds the VIP on eth0 (what a master, lbd or keepalived, does).
     pub fn holds_vip(&self, i: usize) -> bool {
         let netns = &self.lab.node(&self.nodes[i]).netns;
-        let out = try_sh(&["ip", "-n", netns, "-j", "addr", "show", "dev", "eth0"]);
-        let v: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
-        let vip = self.node_vip(i);
-        v[0]["addr_info"]
-            .as_array()
-            .is_some_and(|a| a.iter().any(|x| x["local"] == vip))
+        crate::lab::has_address(netns, "eth0", self.node_vip(i))
     }
 
     /// VRRP state of node `i` ("master", "backup", ...): lbd's from lbctl; keepalived's from

@@ -144,14 +144,23 @@ fn pods_from_the_manifests_elect_and_forward_and_lbctl_works_inside() {
         );
     }
     // What docs/deploy.md quotes for the manifests' memory request (`--nocapture` shows it).
-    for n in CONTROL_PLANE {
-        let pid = p.pid(n).unwrap();
-        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-        let rss = status
+    // The container's processes: the guardian (its init) and the daemon.
+    let rss_kb = |pid: u32| {
+        std::fs::read_to_string(format!("/proc/{pid}/status"))
+            .unwrap_or_default()
             .lines()
-            .find(|l| l.starts_with("VmRSS"))
-            .unwrap_or("VmRSS: ?");
-        println!("lbd in the pod on {n}: {rss}");
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    for n in CONTROL_PLANE {
+        let init = p.pid(n).unwrap();
+        let daemon = children(init).first().copied().expect("the daemon");
+        println!(
+            "lbd in the pod on {n}: daemon VmRSS {} kB, guardian (init) VmRSS {} kB",
+            rss_kb(daemon),
+            rss_kb(init)
+        );
     }
     // Forwarding through both VIPs of the combined config, spread over the backends.
     let v = c.get_many(&format!("{API_VIP}:6443"), true, 300);
@@ -242,6 +251,60 @@ fn sigkill_of_the_owners_pod_keeps_forwarding_and_the_restart_adopts_pinned_stat
     .expect("the restarted lbd answers with both instances");
     let v = c.get_many(&format!("{API_VIP}:6443"), true, 100);
     assert_eq!(v["ok"], 100, "after the restart: {v}");
+}
+
+/// The children of process `pid`.
+fn children(pid: u32) -> Vec<u32> {
+    std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+        .unwrap_or_default()
+        .split_whitespace()
+        .filter_map(|p| p.parse().ok())
+        .collect()
+}
+
+#[test]
+fn a_crash_of_the_daemon_in_the_pod_gives_the_vip_back_at_once() {
+    let c = boot();
+    let p = pods(&c);
+    let (api, _) = elected(&c);
+    let netns = c.lab.node(&api).netns.clone();
+    assert!(lb_tests::lab::has_address(&netns, "eth0", API_VIP));
+    // The container's init is lbd's VIP guardian and the daemon its child: when an init dies
+    // the kernel kills the whole container, so a guardian child would die with the daemon.
+    let init = p.pid(&api).unwrap();
+    let status = std::fs::read_to_string(format!("/proc/{init}/status")).unwrap();
+    assert!(
+        status
+            .lines()
+            .any(|l| l.starts_with("NSpid:") && l.trim_end().ends_with("\t1")),
+        "lbd is the container's PID 1: {status}"
+    );
+    let daemon = *children(init)
+        .first()
+        .unwrap_or_else(|| panic!("the daemon runs under the guardian\n{}", p.logs(&api)));
+    // A crash of the daemon (what the OOM killer would pick: the big process).
+    let restarts = p.restart_count(&api);
+    let killed = std::time::Instant::now();
+    unsafe { libc::kill(daemon as i32, libc::SIGKILL) };
+    let gone = wait_for(Duration::from_secs(3), || {
+        (!lb_tests::lab::has_address(&netns, "eth0", API_VIP)).then(|| killed.elapsed())
+    })
+    .unwrap_or_else(|| panic!("the VIP stayed on {api} after its daemon died\n{}", p.logs(&api)));
+    println!("daemon SIGKILLed in the pod on {api}: VIP given back after {gone:?}");
+    let others: Vec<&str> = CONTROL_PLANE.iter().copied().filter(|n| *n != api).collect();
+    let new_owner = c
+        .wait_master("api", &others, Duration::from_secs(10))
+        .expect("a backup takes the VIP");
+    // The guardian exits with the daemon's status: the restart policy restarts the container.
+    p.wait_restarted(&api, init, Duration::from_secs(30))
+        .unwrap_or_else(|| panic!("the pod was not restarted\n{}", p.logs(&api)));
+    assert!(p.restart_count(&api) > restarts);
+    assert!(
+        lb_tests::lab::has_address(&c.lab.node(&new_owner).netns, "eth0", API_VIP),
+        "the new owner {new_owner} holds the VIP"
+    );
+    let v = c.get_many(&format!("{API_VIP}:6443"), true, 50);
+    assert_eq!(v["ok"], 50, "through the new owner: {v}");
 }
 
 #[test]

@@ -149,22 +149,34 @@ fn lbd_crash_alone_does_not_interrupt_and_a_backup_takes_over() {
     // Probe continuously while lbd on the master is killed: the pinned XDP program keeps
     // forwarding until n2 takes over and announces the VIP, and n2 forwards with the same table.
     let mut killed_at = 0;
+    let mut released_at = None;
     let (ok, failed) = std::thread::scope(|s| {
         let probes = s.spawn(|| l.probe_for(3, 1000));
         std::thread::sleep(Duration::from_millis(500));
+        assert!(l.holds_vip(0));
         killed_at = unix_ms();
         unsafe { libc::kill(l.lab.pid("lbd-n1").unwrap() as i32, libc::SIGKILL) };
+        // The guardian gives the dead master's VIP back at once, so there are never two
+        // holders once a backup takes over.
+        released_at = lb_tests::lab::wait_for(Duration::from_secs(2), || (!l.holds_vip(0)).then(unix_ms));
         probes.join().unwrap()
     });
-    let took_over = l.status(1).unwrap()["last_transition"]["at_unix_ms"].clone();
+    let took_over = l.status(1).unwrap()["last_transition"]["at_unix_ms"].as_u64();
     println!(
-        "lbd kill -9 on the master at {killed_at}: {ok} answers, {failed} failures over 3 s; n2 master at {took_over}"
+        "lbd kill -9 on the master at {killed_at}: VIP given back after {:?} ms, n2 master after {:?} ms; {ok} answers, {failed} failures over 3 s",
+        released_at.map(|t| t - killed_at),
+        took_over.map(|t| t.saturating_sub(killed_at)),
+    );
+    let released_at = released_at.expect("the killed master's VIP was given back");
+    assert!(
+        took_over.is_some_and(|t| t >= released_at),
+        "the VIP was given back before the backup took it"
     );
     l.lab.wait("lbd-n1", Duration::from_secs(5));
     assert!(ok > 10, "the client kept getting answers ({ok})");
     assert_eq!(failed, 0, "no connection failed while lbd was dead\n{}", l.logs());
     assert_eq!(master_of(&l, &[1, 2]), 1, "a backup becomes master");
-    // A new lbd on n1 removes the stale VIP and takes over again (preemption).
+    // A new lbd on n1 takes over again (preemption).
     l.start(0);
     assert_eq!(master_of(&l, &[0, 1, 2]), 0);
     assert_eq!(l.holders(&[0, 1, 2]), vec![0]);

@@ -37,6 +37,9 @@ enum Command {
     /// Undo everything lbd added (run with lbd stopped): detach the XDP program and remove its
     /// pins, remove the VIPs from the interface and `lo`, put the ARP sysctls back.
     Teardown,
+    /// Internal: the VIP guardian `lbd run` starts (see lb_userspace::guardian).
+    #[command(hide = true)]
+    Guardian,
 }
 
 /// Info, except one target: netlink-packet-route 0.25 (the newest that rtnetlink 0.18 takes)
@@ -67,6 +70,10 @@ fn main() -> std::process::ExitCode {
             .with_writer(std::io::stderr)
             .init(),
     }
+    // A container's PID 1: the VIP guardian runs the daemon as its child (see guardian::init).
+    if std::process::id() == 1 && matches!(cli.command, None | Some(Command::Run)) {
+        return lb_userspace::guardian::init();
+    }
     let result = match cli.command.unwrap_or(Command::Run) {
         Command::Check => lb_userspace::config::Config::load(&cli.config)
             .map(|_| {
@@ -78,6 +85,7 @@ fn main() -> std::process::ExitCode {
             .and_then(|cfg| {
                 tokio::runtime::Runtime::new()?.block_on(lb_userspace::daemon::teardown(&cfg))
             }),
+        Command::Guardian => lb_userspace::guardian::serve(),
         Command::Run => tokio::runtime::Runtime::new()
             .map_err(anyhow::Error::from)
             .and_then(|rt| rt.block_on(lb_userspace::daemon::run(cli.config.clone()))),

@@ -47,7 +47,11 @@ impl Daemon {
             .set(self.netlink.handle(), &cfg)
             .await?;
         self.reconcile_bgp().await;
-        self.reconcile_vrrp(&cfg).await
+        let result = self.reconcile_vrrp(&cfg).await;
+        if let Some(g) = self.guardian.get() {
+            g.watch(&crate::guardian::Watch::of(&cfg));
+        }
+        result
     }
 
     /// Bring the running VRRP instances in line with `new`: unchanged ones are left alone,
