@@ -77,6 +77,13 @@ pub const BACKEND_F_DRAINED: u32 = 4;
 /// it; a new connection whose slot names it takes the next slot that does not (at most
 /// `MAX_SLOT_SKIPS` further).
 pub const BACKEND_F_NO_NEW: u32 = 8;
+/// The backend is not on this node's segment: packets are wrapped in an outer IP header
+/// (IP-in-IP, outer family = the backend's) from `BackendInfo::encap_src` to the backend, and
+/// sent to the next hop's MAC (`dst_mac`). The backend strips it (`lb_decap`).
+pub const BACKEND_F_ENCAP: u32 = 16;
+/// Bytes the outer header adds: IPv4 and IPv6.
+pub const ENCAP_HLEN_V4: u32 = 20;
+pub const ENCAP_HLEN_V6: u32 = 40;
 /// Slots a new connection looks past `BACKEND_F_NO_NEW` backends before it is dropped.
 pub const MAX_SLOT_SKIPS: u32 = 16;
 
@@ -99,9 +106,14 @@ pub struct BackendInfo {
     /// a new id and epoch, so a reader never sees a half-written MAC.
     pub epoch: u32,
     pub family: u8,
-    pub _pad: [u8; 3],
+    pub _pad: u8,
+    /// `BACKEND_F_ENCAP`: the egress MTU; a packet whose wrapped size would exceed it gets an
+    /// ICMP "fragmentation needed" / "packet too big" back instead (0 = no limit).
+    pub encap_mtu: u16,
+    /// `BACKEND_F_ENCAP`: the outer source address (this node's, IPv4 in the first 4 bytes).
+    pub encap_src: [u8; 16],
 }
-const _: () = assert!(size_of::<BackendInfo>() == 48);
+const _: () = assert!(size_of::<BackendInfo>() == 64);
 
 /// The connection table's key: the full 5-tuple as the client sent it.
 // Aligned to 8 (layout unchanged): the XDP program stores the key's zero words in pairs.
@@ -185,6 +197,36 @@ pub struct FloodState {
     pub flood_until: u64,
 }
 const _: () = assert!(size_of::<FloodState>() == 24);
+
+/// `LB_DECAP_PEERS` key: an LB node whose IP-in-IP packets a backend unwraps.
+#[repr(C, align(4))]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct DecapKey {
+    /// IPv4 in the first 4 bytes (rest zero) or IPv6, network byte order.
+    pub addr: [u8; 16],
+    pub family: u8,
+    pub _pad: [u8; 3],
+}
+const _: () = assert!(size_of::<DecapKey>() == 20);
+
+/// Most LB nodes a backend accepts wrapped packets from.
+pub const MAX_DECAP_PEERS: u32 = 64;
+
+/// `LB_DECAP_STATS` counters (one per-CPU entry).
+pub mod decap_stat {
+    /// Unwrapped and passed to the stack.
+    pub const DECAPSULATED: u32 = 0;
+    /// IP-in-IP from a source that is not a known LB node: passed unchanged (the kernel drops
+    /// it: this kernel has no ipip module).
+    pub const NOT_FROM_PEER: u32 = 1;
+    /// IP-in-IP whose headers do not add up (lengths, options, fragments): passed unchanged.
+    pub const MALFORMED: u32 = 2;
+    /// Anything else: passed unchanged.
+    pub const PASSED: u32 = 3;
+    pub const COUNT: u32 = 4;
+    pub const NAMES: [&str; COUNT as usize] =
+        ["decapsulated", "not_from_peer", "malformed", "passed"];
+}
 
 /// The window SYNs are counted in (`LbConfig::syn_flood_rate` is scaled to it).
 pub const FLOOD_WINDOW_NS: u64 = 100_000_000;
@@ -289,7 +331,14 @@ pub mod stat {
     /// writes it; a SYN that skipped a slot taking no new flows is remembered in the small
     /// handshake table instead).
     pub const SYN_FLOOD_UNTRACKED: u32 = 19;
-    pub const COUNT: u32 = 20;
+    /// Forwarded to a routed backend inside an outer IP header (also counted as `FORWARDED`).
+    pub const ENCAPSULATED: u32 = 20;
+    /// Too big to wrap for a routed backend's path: an ICMP "fragmentation needed" / "packet
+    /// too big" went back to the client instead.
+    pub const ENCAP_TOO_BIG: u32 = 21;
+    /// The frame could not be grown or shrunk for encapsulation (a driver without headroom).
+    pub const DROP_ENCAP: u32 = 22;
+    pub const COUNT: u32 = 23;
 
     /// Names in index order, used by user space for `lbctl stats` and metrics.
     pub const NAMES: [&str; COUNT as usize] = [
@@ -313,6 +362,9 @@ pub mod stat {
         "forwarded",
         "pass_from_peer",
         "syn_flood_untracked",
+        "encapsulated",
+        "encap_too_big",
+        "drop_encap",
     ];
 }
 
@@ -331,6 +383,10 @@ pub mod maps {
     pub const PEERS: &str = "LB_PEERS";
     pub const FLOOD: &str = "LB_FLOOD";
     pub const HANDSHAKES: &str = "LB_HANDSHAKES";
+    pub const DECAP_PEERS: &str = "LB_DECAP_PEERS";
+    pub const DECAP_STATS: &str = "LB_DECAP_STATS";
+    /// The backends' decapsulation program.
+    pub const DECAP_PROGRAM: &str = "lb_decap";
     /// Pins of maps earlier versions had and this one does not.
     pub const OBSOLETE: &[&str] = &["LB_VIP_GEN"];
     /// The XDP program's name in the object.
@@ -406,6 +462,7 @@ mod pod {
     unsafe impl aya::Pod for BackendInfo {}
     unsafe impl aya::Pod for FlowKey {}
     unsafe impl aya::Pod for FlowValue {}
+    unsafe impl aya::Pod for DecapKey {}
     unsafe impl aya::Pod for Counters {}
     unsafe impl aya::Pod for LbConfig {}
     unsafe impl aya::Pod for FloodState {}

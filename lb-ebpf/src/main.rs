@@ -13,6 +13,7 @@
 #![no_main]
 
 mod bench_progs;
+mod encap;
 mod maps;
 mod packet;
 
@@ -23,7 +24,7 @@ use aya_ebpf::{
     programs::XdpContext,
 };
 use lb_common::{
-    ALL_PORTS, BACKEND_F_IN_SET, BACKEND_F_LOCAL, BACKEND_F_NO_NEW, BackendInfo,
+    ALL_PORTS, BACKEND_F_ENCAP, BACKEND_F_IN_SET, BACKEND_F_LOCAL, BACKEND_F_NO_NEW, BackendInfo,
     CONFIG_F_ALL_PORTS, FLOOD_HOLD_NS, FLOOD_WINDOW_NS, FlowKey, FlowValue, LbConfig,
     MAX_BACKENDS, MAX_SLOT_SKIPS, NO_BACKEND, PROTO_TCP, VIP_F_OWNED, VIP_OWNED, VipInfo, VipKey,
     addr_filter_bit_words, flow_hash, mac_halves_filter_bit, peer_key_halves, stat, table_index,
@@ -480,6 +481,9 @@ const _: () = assert!(
 fn forward(ctx: &XdpContext, backend: &BackendInfo) -> Outcome {
     if backend.flags & BACKEND_F_LOCAL != 0 {
         return (XDP_PASS, stat::PASS_LOCAL_BACKEND, NONE);
+    }
+    if backend.flags & BACKEND_F_ENCAP != 0 {
+        return encap::wrap(ctx, backend);
     }
     let Ok(eth) = ptr_at::<[u32; 3]>(ctx, 0) else {
         return (XDP_PASS, stat::PASS_MALFORMED, NONE);

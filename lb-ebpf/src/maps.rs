@@ -8,7 +8,7 @@ use aya_ebpf::{
     maps::{Array, HashMap, LruHashMap, PerCpuArray},
 };
 use lb_common::{
-    BackendInfo, Counters, DEFAULT_CONNTRACK_SIZE, DEFAULT_TABLE_SIZE, FloodState, FlowKey,
+    BackendInfo, Counters, DEFAULT_CONNTRACK_SIZE, DecapKey, MAX_DECAP_PEERS, decap_stat, DEFAULT_TABLE_SIZE, FloodState, FlowKey,
     FlowValue, HANDSHAKE_TABLE_SIZE, LbConfig, MAX_BACKENDS, MAX_PEERS, MAX_VIP_ADDRS, MAX_VIPS, VipInfo, VipKey, stat,
 };
 
@@ -55,6 +55,16 @@ pub static LB_CONNTRACK: LruHashMap<FlowKey, FlowValue> =
 #[map]
 pub static LB_HANDSHAKES: LruHashMap<FlowKey, FlowValue> =
     LruHashMap::pinned(HANDSHAKE_TABLE_SIZE, 0);
+
+/// Backends (`lb_decap`): the LB nodes whose IP-in-IP packets are unwrapped.
+#[map]
+pub static LB_DECAP_PEERS: HashMap<DecapKey, u32> =
+    HashMap::pinned(MAX_DECAP_PEERS, BPF_F_NO_PREALLOC);
+
+/// Backends (`lb_decap`): `lb_common::decap_stat` counters.
+#[map]
+pub static LB_DECAP_STATS: PerCpuArray<[u64; decap_stat::COUNT as usize]> =
+    PerCpuArray::pinned(1, 0);
 
 /// SYN flood accounting, per CPU (see `lb_common::FloodState`).
 #[map]

@@ -200,6 +200,7 @@ pub fn plan(cfg: &Config, facts: &Facts) -> (Desired, Vec<BackendPlan>) {
                 healthy,
                 drained,
                 failing: held,
+                encap: None,
             };
             let (state, reason) = if held {
                 let h = health.expect("held implies a fact");

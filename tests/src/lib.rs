@@ -96,6 +96,7 @@ pub fn backend(addr: &str, n: u8) -> BackendSpec {
         healthy: true,
         drained: false,
         failing: false,
+        encap: None,
     }
 }
 

@@ -79,6 +79,17 @@ pub struct BackendSpec {
     /// Failing its checks (or its node suspected dead) but still within the hold during which
     /// its established flows stay (see `plan`): no new flows. Not persisted in the maps.
     pub failing: bool,
+    /// A routed backend reached by IP-in-IP (`mac` is then the next hop's).
+    pub encap: Option<Encap>,
+}
+
+/// How a routed backend's packets are wrapped (see `lb_common::BACKEND_F_ENCAP`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Encap {
+    /// The outer source: this node's address on the path to the backend.
+    pub src: IpAddr,
+    /// The egress MTU: larger wrapped packets get an ICMP too-big back.
+    pub mtu: u16,
 }
 
 impl BackendSpec {
@@ -89,6 +100,7 @@ impl BackendSpec {
             && self.src_mac == other.src_mac
             && self.ifindex == other.ifindex
             && self.local == other.local
+            && self.encap == other.encap
     }
     /// May keep established flows.
     pub fn in_set(&self) -> bool {
@@ -344,6 +356,10 @@ impl Dataplane {
                         healthy: in_set,
                         drained: b.flags & lb_common::BACKEND_F_DRAINED != 0,
                         failing: false,
+                        encap: (b.flags & lb_common::BACKEND_F_ENCAP != 0).then(|| Encap {
+                            src: key_addr(&b.encap_src, b.family),
+                            mtu: b.encap_mtu,
+                        }),
                     },
                 },
             );
@@ -825,6 +841,13 @@ fn backend_info(vip_id: u32, b: &BackendSpec, epoch: u32) -> BackendInfo {
     if b.in_set() && !b.in_table() {
         flags |= lb_common::BACKEND_F_NO_NEW;
     }
+    let (encap_src, encap_mtu) = match b.encap {
+        Some(e) => {
+            flags |= lb_common::BACKEND_F_ENCAP;
+            (addr_bytes(e.src).0, e.mtu)
+        }
+        None => ([0; 16], 0),
+    };
     BackendInfo {
         addr,
         dst_mac: b.mac.unwrap_or_default(),
@@ -834,6 +857,8 @@ fn backend_info(vip_id: u32, b: &BackendSpec, epoch: u32) -> BackendInfo {
         flags,
         epoch,
         family,
-        _pad: [0; 3],
+        _pad: 0,
+        encap_mtu,
+        encap_src,
     }
 }

@@ -124,6 +124,18 @@ pub fn map_shapes(table_entries: u32, conntrack: u32) -> Vec<Shape> {
             size_of::<FlowValue>(),
             Some(lb_common::HANDSHAKE_TABLE_SIZE),
         ),
+        shape(
+            maps::DECAP_PEERS,
+            size_of::<lb_common::DecapKey>(),
+            4,
+            None,
+        ),
+        shape(
+            maps::DECAP_STATS,
+            4,
+            8 * lb_common::decap_stat::COUNT as usize,
+            None,
+        ),
         shape(maps::STATS, 4, 8 * stat::COUNT as usize, None),
         shape(maps::VIP_STATS, 4, size_of::<Counters>(), None),
         shape(maps::BACKEND_STATS, 4, size_of::<Counters>(), None),

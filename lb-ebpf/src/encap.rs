@@ -1,0 +1,392 @@
+//! L3 direct server return: IP-in-IP to backends on other subnets (`BACKEND_F_ENCAP`), the
+//! ICMP "too big" a client gets when its packet would not fit the path once wrapped, and the
+//! backends' program that unwraps (`lb_decap`).
+//!
+//! Wrapped: `[Ethernet to the next hop][outer IPv4 or IPv6 from encap_src to the backend][the
+//! client's packet, unchanged]`. The outer family is the backend's, the protocol 4 (IPv4
+//! inside) or 41 (IPv6 inside). The backend unwraps it, its stack serves the VIP held on `lo`,
+//! and it answers the client directly.
+
+use aya_ebpf::{
+    bindings::xdp_action::{XDP_DROP, XDP_PASS, XDP_TX},
+    helpers::generated::{bpf_redirect, bpf_xdp_adjust_head, bpf_xdp_adjust_tail},
+    macros::xdp,
+    programs::XdpContext,
+};
+use lb_common::{
+    BackendInfo, DecapKey, ENCAP_HLEN_V4, ENCAP_HLEN_V6, FAMILY_V4, FAMILY_V6, decap_stat, stat,
+};
+
+use crate::{
+    Outcome,
+    maps::{LB_DECAP_PEERS, LB_DECAP_STATS, NONE, count},
+    packet::{ETH_HLEN, ETH_P_IP, ETH_P_IPV6, ptr_at},
+};
+
+const IPPROTO_IPIP: u8 = 4;
+const IPPROTO_IPV6: u8 = 41;
+const IPPROTO_ICMP: u8 = 1;
+const IPPROTO_ICMPV6: u8 = 58;
+const TTL: u8 = 64;
+
+/// One's-complement sum of big-endian 16-bit words, folded.
+#[inline(always)]
+fn fold(mut sum: u32) -> u16 {
+    sum = (sum & 0xffff) + (sum >> 16);
+    sum = (sum & 0xffff) + (sum >> 16);
+    sum as u16
+}
+
+#[inline(always)]
+fn sum_words<const N: usize>(bytes: &[u8; N]) -> u32 {
+    let mut sum = 0u32;
+    let mut i = 0;
+    while i + 1 < N {
+        sum += u32::from(u16::from_be_bytes([bytes[i], bytes[i + 1]]));
+        i += 2;
+    }
+    sum
+}
+
+/// The inner packet's family and total length, from its own header.
+#[inline(always)]
+fn inner_len(ctx: &XdpContext) -> Option<(u8, u32)> {
+    let h = unsafe { *ptr_at::<[u8; 6]>(ctx, ETH_HLEN).ok()? };
+    match h[0] >> 4 {
+        4 => Some((FAMILY_V4, u32::from(u16::from_be_bytes([h[2], h[3]])))),
+        6 => Some((FAMILY_V6, 40 + u32::from(u16::from_be_bytes([h[4], h[5]])))),
+        _ => None,
+    }
+}
+
+/// Wrap the frame for a routed backend and send it to the next hop.
+#[inline(never)]
+pub fn wrap(ctx: &XdpContext, b: &BackendInfo) -> Outcome {
+    let Some((inner_family, len)) = inner_len(ctx) else {
+        return (XDP_PASS, stat::PASS_MALFORMED, NONE);
+    };
+    let outer_hlen = if b.family == FAMILY_V4 {
+        ENCAP_HLEN_V4
+    } else {
+        ENCAP_HLEN_V6
+    };
+    if b.encap_mtu != 0 && len + outer_hlen > u32::from(b.encap_mtu) {
+        let mtu = u32::from(b.encap_mtu) - outer_hlen;
+        return if inner_family == FAMILY_V4 {
+            too_big4(ctx, mtu)
+        } else {
+            too_big6(ctx, mtu)
+        };
+    }
+    // The inner header's traffic class, copied to the outer one (DSCP and ECN, RFC 6040's
+    // normal mode).
+    let tclass = match (inner_family, ptr_at::<[u8; 2]>(ctx, ETH_HLEN)) {
+        (FAMILY_V4, Ok(h)) => unsafe { (*h)[1] },
+        (_, Ok(h)) => unsafe { ((*h)[0] << 4) | ((*h)[1] >> 4) },
+        _ => 0,
+    };
+    let proto = if inner_family == FAMILY_V4 {
+        IPPROTO_IPIP
+    } else {
+        IPPROTO_IPV6
+    };
+    if unsafe { bpf_xdp_adjust_head(ctx.ctx, -(outer_hlen as i32)) } != 0 {
+        return (XDP_DROP, stat::DROP_ENCAP, NONE);
+    }
+    let eth_type = if b.family == FAMILY_V4 {
+        ETH_P_IP
+    } else {
+        ETH_P_IPV6
+    };
+    let Ok(eth) = ptr_at::<[u8; ETH_HLEN]>(ctx, 0) else {
+        return (XDP_DROP, stat::DROP_ENCAP, NONE);
+    };
+    unsafe {
+        let eth = &mut *eth;
+        eth[0..6].copy_from_slice(&b.dst_mac);
+        eth[6..12].copy_from_slice(&b.src_mac);
+        eth[12..14].copy_from_slice(&eth_type.to_be_bytes());
+    }
+    // The outer header is written in place (the stack is shared with the caller's frames).
+    if b.family == FAMILY_V4 {
+        let Ok(ip) = ptr_at::<[u8; 20]>(ctx, ETH_HLEN) else {
+            return (XDP_DROP, stat::DROP_ENCAP, NONE);
+        };
+        let h = unsafe { &mut *ip };
+        *h = [0; 20];
+        h[0] = 0x45;
+        h[1] = tclass;
+        h[2..4].copy_from_slice(&((len + ENCAP_HLEN_V4) as u16).to_be_bytes());
+        // Don't fragment: the path MTU is what `encap_mtu` says.
+        h[6] = 0x40;
+        h[8] = TTL;
+        h[9] = proto;
+        h[12..16].copy_from_slice(&b.encap_src[0..4]);
+        h[16..20].copy_from_slice(&b.addr[0..4]);
+        let c = !fold(sum_words(h));
+        h[10..12].copy_from_slice(&c.to_be_bytes());
+    } else {
+        let Ok(ip) = ptr_at::<[u8; 40]>(ctx, ETH_HLEN) else {
+            return (XDP_DROP, stat::DROP_ENCAP, NONE);
+        };
+        let h = unsafe { &mut *ip };
+        h[0] = 0x60 | (tclass >> 4);
+        h[1] = tclass << 4;
+        h[2] = 0;
+        h[3] = 0;
+        h[4..6].copy_from_slice(&(len as u16).to_be_bytes());
+        h[6] = proto;
+        h[7] = TTL;
+        h[8..24].copy_from_slice(&b.encap_src);
+        h[24..40].copy_from_slice(&b.addr);
+    }
+    count([stat::ENCAPSULATED, NONE, NONE]);
+    let action = if b.ifindex == 0 {
+        XDP_TX
+    } else {
+        unsafe { bpf_redirect(b.ifindex, 0) as u32 }
+    };
+    (action, stat::FORWARDED, NONE)
+}
+
+// Too big to wrap: the client's packet becomes an ICMP "fragmentation needed" (IPv4) or "packet
+// too big" (IPv6) from the VIP quoting it, reporting `mtu`, sent back where it came from. The
+// quote is the client's IP header (no options) and 8 bytes: enough for its stack to find the
+// connection. An IPv4 packet with options is dropped and counted. Built in place, a word at a
+// time (the BPF stack is shared with the caller's frames).
+
+/// Copy `WORDS` 4-byte words from `from` to `to` (not overlapping), packet to packet.
+#[inline(always)]
+fn move_words<const WORDS: usize>(ctx: &XdpContext, from: usize, to: usize) -> Option<()> {
+    for i in 0..WORDS {
+        let s = ptr_at::<u32>(ctx, from + 4 * i).ok()?;
+        let d = ptr_at::<u32>(ctx, to + 4 * i).ok()?;
+        unsafe { *d = *s };
+    }
+    Some(())
+}
+
+/// Swap the Ethernet addresses in place.
+#[inline(always)]
+fn swap_macs(ctx: &XdpContext) -> Option<()> {
+    let e = ptr_at::<[u16; 6]>(ctx, 0).ok()?;
+    let e = unsafe { &mut *e };
+    for i in 0..3 {
+        let t = e[i];
+        e[i] = e[i + 3];
+        e[i + 3] = t;
+    }
+    Some(())
+}
+
+#[inline(never)]
+fn too_big4(ctx: &XdpContext, mtu: u32) -> Outcome {
+    const QUOTE: usize = 28;
+    const ICMP: usize = ETH_HLEN + 20;
+    const OUT: usize = ICMP + 8 + QUOTE;
+    let frame = ctx.data_end() - ctx.data();
+    let (Ok(head), true) = (ptr_at::<[u8; OUT]>(ctx, 0), frame >= OUT) else {
+        return (XDP_DROP, stat::ENCAP_TOO_BIG, NONE);
+    };
+    if unsafe { (*head)[ETH_HLEN] } != 0x45 {
+        return (XDP_DROP, stat::ENCAP_TOO_BIG, NONE);
+    }
+    const Q: usize = ICMP + 8;
+    if move_words::<{ QUOTE / 4 }>(ctx, ETH_HLEN, Q).is_none() || swap_macs(ctx).is_none() {
+        return (XDP_DROP, stat::ENCAP_TOO_BIG, NONE);
+    }
+    let head = unsafe { &mut *head };
+    // From the VIP (the quoted destination) to the client (the quoted source).
+    let mut addrs = [0u8; 8];
+    addrs[0..4].copy_from_slice(&head[Q + 16..Q + 20]);
+    addrs[4..8].copy_from_slice(&head[Q + 12..Q + 16]);
+    let ip = &mut head[ETH_HLEN..ICMP];
+    ip.fill(0);
+    ip[0] = 0x45;
+    ip[2..4].copy_from_slice(&((20 + 8 + QUOTE) as u16).to_be_bytes());
+    ip[8] = TTL;
+    ip[9] = IPPROTO_ICMP;
+    ip[12..20].copy_from_slice(&addrs);
+    let icmp = &mut head[ICMP..Q];
+    icmp.fill(0);
+    icmp[0] = 3; // destination unreachable
+    icmp[1] = 4; // fragmentation needed and DF set
+    icmp[6..8].copy_from_slice(&(mtu as u16).to_be_bytes());
+    let (Ok(iph), Ok(icmph)) = (
+        ptr_at::<[u8; 20]>(ctx, ETH_HLEN),
+        ptr_at::<[u8; 8 + QUOTE]>(ctx, ICMP),
+    ) else {
+        return (XDP_DROP, stat::ENCAP_TOO_BIG, NONE);
+    };
+    let (iph, icmph) = unsafe { (&mut *iph, &mut *icmph) };
+    let c = !fold(sum_words(iph));
+    iph[10..12].copy_from_slice(&c.to_be_bytes());
+    let c = !fold(sum_words(icmph));
+    icmph[2..4].copy_from_slice(&c.to_be_bytes());
+    if unsafe { bpf_xdp_adjust_tail(ctx.ctx, OUT as i32 - frame as i32) } != 0 {
+        return (XDP_DROP, stat::DROP_ENCAP, NONE);
+    }
+    (XDP_TX, stat::ENCAP_TOO_BIG, NONE)
+}
+
+#[inline(never)]
+fn too_big6(ctx: &XdpContext, mtu: u32) -> Outcome {
+    const QUOTE: usize = 48;
+    const ICMP: usize = ETH_HLEN + 40;
+    const Q: usize = ICMP + 8;
+    const OUT: usize = Q + QUOTE;
+    let frame = ctx.data_end() - ctx.data();
+    let (Ok(head), true) = (ptr_at::<[u8; OUT]>(ctx, 0), frame >= OUT) else {
+        return (XDP_DROP, stat::ENCAP_TOO_BIG, NONE);
+    };
+    if move_words::<{ QUOTE / 4 }>(ctx, ETH_HLEN, Q).is_none() || swap_macs(ctx).is_none() {
+        return (XDP_DROP, stat::ENCAP_TOO_BIG, NONE);
+    }
+    // From the VIP (the quoted destination) to the client (the quoted source).
+    if move_words::<4>(ctx, Q + 24, ETH_HLEN + 8).is_none()
+        || move_words::<4>(ctx, Q + 8, ETH_HLEN + 24).is_none()
+    {
+        return (XDP_DROP, stat::ENCAP_TOO_BIG, NONE);
+    }
+    let head = unsafe { &mut *head };
+    let ip = &mut head[ETH_HLEN..ICMP];
+    ip[0] = 0x60;
+    ip[1] = 0;
+    ip[2] = 0;
+    ip[3] = 0;
+    ip[4..6].copy_from_slice(&((8 + QUOTE) as u16).to_be_bytes());
+    ip[6] = IPPROTO_ICMPV6;
+    ip[7] = 255;
+    let icmp = &mut head[ICMP..Q];
+    icmp.fill(0);
+    icmp[0] = 2; // packet too big
+    icmp[4..8].copy_from_slice(&mtu.max(1280).to_be_bytes());
+    let (Ok(addrs), Ok(icmph)) = (
+        ptr_at::<[u8; 32]>(ctx, ETH_HLEN + 8),
+        ptr_at::<[u8; 8 + QUOTE]>(ctx, ICMP),
+    ) else {
+        return (XDP_DROP, stat::ENCAP_TOO_BIG, NONE);
+    };
+    let (addrs, icmph) = unsafe { (&*addrs, &mut *icmph) };
+    // The pseudo-header: source, destination, upper-layer length, next header.
+    let sum = sum_words(addrs) + (8 + QUOTE) as u32 + u32::from(IPPROTO_ICMPV6) + sum_words(icmph);
+    let c = !fold(sum);
+    icmph[2..4].copy_from_slice(&c.to_be_bytes());
+    if unsafe { bpf_xdp_adjust_tail(ctx.ctx, OUT as i32 - frame as i32) } != 0 {
+        return (XDP_DROP, stat::DROP_ENCAP, NONE);
+    }
+    (XDP_TX, stat::ENCAP_TOO_BIG, NONE)
+}
+
+#[inline(always)]
+fn decap_count(i: u32) {
+    if let Some(c) = LB_DECAP_STATS.get_ptr_mut(0) {
+        if let Some(v) = unsafe { (*c).get_mut(i as usize) } {
+            *v += 1;
+        }
+    }
+}
+
+/// The backends' program: unwrap IP-in-IP from a known LB node (`LB_DECAP_PEERS`) and pass the
+/// client's packet to the stack; everything else passes unchanged.
+#[xdp]
+pub fn lb_decap(ctx: XdpContext) -> u32 {
+    let r = try_decap(&ctx);
+    decap_count(r);
+    XDP_PASS
+}
+
+#[inline(always)]
+fn try_decap(ctx: &XdpContext) -> u32 {
+    let Ok(t) = ptr_at::<[u8; 2]>(ctx, 12) else {
+        return decap_stat::PASSED;
+    };
+    let ethertype = u16::from_be_bytes(unsafe { *t });
+    // The outer header's length, the inner protocol, the outer source and the inner length it
+    // claims.
+    let (hlen, proto, key, claimed) = match ethertype {
+        ETH_P_IP => {
+            let Ok(h) = ptr_at::<[u8; 20]>(ctx, ETH_HLEN) else {
+                return decap_stat::PASSED;
+            };
+            let h = unsafe { *h };
+            if h[9] != IPPROTO_IPIP && h[9] != IPPROTO_IPV6 {
+                return decap_stat::PASSED;
+            }
+            // No options, not a fragment (MF or an offset).
+            if h[0] != 0x45 || (h[6] & 0x3f) != 0 || h[7] != 0 {
+                return decap_stat::MALFORMED;
+            }
+            let mut key = DecapKey {
+                family: FAMILY_V4,
+                ..Default::default()
+            };
+            key.addr[0..4].copy_from_slice(&h[12..16]);
+            let total = u32::from(u16::from_be_bytes([h[2], h[3]]));
+            (20usize, h[9], key, total.wrapping_sub(20))
+        }
+        ETH_P_IPV6 => {
+            let Ok(h) = ptr_at::<[u8; 40]>(ctx, ETH_HLEN) else {
+                return decap_stat::PASSED;
+            };
+            let h = unsafe { *h };
+            if h[6] != IPPROTO_IPIP && h[6] != IPPROTO_IPV6 {
+                return decap_stat::PASSED;
+            }
+            let mut key = DecapKey {
+                family: FAMILY_V6,
+                ..Default::default()
+            };
+            key.addr.copy_from_slice(&h[8..24]);
+            (40usize, h[6], key, u32::from(u16::from_be_bytes([h[4], h[5]])))
+        }
+        _ => return decap_stat::PASSED,
+    };
+    if LB_DECAP_PEERS.get_ptr(&key).is_none() {
+        return decap_stat::NOT_FROM_PEER;
+    }
+    // The inner header must be what the outer one says, and fit in the frame.
+    let Some((family, len)) = inner_at(ctx, ETH_HLEN + hlen) else {
+        return decap_stat::MALFORMED;
+    };
+    let frame = (ctx.data_end() - ctx.data()) as u32;
+    let want_family = if proto == IPPROTO_IPIP {
+        FAMILY_V4
+    } else {
+        FAMILY_V6
+    };
+    if family != want_family || len != claimed || ETH_HLEN as u32 + hlen as u32 + len > frame {
+        return decap_stat::MALFORMED;
+    }
+    // Move the Ethernet header up against the inner packet, with the inner ethertype, then
+    // drop the outer header.
+    let Ok(eth) = ptr_at::<[u8; ETH_HLEN]>(ctx, 0) else {
+        return decap_stat::MALFORMED;
+    };
+    let mut e = unsafe { *eth };
+    let inner_type = if family == FAMILY_V4 {
+        ETH_P_IP
+    } else {
+        ETH_P_IPV6
+    };
+    e[12..14].copy_from_slice(&inner_type.to_be_bytes());
+    let Ok(dst) = ptr_at::<[u8; ETH_HLEN]>(ctx, hlen) else {
+        return decap_stat::MALFORMED;
+    };
+    unsafe { *dst = e };
+    if unsafe { bpf_xdp_adjust_head(ctx.ctx, hlen as i32) } != 0 {
+        return decap_stat::MALFORMED;
+    }
+    decap_stat::DECAPSULATED
+}
+
+/// The family and total length of the IP packet at `off`, from its own header.
+#[inline(always)]
+fn inner_at(ctx: &XdpContext, off: usize) -> Option<(u8, u32)> {
+    let h = unsafe { *ptr_at::<[u8; 6]>(ctx, off).ok()? };
+    match h[0] >> 4 {
+        4 => Some((FAMILY_V4, u32::from(u16::from_be_bytes([h[2], h[3]])))),
+        6 => Some((FAMILY_V6, 40 + u32::from(u16::from_be_bytes([h[4], h[5]])))),
+        _ => None,
+    }
+}
