@@ -104,15 +104,25 @@ impl Dataplane {
             .program_mut(program)
             .ok_or_else(|| anyhow!("no program {program}"))?
             .try_into()?;
-        let mut out = vec![0u8; frame.len() + 256];
-        let opts = TestRunOptions {
-            data_in: Some(frame),
-            data_out: Some(&mut out),
-            repeat: repeat.max(1),
-            ..TestRunOptions::new()
-        };
-        let r = prog.test_run(opts).context("BPF_PROG_TEST_RUN")?;
-        out.truncate(r.data_size_out as usize);
-        Ok((r.return_value, out, r.duration.as_nanos() as f64))
+        run(prog, frame, repeat)
     }
+}
+
+/// BPF_PROG_TEST_RUN of `prog` on `frame`, `repeat` times: verdict, output frame, ns per run.
+fn run(prog: &mut Xdp, frame: &[u8], repeat: u32) -> Result<(u32, Vec<u8>, f64)> {
+    let mut out = vec![0u8; frame.len() + 256];
+    let opts = TestRunOptions {
+        data_in: Some(frame),
+        data_out: Some(&mut out),
+        repeat: repeat.max(1),
+        ..TestRunOptions::new()
+    };
+    let r = prog.test_run(opts).context("BPF_PROG_TEST_RUN")?;
+    out.truncate(r.data_size_out as usize);
+    Ok((r.return_value, out, r.duration.as_nanos() as f64))
+}
+
+/// One run of `prog` on `frame`: verdict and output frame.
+pub(super) fn run_once(prog: &mut Xdp, frame: &[u8]) -> Result<(u32, Vec<u8>)> {
+    run(prog, frame, 1).map(|(v, out, _)| (v, out))
 }

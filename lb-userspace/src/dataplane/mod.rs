@@ -14,6 +14,7 @@
 //!   such a change is a new pair (id and epoch), installed like an added backend.
 
 mod counters;
+pub mod decap;
 mod pins;
 mod tables;
 

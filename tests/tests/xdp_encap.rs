@@ -1,0 +1,293 @@
+//! L3 direct server return through the real programs (BPF_PROG_TEST_RUN), bytes checked:
+//! `lb_xdp` wraps a VIP packet for a routed backend in IPv4 or IPv6 (IP-in-IP), answers a packet
+//! too big to wrap with ICMP, and `lb_decap` on the backend unwraps what a known LB node sent
+//! and leaves everything else alone. Needs root; `cargo xtask test`.
+
+use std::net::IpAddr;
+
+use lb_common::{PROTO_TCP, PROTO_UDP, decap_stat, stat};
+use lb_tests::{TestDataplane, backend, frames::*};
+use lb_userspace::dataplane::{
+    BackendSpec, Desired, Encap, ServiceSpec, decap::Decap, vip_key,
+};
+
+const PASS: u32 = 2;
+const TX: u32 = 3;
+const VIP: [u8; 4] = [10, 88, 0, 100];
+const CLIENT: [u8; 4] = [10, 88, 9, 1];
+const LB: &str = "10.88.0.10";
+const NEXT_HOP: [u8; 6] = [0x02, 0x4e, 0x48, 0, 0, 1];
+const VIP6: &str = "fd88::100";
+const CLIENT6: &str = "fd88:9::1";
+const LB6: &str = "fd88::10";
+
+fn routed(addr: &str, src: &str, mtu: u16) -> BackendSpec {
+    let mut b = backend(addr, 0);
+    b.mac = Some(NEXT_HOP);
+    b.encap = Some(Encap {
+        src: src.parse().unwrap(),
+        mtu,
+    });
+    b
+}
+
+fn setup(vip: IpAddr, proto: u8, backends: Vec<BackendSpec>) -> TestDataplane {
+    let mut t = TestDataplane::new(251);
+    t.dp.apply(&Desired {
+        services: vec![ServiceSpec {
+            key: vip_key(vip, 0, proto),
+            owned: true,
+            backends,
+        }],
+        ..Default::default()
+    })
+    .unwrap();
+    t
+}
+
+fn counter(t: &TestDataplane, index: u32) -> u64 {
+    t.dp.global_stats().unwrap()[index as usize].1
+}
+
+/// One's-complement checksum of `bytes` (0 when a header's own checksum field is included).
+fn checksum(bytes: &[u8]) -> u16 {
+    let mut sum: u32 = bytes
+        .chunks(2)
+        .map(|c| u32::from(u16::from_be_bytes([c[0], *c.get(1).unwrap_or(&0)])))
+        .sum();
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    !(sum as u16)
+}
+
+#[test]
+fn ipv4_to_a_routed_backend_is_wrapped_in_ipv4_with_only_the_outer_header_added() {
+    let mut t = setup(
+        IpAddr::from(VIP),
+        PROTO_TCP,
+        vec![routed("10.99.4.2", LB, 1500)],
+    );
+    let mut inner = ipv4_frame(CLIENT, VIP, PROTO_TCP, &tcp(40000, 6443, SYN));
+    inner[15] = 0x2e; // DSCP EF, ECN 2: copied to the outer header
+    let (v, out, _) = t.dp.test_run("lb_xdp", &inner, 1).unwrap();
+    assert_eq!(v, TX);
+    assert_eq!(out.len(), inner.len() + 20);
+    assert_eq!(&out[0..6], &NEXT_HOP, "to the next hop");
+    assert_eq!(&out[6..12], &LB_MAC);
+    assert_eq!(&out[12..14], &[0x08, 0x00]);
+    let outer = &out[14..34];
+    assert_eq!(outer[0], 0x45);
+    assert_eq!(outer[1], 0x2e, "traffic class copied");
+    assert_eq!(
+        u16::from_be_bytes([outer[2], outer[3]]) as usize,
+        inner.len() - 14 + 20
+    );
+    assert_eq!(outer[6] & 0x40, 0x40, "don't fragment");
+    assert_eq!(outer[8], 64, "TTL");
+    assert_eq!(outer[9], 4, "IP-in-IP");
+    assert_eq!(&outer[12..16], &[10, 88, 0, 10], "from this node");
+    assert_eq!(&outer[16..20], &[10, 99, 4, 2], "to the backend");
+    assert_eq!(checksum(outer), 0, "outer header checksum");
+    assert_eq!(&out[34..], &inner[14..], "the client's packet is unchanged");
+    assert_eq!(counter(&t, stat::ENCAPSULATED), 1);
+    assert_eq!(counter(&t, stat::FORWARDED), 1);
+    // The flow's next packet follows (connection table) and is wrapped the same way.
+    let ack = ipv4_frame(CLIENT, VIP, PROTO_TCP, &tcp(40000, 6443, ACK));
+    let (v, out2, _) = t.dp.test_run("lb_xdp", &ack, 1).unwrap();
+    assert_eq!(v, TX);
+    assert_eq!(&out2[30..34], &[10, 99, 4, 2]);
+}
+
+#[test]
+fn ipv6_to_a_routed_backend_is_wrapped_in_ipv6() {
+    let vip: IpAddr = VIP6.parse().unwrap();
+    let mut t = setup(vip, PROTO_UDP, vec![routed("fd99:4::2", LB6, 1500)]);
+    let inner = ipv6_frame(
+        v6(CLIENT6.parse().unwrap()),
+        v6(vip),
+        PROTO_UDP,
+        &udp(5000, 53, 100),
+    );
+    let (v, out, _) = t.dp.test_run("lb_xdp", &inner, 1).unwrap();
+    assert_eq!(v, TX);
+    assert_eq!(out.len(), inner.len() + 40);
+    assert_eq!(&out[0..6], &NEXT_HOP);
+    assert_eq!(&out[12..14], &[0x86, 0xdd]);
+    let outer = &out[14..54];
+    assert_eq!(outer[0] >> 4, 6);
+    assert_eq!(
+        u16::from_be_bytes([outer[4], outer[5]]) as usize,
+        inner.len() - 14,
+        "payload length: the whole inner packet"
+    );
+    assert_eq!(outer[6], 41, "IPv6-in-IPv6");
+    assert_eq!(outer[7], 64, "hop limit");
+    assert_eq!(&outer[8..24], &v6(LB6.parse().unwrap()));
+    assert_eq!(&outer[24..40], &v6("fd99:4::2".parse().unwrap()));
+    assert_eq!(&out[54..], &inner[14..]);
+}
+
+#[test]
+fn a_packet_too_big_to_wrap_gets_fragmentation_needed_from_the_vip() {
+    let mut t = setup(
+        IpAddr::from(VIP),
+        PROTO_UDP,
+        vec![routed("10.99.4.2", LB, 1000)],
+    );
+    // 1000 bytes of IP packet: 1020 once wrapped, over the path's 1000.
+    let big = ipv4_frame(CLIENT, VIP, PROTO_UDP, &udp(5000, 53, 1000 - 20 - 8));
+    let (v, out, _) = t.dp.test_run("lb_xdp", &big, 1).unwrap();
+    assert_eq!(v, TX, "sent back to the client");
+    assert_eq!(counter(&t, stat::ENCAP_TOO_BIG), 1);
+    assert_eq!(counter(&t, stat::ENCAPSULATED), 0);
+    assert_eq!(out.len(), 14 + 20 + 8 + 28);
+    assert_eq!(&out[0..6], &big[6..12], "back to where it came from");
+    assert_eq!(&out[6..12], &big[0..6]);
+    let ip = &out[14..34];
+    assert_eq!(ip[9], 1, "ICMP");
+    assert_eq!(&ip[12..16], &VIP, "from the VIP");
+    assert_eq!(&ip[16..20], &CLIENT, "to the client");
+    assert_eq!(checksum(ip), 0);
+    let icmp = &out[34..];
+    assert_eq!((icmp[0], icmp[1]), (3, 4), "fragmentation needed");
+    assert_eq!(u16::from_be_bytes([icmp[6], icmp[7]]), 980, "room left inside");
+    assert_eq!(&icmp[8..], &big[14..14 + 28], "the client's header and 8 bytes");
+    assert_eq!(checksum(icmp), 0);
+    // One byte less fits and is wrapped.
+    let fits = ipv4_frame(CLIENT, VIP, PROTO_UDP, &udp(5000, 53, 980 - 20 - 8));
+    let (v, out, _) = t.dp.test_run("lb_xdp", &fits, 1).unwrap();
+    assert_eq!((v, out.len()), (TX, fits.len() + 20));
+}
+
+#[test]
+fn an_ipv6_packet_too_big_to_wrap_gets_packet_too_big() {
+    let vip: IpAddr = VIP6.parse().unwrap();
+    let client: IpAddr = CLIENT6.parse().unwrap();
+    let mut t = setup(vip, PROTO_UDP, vec![routed("fd99:4::2", LB6, 1400)]);
+    let big = ipv6_frame(v6(client), v6(vip), PROTO_UDP, &udp(5000, 53, 1380 - 40 - 8));
+    let (v, out, _) = t.dp.test_run("lb_xdp", &big, 1).unwrap();
+    assert_eq!(v, TX);
+    assert_eq!(out.len(), 14 + 40 + 8 + 48);
+    let ip = &out[14..54];
+    assert_eq!(ip[6], 58, "ICMPv6");
+    assert_eq!(&ip[8..24], &v6(vip));
+    assert_eq!(&ip[24..40], &v6(client));
+    let icmp = &out[54..];
+    assert_eq!(icmp[0], 2, "packet too big");
+    assert_eq!(u32::from_be_bytes(icmp[4..8].try_into().unwrap()), 1360);
+    assert_eq!(&icmp[8..], &big[14..14 + 48]);
+    // Checksum over the pseudo-header and the message.
+    let mut pseudo = Vec::new();
+    pseudo.extend_from_slice(&ip[8..40]);
+    pseudo.extend_from_slice(&(icmp.len() as u32).to_be_bytes());
+    pseudo.extend_from_slice(&[0, 0, 0, 58]);
+    pseudo.extend_from_slice(icmp);
+    assert_eq!(checksum(&pseudo), 0);
+}
+
+#[test]
+fn an_on_link_backend_next_to_a_routed_one_keeps_plain_mac_rewriting() {
+    let mut t = setup(
+        IpAddr::from(VIP),
+        PROTO_TCP,
+        vec![routed("10.99.4.2", LB, 1500), backend("10.88.0.21", 21)],
+    );
+    let (mut wrapped, mut plain) = (0, 0);
+    for sport in 30000..30200u16 {
+        let f = ipv4_frame(CLIENT, VIP, PROTO_TCP, &tcp(sport, 6443, SYN));
+        let (v, out, _) = t.dp.test_run("lb_xdp", &f, 1).unwrap();
+        assert_eq!(v, TX);
+        if out.len() == f.len() + 20 {
+            wrapped += 1;
+            assert_eq!(&out[34..], &f[14..]);
+        } else {
+            plain += 1;
+            assert_eq!(out[5], 21);
+            assert_eq!(&out[12..], &f[12..], "only the MACs change");
+        }
+    }
+    assert!(wrapped > 50 && plain > 50, "{wrapped} wrapped, {plain} plain");
+}
+
+fn wrapped4(outer_src: [u8; 4], inner: &[u8]) -> Vec<u8> {
+    let mut f = Vec::new();
+    f.extend_from_slice(&[0x02, 0xbe, 0, 0, 0, 2]);
+    f.extend_from_slice(&NEXT_HOP);
+    f.extend_from_slice(&[0x08, 0x00]);
+    let h = ipv4_header(outer_src, [10, 99, 4, 2], 4, &[], inner.len() - 14, 0x4000);
+    f.extend_from_slice(&h);
+    f.extend_from_slice(&inner[14..]);
+    f
+}
+
+#[test]
+fn a_backend_unwraps_what_a_known_lb_node_sent_and_nothing_else() {
+    let mut d = Decap::load(&lb_tests::unique("dcp"), std::path::Path::new("/sys/fs/bpf"))
+        .expect("load lb_decap (needs root)");
+    d.set_peers(&[LB.parse().unwrap(), LB6.parse().unwrap()])
+        .unwrap();
+    let inner = ipv4_frame(CLIENT, VIP, PROTO_TCP, &tcp(40000, 6443, SYN));
+    let (v, out) = d.test_run(&wrapped4([10, 88, 0, 10], &inner)).unwrap();
+    assert_eq!(v, PASS);
+    assert_eq!(&out[12..], &inner[12..], "the client's packet, as it was sent");
+    assert_eq!(&out[0..6], &[0x02, 0xbe, 0, 0, 0, 2], "the frame's own MACs");
+    // From an address that is not a known LB node: left alone (the kernel drops it).
+    let stranger = wrapped4([10, 88, 0, 66], &inner);
+    let (v, out) = d.test_run(&stranger).unwrap();
+    assert_eq!((v, out), (PASS, stranger));
+    // Lengths that do not add up: left alone.
+    let mut short = wrapped4([10, 88, 0, 10], &inner);
+    short.truncate(short.len() - 4);
+    let (v, out) = d.test_run(&short).unwrap();
+    assert_eq!((v, out), (PASS, short));
+    // Ordinary traffic: untouched.
+    let (v, out) = d.test_run(&inner).unwrap();
+    assert_eq!((v, out), (PASS, inner.clone()));
+    // IPv6 in IPv6 from the LB node's IPv6 address.
+    let vip6: IpAddr = VIP6.parse().unwrap();
+    let inner6 = ipv6_frame(
+        v6(CLIENT6.parse().unwrap()),
+        v6(vip6),
+        PROTO_UDP,
+        &udp(5000, 53, 64),
+    );
+    let mut f = Vec::new();
+    f.extend_from_slice(&inner6[0..12]);
+    f.extend_from_slice(&[0x86, 0xdd]);
+    let mut h = vec![0x60, 0, 0, 0];
+    h.extend_from_slice(&((inner6.len() - 14) as u16).to_be_bytes());
+    h.extend_from_slice(&[41, 64]);
+    h.extend_from_slice(&v6(LB6.parse().unwrap()));
+    h.extend_from_slice(&v6("fd99:4::2".parse().unwrap()));
+    f.extend_from_slice(&h);
+    f.extend_from_slice(&inner6[14..]);
+    let (v, out) = d.test_run(&f).unwrap();
+    assert_eq!((v, out), (PASS, inner6));
+    let stats: std::collections::HashMap<_, _> = d.stats().unwrap().into_iter().collect();
+    assert_eq!(stats[decap_stat::NAMES[decap_stat::DECAPSULATED as usize]], 2);
+    assert_eq!(stats[decap_stat::NAMES[decap_stat::NOT_FROM_PEER as usize]], 1);
+    assert_eq!(stats[decap_stat::NAMES[decap_stat::MALFORMED as usize]], 1);
+}
+
+#[test]
+fn what_lb_xdp_wraps_lb_decap_unwraps_to_the_original() {
+    let mut t = setup(
+        IpAddr::from(VIP),
+        PROTO_TCP,
+        vec![routed("10.99.4.2", LB, 1500)],
+    );
+    let mut d = Decap::load(&lb_tests::unique("dcp"), std::path::Path::new("/sys/fs/bpf"))
+        .unwrap();
+    d.set_peers(&[LB.parse().unwrap()]).unwrap();
+    for (sport, len) in [(40001u16, 0usize), (40002, 1), (40003, 700)] {
+        let mut l4 = tcp(sport, 6443, ACK);
+        l4.extend(std::iter::repeat_n(0xab, len));
+        let inner = ipv4_frame(CLIENT, VIP, PROTO_TCP, &l4);
+        let (v, wrapped, _) = t.dp.test_run("lb_xdp", &inner, 1).unwrap();
+        assert_eq!(v, TX);
+        let (v, out) = d.test_run(&wrapped).unwrap();
+        assert_eq!(v, PASS);
+        assert_eq!(&out[12..], &inner[12..], "payload {len}");
+    }
+}
