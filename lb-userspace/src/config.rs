@@ -200,6 +200,19 @@ pub struct BackendConfig {
     pub address: IpAddr,
     #[serde(default = "default_weight")]
     pub weight: u32,
+    /// How packets reach the backend: `"none"` (the default: on this node's segment, only the
+    /// MACs change) or `"ipip"` (a routed backend: IP-in-IP to it through the next hop; the
+    /// backend runs `lbd decap`). See docs/architecture.md, "L3 direct server return".
+    #[serde(default)]
+    pub encap: EncapMode,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum EncapMode {
+    #[default]
+    None,
+    Ipip,
 }
 
 fn default_name() -> String {

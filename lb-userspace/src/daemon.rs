@@ -537,18 +537,43 @@ impl Daemon {
     /// Re-read kernel facts (interface, neighbours, local addresses) and re-apply the plan.
     pub async fn refresh(&self) -> Result<()> {
         self.follow_interface().await?;
-        let (ifindex, iface, backends) = {
+        let (ifindex, iface, backends, routed) = {
             let g = self.inner.lock().await;
-            let backends: Vec<IpAddr> = g
+            let (routed, backends): (Vec<&crate::config::BackendConfig>, Vec<_>) = g
                 .cfg
                 .vips
                 .iter()
-                .flat_map(|v| v.backends.iter().map(|b| b.address))
-                .collect();
-            (g.ifindex, g.cfg.interface.clone(), backends)
+                .flat_map(|v| v.backends.iter())
+                .partition(|b| b.encap == crate::config::EncapMode::Ipip);
+            let addrs = |v: Vec<&crate::config::BackendConfig>| -> Vec<IpAddr> {
+                v.into_iter().map(|b| b.address).collect()
+            };
+            (
+                g.ifindex,
+                g.cfg.interface.clone(),
+                addrs(backends),
+                addrs(routed),
+            )
         };
+        // Routed backends: the path to each; only one through the XDP interface can be used.
+        let mut paths = std::collections::HashMap::new();
+        for b in &routed {
+            match self.netlink.route_to(*b).await {
+                Ok(p) if p.oif == ifindex => {
+                    paths.insert(*b, p);
+                }
+                Ok(_) => {}
+                Err(e) => tracing::debug!(backend = %b, error = %format!("{e:#}"), "no route"),
+            }
+        }
+        let next_hops: Vec<IpAddr> = paths.values().map(|p| p.next_hop).collect();
         let peers = self.vrrp_peers().await;
-        let all: Vec<IpAddr> = backends.iter().chain(&peers).copied().collect();
+        let all: Vec<IpAddr> = backends
+            .iter()
+            .chain(&peers)
+            .chain(&next_hops)
+            .copied()
+            .collect();
         let mut macs = self.netlink.macs_on(ifindex, &all).await?;
         let local_addrs = self.netlink.local_addresses().await?;
         for b in &all {
@@ -580,7 +605,9 @@ impl Daemon {
         let unchanged = g.facts.macs == macs
             && g.facts.peer_macs == peer_macs
             && g.facts.local_addrs == local_addrs
+            && g.facts.paths == paths
             && !hold_over;
+        g.facts.paths = paths;
         g.facts.macs = macs;
         g.facts.peer_macs = peer_macs;
         g.facts.local_addrs = local_addrs;

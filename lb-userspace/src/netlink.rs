@@ -150,6 +150,57 @@ impl Netlink {
         Ok(out)
     }
 
+    /// How the kernel would route a packet to `dst` (`ip route get`): the next hop (the
+    /// gateway, or `dst` itself when on-link), the out interface, the preferred source and
+    /// that interface's MTU.
+    pub async fn route_to(&self, dst: IpAddr) -> Result<RoutePath> {
+        use rtnetlink::packet_route::{
+            link::LinkAttribute,
+            route::{RouteAddress, RouteAttribute},
+        };
+        let prefix = if dst.is_ipv4() { 32 } else { 128 };
+        let msg = rtnetlink::RouteMessageBuilder::<IpAddr>::new()
+            .destination_prefix(dst, prefix)
+            .map_err(|e| anyhow!("route to {dst}: {e:?}"))?
+            .build();
+        let mut s = self.handle.route().get(msg).execute();
+        let route = s
+            .try_next()
+            .await
+            .with_context(|| format!("route to {dst}"))?
+            .ok_or_else(|| anyhow!("no route to {dst}"))?;
+        let as_ip = |a: RouteAddress| match a {
+            RouteAddress::Inet(v) => Some(IpAddr::V4(v)),
+            RouteAddress::Inet6(v) => Some(IpAddr::V6(v)),
+            _ => None,
+        };
+        let (mut gateway, mut oif, mut src) = (None, None, None);
+        for a in route.attributes {
+            match a {
+                RouteAttribute::Gateway(g) => gateway = as_ip(g),
+                RouteAttribute::Oif(i) => oif = Some(i),
+                RouteAttribute::PrefSource(p) => src = as_ip(p),
+                _ => {}
+            }
+        }
+        let oif = oif.ok_or_else(|| anyhow!("route to {dst} has no out interface"))?;
+        let mut links = self.handle.link().get().match_index(oif).execute();
+        let mut mtu = 1500;
+        if let Some(link) = links.try_next().await? {
+            for a in link.attributes {
+                if let LinkAttribute::Mtu(m) = a {
+                    mtu = m;
+                }
+            }
+        }
+        Ok(RoutePath {
+            next_hop: gateway.unwrap_or(dst),
+            oif,
+            src,
+            mtu,
+        })
+    }
+
     /// MACs of `addrs` on interface `ifindex`.
     pub async fn macs_on(
         &self,
@@ -165,6 +216,15 @@ impl Netlink {
             .map(|n| (n.addr, n.mac))
             .collect())
     }
+}
+
+/// See [`Netlink::route_to`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RoutePath {
+    pub next_hop: IpAddr,
+    pub oif: u32,
+    pub src: Option<IpAddr>,
+    pub mtu: u32,
 }
 
 /// Make the kernel resolve `addr`'s MAC: a zero-length UDP datagram to the discard port, sent out

@@ -33,6 +33,9 @@ pub struct Facts {
     pub vrrp_master: HashMap<String, bool>,
     /// Resolved MACs of VRRP peers (unicast peers, the current master) on the XDP interface.
     pub peer_macs: HashMap<IpAddr, [u8; 6]>,
+    /// Routed backends (`encap = "ipip"`): the path to each, when it leaves by the XDP
+    /// interface (its next hop's MAC is in `macs`, under the next hop's address).
+    pub paths: HashMap<IpAddr, crate::netlink::RoutePath>,
     /// The time the plan is made at (holds of failed backends end by it); `None`: every
     /// hold still applies.
     pub now: Option<Instant>,
@@ -180,11 +183,21 @@ pub fn plan(cfg: &Config, facts: &Facts) -> (Desired, Vec<BackendPlan>) {
         let mut specs = Vec::new();
         for b in &v.backends {
             let local = facts.local_addrs.contains(&b.address);
+            let routed = b.encap == crate::config::EncapMode::Ipip && !local;
+            let path = facts.paths.get(&b.address).filter(|_| routed);
             let mac = if local {
                 None
+            } else if routed {
+                path.and_then(|p| facts.macs.get(&p.next_hop)).copied()
             } else {
                 facts.macs.get(&b.address).copied()
             };
+            let encap = path.and_then(|p| {
+                Some(crate::dataplane::Encap {
+                    src: p.src?,
+                    mtu: u16::try_from(p.mtu).unwrap_or(u16::MAX),
+                })
+            });
             let pair = (v.name.clone(), b.address);
             let health = facts.health.get(&pair);
             let held = health.is_some_and(|h| flows_held(h, facts.now));
@@ -200,7 +213,12 @@ pub fn plan(cfg: &Config, facts: &Facts) -> (Desired, Vec<BackendPlan>) {
                 healthy,
                 drained,
                 failing: held,
-                encap: None,
+                encap,
+            };
+            // A routed backend is only usable wrapped: without its path, not at all.
+            let spec = BackendSpec {
+                mac: if routed && encap.is_none() { None } else { spec.mac },
+                ..spec
             };
             let (state, reason) = if held {
                 let h = health.expect("held implies a fact");
@@ -218,10 +236,24 @@ pub fn plan(cfg: &Config, facts: &Facts) -> (Desired, Vec<BackendPlan>) {
                     BackendState::Down,
                     health.map(|h| h.reason.clone()).unwrap_or_default(),
                 )
+            } else if routed && path.is_none() {
+                (
+                    BackendState::Unresolved,
+                    "no route to it through the XDP interface".to_string(),
+                )
+            } else if routed && path.is_some_and(|p| p.src.is_none()) {
+                (
+                    BackendState::Unresolved,
+                    "its route names no source address to wrap from".to_string(),
+                )
             } else if !local && mac.is_none() {
                 (
                     BackendState::Unresolved,
-                    "no MAC in the neighbour table yet".to_string(),
+                    if routed {
+                        "the next hop's MAC is not in the neighbour table yet".to_string()
+                    } else {
+                        "no MAC in the neighbour table yet".to_string()
+                    },
                 )
             } else if drained {
                 (BackendState::Drained, "drained by operator".to_string())
@@ -272,6 +304,8 @@ pub fn loop_guard_macs(cfg: &Config, facts: &Facts) -> Vec<[u8; 6]> {
         .iter()
         .flat_map(|v| v.backends.iter())
         .filter(|b| !facts.local_addrs.contains(&b.address))
+        // A routed backend's frames go to a router, whose MAC also brings client traffic.
+        .filter(|b| b.encap == crate::config::EncapMode::None)
         .filter_map(|b| facts.macs.get(&b.address));
     let mut macs: Vec<[u8; 6]> = backends
         .chain(facts.peer_macs.values())
@@ -306,6 +340,65 @@ address = "10.0.0.4"
 "#,
         )
         .unwrap()
+    }
+
+    #[test]
+    fn a_routed_backend_goes_wrapped_to_its_next_hop_and_never_into_the_loop_guard() {
+        let cfg = Config::parse(
+            r#"
+interface = "eth0"
+[[vips]]
+name = "api"
+address = "10.0.0.100"
+ports = [6443]
+[[vips.backends]]
+address = "10.9.0.1"
+encap = "ipip"
+[[vips.backends]]
+address = "10.9.0.2"
+encap = "ipip"
+[[vips.backends]]
+address = "10.0.0.3"
+"#,
+        )
+        .unwrap();
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        let router = [2, 0, 0, 0, 0, 0xfe];
+        let mut f = Facts::default();
+        f.macs.insert(ip("10.0.0.254"), router);
+        f.macs.insert(ip("10.0.0.3"), [2, 0, 0, 0, 0, 3]);
+        let path = crate::netlink::RoutePath {
+            next_hop: ip("10.0.0.254"),
+            oif: 2,
+            src: Some(ip("10.0.0.10")),
+            mtu: 9000,
+        };
+        f.paths.insert(ip("10.9.0.1"), path);
+        let (want, rows) = plan(&cfg, &f);
+        let b = &want.services[0].backends;
+        assert_eq!(b[0].mac, Some(router), "to the next hop");
+        assert_eq!(
+            b[0].encap,
+            Some(crate::dataplane::Encap {
+                src: ip("10.0.0.10"),
+                mtu: 9000
+            })
+        );
+        assert!(b[0].in_table());
+        // No path through the XDP interface: not usable, and the reason says why.
+        assert_eq!((b[1].mac, b[1].encap), (None, None));
+        assert!(!b[1].in_set());
+        assert_eq!(rows[1].state, BackendState::Unresolved);
+        assert!(rows[1].reason.contains("route"), "{}", rows[1].reason);
+        // The on-link backend is unchanged.
+        assert_eq!((b[2].mac, b[2].encap), (Some([2, 0, 0, 0, 0, 3]), None));
+        // The router brings client traffic too: its MAC is never a loop-guard peer.
+        assert_eq!(want.peers, vec![[2, 0, 0, 0, 0, 3]]);
+        // A path without a source address cannot be wrapped from.
+        f.paths.insert(ip("10.9.0.1"), crate::netlink::RoutePath { src: None, ..path });
+        let (want, rows) = plan(&cfg, &f);
+        assert!(!want.services[0].backends[0].in_set());
+        assert!(rows[0].reason.contains("source"), "{}", rows[0].reason);
     }
 
     #[test]

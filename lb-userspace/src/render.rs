@@ -415,7 +415,11 @@ impl ClusterSpec {
 }
 
 fn backend(address: IpAddr) -> BackendConfig {
-    BackendConfig { address, weight: 1 }
+    BackendConfig {
+        address,
+        weight: 1,
+        encap: Default::default(),
+    }
 }
 
 fn loopback(family_of: IpAddr) -> IpAddr {
