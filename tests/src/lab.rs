@@ -166,6 +166,37 @@ impl Lab {
         node
     }
 
+    /// A node in a namespace of its own, off the bridge (a router's far side, a host on
+    /// another subnet); connect it with [`Lab::link`]. `v4` names its main address.
+    pub fn add_detached_node(&mut self, name: &str, v4: &str) -> Node {
+        let netns = format!("{}-{name}", self.prefix);
+        sh(&["ip", "netns", "add", &netns]);
+        self.ip(&netns, &["link", "set", "lo", "up"]);
+        let node = Node {
+            name: name.into(),
+            netns,
+            v4: v4.into(),
+            v6: String::new(),
+            mac: String::new(),
+        };
+        self.nodes.insert(name.into(), node.clone());
+        node
+    }
+
+    /// A point-to-point link: a veth pair with `a_if` (address `a_addr`, CIDR) in node `a` and
+    /// `b_if` (`b_addr`) in node `b`, both up.
+    pub fn link(&self, a: &str, a_if: &str, a_addr: &str, b: &str, b_if: &str, b_addr: &str) {
+        let (na, nb) = (self.nodes[a].netns.clone(), self.nodes[b].netns.clone());
+        sh(&[
+            "ip", "link", "add", "name", a_if, "netns", &na, "type", "veth", "peer", "name", b_if,
+            "netns", &nb,
+        ]);
+        for (ns, dev, addr) in [(&na, a_if, a_addr), (&nb, b_if, b_addr)] {
+            self.ip(ns, &["addr", "add", addr, "dev", dev]);
+            self.ip(ns, &["link", "set", dev, "up"]);
+        }
+    }
+
     fn mac_of(&self, netns: &str, dev: &str) -> String {
         let out = self.ip(netns, &["-j", "link", "show", dev]);
         let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();

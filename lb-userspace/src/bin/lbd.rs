@@ -40,6 +40,33 @@ enum Command {
     /// Internal: the VIP guardian `lbd run` starts (see lb_userspace::guardian).
     #[command(hide = true)]
     Guardian,
+    /// Run on a backend that routed LB nodes reach by IP-in-IP (backends with
+    /// `encap = "ipip"`): unwrap their packets on INTERFACE with XDP and serve the VIPs from
+    /// `lo`, until SIGTERM. Needs no config file.
+    Decap {
+        /// The interface the wrapped packets arrive on.
+        #[arg(long)]
+        interface: String,
+        /// An LB node's address that may send wrapped packets (repeat for each node);
+        /// IP-in-IP from any other source is left to the kernel, which drops it.
+        #[arg(long = "lb-node", required = true)]
+        lb_nodes: Vec<std::net::IpAddr>,
+        /// A VIP to serve (repeat): held on `lo`, never answered for in ARP/ND.
+        #[arg(long = "vip")]
+        vips: Vec<std::net::IpAddr>,
+        #[arg(long, value_enum, default_value = "auto")]
+        xdp_mode: XdpModeArg,
+        /// Names its BPF pins (`/sys/fs/bpf/<name>-decap`).
+        #[arg(long, default_value = "lb")]
+        name: String,
+    },
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum XdpModeArg {
+    Auto,
+    Driver,
+    Skb,
 }
 
 /// Info, except one target: netlink-packet-route 0.25 (the newest that rtnetlink 0.18 takes)
@@ -86,6 +113,29 @@ fn main() -> std::process::ExitCode {
                 tokio::runtime::Runtime::new()?.block_on(lb_userspace::daemon::teardown(&cfg))
             }),
         Command::Guardian => lb_userspace::guardian::serve(),
+        Command::Decap {
+            interface,
+            lb_nodes,
+            vips,
+            xdp_mode,
+            name,
+        } => {
+            use lb_userspace::config::XdpMode;
+            let o = lb_userspace::dataplane::decap::DecapOptions {
+                name,
+                interface,
+                lb_nodes,
+                vips,
+                mode: match xdp_mode {
+                    XdpModeArg::Auto => XdpMode::Auto,
+                    XdpModeArg::Driver => XdpMode::Driver,
+                    XdpModeArg::Skb => XdpMode::Skb,
+                },
+            };
+            tokio::runtime::Runtime::new()
+                .map_err(anyhow::Error::from)
+                .and_then(|rt| rt.block_on(lb_userspace::dataplane::decap::serve(o)))
+        }
         Command::Run => tokio::runtime::Runtime::new()
             .map_err(anyhow::Error::from)
             .and_then(|rt| rt.block_on(lb_userspace::daemon::run(cli.config.clone()))),

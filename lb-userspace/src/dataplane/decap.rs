@@ -141,3 +141,60 @@ fn decap_key(addr: IpAddr) -> DecapKey {
         _pad: [0; 3],
     }
 }
+
+/// What `lbd decap` runs with.
+#[derive(Clone, Debug)]
+pub struct DecapOptions {
+    /// Names the pin directory (`<bpffs>/<name>-decap`) and the saved sysctls.
+    pub name: String,
+    pub interface: String,
+    pub lb_nodes: Vec<IpAddr>,
+    /// VIPs to serve: held on `lo`, never announced (arp_ignore/arp_announce as lbd sets them).
+    pub vips: Vec<IpAddr>,
+    pub mode: crate::config::XdpMode,
+}
+
+/// `lbd decap`: unwrap the LB nodes' packets on the interface and serve the VIPs from `lo`
+/// until SIGTERM or SIGINT; then detach, and take back the VIPs and sysctls it set.
+pub async fn serve(o: DecapOptions) -> Result<()> {
+    if o.lb_nodes.is_empty() {
+        anyhow::bail!("lb_nodes: name at least one LB node (--lb-node)");
+    }
+    let mut d = Decap::load(&o.name, std::path::Path::new("/sys/fs/bpf"))?;
+    d.set_peers(&o.lb_nodes)?;
+    let nl = crate::netlink::Netlink::new()?;
+    let saved = std::path::PathBuf::from("/run/lbd").join(format!("{}-decap-sysctls.json", o.name));
+    if !o.vips.is_empty() {
+        crate::netlink::set_arp_sysctls(&o.interface, &saved)?;
+    }
+    for vip in &o.vips {
+        crate::netlink::ensure_local_vip(nl.handle(), *vip).await?;
+    }
+    d.attach(&o.interface, o.mode)?;
+    tracing::info!(interface = %o.interface, lb_nodes = ?o.lb_nodes, vips = ?o.vips, "unwrapping IP-in-IP from the LB nodes");
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    let mut tick = tokio::time::interval(std::time::Duration::from_secs(60));
+    tick.tick().await;
+    loop {
+        tokio::select! {
+            _ = term.recv() => break,
+            _ = tokio::signal::ctrl_c() => break,
+            _ = tick.tick() => {
+                if let Ok(s) = d.stats() {
+                    tracing::info!(?s, "decap counters");
+                }
+            }
+        }
+    }
+    if let Ok(s) = d.stats() {
+        tracing::info!(?s, "decap counters; stopping");
+    }
+    drop(d);
+    for vip in &o.vips {
+        if let Err(e) = crate::netlink::remove_local_vip(nl.handle(), *vip).await {
+            tracing::warn!(%vip, error = %format!("{e:#}"), "removing the VIP from lo");
+        }
+    }
+    crate::netlink::restore_arp_sysctls(&saved)?;
+    Ok(())
+}
