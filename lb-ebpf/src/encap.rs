@@ -338,7 +338,12 @@ fn try_decap(ctx: &XdpContext) -> u32 {
                 ..Default::default()
             };
             key.addr.copy_from_slice(&h[8..24]);
-            (40usize, h[6], key, u32::from(u16::from_be_bytes([h[4], h[5]])))
+            (
+                40usize,
+                h[6],
+                key,
+                u32::from(u16::from_be_bytes([h[4], h[5]])),
+            )
         }
         _ => return decap_stat::PASSED,
     };

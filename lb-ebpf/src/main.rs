@@ -25,14 +25,13 @@ use aya_ebpf::{
 };
 use lb_common::{
     ALL_PORTS, BACKEND_F_ENCAP, BACKEND_F_IN_SET, BACKEND_F_LOCAL, BACKEND_F_NO_NEW, BackendInfo,
-    CONFIG_F_ALL_PORTS, FLOOD_HOLD_NS, FLOOD_WINDOW_NS, FlowKey, FlowValue, LbConfig,
-    MAX_BACKENDS, MAX_SLOT_SKIPS, NO_BACKEND, PROTO_TCP, VIP_F_OWNED, VIP_OWNED, VipInfo, VipKey,
+    CONFIG_F_ALL_PORTS, FLOOD_HOLD_NS, FLOOD_WINDOW_NS, FlowKey, FlowValue, LbConfig, MAX_BACKENDS,
+    MAX_SLOT_SKIPS, NO_BACKEND, PROTO_TCP, VIP_F_OWNED, VIP_OWNED, VipInfo, VipKey,
     addr_filter_bit_words, flow_hash, mac_halves_filter_bit, peer_key_halves, stat, table_index,
 };
 use maps::{
     LB_BACKEND_STATS, LB_BACKENDS, LB_CONFIG, LB_CONNTRACK, LB_FLOOD, LB_HANDSHAKES, LB_PEERS,
-    LB_TABLES,
-    LB_VIP_ADDRS, LB_VIP_OWNED, LB_VIP_STATS, LB_VIPS, NONE, count, count_traffic,
+    LB_TABLES, LB_VIP_ADDRS, LB_VIP_OWNED, LB_VIP_STATS, LB_VIPS, NONE, count, count_traffic,
 };
 use packet::{ETH_HLEN, ETH_P_IP, ETH_P_IPV6, L3, ParseError, has_ports, ptr_at};
 
@@ -320,9 +319,7 @@ fn handshake_of(
     slot_backend: &BackendInfo,
     vip: &VipInfo,
 ) -> Option<(u32, &'static BackendInfo)> {
-    if track != Track::Yes
-        || flow.proto != PROTO_TCP
-        || slot_backend.flags & BACKEND_F_NO_NEW == 0
+    if track != Track::Yes || flow.proto != PROTO_TCP || slot_backend.flags & BACKEND_F_NO_NEW == 0
     {
         return None;
     }

@@ -8,8 +8,9 @@ use aya_ebpf::{
     maps::{Array, HashMap, LruHashMap, PerCpuArray},
 };
 use lb_common::{
-    BackendInfo, Counters, DEFAULT_CONNTRACK_SIZE, DecapKey, MAX_DECAP_PEERS, decap_stat, DEFAULT_TABLE_SIZE, FloodState, FlowKey,
-    FlowValue, HANDSHAKE_TABLE_SIZE, LbConfig, MAX_BACKENDS, MAX_PEERS, MAX_VIP_ADDRS, MAX_VIPS, VipInfo, VipKey, stat,
+    BackendInfo, Counters, DEFAULT_CONNTRACK_SIZE, DEFAULT_TABLE_SIZE, DecapKey, FloodState,
+    FlowKey, FlowValue, HANDSHAKE_TABLE_SIZE, LbConfig, MAX_BACKENDS, MAX_DECAP_PEERS, MAX_PEERS,
+    MAX_VIP_ADDRS, MAX_VIPS, VipInfo, VipKey, decap_stat, stat,
 };
 
 /// One entry: hash seed and table size.

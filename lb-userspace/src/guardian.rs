@@ -89,7 +89,10 @@ impl Guardian {
     /// Connect to the guardian: the pipe from a guardian parent ([`init`]) if there is one,
     /// else start one as a child (`/proc/self/exe guardian`, sharing lbd's stderr for its logs).
     pub fn spawn() -> Result<Guardian> {
-        if let Some(fd) = std::env::var(FD_ENV).ok().and_then(|v| v.parse::<i32>().ok()) {
+        if let Some(fd) = std::env::var(FD_ENV)
+            .ok()
+            .and_then(|v| v.parse::<i32>().ok())
+        {
             // Not for our children (a restarted guardian child must not write there).
             unsafe { std::env::remove_var(FD_ENV) };
             // Nor for any process lbd starts: one that kept it open would hide lbd's death.
@@ -235,7 +238,10 @@ extern "C" fn forward_signal(sig: i32) {
 pub fn init() -> std::process::ExitCode {
     let mut fds = [0i32; 2];
     if unsafe { libc::pipe2(fds.as_mut_ptr(), 0) } != 0 {
-        eprintln!("lbd: pipe for the guardian: {}", std::io::Error::last_os_error());
+        eprintln!(
+            "lbd: pipe for the guardian: {}",
+            std::io::Error::last_os_error()
+        );
         return std::process::ExitCode::FAILURE;
     }
     let (read_fd, write_fd) = (fds[0], fds[1]);
@@ -289,7 +295,10 @@ mod tests {
 
     fn w(vips: &[&str]) -> Watch {
         Watch {
-            interfaces: vec![("eth0".into(), vips.iter().map(|v| v.parse().unwrap()).collect())],
+            interfaces: vec![(
+                "eth0".into(),
+                vips.iter().map(|v| v.parse().unwrap()).collect(),
+            )],
         }
     }
 
@@ -303,7 +312,10 @@ mod tests {
             ]),
             Some(w(&["10.0.0.2"]))
         );
-        assert_eq!(on_eof([Message::Watch(w(&["10.0.0.1"])), Message::Bye]), None);
+        assert_eq!(
+            on_eof([Message::Watch(w(&["10.0.0.1"])), Message::Bye]),
+            None
+        );
         // A reload that removed every VRRP instance: nothing to give back.
         assert_eq!(on_eof([Message::Watch(Watch::default())]), None);
     }

@@ -217,7 +217,11 @@ pub fn plan(cfg: &Config, facts: &Facts) -> (Desired, Vec<BackendPlan>) {
             };
             // A routed backend is only usable wrapped: without its path, not at all.
             let spec = BackendSpec {
-                mac: if routed && encap.is_none() { None } else { spec.mac },
+                mac: if routed && encap.is_none() {
+                    None
+                } else {
+                    spec.mac
+                },
                 ..spec
             };
             let (state, reason) = if held {
@@ -395,7 +399,10 @@ address = "10.0.0.3"
         // The router brings client traffic too: its MAC is never a loop-guard peer.
         assert_eq!(want.peers, vec![[2, 0, 0, 0, 0, 3]]);
         // A path without a source address cannot be wrapped from.
-        f.paths.insert(ip("10.9.0.1"), crate::netlink::RoutePath { src: None, ..path });
+        f.paths.insert(
+            ip("10.9.0.1"),
+            crate::netlink::RoutePath { src: None, ..path },
+        );
         let (want, rows) = plan(&cfg, &f);
         assert!(!want.services[0].backends[0].in_set());
         assert!(rows[0].reason.contains("source"), "{}", rows[0].reason);

@@ -55,7 +55,10 @@ fn setup() -> L3Lab {
     // owner: no reverse-path filtering on the way.
     for n in ["client", "r1", "r2", "b1", "b2"] {
         let ns = lab.node(n).netns.clone();
-        for k in ["net.ipv4.conf.all.rp_filter", "net.ipv4.conf.default.rp_filter"] {
+        for k in [
+            "net.ipv4.conf.all.rp_filter",
+            "net.ipv4.conf.default.rp_filter",
+        ] {
             lab.sysctl(&ns, k, "0");
         }
     }
@@ -71,7 +74,9 @@ fn setup() -> L3Lab {
         lab.spawn(n, &format!("server-{n}"), LABNODE, &["serve-id", PORT, n]);
         let name = format!("{}_{n}", lab.prefix.replace('-', "_"));
         lab.cleanup(std::path::PathBuf::from("/sys/fs/bpf").join(format!("{name}-decap")));
-        lab.cleanup(std::path::PathBuf::from("/run/lbd").join(format!("{name}-decap-sysctls.json")));
+        lab.cleanup(
+            std::path::PathBuf::from("/run/lbd").join(format!("{name}-decap-sysctls.json")),
+        );
         lab.spawn(
             n,
             &format!("decap-{n}"),
@@ -100,12 +105,7 @@ fn setup() -> L3Lab {
     let cfg_path = lab.dir.join("lbd.toml");
     std::fs::write(&cfg_path, cfg).unwrap();
     lab.cleanup(std::path::PathBuf::from("/sys/fs/bpf").join(&name));
-    lab.spawn(
-        "lb",
-        "lbd",
-        &lbd,
-        &["--config", cfg_path.to_str().unwrap()],
-    );
+    lab.spawn("lb", "lbd", &lbd, &["--config", cfg_path.to_str().unwrap()]);
     let l = L3Lab { lab, socket };
     let ready = wait_for(Duration::from_secs(30), || {
         let rows = l.lbctl(&["backends", "list"])?;
@@ -148,14 +148,22 @@ fn backends_two_routed_hops_away_serve_the_vip_and_answer_directly() {
         &["connect-many", VIP, PORT, "400", "8", "3000"],
     );
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(v["ok"], 400, "through the routed backends: {v}\n{}", l.lab.log("lbd"));
+    assert_eq!(
+        v["ok"],
+        400,
+        "through the routed backends: {v}\n{}",
+        l.lab.log("lbd")
+    );
     let by_id: BTreeMap<String, u64> = serde_json::from_value(v["by_id"].clone()).unwrap();
     assert!(
         by_id.get("b1").copied().unwrap_or(0) > 100 && by_id.get("b2").copied().unwrap_or(0) > 100,
         "spread over both: {by_id:?}"
     );
     let wrapped = l.stat("encapsulated");
-    assert!(wrapped >= 400 * 3, "the LB wrapped the client's packets: {wrapped}");
+    assert!(
+        wrapped >= 400 * 3,
+        "the LB wrapped the client's packets: {wrapped}"
+    );
 
     // The answers do not come back through the LB node: it forwarded only the client's side.
     let forwarded = l.stat("forwarded");
@@ -202,7 +210,10 @@ fn lbd_decap_stops_cleanly_and_takes_back_what_it_set() {
         "lbd decap exits 0 on SIGTERM\n{}",
         l.lab.log("decap-b1")
     );
-    assert!(!lb_tests::lab::has_address(&ns, "lo", VIP), "the VIP left lo");
+    assert!(
+        !lb_tests::lab::has_address(&ns, "lo", VIP),
+        "the VIP left lo"
+    );
     let xdp = sh(&["ip", "-n", &ns, "-j", "link", "show", "dev", "eth0"]);
     let v: Value = serde_json::from_slice(&xdp.stdout).unwrap();
     assert!(v[0]["xdp"].is_null(), "no XDP program left on eth0: {v}");

@@ -289,9 +289,18 @@ fn a_crash_of_the_daemon_in_the_pod_gives_the_vip_back_at_once() {
     let gone = wait_for(Duration::from_secs(3), || {
         (!lb_tests::lab::has_address(&netns, "eth0", API_VIP)).then(|| killed.elapsed())
     })
-    .unwrap_or_else(|| panic!("the VIP stayed on {api} after its daemon died\n{}", p.logs(&api)));
+    .unwrap_or_else(|| {
+        panic!(
+            "the VIP stayed on {api} after its daemon died\n{}",
+            p.logs(&api)
+        )
+    });
     println!("daemon SIGKILLed in the pod on {api}: VIP given back after {gone:?}");
-    let others: Vec<&str> = CONTROL_PLANE.iter().copied().filter(|n| *n != api).collect();
+    let others: Vec<&str> = CONTROL_PLANE
+        .iter()
+        .copied()
+        .filter(|n| *n != api)
+        .collect();
     let new_owner = c
         .wait_master("api", &others, Duration::from_secs(10))
         .expect("a backup takes the VIP");

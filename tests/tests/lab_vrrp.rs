@@ -158,7 +158,8 @@ fn lbd_crash_alone_does_not_interrupt_and_a_backup_takes_over() {
         unsafe { libc::kill(l.lab.pid("lbd-n1").unwrap() as i32, libc::SIGKILL) };
         // The guardian gives the dead master's VIP back at once, so there are never two
         // holders once a backup takes over.
-        released_at = lb_tests::lab::wait_for(Duration::from_secs(2), || (!l.holds_vip(0)).then(unix_ms));
+        released_at =
+            lb_tests::lab::wait_for(Duration::from_secs(2), || (!l.holds_vip(0)).then(unix_ms));
         probes.join().unwrap()
     });
     let took_over = l.status(1).unwrap()["last_transition"]["at_unix_ms"].as_u64();
@@ -174,7 +175,12 @@ fn lbd_crash_alone_does_not_interrupt_and_a_backup_takes_over() {
     );
     l.lab.wait("lbd-n1", Duration::from_secs(5));
     assert!(ok > 10, "the client kept getting answers ({ok})");
-    assert_eq!(failed, 0, "no connection failed while lbd was dead\n{}", l.logs());
+    assert_eq!(
+        failed,
+        0,
+        "no connection failed while lbd was dead\n{}",
+        l.logs()
+    );
     assert_eq!(master_of(&l, &[1, 2]), 1, "a backup becomes master");
     // A new lbd on n1 takes over again (preemption).
     l.start(0);

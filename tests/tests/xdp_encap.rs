@@ -7,9 +7,7 @@ use std::net::IpAddr;
 
 use lb_common::{PROTO_TCP, PROTO_UDP, decap_stat, stat};
 use lb_tests::{TestDataplane, backend, frames::*};
-use lb_userspace::dataplane::{
-    BackendSpec, Desired, Encap, ServiceSpec, decap::Decap, vip_key,
-};
+use lb_userspace::dataplane::{BackendSpec, Desired, Encap, ServiceSpec, decap::Decap, vip_key};
 
 const PASS: u32 = 2;
 const TX: u32 = 3;
@@ -151,8 +149,16 @@ fn a_packet_too_big_to_wrap_gets_fragmentation_needed_from_the_vip() {
     assert_eq!(checksum(ip), 0);
     let icmp = &out[34..];
     assert_eq!((icmp[0], icmp[1]), (3, 4), "fragmentation needed");
-    assert_eq!(u16::from_be_bytes([icmp[6], icmp[7]]), 980, "room left inside");
-    assert_eq!(&icmp[8..], &big[14..14 + 28], "the client's header and 8 bytes");
+    assert_eq!(
+        u16::from_be_bytes([icmp[6], icmp[7]]),
+        980,
+        "room left inside"
+    );
+    assert_eq!(
+        &icmp[8..],
+        &big[14..14 + 28],
+        "the client's header and 8 bytes"
+    );
     assert_eq!(checksum(icmp), 0);
     // One byte less fits and is wrapped.
     let fits = ipv4_frame(CLIENT, VIP, PROTO_UDP, &udp(5000, 53, 980 - 20 - 8));
@@ -165,7 +171,12 @@ fn an_ipv6_packet_too_big_to_wrap_gets_packet_too_big() {
     let vip: IpAddr = VIP6.parse().unwrap();
     let client: IpAddr = CLIENT6.parse().unwrap();
     let mut t = setup(vip, PROTO_UDP, vec![routed("fd99:4::2", LB6, 1400)]);
-    let big = ipv6_frame(v6(client), v6(vip), PROTO_UDP, &udp(5000, 53, 1380 - 40 - 8));
+    let big = ipv6_frame(
+        v6(client),
+        v6(vip),
+        PROTO_UDP,
+        &udp(5000, 53, 1380 - 40 - 8),
+    );
     let (v, out, _) = t.dp.test_run("lb_xdp", &big, 1).unwrap();
     assert_eq!(v, TX);
     assert_eq!(out.len(), 14 + 40 + 8 + 48);
@@ -207,7 +218,10 @@ fn an_on_link_backend_next_to_a_routed_one_keeps_plain_mac_rewriting() {
             assert_eq!(&out[12..], &f[12..], "only the MACs change");
         }
     }
-    assert!(wrapped > 50 && plain > 50, "{wrapped} wrapped, {plain} plain");
+    assert!(
+        wrapped > 50 && plain > 50,
+        "{wrapped} wrapped, {plain} plain"
+    );
 }
 
 fn wrapped4(outer_src: [u8; 4], inner: &[u8]) -> Vec<u8> {
@@ -223,15 +237,26 @@ fn wrapped4(outer_src: [u8; 4], inner: &[u8]) -> Vec<u8> {
 
 #[test]
 fn a_backend_unwraps_what_a_known_lb_node_sent_and_nothing_else() {
-    let mut d = Decap::load(&lb_tests::unique("dcp"), std::path::Path::new("/sys/fs/bpf"))
-        .expect("load lb_decap (needs root)");
+    let mut d = Decap::load(
+        &lb_tests::unique("dcp"),
+        std::path::Path::new("/sys/fs/bpf"),
+    )
+    .expect("load lb_decap (needs root)");
     d.set_peers(&[LB.parse().unwrap(), LB6.parse().unwrap()])
         .unwrap();
     let inner = ipv4_frame(CLIENT, VIP, PROTO_TCP, &tcp(40000, 6443, SYN));
     let (v, out) = d.test_run(&wrapped4([10, 88, 0, 10], &inner)).unwrap();
     assert_eq!(v, PASS);
-    assert_eq!(&out[12..], &inner[12..], "the client's packet, as it was sent");
-    assert_eq!(&out[0..6], &[0x02, 0xbe, 0, 0, 0, 2], "the frame's own MACs");
+    assert_eq!(
+        &out[12..],
+        &inner[12..],
+        "the client's packet, as it was sent"
+    );
+    assert_eq!(
+        &out[0..6],
+        &[0x02, 0xbe, 0, 0, 0, 2],
+        "the frame's own MACs"
+    );
     // From an address that is not a known LB node: left alone (the kernel drops it).
     let stranger = wrapped4([10, 88, 0, 66], &inner);
     let (v, out) = d.test_run(&stranger).unwrap();
@@ -265,8 +290,14 @@ fn a_backend_unwraps_what_a_known_lb_node_sent_and_nothing_else() {
     let (v, out) = d.test_run(&f).unwrap();
     assert_eq!((v, out), (PASS, inner6));
     let stats: std::collections::HashMap<_, _> = d.stats().unwrap().into_iter().collect();
-    assert_eq!(stats[decap_stat::NAMES[decap_stat::DECAPSULATED as usize]], 2);
-    assert_eq!(stats[decap_stat::NAMES[decap_stat::NOT_FROM_PEER as usize]], 1);
+    assert_eq!(
+        stats[decap_stat::NAMES[decap_stat::DECAPSULATED as usize]],
+        2
+    );
+    assert_eq!(
+        stats[decap_stat::NAMES[decap_stat::NOT_FROM_PEER as usize]],
+        1
+    );
     assert_eq!(stats[decap_stat::NAMES[decap_stat::MALFORMED as usize]], 1);
 }
 
@@ -277,8 +308,11 @@ fn what_lb_xdp_wraps_lb_decap_unwraps_to_the_original() {
         PROTO_TCP,
         vec![routed("10.99.4.2", LB, 1500)],
     );
-    let mut d = Decap::load(&lb_tests::unique("dcp"), std::path::Path::new("/sys/fs/bpf"))
-        .unwrap();
+    let mut d = Decap::load(
+        &lb_tests::unique("dcp"),
+        std::path::Path::new("/sys/fs/bpf"),
+    )
+    .unwrap();
     d.set_peers(&[LB.parse().unwrap()]).unwrap();
     for (sport, len) in [(40001u16, 0usize), (40002, 1), (40003, 700)] {
         let mut l4 = tcp(sport, 6443, ACK);

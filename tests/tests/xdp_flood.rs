@@ -221,7 +221,10 @@ fn a_handshake_whose_syn_skipped_a_drained_slot_in_flood_mode_completes_after_th
         .iter()
         .map(|sport| backend_of(&mut t, &frame(client, *sport, SYN)))
         .collect();
-    assert!(chosen.iter().all(|b| *b != 11), "a new connection went to the drained backend");
+    assert!(
+        chosen.iter().all(|b| *b != 11),
+        "a new connection went to the drained backend"
+    );
     assert_eq!(
         counter(&t, stat::SYN_FLOOD_UNTRACKED) - untracked,
         opened.len() as u64
