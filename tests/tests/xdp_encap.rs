@@ -325,3 +325,27 @@ fn what_lb_xdp_wraps_lb_decap_unwraps_to_the_original() {
         assert_eq!(&out[12..], &inner[12..], "payload {len}");
     }
 }
+
+#[test]
+fn an_icmp_too_big_about_a_flow_goes_wrapped_to_that_flows_routed_backend() {
+    // A router on the clients' side says the backend's answers (from the VIP) are too big: the
+    // error belongs to the flow's backend, which is routed, so it goes there wrapped.
+    let mut t = setup(
+        IpAddr::from(VIP),
+        PROTO_TCP,
+        vec![
+            routed("10.99.4.2", LB, 1500),
+            routed("10.99.4.3", LB, 1500),
+        ],
+    );
+    let syn = ipv4_frame(CLIENT, VIP, PROTO_TCP, &tcp(40500, 6443, SYN));
+    let (_, first, _) = t.dp.test_run("lb_xdp", &syn, 1).unwrap();
+    let backend = first[30..34].to_vec();
+    let icmp = icmp4_frag_needed([10, 88, 9, 254], VIP, CLIENT, 6443, 40500);
+    let (v, out, _) = t.dp.test_run("lb_xdp", &icmp, 1).unwrap();
+    assert_eq!(v, TX);
+    assert_eq!(counter(&t, stat::ICMP_FORWARDED), 1);
+    assert_eq!(out.len(), icmp.len() + 20);
+    assert_eq!(&out[30..34], &backend[..], "to the flow's backend");
+    assert_eq!(&out[34..], &icmp[14..], "the ICMP message unchanged inside");
+}
