@@ -205,6 +205,18 @@ pub struct BackendConfig {
     /// backend runs `lbd decap`). See docs/architecture.md, "L3 direct server return".
     #[serde(default)]
     pub encap: EncapMode,
+    /// With `encap = "ipip"`: the TCP port the backend's `lbd decap` answers on. The health
+    /// check connects to it first, so a backend that cannot unwrap is taken out even though
+    /// its own address still answers. 0: no such check.
+    #[serde(default = "default_decap_health_port")]
+    pub decap_health_port: u16,
+}
+
+/// `lbd decap --health-port`'s default.
+pub const DEFAULT_DECAP_HEALTH_PORT: u16 = 1938;
+
+fn default_decap_health_port() -> u16 {
+    DEFAULT_DECAP_HEALTH_PORT
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -71,6 +71,9 @@ pub fn health_targets(cfg: &Config, up: &HashSet<(String, IpAddr)>) -> Vec<Targe
             if up.contains(&(v.name.clone(), b.address)) {
                 t = t.starting(Health::Up);
             }
+            if b.encap == crate::config::EncapMode::Ipip && b.decap_health_port != 0 {
+                t = t.gated(std::net::SocketAddr::new(b.address, b.decap_health_port));
+            }
             out.push(t);
         }
     }

@@ -419,6 +419,7 @@ fn backend(address: IpAddr) -> BackendConfig {
         address,
         weight: 1,
         encap: Default::default(),
+        decap_health_port: crate::config::DEFAULT_DECAP_HEALTH_PORT,
     }
 }
 

@@ -333,10 +333,7 @@ fn an_icmp_too_big_about_a_flow_goes_wrapped_to_that_flows_routed_backend() {
     let mut t = setup(
         IpAddr::from(VIP),
         PROTO_TCP,
-        vec![
-            routed("10.99.4.2", LB, 1500),
-            routed("10.99.4.3", LB, 1500),
-        ],
+        vec![routed("10.99.4.2", LB, 1500), routed("10.99.4.3", LB, 1500)],
     );
     let syn = ipv4_frame(CLIENT, VIP, PROTO_TCP, &tcp(40500, 6443, SYN));
     let (_, first, _) = t.dp.test_run("lb_xdp", &syn, 1).unwrap();

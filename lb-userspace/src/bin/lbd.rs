@@ -59,6 +59,10 @@ enum Command {
         /// Names its BPF pins (`/sys/fs/bpf/<name>-decap`).
         #[arg(long, default_value = "lb")]
         name: String,
+        /// A TCP port answered while unwrapping: lbd's health check of this backend connects
+        /// to it first (the backend's `decap_health_port`); 0 for none.
+        #[arg(long, default_value_t = lb_userspace::config::DEFAULT_DECAP_HEALTH_PORT)]
+        health_port: u16,
     },
 }
 
@@ -119,6 +123,7 @@ fn main() -> std::process::ExitCode {
             vips,
             xdp_mode,
             name,
+            health_port,
         } => {
             use lb_userspace::config::XdpMode;
             let o = lb_userspace::dataplane::decap::DecapOptions {
@@ -131,6 +136,7 @@ fn main() -> std::process::ExitCode {
                     XdpModeArg::Driver => XdpMode::Driver,
                     XdpModeArg::Skb => XdpMode::Skb,
                 },
+                health_port,
             };
             tokio::runtime::Runtime::new()
                 .map_err(anyhow::Error::from)

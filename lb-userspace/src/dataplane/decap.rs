@@ -152,6 +152,9 @@ pub struct DecapOptions {
     /// VIPs to serve: held on `lo`, never announced (arp_ignore/arp_announce as lbd sets them).
     pub vips: Vec<IpAddr>,
     pub mode: crate::config::XdpMode,
+    /// A TCP port answered while unwrapping (lbd's check of a routed backend connects to it
+    /// first); 0: none.
+    pub health_port: u16,
 }
 
 /// `lbd decap`: unwrap the LB nodes' packets on the interface and serve the VIPs from `lo`
@@ -171,6 +174,21 @@ pub async fn serve(o: DecapOptions) -> Result<()> {
         crate::netlink::ensure_local_vip(nl.handle(), *vip).await?;
     }
     d.attach(&o.interface, o.mode)?;
+    // Answered only from here on, and gone with the process: lbd's checks of this backend
+    // pass only while it unwraps.
+    let _health = if o.health_port != 0 {
+        let l = tokio::net::TcpListener::bind(("::", o.health_port))
+            .await
+            .or(tokio::net::TcpListener::bind(("0.0.0.0", o.health_port)).await)
+            .with_context(|| format!("health_port {}: listen", o.health_port))?;
+        Some(tokio::spawn(async move {
+            while let Ok((s, _)) = l.accept().await {
+                drop(s);
+            }
+        }))
+    } else {
+        None
+    };
     tracing::info!(interface = %o.interface, lb_nodes = ?o.lb_nodes, vips = ?o.vips, "unwrapping IP-in-IP from the LB nodes");
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     let mut tick = tokio::time::interval(std::time::Duration::from_secs(60));

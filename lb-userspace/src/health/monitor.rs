@@ -34,6 +34,9 @@ pub struct Target {
     /// State before the first result. `Unknown` (the default) gets no traffic and the first
     /// result decides; a daemon adopting pinned state may start known backends `Up`.
     pub initial: Health,
+    /// A TCP port that must accept before the check counts (a routed backend's `lbd decap`:
+    /// without it the backend's own address answers while the VIP's packets are lost).
+    pub gate: Option<SocketAddr>,
 }
 
 impl Target {
@@ -44,7 +47,13 @@ impl Target {
             config,
             sni: None,
             initial: Health::Unknown,
+            gate: None,
         }
+    }
+
+    pub fn gated(mut self, gate: SocketAddr) -> Self {
+        self.gate = Some(gate);
+        self
     }
 
     pub fn with_sni(mut self, sni: impl Into<String>) -> Self {
@@ -56,6 +65,10 @@ impl Target {
         self.initial = initial;
         self
     }
+}
+
+fn spec_of(t: &Target) -> ProbeSpec {
+    ProbeSpec::new(t.addr, &t.config, t.sni.as_deref()).with_gate(t.gate)
 }
 
 /// A target changed state.
@@ -234,7 +247,7 @@ impl HealthMonitor {
                     });
                 }
                 None => {
-                    let spec = ProbeSpec::new(t.addr, &t.config, t.sni.as_deref());
+                    let spec = spec_of(&t);
                     let state = Arc::new(Mutex::new(TargetState::new(&t, &spec)));
                     let (target, rx) = watch::channel(t);
                     let task = tokio::spawn(run_target(rx, state.clone(), self.events.clone()));
@@ -330,7 +343,7 @@ async fn run_target(
         }
     };
     let mut target = rx.borrow_and_update().clone();
-    let mut spec = ProbeSpec::new(target.addr, &target.config, target.sni.as_deref());
+    let mut spec = spec_of(&target);
     let interval = |t: &Target| Duration::from_millis(t.config.interval_ms.max(1));
     let mut next = Instant::now() + first_delay(interval(&target), random_u64());
     loop {
@@ -374,7 +387,7 @@ async fn run_target(
         }
         // The target changed (reload): new probe, new thresholds, same state.
         target = rx.borrow_and_update().clone();
-        spec = ProbeSpec::new(target.addr, &target.config, target.sni.as_deref());
+        spec = spec_of(&target);
         {
             let mut st = lock(&state);
             st.addr = spec.addr;

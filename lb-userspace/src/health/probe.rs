@@ -51,6 +51,9 @@ impl fmt::Display for Stage {
 pub enum ProbeFailure {
     #[error("connection refused")]
     Refused,
+    /// The routed backend's `lbd decap` does not answer on its health port.
+    #[error("lbd decap not answering at {0}")]
+    Gate(String),
     #[error("connect failed: {0}")]
     Connect(String),
     #[error("timeout after {after_ms} ms during {stage}")]
@@ -79,6 +82,8 @@ pub struct ProbeSpec {
     request: Vec<u8>,
     /// Name sent as TLS SNI; `None` sends none (rustls never sends an IP address as SNI).
     sni: Option<ServerName<'static>>,
+    /// See `Target::gate`: connected to first, within the same timeout.
+    gate: Option<SocketAddr>,
 }
 
 impl ProbeSpec {
@@ -106,13 +111,26 @@ impl ProbeSpec {
             expect: cfg.expect_status,
             request,
             sni,
+            gate: None,
         }
+    }
+
+    pub fn with_gate(mut self, gate: Option<SocketAddr>) -> Self {
+        self.gate = gate;
+        self
     }
 
     /// Run the probe once. Never takes (much) longer than `timeout`.
     pub async fn run(&self) -> Result<(), ProbeFailure> {
         let started = Instant::now();
         let deadline = started + self.timeout;
+        if let Some(gate) = self.gate {
+            match within(deadline, started, Stage::Connect, TcpStream::connect(gate)).await {
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => return Err(ProbeFailure::Gate(format!("{gate}: {e}"))),
+                Err(_) => return Err(ProbeFailure::Gate(format!("{gate}: no answer"))),
+            }
+        }
         let connect = TcpStream::connect(self.addr);
         let tcp = match within(deadline, started, Stage::Connect, connect).await? {
             Ok(s) => s,

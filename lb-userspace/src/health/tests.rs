@@ -279,3 +279,29 @@ async fn local_tracking_target_on_loopback() {
     assert_eq!(json[0]["kind"], "https");
     assert_eq!(json[0]["last_result"], "ok");
 }
+
+#[tokio::test]
+async fn a_gate_that_does_not_answer_fails_the_check_whatever_the_backend_says() {
+    // A routed backend: its own address answers, but its `lbd decap` (the gate) may not.
+    let srv = http_server().await;
+    let decap = http_server().await;
+    let spec = |gate| ProbeSpec::new(srv.addr, &cfg(CheckKind::Http, 1000), None).with_gate(gate);
+    assert_eq!(spec(Some(decap.addr)).run().await, Ok(()));
+    let closed = closed_port().await;
+    match spec(Some(closed)).run().await {
+        Err(ProbeFailure::Gate(why)) => assert!(why.contains(&closed.to_string()), "{why}"),
+        other => panic!("expected the gate to fail the check: {other:?}"),
+    }
+    assert!(
+        ProbeFailure::Gate("x".into())
+            .to_string()
+            .contains("lbd decap"),
+        "the reason names what is missing"
+    );
+    // The backend's own result still counts when the gate answers.
+    srv.set_ready(false);
+    assert_eq!(
+        spec(Some(decap.addr)).run().await,
+        Err(ProbeFailure::BadStatus(500))
+    );
+}
