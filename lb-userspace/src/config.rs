@@ -585,6 +585,26 @@ weight = 2
     }
 
     #[test]
+    fn routed_backends_and_their_decap_health_port() {
+        let c = Config::parse(&GOOD.replace(
+            "weight = 2",
+            "weight = 2\nencap = \"ipip\"\ndecap_health_port = 4000",
+        ))
+        .unwrap();
+        let b = &c.vips[0].backends;
+        assert_eq!(
+            (b[0].encap, b[0].decap_health_port),
+            (EncapMode::None, 1938)
+        );
+        assert_eq!(
+            (b[1].encap, b[1].decap_health_port),
+            (EncapMode::Ipip, 4000)
+        );
+        let e = err(&GOOD.replace("weight = 2", "weight = 2\nencap = \"gre\""));
+        assert!(e.starts_with("vips[0].backends[1].encap:"), "{e}");
+    }
+
+    #[test]
     fn errors_name_the_field() {
         let e = err(&GOOD.replace("weight = 2", "weight = 5000"));
         assert!(e.starts_with("vips[0].backends[1].weight:"), "{e}");
