@@ -1,11 +1,12 @@
-//! Programs for `cargo xtask bench throughput`, never attached by lbd: a traffic generator run
-//! with BPF_PROG_TEST_RUN in live-frames mode, and a sink that counts and drops what the load
-//! balancer sends back. Their maps are small, unpinned, and not shared with the data plane.
+//! Programs for the benches, never attached by lbd: for `bench throughput` a traffic generator
+//! run with BPF_PROG_TEST_RUN in live-frames mode and a sink that counts and drops what the load
+//! balancer sends back; for `bench micro` the floor of an established flow's path (one
+//! connection-table lookup). Their maps are small, unpinned, and not shared with the data plane.
 
 use aya_ebpf::{
-    bindings::xdp_action::{XDP_DROP, XDP_TX},
+    bindings::xdp_action::{XDP_DROP, XDP_PASS, XDP_TX},
     macros::{map, xdp},
-    maps::PerCpuArray,
+    maps::{LruHashMap, PerCpuArray},
     programs::XdpContext,
 };
 
@@ -55,4 +56,63 @@ pub fn bench_sink(_ctx: XdpContext) -> u32 {
         unsafe { *n += 1 };
     }
     XDP_DROP
+}
+
+/// Connection-table-like LRU maps for `bench micro`'s floor cases: the same 40-byte key as
+/// `LB_CONNTRACK` (`FlowKey`), and a 16-byte IPv4-only key, each holding a few flows.
+#[map]
+static BENCH_LRU40: LruHashMap<[u32; 10], u64> = LruHashMap::with_max_entries(1024, 0);
+#[map]
+static BENCH_LRU16: LruHashMap<[u32; 4], u64> = LruHashMap::with_max_entries(1024, 0);
+
+/// The IPv4 5-tuple words of an untagged TCP/UDP frame without IP options: source, destination,
+/// the two ports as one word, the protocol.
+#[inline(always)]
+fn v4_tuple(ctx: &XdpContext) -> Option<[u32; 4]> {
+    let ip = unsafe { *ptr_at::<[u32; 5]>(ctx, 14).ok()? };
+    let ports = unsafe { *ptr_at::<u32>(ctx, 34).ok()? };
+    Some([ip[3], ip[4], ports, (ip[2] >> 8) & 0xff])
+}
+
+/// The MAC swap `lb_baseline` does.
+#[inline(always)]
+fn swap_macs(ctx: &XdpContext) -> u32 {
+    match ptr_at::<[u16; 6]>(ctx, 0) {
+        Ok(e) => {
+            let e = unsafe { &mut *e };
+            for i in 0..3 {
+                let t = e[i];
+                e[i] = e[i + 3];
+                e[i + 3] = t;
+            }
+            XDP_TX
+        }
+        Err(_) => XDP_PASS,
+    }
+}
+
+/// The floor of an established flow's path: one LRU lookup of a `FlowKey`-sized key built from
+/// the frame (inserted on the first miss), then the baseline's MAC swap.
+#[xdp]
+pub fn bench_lru40(ctx: XdpContext) -> u32 {
+    let Some(t) = v4_tuple(&ctx) else {
+        return XDP_PASS;
+    };
+    let key = [t[0], 0, 0, 0, t[1], 0, 0, 0, t[2], t[3] | (4 << 8)];
+    if BENCH_LRU40.get_ptr(&key).is_none() {
+        let _ = BENCH_LRU40.insert(&key, &1, 0);
+    }
+    swap_macs(&ctx)
+}
+
+/// The same with a compact IPv4 key (16 bytes).
+#[xdp]
+pub fn bench_lru16(ctx: XdpContext) -> u32 {
+    let Some(key) = v4_tuple(&ctx) else {
+        return XDP_PASS;
+    };
+    if BENCH_LRU16.get_ptr(&key).is_none() {
+        let _ = BENCH_LRU16.insert(&key, &1, 0);
+    }
+    swap_macs(&ctx)
 }

@@ -69,6 +69,54 @@ fn abab(t: &mut TestDataplane, frame: &[u8], repeat: u32, rounds: usize) -> Meas
     }
 }
 
+/// The floor of an established flow's path, beside the baseline in its own object load: one
+/// LRU lookup of a key built from the frame, then the baseline's MAC swap, with the
+/// connection table's 40-byte key and with a compact 16-byte IPv4 key. What no established path
+/// that looks its flow up in a hash table can beat.
+fn floors(frame: &[u8], repeat: u32, rounds: usize) -> Vec<(&'static str, Measured)> {
+    use aya::programs::{TestRun, TestRunOptions};
+    let mut p = super::throughput::BenchProgs::load_programs(&[
+        "lb_baseline",
+        "bench_lru40",
+        "bench_lru16",
+    ]);
+    let mut timed = |name: &str| {
+        let mut out = vec![0u8; frame.len() + 256];
+        let opts = TestRunOptions {
+            data_in: Some(frame),
+            data_out: Some(&mut out),
+            repeat,
+            ..TestRunOptions::new()
+        };
+        let r = p.prog(name).test_run(opts).expect("BPF_PROG_TEST_RUN");
+        assert_eq!(r.return_value, 3, "{name} sends the frame back");
+        r.duration.as_nanos() as f64 + 0.5
+    };
+    [
+        ("floor_lru_lookup_40b_key", "bench_lru40"),
+        ("floor_lru_lookup_16b_key", "bench_lru16"),
+    ]
+    .into_iter()
+    .map(|(label, prog)| {
+        let (mut base, mut case, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
+        for _ in 0..rounds {
+            let b = timed("lb_baseline");
+            let c = timed(prog);
+            base.push(b);
+            case.push(c);
+            ratios.push(c / b);
+        }
+        let m = Measured {
+            ns: median(case),
+            baseline_ns: median(base),
+            ratio: median(ratios.clone()),
+            ratios,
+        };
+        (label, m)
+    })
+    .collect()
+}
+
 /// Cases that need a fresh frame per packet (a new flow, a cold entry): single runs
 /// (repeat = 1), each lb_xdp run right after a baseline run on the same frame. The frames are
 /// split into `rounds` groups; each group gives one ratio (sum over sum).
@@ -218,6 +266,16 @@ pub fn run() {
         rows.push(m.row(
             name,
             "interleaved with the baseline, same frame, repeat runs",
+        ));
+    }
+
+    // What an established path that looks its flow up in a hash table cannot beat.
+    let established = client_frame(91, 0, v4, ACK);
+    for (name, m) in floors(&established, repeat, rounds) {
+        m.print(name);
+        rows.push(m.row(
+            name,
+            "one LRU lookup of a key built from the frame, then the baseline's MAC swap; interleaved with the baseline, same frame, repeat runs",
         ));
     }
 
