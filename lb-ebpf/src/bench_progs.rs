@@ -10,7 +10,7 @@ use aya_ebpf::{
     programs::XdpContext,
 };
 
-use crate::packet::ptr_at;
+use crate::packet::{ptr_at, swap_macs};
 
 /// The generator's per-CPU state: `[flows, step, next, _]`. With `flows` > 1 every frame gets
 /// the source address 10.x.y.z of flow `next` (x.y.z = the flow number + 1), and `next` moves
@@ -74,23 +74,6 @@ fn v4_tuple(ctx: &XdpContext) -> Option<[u32; 4]> {
     Some([ip[3], ip[4], ports, (ip[2] >> 8) & 0xff])
 }
 
-/// The MAC swap `lb_baseline` does.
-#[inline(always)]
-fn swap_macs(ctx: &XdpContext) -> u32 {
-    match ptr_at::<[u16; 6]>(ctx, 0) {
-        Ok(e) => {
-            let e = unsafe { &mut *e };
-            for i in 0..3 {
-                let t = e[i];
-                e[i] = e[i + 3];
-                e[i + 3] = t;
-            }
-            XDP_TX
-        }
-        Err(_) => XDP_PASS,
-    }
-}
-
 /// The floor of an established flow's path: one LRU lookup of a `FlowKey`-sized key built from
 /// the frame (inserted on the first miss), then the baseline's MAC swap.
 #[xdp]
@@ -102,7 +85,10 @@ pub fn bench_lru40(ctx: XdpContext) -> u32 {
     if BENCH_LRU40.get_ptr(&key).is_none() {
         let _ = BENCH_LRU40.insert(&key, &1, 0);
     }
-    swap_macs(&ctx)
+    match swap_macs(&ctx) {
+        Some(()) => XDP_TX,
+        None => XDP_PASS,
+    }
 }
 
 /// The same with a compact IPv4 key (16 bytes).
@@ -114,5 +100,8 @@ pub fn bench_lru16(ctx: XdpContext) -> u32 {
     if BENCH_LRU16.get_ptr(&key).is_none() {
         let _ = BENCH_LRU16.insert(&key, &1, 0);
     }
-    swap_macs(&ctx)
+    match swap_macs(&ctx) {
+        Some(()) => XDP_TX,
+        None => XDP_PASS,
+    }
 }

@@ -20,7 +20,7 @@ use lb_common::{
 use crate::{
     Outcome,
     maps::{LB_DECAP_PEERS, LB_DECAP_STATS, NONE, count},
-    packet::{ETH_HLEN, ETH_P_IP, ETH_P_IPV6, ptr_at},
+    packet::{ETH_HLEN, ETH_P_IP, ETH_P_IPV6, ptr_at, swap_macs},
 };
 
 const IPPROTO_IPIP: u8 = 4;
@@ -48,21 +48,10 @@ fn sum_words<const N: usize>(bytes: &[u8; N]) -> u32 {
     sum
 }
 
-/// The inner packet's family and total length, from its own header.
-#[inline(always)]
-fn inner_len(ctx: &XdpContext) -> Option<(u8, u32)> {
-    let h = unsafe { *ptr_at::<[u8; 6]>(ctx, ETH_HLEN).ok()? };
-    match h[0] >> 4 {
-        4 => Some((FAMILY_V4, u32::from(u16::from_be_bytes([h[2], h[3]])))),
-        6 => Some((FAMILY_V6, 40 + u32::from(u16::from_be_bytes([h[4], h[5]])))),
-        _ => None,
-    }
-}
-
 /// Wrap the frame for a routed backend and send it to the next hop.
 #[inline(never)]
 pub fn wrap(ctx: &XdpContext, b: &BackendInfo) -> Outcome {
-    let Some((inner_family, len)) = inner_len(ctx) else {
+    let Some((inner_family, len)) = inner_at(ctx, ETH_HLEN) else {
         return (XDP_PASS, stat::PASS_MALFORMED, NONE);
     };
     let outer_hlen = if b.family == FAMILY_V4 {
@@ -162,19 +151,6 @@ fn move_words<const WORDS: usize>(ctx: &XdpContext, from: usize, to: usize) -> O
         let s = ptr_at::<u32>(ctx, from + 4 * i).ok()?;
         let d = ptr_at::<u32>(ctx, to + 4 * i).ok()?;
         unsafe { *d = *s };
-    }
-    Some(())
-}
-
-/// Swap the Ethernet addresses in place.
-#[inline(always)]
-fn swap_macs(ctx: &XdpContext) -> Option<()> {
-    let e = ptr_at::<[u16; 6]>(ctx, 0).ok()?;
-    let e = unsafe { &mut *e };
-    for i in 0..3 {
-        let t = e[i];
-        e[i] = e[i + 3];
-        e[i + 3] = t;
     }
     Some(())
 }

@@ -70,6 +70,17 @@ pub fn source_mac(ctx: &XdpContext) -> Result<[u16; 3], ParseError> {
     Ok(unsafe { *ptr_at::<[u16; 3]>(ctx, 6)? })
 }
 
+/// Swap the Ethernet addresses in place (a frame sent back where it came from).
+#[inline(always)]
+pub fn swap_macs(ctx: &XdpContext) -> Option<()> {
+    let e = ptr_at::<[u16; 6]>(ctx, 0).ok()?;
+    let e = unsafe { &mut *e };
+    for i in 0..3 {
+        e.swap(i, i + 3);
+    }
+    Some(())
+}
+
 /// The layer-3 facts the pipeline needs.
 #[derive(Clone, Copy)]
 pub struct L3 {
