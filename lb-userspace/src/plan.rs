@@ -185,19 +185,23 @@ pub fn plan(cfg: &Config, facts: &Facts) -> (Desired, Vec<BackendPlan>) {
             let local = facts.local_addrs.contains(&b.address);
             let routed = b.encap == crate::config::EncapMode::Ipip && !local;
             let path = facts.paths.get(&b.address).filter(|_| routed);
-            let mac = if local {
-                None
-            } else if routed {
-                path.and_then(|p| facts.macs.get(&p.next_hop)).copied()
-            } else {
-                facts.macs.get(&b.address).copied()
-            };
             let encap = path.and_then(|p| {
                 Some(crate::dataplane::Encap {
                     src: p.src?,
                     mtu: u16::try_from(p.mtu).unwrap_or(u16::MAX),
                 })
             });
+            // A routed backend is only usable wrapped: without its path, not at all.
+            let mac = if local {
+                None
+            } else if routed {
+                encap
+                    .and(path)
+                    .and_then(|p| facts.macs.get(&p.next_hop))
+                    .copied()
+            } else {
+                facts.macs.get(&b.address).copied()
+            };
             let pair = (v.name.clone(), b.address);
             let health = facts.health.get(&pair);
             let held = health.is_some_and(|h| flows_held(h, facts.now));
@@ -214,15 +218,6 @@ pub fn plan(cfg: &Config, facts: &Facts) -> (Desired, Vec<BackendPlan>) {
                 drained,
                 failing: held,
                 encap,
-            };
-            // A routed backend is only usable wrapped: without its path, not at all.
-            let spec = BackendSpec {
-                mac: if routed && encap.is_none() {
-                    None
-                } else {
-                    spec.mac
-                },
-                ..spec
             };
             let (state, reason) = if held {
                 let h = health.expect("held implies a fact");
