@@ -73,10 +73,9 @@ fn setup() -> L3Lab {
     for n in ["b1", "b2"] {
         lab.spawn(n, &format!("server-{n}"), LABNODE, &["serve-id", PORT, n]);
         let name = format!("{}_{n}", lab.prefix.replace('-', "_"));
+        // Its saved sysctls stay in the lab's own directory.
+        let state_dir = lab.dir.display().to_string();
         lab.cleanup(std::path::PathBuf::from("/sys/fs/bpf").join(format!("{name}-decap")));
-        lab.cleanup(
-            std::path::PathBuf::from("/run/lbd").join(format!("{name}-decap-sysctls.json")),
-        );
         lab.spawn(
             n,
             &format!("decap-{n}"),
@@ -93,6 +92,8 @@ fn setup() -> L3Lab {
                 "skb",
                 "--name",
                 &name,
+                "--state-dir",
+                &state_dir,
             ],
         );
     }

@@ -63,6 +63,9 @@ enum Command {
         /// to it first (the backend's `decap_health_port`); 0 for none.
         #[arg(long, default_value_t = lb_userspace::config::DEFAULT_DECAP_HEALTH_PORT)]
         health_port: u16,
+        /// Where the ARP sysctls found at start are kept until the stop puts them back.
+        #[arg(long, default_value = "/run/lbd")]
+        state_dir: std::path::PathBuf,
     },
 }
 
@@ -124,6 +127,7 @@ fn main() -> std::process::ExitCode {
             xdp_mode,
             name,
             health_port,
+            state_dir,
         } => {
             use lb_userspace::config::XdpMode;
             let o = lb_userspace::dataplane::decap::DecapOptions {
@@ -137,6 +141,7 @@ fn main() -> std::process::ExitCode {
                     XdpModeArg::Skb => XdpMode::Skb,
                 },
                 health_port,
+                state_dir,
             };
             tokio::runtime::Runtime::new()
                 .map_err(anyhow::Error::from)

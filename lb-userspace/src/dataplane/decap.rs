@@ -155,6 +155,8 @@ pub struct DecapOptions {
     /// A TCP port answered while unwrapping (lbd's check of a routed backend connects to it
     /// first); 0: none.
     pub health_port: u16,
+    /// Where the ARP sysctls found at start are saved until the stop puts them back.
+    pub state_dir: std::path::PathBuf,
 }
 
 /// `lbd decap`: unwrap the LB nodes' packets on the interface and serve the VIPs from `lo`
@@ -166,7 +168,7 @@ pub async fn serve(o: DecapOptions) -> Result<()> {
     let mut d = Decap::load(&o.name, std::path::Path::new("/sys/fs/bpf"))?;
     d.set_peers(&o.lb_nodes)?;
     let nl = crate::netlink::Netlink::new()?;
-    let saved = std::path::PathBuf::from("/run/lbd").join(format!("{}-decap-sysctls.json", o.name));
+    let saved = o.state_dir.join(format!("{}-decap-sysctls.json", o.name));
     if !o.vips.is_empty() {
         crate::netlink::set_arp_sysctls(&o.interface, &saved)?;
     }
