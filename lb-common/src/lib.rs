@@ -143,6 +143,61 @@ pub struct FlowValue {
 }
 const _: () = assert!(size_of::<FlowValue>() == 8);
 
+/// One slot of the flow cache (`LB_FLOW_CACHE`): a direct-mapped copy of connection-table
+/// entries in an array, which the kernel looks up inline (no hashing helper, no bucket walk), in
+/// front of the LRU hash `LB_CONNTRACK`. A slot is read without a lock while another CPU may be
+/// rewriting it: `check` binds the value to the key (`flow_cache_check`), so a reader that got
+/// words of two different entries sees a mismatch and falls back to the LRU hash. An empty slot
+/// has `key.family == 0`, which no real flow has.
+#[repr(C, align(8))]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct FlowCacheEntry {
+    pub key: FlowKey,
+    pub value: FlowValue,
+    pub check: u64,
+    /// One slot per 64-byte cache line.
+    pub _pad: u64,
+}
+const _: () = assert!(size_of::<FlowCacheEntry>() == 64);
+
+/// Flow-cache slots for a connection table of `conntrack_size` entries: the power of two at or
+/// above half of it (at least 64), so the cache holds about as many flows as are usually active
+/// and costs 64 bytes a slot (8 MiB at the default 262144 entries).
+pub const fn flow_cache_slots(conntrack_size: u32) -> u32 {
+    let half = conntrack_size / 2;
+    let n = if half < 64 { 64 } else { half };
+    n.next_power_of_two()
+}
+
+/// The seeded 64-bit hash of a flow key that places it in the flow cache (`h as u32 & mask`)
+/// and, with its value, makes the slot's check word. Not the Maglev hash ([`flow_hash`]): this
+/// one never leaves the node and may change between versions. Five multiply-xorshift rounds
+/// over the key's 64-bit words, cheap in BPF (no rotates, no byte loads).
+#[inline(always)]
+pub fn flow_cache_hash(key: &FlowKey, seed: u32) -> u64 {
+    // SAFETY: FlowKey is 40 bytes, aligned to 8, every bit pattern of its words is a valid u64.
+    let w = unsafe { &*(key as *const FlowKey as *const [u64; 5]) };
+    let mut h = (seed as u64) ^ 0x9e37_79b9_7f4a_7c15;
+    let mut i = 0;
+    while i < 5 {
+        h = (h ^ w[i]).wrapping_mul(0xff51_afd7_ed55_8ccd);
+        h ^= h >> 32;
+        i += 1;
+    }
+    h = h.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+    h ^ (h >> 29)
+}
+
+/// The check word of a flow-cache slot holding `value` for a key whose `flow_cache_hash` is
+/// `h`. The value's part is a bijection (an odd multiplier), so two slots' words mixed by a
+/// concurrent rewrite pass the check only if they hold the same value or their keys' 64-bit
+/// hashes collide.
+#[inline(always)]
+pub fn flow_cache_check(h: u64, value: FlowValue) -> u64 {
+    let v = ((value.backend_id as u64) << 32) | value.epoch as u64;
+    h ^ v.wrapping_mul(0x9e37_79b9_7f4a_7c15)
+}
+
 /// Per-VIP and per-backend traffic counters (per CPU; user space sums them).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -180,7 +235,9 @@ pub struct LbConfig {
     /// writing connection-table entries (the handshake's ACK writes them) for at least
     /// `FLOOD_HOLD_NS`. 0 = never.
     pub syn_flood_rate: u32,
-    pub _pad: u32,
+    /// Flow-cache slots minus one (`flow_cache_slots` of the connection table's size, a power of
+    /// two); the program masks `flow_cache_hash` with it. Was padding: 0 (one slot) is safe.
+    pub flow_cache_mask: u32,
 }
 const _: () = assert!(size_of::<LbConfig>() == 88);
 
@@ -383,6 +440,7 @@ pub mod maps {
     pub const PEERS: &str = "LB_PEERS";
     pub const FLOOD: &str = "LB_FLOOD";
     pub const HANDSHAKES: &str = "LB_HANDSHAKES";
+    pub const FLOW_CACHE: &str = "LB_FLOW_CACHE";
     pub const DECAP_PEERS: &str = "LB_DECAP_PEERS";
     pub const DECAP_STATS: &str = "LB_DECAP_STATS";
     /// The backends' decapsulation program.
@@ -462,6 +520,7 @@ mod pod {
     unsafe impl aya::Pod for BackendInfo {}
     unsafe impl aya::Pod for FlowKey {}
     unsafe impl aya::Pod for FlowValue {}
+    unsafe impl aya::Pod for FlowCacheEntry {}
     unsafe impl aya::Pod for DecapKey {}
     unsafe impl aya::Pod for Counters {}
     unsafe impl aya::Pod for LbConfig {}

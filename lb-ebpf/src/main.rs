@@ -14,6 +14,7 @@
 
 mod bench_progs;
 mod encap;
+mod flows;
 mod maps;
 mod packet;
 
@@ -30,8 +31,8 @@ use lb_common::{
     addr_filter_bit_words, flow_hash, mac_halves_filter_bit, peer_key_halves, stat, table_index,
 };
 use maps::{
-    LB_BACKEND_STATS, LB_BACKENDS, LB_CONFIG, LB_CONNTRACK, LB_FLOOD, LB_HANDSHAKES, LB_PEERS,
-    LB_TABLES, LB_VIP_ADDRS, LB_VIP_OWNED, LB_VIP_STATS, LB_VIPS, NONE, count, count_traffic,
+    LB_BACKEND_STATS, LB_BACKENDS, LB_CONFIG, LB_FLOOD, LB_HANDSHAKES, LB_PEERS, LB_TABLES,
+    LB_VIP_ADDRS, LB_VIP_OWNED, LB_VIP_STATS, LB_VIPS, NONE, count, count_traffic,
 };
 use packet::{ETH_HLEN, ETH_P_IP, ETH_P_IPV6, L3, ParseError, has_ports, ptr_at};
 
@@ -213,19 +214,6 @@ fn backend_of(vip: &VipInfo, id: u32) -> Option<&'static BackendInfo> {
     }
 }
 
-/// The backend a connection-table entry names, if the entry is still good: the pair it was
-/// written for still exists (same epoch, never reused) and is in its VIP's set. A reference into
-/// the map (no 48-byte copy): the few fields used are read where needed.
-#[inline(always)]
-fn entry_backend(v: &FlowValue) -> Option<&'static BackendInfo> {
-    let b = LB_BACKENDS.get(v.backend_id)?;
-    if b.epoch == v.epoch && b.epoch != 0 && b.flags & BACKEND_F_IN_SET != 0 {
-        Some(b)
-    } else {
-        None
-    }
-}
-
 /// How a packet uses the connection table.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Track {
@@ -326,7 +314,7 @@ fn handshake_of(
     let v = unsafe { *LB_HANDSHAKES.get_ptr(flow)? };
     // Used once: this packet writes the connection-table entry.
     let _ = LB_HANDSHAKES.remove(flow);
-    let b = entry_backend(&v)?;
+    let b = flows::entry_backend(&v)?;
     if b.vip_id != vip.vip_id {
         return None;
     }
@@ -337,18 +325,25 @@ fn handshake_of(
 fn balance(ctx: &XdpContext, cfg: Option<&LbConfig>, flow: &FlowKey, track: Track) -> Outcome {
     let bytes = (ctx.data_end() - ctx.data()) as u64;
     // A TCP SYN starts a new connection: it never reuses an old entry of the same 5-tuple.
-    let cached = match track {
+    let slot = flows::slot(cfg, flow);
+    let found = match track {
         Track::NewConnection => None,
-        _ => LB_CONNTRACK.get_ptr(flow).map(|v| unsafe { *v }),
+        _ => flows::lookup(&slot, flow),
     };
+    let cached = found.map(|(v, _)| v);
 
     // 1. Fast path for established flows: the entry's pair still exists and is in its set, and
     //    this node forwards for its VIP. (The 5-tuple names the VIP service, so the entry's
     //    backend belongs to it: pairs of other services have other epochs.)
-    let valid = cached.and_then(|v| entry_backend(&v).map(|b| (v.backend_id, b)));
+    let valid = cached.and_then(|v| flows::entry_backend(&v).map(|b| (v.backend_id, b)));
     if let Some((id, b)) = valid
         && vip_owned(b.vip_id)
     {
+        if let Some((v, flows::Found::Table)) = found
+            && track == Track::Yes
+        {
+            flows::promote(cfg, &slot, flow, v);
+        }
         count_traffic(&LB_VIP_STATS, b.vip_id, bytes, false);
         count_traffic(&LB_BACKEND_STATS, id, bytes, false);
         let (action, reason, _) = forward(ctx, b);
@@ -437,7 +432,7 @@ fn balance(ctx: &XdpContext, cfg: Option<&LbConfig>, flow: &FlowKey, track: Trac
         // An entry of an earlier connection on this 5-tuple (a client that reuses its port)
         // would take this handshake's ACK to that connection's backend, which resets it.
         // Removing never evicts anything else.
-        let _ = LB_CONNTRACK.remove(flow);
+        flows::forget(&slot, flow);
         if skipped {
             let _ = LB_HANDSHAKES.insert(
                 flow,
@@ -450,14 +445,11 @@ fn balance(ctx: &XdpContext, cfg: Option<&LbConfig>, flow: &FlowKey, track: Trac
         }
     }
     if remember {
-        let _ = LB_CONNTRACK.insert(
-            flow,
-            FlowValue {
-                backend_id: id,
-                epoch: backend.epoch,
-            },
-            0,
-        );
+        let value = FlowValue {
+            backend_id: id,
+            epoch: backend.epoch,
+        };
+        flows::remember(cfg, &slot, flow, value);
     }
 
     let counted_new = new_flow && track != Track::LookupOnly;

@@ -9,8 +9,9 @@ use aya_ebpf::{
 };
 use lb_common::{
     BackendInfo, Counters, DEFAULT_CONNTRACK_SIZE, DEFAULT_TABLE_SIZE, DecapKey, FloodState,
-    FlowKey, FlowValue, HANDSHAKE_TABLE_SIZE, LbConfig, MAX_BACKENDS, MAX_DECAP_PEERS, MAX_PEERS,
-    MAX_VIP_ADDRS, MAX_VIPS, VipInfo, VipKey, decap_stat, stat,
+    FlowCacheEntry, FlowKey, FlowValue, HANDSHAKE_TABLE_SIZE, LbConfig, MAX_BACKENDS,
+    MAX_DECAP_PEERS, MAX_PEERS, MAX_VIP_ADDRS, MAX_VIPS, VipInfo, VipKey, decap_stat,
+    flow_cache_slots, stat,
 };
 
 /// One entry: hash seed and table size.
@@ -49,6 +50,12 @@ pub static LB_TABLES: Array<[u32; 2]> =
 #[map]
 pub static LB_CONNTRACK: LruHashMap<FlowKey, FlowValue> =
     LruHashMap::pinned(DEFAULT_CONNTRACK_SIZE, 0);
+
+/// The flow cache in front of `LB_CONNTRACK` (see `flows`): direct-mapped slots, looked up
+/// inline by the kernel. Size at load time (`lb_common::flow_cache_slots`).
+#[map]
+pub static LB_FLOW_CACHE: Array<FlowCacheEntry> =
+    Array::pinned(flow_cache_slots(DEFAULT_CONNTRACK_SIZE), 0);
 
 /// Handshakes whose SYN skipped a slot that takes no new flows in SYN flood mode: their ACK
 /// follows the SYN whatever the flood state is by then. Small and apart from `LB_CONNTRACK`, so

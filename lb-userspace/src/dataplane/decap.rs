@@ -43,6 +43,7 @@ impl Decap {
             // The load balancer's maps, unused here: as small as the kernel allows.
             .map_max_entries(maps::TABLES, 2)
             .map_max_entries(maps::CONNTRACK, 64)
+            .map_max_entries(maps::FLOW_CACHE, 64)
             .map_max_entries(maps::HANDSHAKES, 64)
             .load(crate::EBPF_OBJECT)
             .context("load the XDP object")?;

@@ -238,6 +238,10 @@ impl Dataplane {
             .default_map_pin_directory(&pin_dir)
             .map_max_entries(maps::TABLES, table_entries)
             .map_max_entries(maps::CONNTRACK, opts.conntrack_size)
+            .map_max_entries(
+                maps::FLOW_CACHE,
+                lb_common::flow_cache_slots(opts.conntrack_size),
+            )
             .load(crate::EBPF_OBJECT)
             .context("load the XDP object")?;
         for name in [maps::PROGRAM, "lb_baseline", "lb_pass"] {
@@ -284,6 +288,7 @@ impl Dataplane {
             hash_seed: dp.opts.hash_seed,
             table_size: dp.opts.table_size,
             syn_flood_rate: dp.opts.syn_flood_rate,
+            flow_cache_mask: lb_common::flow_cache_slots(dp.opts.conntrack_size) - 1,
             ..old
         };
         if old.table_size != 0 && (old.hash_seed, old.table_size) != (cfg.hash_seed, cfg.table_size)

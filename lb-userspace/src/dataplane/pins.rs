@@ -71,7 +71,11 @@ pub fn drop_unadoptable_pins(dir: &Path, shapes: &[Shape]) -> Result<()> {
         }
     }
     if identity_lost {
-        for name in [lb_common::maps::CONNTRACK, lb_common::maps::HANDSHAKES] {
+        for name in [
+            lb_common::maps::CONNTRACK,
+            lb_common::maps::FLOW_CACHE,
+            lb_common::maps::HANDSHAKES,
+        ] {
             remove(
                 dir,
                 name,
@@ -117,6 +121,12 @@ pub fn map_shapes(table_entries: u32, conntrack: u32) -> Vec<Shape> {
             size_of::<FlowKey>(),
             size_of::<FlowValue>(),
             Some(conntrack),
+        ),
+        shape(
+            maps::FLOW_CACHE,
+            4,
+            size_of::<lb_common::FlowCacheEntry>(),
+            Some(lb_common::flow_cache_slots(conntrack)),
         ),
         shape(
             maps::HANDSHAKES,

@@ -112,6 +112,7 @@ impl BenchProgs {
             .default_map_pin_directory(&pin_dir)
             .map_max_entries(maps::TABLES, lb_common::table_elements(7))
             .map_max_entries(maps::CONNTRACK, 1024)
+            .map_max_entries(maps::FLOW_CACHE, 64)
             .load(lb_userspace::EBPF_OBJECT)
             .expect("load the XDP object for the bench programs");
         for name in programs {

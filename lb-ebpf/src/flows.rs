@@ -1,0 +1,219 @@
+//! The connection table as the program uses it: a flow cache in front of the LRU hash.
+//!
+//! `LB_CONNTRACK` (an LRU hash keyed by the full 5-tuple) is where every remembered flow is
+//! written. A hash lookup costs a call, a jhash of the 40-byte key and a bucket walk: on its own
+//! more than twice the whole baseline program (`bench micro`'s floor cases). `LB_FLOW_CACHE` is
+//! an array of 64-byte slots, one per cache line, indexed by `flow_cache_hash`: the kernel
+//! inlines an array lookup, so an established flow found there costs a multiply-xorshift hash,
+//! five word compares and a check word, with no call.
+//!
+//! The rules that keep the two one table:
+//! - **A write goes to both.** Remembering a flow inserts it into the LRU hash and puts it in its
+//!   slot; forgetting one removes it from both.
+//! - **The cache is looked up first and wins.** A slot holds the last decision written for its
+//!   key; the LRU hash holds it too, unless it aged out there while the flow was served from the
+//!   cache (cache hits do not touch the LRU's recency).
+//! - **Nothing is lost when a slot changes hands.** A flow that takes an occupied slot first
+//!   writes the occupant back into the LRU hash if the occupant is still good, so a flow served
+//!   from the cache never falls back to a hash that has forgotten it. A flow found only in the
+//!   LRU hash takes its slot only if the slot is empty or its occupant is no longer good, so two
+//!   active flows on one slot do not evict each other on every packet.
+//! - **Slots are read without a lock.** Another CPU may be rewriting a slot while it is read:
+//!   the check word binds the value to the key's 64-bit hash, so words of two different entries
+//!   fail it and the packet falls back to the LRU hash. Values and checks are read once.
+use lb_common::{
+    BACKEND_F_IN_SET, BackendInfo, FlowCacheEntry, FlowKey, FlowValue, LbConfig, flow_cache_check,
+    flow_cache_hash,
+};
+
+use crate::maps::{LB_BACKENDS, LB_CONNTRACK, LB_FLOW_CACHE};
+
+/// A flow's place in the cache: its slot (if the cache is there) and its key's hash.
+pub struct Slot {
+    /// Null without a cache (no configuration yet, or an index past its end).
+    entry: *mut FlowCacheEntry,
+    hash: u64,
+}
+
+#[inline(always)]
+pub fn slot(cfg: Option<&LbConfig>, flow: &FlowKey) -> Slot {
+    match cfg {
+        Some(cfg) => {
+            let hash = flow_cache_hash(flow, cfg.hash_seed);
+            Slot {
+                entry: LB_FLOW_CACHE
+                    .get_ptr_mut(hash as u32 & cfg.flow_cache_mask)
+                    .unwrap_or(core::ptr::null_mut()),
+                hash,
+            }
+        }
+        None => Slot {
+            entry: core::ptr::null_mut(),
+            hash: 0,
+        },
+    }
+}
+
+/// Where a connection-table entry was found.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Found {
+    Cache,
+    Table,
+}
+
+/// The flow's entry: from its cache slot if the slot holds it, else from the LRU hash.
+#[inline(always)]
+pub fn lookup(slot: &Slot, flow: &FlowKey) -> Option<(FlowValue, Found)> {
+    if !slot.entry.is_null()
+        && let Some(v) = cached(slot.entry, flow, slot.hash)
+    {
+        return Some((v, Found::Cache));
+    }
+    let v = unsafe { *LB_CONNTRACK.get_ptr(flow)? };
+    Some((v, Found::Table))
+}
+
+/// The slot's value if it holds `flow` and its check word matches.
+#[inline(always)]
+fn cached(e: *mut FlowCacheEntry, flow: &FlowKey, hash: u64) -> Option<FlowValue> {
+    // SAFETY: a map value of the array; the words are plain integers.
+    unsafe {
+        let have = &(*e).key as *const FlowKey as *const u64;
+        let want = flow as *const FlowKey as *const u64;
+        // Protocol, family and ports first: they differ most often between flows of a slot.
+        for i in [4, 0, 2, 1, 3] {
+            if have.add(i).read_volatile() != want.add(i).read() {
+                return None;
+            }
+        }
+        let value = core::ptr::addr_of!((*e).value).read_volatile();
+        let check = core::ptr::addr_of!((*e).check).read_volatile();
+        (check == flow_cache_check(hash, value)).then_some(value)
+    }
+}
+
+/// The backend an entry names, if the entry is still good: the pair it was written for still
+/// exists (same epoch, never reused) and is in its VIP's set. A reference into the map: the few
+/// fields used are read where needed.
+#[inline(always)]
+pub fn entry_backend(v: &FlowValue) -> Option<&'static BackendInfo> {
+    let b = LB_BACKENDS.get(v.backend_id)?;
+    if b.epoch == v.epoch && b.epoch != 0 && b.flags & BACKEND_F_IN_SET != 0 {
+        Some(b)
+    } else {
+        None
+    }
+}
+
+/// A good entry found only in the LRU hash takes its slot if the slot is free: empty, torn,
+/// or holding an entry that is no longer good.
+#[inline(always)]
+pub fn promote(cfg: Option<&LbConfig>, slot: &Slot, flow: &FlowKey, value: FlowValue) {
+    if let Some(cfg) = cfg
+        && !slot.entry.is_null()
+    {
+        store(
+            slot.entry,
+            slot.hash,
+            flow,
+            pack(value),
+            cfg.hash_seed as u64 | PROMOTE,
+        );
+    }
+}
+
+/// Remember a flow's decision: in the LRU hash and in its slot. A good occupant of another
+/// flow is written back to the LRU hash first.
+#[inline(always)]
+pub fn remember(cfg: Option<&LbConfig>, slot: &Slot, flow: &FlowKey, value: FlowValue) {
+    let _ = LB_CONNTRACK.insert(flow, value, 0);
+    if let Some(cfg) = cfg
+        && !slot.entry.is_null()
+    {
+        store(
+            slot.entry,
+            slot.hash,
+            flow,
+            pack(value),
+            cfg.hash_seed as u64,
+        );
+    }
+}
+
+/// `store`'s last argument: the hash seed, and this bit for "only into a free slot".
+const PROMOTE: u64 = 1 << 32;
+
+#[inline(always)]
+fn pack(v: FlowValue) -> u64 {
+    ((v.backend_id as u64) << 32) | v.epoch as u64
+}
+
+/// Put `flow` in slot `e`. A subprogram of five scalar-or-pointer arguments: its stack (the
+/// occupant's copy) is not added to the caller's, whose frame is near the limit.
+#[inline(never)]
+fn store(e: *mut FlowCacheEntry, hash: u64, flow: &FlowKey, value: u64, seed_mode: u64) {
+    let value = FlowValue {
+        backend_id: (value >> 32) as u32,
+        epoch: value as u32,
+    };
+    let seed = seed_mode as u32;
+    match occupant(seed, e) {
+        Some((key, v)) if key != *flow => {
+            if seed_mode & PROMOTE != 0 {
+                return;
+            }
+            let _ = LB_CONNTRACK.insert(&key, v, 0);
+        }
+        _ => {}
+    }
+    put(e, flow, value, hash);
+}
+
+/// Forget a flow: out of the LRU hash, and its slot emptied if it holds it.
+#[inline(always)]
+pub fn forget(slot: &Slot, flow: &FlowKey) {
+    let _ = LB_CONNTRACK.remove(flow);
+    let e = slot.entry;
+    if !e.is_null() && cached(e, flow, slot.hash).is_some() {
+        // SAFETY: a map value of the array. Family 0 marks it empty; the check no longer holds.
+        unsafe {
+            core::ptr::addr_of_mut!((*e).key.family).write_volatile(0);
+            core::ptr::addr_of_mut!((*e).check).write_volatile(0);
+        }
+    }
+}
+
+/// The slot's occupant, copied, if it is a good entry (check holds, pair still stands).
+#[inline(always)]
+fn occupant(seed: u32, e: *mut FlowCacheEntry) -> Option<(FlowKey, FlowValue)> {
+    // SAFETY: a map value of the array, copied word by word to the stack.
+    let key = unsafe {
+        let mut key = FlowKey::default();
+        let from = &(*e).key as *const FlowKey as *const u64;
+        let to = &mut key as *mut FlowKey as *mut u64;
+        for i in 0..5 {
+            to.add(i).write(from.add(i).read_volatile());
+        }
+        key
+    };
+    if key.family == 0 {
+        return None;
+    }
+    let value = cached(e, &key, flow_cache_hash(&key, seed))?;
+    entry_backend(&value)?;
+    Some((key, value))
+}
+
+#[inline(always)]
+fn put(e: *mut FlowCacheEntry, flow: &FlowKey, value: FlowValue, hash: u64) {
+    // SAFETY: a map value of the array; word stores (a concurrent reader is caught by the check).
+    unsafe {
+        let from = flow as *const FlowKey as *const u64;
+        let to = &mut (*e).key as *mut FlowKey as *mut u64;
+        for i in 0..5 {
+            to.add(i).write_volatile(from.add(i).read());
+        }
+        core::ptr::addr_of_mut!((*e).value).write_volatile(value);
+        core::ptr::addr_of_mut!((*e).check).write_volatile(flow_cache_check(hash, value));
+    }
+}

@@ -1,0 +1,271 @@
+//! The flow cache in front of the connection table (`LB_FLOW_CACHE`, lb-ebpf `flows.rs`), with
+//! the real XDP program through BPF_PROG_TEST_RUN and the real maps read and written through
+//! their pins:
+//! - a flow served from the cache keeps its backend after its LRU entry aged out and the table
+//!   changed, and still keeps it when another flow takes its slot (it is written back);
+//! - the cache is really consulted (a good slot wins over the LRU hash), and a slot whose check
+//!   word does not bind its value to its key (a torn read) is never trusted, for IPv4 and IPv6.
+//!
+//! Needs root; `cargo xtask test`.
+
+use std::net::IpAddr;
+
+use aya::maps::{Array, HashMap as BpfHashMap, Map, MapData};
+use lb_common::{
+    FlowCacheEntry, FlowKey, FlowValue, PROTO_TCP, flow_cache_check, flow_cache_hash,
+    flow_cache_slots,
+};
+use lb_tests::{TestDataplane, backend, frames::*};
+use lb_userspace::dataplane::{Desired, ServiceSpec, addr_bytes, vip_key};
+
+const TX: u32 = 3;
+const VIP4: [u8; 4] = [10, 68, 0, 100];
+const VIP6: [u8; 16] = [0xfd, 0x68, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x64];
+const PORT: u16 = 6443;
+
+fn desired(vip: IpAddr, n: u8) -> Desired {
+    let backends = (11..11 + n)
+        .map(|i| {
+            let addr = match vip {
+                IpAddr::V4(_) => format!("10.68.0.{i}"),
+                IpAddr::V6(_) => format!("fd68::{i}"),
+            };
+            backend(&addr, i)
+        })
+        .collect();
+    Desired {
+        services: vec![ServiceSpec {
+            key: vip_key(vip, PORT, PROTO_TCP),
+            owned: true,
+            backends,
+        }],
+        ..Default::default()
+    }
+}
+
+struct Maps {
+    conntrack: BpfHashMap<MapData, FlowKey, FlowValue>,
+    cache: Array<MapData, FlowCacheEntry>,
+    seed: u32,
+    mask: u32,
+}
+
+impl Maps {
+    fn open(t: &TestDataplane) -> Maps {
+        let pin = |name: &str| MapData::from_pin(t.opts.pin_dir().join(name)).unwrap();
+        Maps {
+            conntrack: BpfHashMap::try_from(Map::LruHashMap(pin(lb_common::maps::CONNTRACK)))
+                .unwrap(),
+            cache: Array::try_from(Map::Array(pin(lb_common::maps::FLOW_CACHE))).unwrap(),
+            seed: t.opts.hash_seed,
+            mask: flow_cache_slots(t.opts.conntrack_size) - 1,
+        }
+    }
+
+    fn slot(&self, k: &FlowKey) -> u32 {
+        flow_cache_hash(k, self.seed) as u32 & self.mask
+    }
+
+    fn entry(&self, k: &FlowKey) -> FlowCacheEntry {
+        self.cache.get(&self.slot(k), 0).unwrap()
+    }
+}
+
+fn key(client: IpAddr, vip: IpAddr, sport: u16) -> FlowKey {
+    let (src, family) = addr_bytes(client);
+    let (dst, _) = addr_bytes(vip);
+    FlowKey {
+        src,
+        dst,
+        sport,
+        dport: PORT,
+        proto: PROTO_TCP,
+        family,
+        _pad: [0; 2],
+    }
+}
+
+fn frame(client: IpAddr, vip: IpAddr, sport: u16, flags: u8) -> Vec<u8> {
+    match (client, vip) {
+        (IpAddr::V4(c), IpAddr::V4(v)) => {
+            ipv4_frame(c.octets(), v.octets(), PROTO_TCP, &tcp(sport, PORT, flags))
+        }
+        (IpAddr::V6(c), IpAddr::V6(v)) => {
+            ipv6_frame(c.octets(), v.octets(), PROTO_TCP, &tcp(sport, PORT, flags))
+        }
+        _ => unreachable!(),
+    }
+}
+
+/// The last byte of the backend MAC the packet was sent to.
+fn send(t: &mut TestDataplane, f: &[u8]) -> u8 {
+    let (v, out, _) = t.dp.test_run("lb_xdp", f, 1).unwrap();
+    assert_eq!(v, TX, "forwarded");
+    out[5]
+}
+
+#[test]
+fn a_cached_flow_keeps_its_backend_after_its_lru_entry_aged_out_and_when_its_slot_is_taken() {
+    let vip = IpAddr::from(VIP4);
+    let client = IpAddr::from([10, 68, 1, 1]);
+    let mut t = TestDataplane::new(251);
+    t.dp.apply(&desired(vip, 3)).unwrap();
+    let mut m = Maps::open(&t);
+
+    // 64 flows, each in a slot of its own, and for each a second flow that maps to its slot.
+    // (flow's port, the port of a flow on the same slot, backend, the flow's entry)
+    let mut flows: Vec<(u16, u16, u8, FlowValue)> = Vec::new();
+    let mut used = std::collections::HashSet::new();
+    let mut sport = 10000u16;
+    while flows.len() < 64 {
+        let f = sport;
+        sport += 1;
+        let s = m.slot(&key(client, vip, f));
+        if !used.insert(s) {
+            continue;
+        }
+        let g = (sport..u16::MAX)
+            .find(|g| m.slot(&key(client, vip, *g)) == s)
+            .expect("a flow on the same slot");
+        let b = send(&mut t, &frame(client, vip, f, SYN));
+        assert_eq!(send(&mut t, &frame(client, vip, f, ACK)), b);
+        let v = m.conntrack.get(&key(client, vip, f), 0).unwrap();
+        flows.push((f, g, b, v));
+    }
+    for &(f, _, _, v) in &flows {
+        let k = key(client, vip, f);
+        let e = m.entry(&k);
+        assert_eq!((e.key, e.value), (k, v), "a new flow takes its slot");
+        // Served from the cache, the flow's LRU entry may age out: do it here.
+        m.conntrack.remove(&k).unwrap();
+    }
+    // A fourth backend: Maglev moves about a quarter of the flows' slots to it.
+    t.dp.apply(&desired(vip, 4)).unwrap();
+    for &(f, _, b, _) in &flows {
+        assert_eq!(
+            send(&mut t, &frame(client, vip, f, ACK)),
+            b,
+            "a cached flow keeps its backend"
+        );
+    }
+    // Other flows take the slots: each occupant is written back to the LRU hash first.
+    for &(f, g, b, v) in &flows {
+        send(&mut t, &frame(client, vip, g, SYN));
+        let k = key(client, vip, f);
+        assert_eq!(m.entry(&key(client, vip, g)).key, key(client, vip, g));
+        let back = m
+            .conntrack
+            .get(&k, 0)
+            .expect("written back to the LRU hash");
+        assert_eq!(back, v);
+        assert_eq!(
+            send(&mut t, &frame(client, vip, f, ACK)),
+            b,
+            "a flow that lost its slot keeps its backend"
+        );
+        // Found in the LRU hash only; its slot's occupant is good, so it does not take it back.
+        assert_eq!(
+            m.entry(&k).key,
+            key(client, vip, g),
+            "no ping-pong over a slot"
+        );
+    }
+    // The test could fail: without their entries, some of these flows would move now.
+    let mut moved = 0;
+    for &(f, g, b, _) in &flows {
+        m.conntrack.remove(&key(client, vip, f)).unwrap();
+        let _ = m.conntrack.remove(&key(client, vip, g));
+        if send(&mut t, &frame(client, vip, f, ACK)) != b {
+            moved += 1;
+        }
+    }
+    assert!(
+        moved > 0,
+        "the fourth backend took some of the flows' slots"
+    );
+}
+
+fn cache_is_consulted_and_torn_slots_are_not_trusted(vip: IpAddr, client: IpAddr) {
+    let mut t = TestDataplane::new(251);
+    t.dp.apply(&desired(vip, 3)).unwrap();
+    let mut m = Maps::open(&t);
+    let installed = t.dp.installed(&vip_key(vip, PORT, PROTO_TCP));
+    let pair = |n: u8| {
+        let b = installed
+            .iter()
+            .find(|b| b.spec.mac.unwrap()[5] == n)
+            .unwrap();
+        FlowValue {
+            backend_id: b.id,
+            epoch: b.epoch,
+        }
+    };
+    for sport in 30000..30016u16 {
+        let k = key(client, vip, sport);
+        let b = send(&mut t, &frame(client, vip, sport, SYN));
+        let other = if b == 11 { 12 } else { 11 };
+        let slot = m.slot(&k);
+        let e = m.entry(&k);
+        assert_eq!(
+            (e.key, e.value),
+            (k, pair(b)),
+            "the SYN's decision is cached"
+        );
+        assert_eq!(
+            e.check,
+            flow_cache_check(flow_cache_hash(&k, m.seed), pair(b))
+        );
+
+        // A good slot wins over the LRU hash: the cache is where the flow is looked up.
+        let good = FlowCacheEntry {
+            key: k,
+            value: pair(other),
+            check: flow_cache_check(flow_cache_hash(&k, m.seed), pair(other)),
+            _pad: 0,
+        };
+        m.cache.set(slot, good, 0).unwrap();
+        assert_eq!(send(&mut t, &frame(client, vip, sport, ACK)), other);
+
+        // The same slot as a reader sees it while another CPU rewrites it: this key, the
+        // value of another entry, a check word that binds neither. The LRU hash decides.
+        m.conntrack.insert(k, pair(b), 0).unwrap();
+        let torn = FlowCacheEntry {
+            check: e.check ^ 1,
+            ..good
+        };
+        m.cache.set(slot, torn, 0).unwrap();
+        assert_eq!(send(&mut t, &frame(client, vip, sport, ACK)), b);
+        // ... and the flow takes its slot back, written whole.
+        assert_eq!(m.entry(&k), e);
+
+        // A check of another key's hash with this key's words: not trusted either.
+        let other_key = key(client, vip, sport.wrapping_add(1000));
+        m.cache
+            .set(
+                slot,
+                FlowCacheEntry {
+                    check: flow_cache_check(flow_cache_hash(&other_key, m.seed), pair(other)),
+                    ..good
+                },
+                0,
+            )
+            .unwrap();
+        assert_eq!(send(&mut t, &frame(client, vip, sport, ACK)), b);
+    }
+}
+
+#[test]
+fn the_cache_is_consulted_and_a_torn_slot_is_not_trusted_ipv4() {
+    cache_is_consulted_and_torn_slots_are_not_trusted(
+        IpAddr::from(VIP4),
+        IpAddr::from([10, 68, 2, 2]),
+    );
+}
+
+#[test]
+fn the_cache_is_consulted_and_a_torn_slot_is_not_trusted_ipv6() {
+    let mut c = VIP6;
+    c[1] = 0x69;
+    c[15] = 7;
+    cache_is_consulted_and_torn_slots_are_not_trusted(IpAddr::from(VIP6), IpAddr::from(c));
+}
