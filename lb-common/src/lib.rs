@@ -169,20 +169,46 @@ pub const fn flow_cache_slots(conntrack_size: u32) -> u32 {
     n.next_power_of_two()
 }
 
-/// The seeded 64-bit hash of a flow key that places it in the flow cache (`h as u32 & mask`)
-/// and, with its value, makes the slot's check word. Not the Maglev hash ([`flow_hash`]): this
-/// one never leaves the node and may change between versions. Five multiply-xorshift rounds
-/// over the key's 64-bit words, cheap in BPF (no rotates, no byte loads).
+/// `LbConfig::flow_cache`: the cache's size (log2 of its slots, low 5 bits) and this node's
+/// secret part of its hash seed (the other 27 bits).
+pub const fn flow_cache_config(slots: u32, secret: u32) -> u32 {
+    slots.trailing_zeros() | (secret << 5)
+}
+
+/// The 64-bit seed of `flow_cache_hash`: the configured `hash_seed` and the node's secret, so
+/// that nobody who knows the configuration can aim flows at another flow's slot or check word.
 #[inline(always)]
-pub fn flow_cache_hash(key: &FlowKey, seed: u32) -> u64 {
+pub fn flow_cache_seed(hash_seed: u32, flow_cache: u32) -> u64 {
+    (((flow_cache >> 5) as u64) << 32) | hash_seed as u64
+}
+
+/// The slot of a key whose `flow_cache_hash` is `h`.
+#[inline(always)]
+pub fn flow_cache_index(h: u64, flow_cache: u32) -> u32 {
+    (h as u32) & (1u32 << (flow_cache & 31)).wrapping_sub(1)
+}
+
+/// The seeded 64-bit hash of a flow key that places it in the flow cache
+/// (`flow_cache_index`) and, with its value, makes the slot's check word. Not the Maglev hash
+/// ([`flow_hash`]): this one never leaves the node and may change between versions.
+/// Multiply-xorshift rounds over the key's 64-bit words, cheap in BPF (no rotates, no byte
+/// loads); an IPv4 key's words 1 and 3 (address bytes 8..16) are always zero and skipped.
+#[inline(always)]
+pub fn flow_cache_hash(key: &FlowKey, seed: u64) -> u64 {
+    const K: u64 = 0xff51_afd7_ed55_8ccd;
+    #[inline(always)]
+    fn round(h: u64, w: u64) -> u64 {
+        let h = (h ^ w).wrapping_mul(K);
+        h ^ (h >> 32)
+    }
     // SAFETY: FlowKey is 40 bytes, aligned to 8, every bit pattern of its words is a valid u64.
     let w = unsafe { &*(key as *const FlowKey as *const [u64; 5]) };
-    let mut h = (seed as u64) ^ 0x9e37_79b9_7f4a_7c15;
-    let mut i = 0;
-    while i < 5 {
-        h = (h ^ w[i]).wrapping_mul(0xff51_afd7_ed55_8ccd);
-        h ^= h >> 32;
-        i += 1;
+    let mut h = round(seed ^ 0x9e37_79b9_7f4a_7c15, w[4]);
+    h = round(h, w[0]);
+    h = round(h, w[2]);
+    if key.family != FAMILY_V4 {
+        h = round(h, w[1]);
+        h = round(h, w[3]);
     }
     h = h.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
     h ^ (h >> 29)
@@ -235,9 +261,9 @@ pub struct LbConfig {
     /// writing connection-table entries (the handshake's ACK writes them) for at least
     /// `FLOOD_HOLD_NS`. 0 = never.
     pub syn_flood_rate: u32,
-    /// Flow-cache slots minus one (`flow_cache_slots` of the connection table's size, a power of
-    /// two); the program masks `flow_cache_hash` with it. Was padding: 0 (one slot) is safe.
-    pub flow_cache_mask: u32,
+    /// The flow cache's size and this node's secret seed part (`flow_cache_config`). Was
+    /// padding: 0 means one slot and no secret, which is still correct, only slower.
+    pub flow_cache: u32,
 }
 const _: () = assert!(size_of::<LbConfig>() == 88);
 

@@ -23,7 +23,7 @@
 //!   fail it and the packet falls back to the LRU hash. Values and checks are read once.
 use lb_common::{
     BACKEND_F_IN_SET, BackendInfo, FlowCacheEntry, FlowKey, FlowValue, LbConfig, flow_cache_check,
-    flow_cache_hash,
+    flow_cache_hash, flow_cache_index, flow_cache_seed,
 };
 
 use crate::maps::{LB_BACKENDS, LB_CONNTRACK, LB_FLOW_CACHE};
@@ -39,10 +39,10 @@ pub struct Slot {
 pub fn slot(cfg: Option<&LbConfig>, flow: &FlowKey) -> Slot {
     match cfg {
         Some(cfg) => {
-            let hash = flow_cache_hash(flow, cfg.hash_seed);
+            let hash = flow_cache_hash(flow, seed(cfg));
             Slot {
                 entry: LB_FLOW_CACHE
-                    .get_ptr_mut(hash as u32 & cfg.flow_cache_mask)
+                    .get_ptr_mut(flow_cache_index(hash, cfg.flow_cache))
                     .unwrap_or(core::ptr::null_mut()),
                 hash,
             }
@@ -52,6 +52,11 @@ pub fn slot(cfg: Option<&LbConfig>, flow: &FlowKey) -> Slot {
             hash: 0,
         },
     }
+}
+
+#[inline(always)]
+fn seed(cfg: &LbConfig) -> u64 {
+    flow_cache_seed(cfg.hash_seed, cfg.flow_cache)
 }
 
 /// Where a connection-table entry was found.
@@ -73,21 +78,25 @@ pub fn lookup(slot: &Slot, flow: &FlowKey) -> Option<(FlowValue, Found)> {
     Some((v, Found::Table))
 }
 
-/// The slot's value if it holds `flow` and its check word matches.
+/// The slot's value if it holds `flow` and its check word matches. Read in the reverse of the
+/// order `put` writes (check, value, then the key): on a CPU that keeps stores and loads in
+/// order (x86) a reader that sees any word of a new entry then sees the rest of it too, so a
+/// mixed read never passes the key compare with another entry's value; on others the check
+/// word, keyed by this node's secret seed, is what fails.
 #[inline(always)]
 fn cached(e: *mut FlowCacheEntry, flow: &FlowKey, hash: u64) -> Option<FlowValue> {
     // SAFETY: a map value of the array; the words are plain integers.
     unsafe {
+        let check = core::ptr::addr_of!((*e).check).read_volatile();
+        let value = core::ptr::addr_of!((*e).value).read_volatile();
         let have = &(*e).key as *const FlowKey as *const u64;
         let want = flow as *const FlowKey as *const u64;
-        // Protocol, family and ports first: they differ most often between flows of a slot.
-        for i in [4, 0, 2, 1, 3] {
+        // Ports, protocol and family first: they differ most often between flows of a slot.
+        for i in [4, 3, 2, 1, 0] {
             if have.add(i).read_volatile() != want.add(i).read() {
                 return None;
             }
         }
-        let value = core::ptr::addr_of!((*e).value).read_volatile();
-        let check = core::ptr::addr_of!((*e).check).read_volatile();
         (check == flow_cache_check(hash, value)).then_some(value)
     }
 }
@@ -112,13 +121,7 @@ pub fn promote(cfg: Option<&LbConfig>, slot: &Slot, flow: &FlowKey, value: FlowV
     if let Some(cfg) = cfg
         && !slot.entry.is_null()
     {
-        store(
-            slot.entry,
-            slot.hash,
-            flow,
-            pack(value),
-            cfg.hash_seed as u64 | PROMOTE,
-        );
+        take_free(slot.entry, slot.hash, flow, pack(value), cfg);
     }
 }
 
@@ -130,41 +133,49 @@ pub fn remember(cfg: Option<&LbConfig>, slot: &Slot, flow: &FlowKey, value: Flow
     if let Some(cfg) = cfg
         && !slot.entry.is_null()
     {
-        store(
-            slot.entry,
-            slot.hash,
-            flow,
-            pack(value),
-            cfg.hash_seed as u64,
-        );
+        take(slot.entry, slot.hash, flow, pack(value), cfg);
     }
 }
-
-/// `store`'s last argument: the hash seed, and this bit for "only into a free slot".
-const PROMOTE: u64 = 1 << 32;
 
 #[inline(always)]
 fn pack(v: FlowValue) -> u64 {
     ((v.backend_id as u64) << 32) | v.epoch as u64
 }
 
-/// Put `flow` in slot `e`. A subprogram of five scalar-or-pointer arguments: its stack (the
-/// occupant's copy) is not added to the caller's, whose frame is near the limit.
+// Subprograms of five arguments: their stack (the occupant's copy) is not added to the caller's,
+// whose frame is near the limit.
+
+/// Put `flow` in slot `e`, writing a good occupant of another flow back to the LRU hash.
 #[inline(never)]
-fn store(e: *mut FlowCacheEntry, hash: u64, flow: &FlowKey, value: u64, seed_mode: u64) {
+fn take(e: *mut FlowCacheEntry, hash: u64, flow: &FlowKey, value: u64, cfg: &LbConfig) {
+    store::<false>(e, hash, flow, value, cfg)
+}
+
+/// Put `flow` in slot `e` unless a good entry of another flow is there.
+#[inline(never)]
+fn take_free(e: *mut FlowCacheEntry, hash: u64, flow: &FlowKey, value: u64, cfg: &LbConfig) {
+    store::<true>(e, hash, flow, value, cfg)
+}
+
+#[inline(always)]
+fn store<const ONLY_FREE: bool>(
+    e: *mut FlowCacheEntry,
+    hash: u64,
+    flow: &FlowKey,
+    value: u64,
+    cfg: &LbConfig,
+) {
     let value = FlowValue {
         backend_id: (value >> 32) as u32,
         epoch: value as u32,
     };
-    let seed = seed_mode as u32;
-    match occupant(seed, e) {
-        Some((key, v)) if key != *flow => {
-            if seed_mode & PROMOTE != 0 {
-                return;
-            }
-            let _ = LB_CONNTRACK.insert(&key, v, 0);
+    if let Some((key, v)) = occupant(seed(cfg), e)
+        && key != *flow
+    {
+        if ONLY_FREE {
+            return;
         }
-        _ => {}
+        let _ = LB_CONNTRACK.insert(&key, v, 0);
     }
     put(e, flow, value, hash);
 }
@@ -185,7 +196,7 @@ pub fn forget(slot: &Slot, flow: &FlowKey) {
 
 /// The slot's occupant, copied, if it is a good entry (check holds, pair still stands).
 #[inline(always)]
-fn occupant(seed: u32, e: *mut FlowCacheEntry) -> Option<(FlowKey, FlowValue)> {
+fn occupant(seed: u64, e: *mut FlowCacheEntry) -> Option<(FlowKey, FlowValue)> {
     // SAFETY: a map value of the array, copied word by word to the stack.
     let key = unsafe {
         let mut key = FlowKey::default();
@@ -206,7 +217,8 @@ fn occupant(seed: u32, e: *mut FlowCacheEntry) -> Option<(FlowKey, FlowValue)> {
 
 #[inline(always)]
 fn put(e: *mut FlowCacheEntry, flow: &FlowKey, value: FlowValue, hash: u64) {
-    // SAFETY: a map value of the array; word stores (a concurrent reader is caught by the check).
+    // SAFETY: a map value of the array. Word stores: the key, the value, then the check (see
+    // `cached` for why the order matters).
     unsafe {
         let from = flow as *const FlowKey as *const u64;
         let to = &mut (*e).key as *mut FlowKey as *mut u64;

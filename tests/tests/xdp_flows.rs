@@ -13,7 +13,7 @@ use std::net::IpAddr;
 use aya::maps::{Array, HashMap as BpfHashMap, Map, MapData};
 use lb_common::{
     FlowCacheEntry, FlowKey, FlowValue, PROTO_TCP, flow_cache_check, flow_cache_hash,
-    flow_cache_slots,
+    flow_cache_index, flow_cache_seed,
 };
 use lb_tests::{TestDataplane, backend, frames::*};
 use lb_userspace::dataplane::{Desired, ServiceSpec, addr_bytes, vip_key};
@@ -46,24 +46,32 @@ fn desired(vip: IpAddr, n: u8) -> Desired {
 struct Maps {
     conntrack: BpfHashMap<MapData, FlowKey, FlowValue>,
     cache: Array<MapData, FlowCacheEntry>,
-    seed: u32,
-    mask: u32,
+    seed: u64,
+    config: u32,
 }
 
 impl Maps {
     fn open(t: &TestDataplane) -> Maps {
         let pin = |name: &str| MapData::from_pin(t.opts.pin_dir().join(name)).unwrap();
+        let config: Array<MapData, lb_common::LbConfig> =
+            Array::try_from(Map::Array(pin(lb_common::maps::CONFIG))).unwrap();
+        let config = config.get(&0, 0).unwrap();
+        assert_eq!(
+            1 << (config.flow_cache & 31),
+            lb_common::flow_cache_slots(t.opts.conntrack_size)
+        );
+        assert_ne!(config.flow_cache >> 5, 0, "a secret seed part");
         Maps {
             conntrack: BpfHashMap::try_from(Map::LruHashMap(pin(lb_common::maps::CONNTRACK)))
                 .unwrap(),
             cache: Array::try_from(Map::Array(pin(lb_common::maps::FLOW_CACHE))).unwrap(),
-            seed: t.opts.hash_seed,
-            mask: flow_cache_slots(t.opts.conntrack_size) - 1,
+            seed: flow_cache_seed(t.opts.hash_seed, config.flow_cache),
+            config: config.flow_cache,
         }
     }
 
     fn slot(&self, k: &FlowKey) -> u32 {
-        flow_cache_hash(k, self.seed) as u32 & self.mask
+        flow_cache_index(flow_cache_hash(k, self.seed), self.config)
     }
 
     fn entry(&self, k: &FlowKey) -> FlowCacheEntry {

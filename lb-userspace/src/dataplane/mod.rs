@@ -207,6 +207,24 @@ pub struct Dataplane {
     attached: Option<String>,
 }
 
+/// 27 random bits, never 0 (`LbConfig::flow_cache`).
+fn flow_cache_secret() -> u32 {
+    use std::hash::{BuildHasher, Hasher};
+    loop {
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u128(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos())
+                .unwrap_or(0),
+        );
+        let bits = (h.finish() as u32) >> 5;
+        if bits != 0 {
+            return bits;
+        }
+    }
+}
+
 fn take<T>(ebpf: &mut Ebpf, name: &str) -> Result<T>
 where
     T: TryFrom<Map>,
@@ -288,7 +306,15 @@ impl Dataplane {
             hash_seed: dp.opts.hash_seed,
             table_size: dp.opts.table_size,
             syn_flood_rate: dp.opts.syn_flood_rate,
-            flow_cache_mask: lb_common::flow_cache_slots(dp.opts.conntrack_size) - 1,
+            // The secret part of the cache's seed is kept across restarts (the cached flows
+            // stay where they are), drawn once when there is none.
+            flow_cache: lb_common::flow_cache_config(
+                lb_common::flow_cache_slots(dp.opts.conntrack_size),
+                match old.flow_cache >> 5 {
+                    0 => flow_cache_secret(),
+                    kept => kept,
+                },
+            ),
             ..old
         };
         if old.table_size != 0 && (old.hash_seed, old.table_size) != (cfg.hash_seed, cfg.table_size)
