@@ -31,8 +31,8 @@ use lb_common::{
     addr_filter_bit_words, flow_hash, mac_halves_filter_bit, peer_key_halves, stat, table_index,
 };
 use maps::{
-    LB_BACKEND_STATS, LB_BACKENDS, LB_CONFIG, LB_FLOOD, LB_HANDSHAKES, LB_PEERS, LB_TABLES,
-    LB_VIP_ADDRS, LB_VIP_OWNED, LB_VIP_STATS, LB_VIPS, NONE, count, count_traffic,
+    LB_BACKEND_STATS, LB_BACKENDS, LB_CONFIG, LB_FLOOD, LB_HANDSHAKES, LB_PEERS, LB_STATS,
+    LB_TABLES, LB_VIP_ADDRS, LB_VIP_OWNED, LB_VIP_STATS, LB_VIPS, NONE, count, count_traffic,
 };
 use packet::{ETH_HLEN, ETH_P_IP, ETH_P_IPV6, L3, ParseError, has_ports, ptr_at};
 
@@ -44,6 +44,9 @@ pub fn lb_xdp(ctx: XdpContext) -> u32 {
         Err(ParseError::ExtLimit) => (XDP_PASS, stat::PASS_IPV6_EXT_LIMIT, NONE),
         Err(ParseError::NotWanted) => (XDP_PASS, stat::PASS_NOT_VIP, NONE),
     };
+    if reason == COUNTED {
+        return action;
+    }
     let verdict = match action {
         XDP_PASS => stat::VERDICT_PASS,
         XDP_DROP => stat::VERDICT_DROP,
@@ -56,6 +59,9 @@ pub fn lb_xdp(ctx: XdpContext) -> u32 {
 
 /// A verdict, the counter that explains it, and the connection-table counter (or `NONE`).
 type Outcome = (u32, u32, u32);
+
+/// An `Outcome`'s reason when its path counted the packet itself (see `count_forwarded_hit`).
+const COUNTED: u32 = u32::MAX - 1;
 
 #[inline(always)]
 fn try_lb(ctx: &XdpContext) -> Result<Outcome, ParseError> {
@@ -347,6 +353,11 @@ fn balance(ctx: &XdpContext, cfg: Option<&LbConfig>, flow: &FlowKey, track: Trac
         count_traffic(&LB_VIP_STATS, b.vip_id, bytes, false);
         count_traffic(&LB_BACKEND_STATS, id, bytes, false);
         let (action, reason, _) = forward(ctx, b);
+        // (An ICMP error is counted as such by the caller.)
+        if reason == stat::FORWARDED && track != Track::LookupOnly {
+            count_forwarded_hit(action);
+            return (action, COUNTED, NONE);
+        }
         return (action, reason, stat::CONNTRACK_HIT);
     }
 
@@ -457,6 +468,24 @@ fn balance(ctx: &XdpContext, cfg: Option<&LbConfig>, flow: &FlowKey, track: Trac
     count_traffic(&LB_BACKEND_STATS, id, bytes, counted_new);
     let (action, reason, _) = forward(ctx, backend);
     (action, reason, ct)
+}
+
+/// The counters of an established flow's forwarded packet, at constant indexes (the generic
+/// `count` checks each index against the array and `NONE`).
+#[inline(always)]
+fn count_forwarded_hit(action: u32) {
+    if let Some(c) = LB_STATS.get_ptr_mut(0) {
+        // Per-CPU value: no other writer.
+        let c = unsafe { &mut *c };
+        let verdict = if action == XDP_TX {
+            stat::VERDICT_TX
+        } else {
+            stat::VERDICT_REDIRECT
+        };
+        c[verdict as usize] += 1;
+        c[stat::FORWARDED as usize] += 1;
+        c[stat::CONNTRACK_HIT as usize] += 1;
+    }
 }
 
 // `forward` copies the two MACs as one 12-byte block at a 4-aligned offset.
