@@ -149,15 +149,19 @@ fn from_peer(cfg: Option<&LbConfig>, mac: [u16; 3]) -> bool {
 
 #[inline(always)]
 fn flow_key(l3: &L3, sport: u16, dport: u16) -> FlowKey {
-    FlowKey {
-        src: addr_bytes(l3.src),
-        dst: addr_bytes(l3.dst),
-        sport,
-        dport,
-        proto: l3.proto,
-        family: l3.family,
-        _pad: [0; 2],
-    }
+    // Five word stores (an IPv4 key's address words 1 and 3 are constant zeros), instead of
+    // field by field with byte stores for the protocol, family and padding.
+    let pair = |lo: u32, hi: u32| lo as u64 | (hi as u64) << 32;
+    let words: [u64; 5] = [
+        pair(l3.src[0], l3.src[1]),
+        pair(l3.src[2], l3.src[3]),
+        pair(l3.dst[0], l3.dst[1]),
+        pair(l3.dst[2], l3.dst[3]),
+        sport as u64 | (dport as u64) << 16 | (l3.proto as u64) << 32 | (l3.family as u64) << 40,
+    ];
+    // SAFETY: FlowKey is `#[repr(C, align(8))]`, 40 bytes: the addresses' bytes as the words
+    // hold them in memory, then sport, dport, proto, family and two zero bytes (little-endian).
+    unsafe { core::mem::transmute(words) }
 }
 
 /// An address's words as the bytes of a map key (the same bytes in memory: keys are aligned to 4,
@@ -501,7 +505,7 @@ fn forward(ctx: &XdpContext, backend: &BackendInfo) -> Outcome {
         return (XDP_PASS, stat::PASS_LOCAL_BACKEND, NONE);
     }
     if backend.flags & BACKEND_F_ENCAP != 0 {
-        return encap::wrap(ctx, backend);
+        return encap::encapsulate(ctx, backend);
     }
     let Ok(eth) = ptr_at::<[u32; 3]>(ctx, 0) else {
         return (XDP_PASS, stat::PASS_MALFORMED, NONE);
