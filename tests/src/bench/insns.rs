@@ -155,7 +155,12 @@ pub fn measure() -> serde_json::Value {
             .unwrap_or_else(|e| panic!("interpreting {program} on {name}: {e}"));
         let out = interp.packet.clone();
         let hot = if program == "lb_xdp" {
-            lines.hottest(&interp.hits, 12)
+            // `LB_INSNS_LINES=N`: more of the hottest source lines (default 12).
+            let n = std::env::var("LB_INSNS_LINES")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(12);
+            lines.hottest(&interp.hits, n)
         } else {
             Vec::new()
         };
