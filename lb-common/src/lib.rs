@@ -555,7 +555,9 @@ mod pod {
 
 #[cfg(test)]
 mod tests {
+    extern crate std;
     use super::*;
+    use std::{vec, vec::Vec};
 
     #[test]
     fn hash_depends_on_every_field() {
@@ -585,6 +587,110 @@ mod tests {
         let mut k = base;
         k.proto = PROTO_UDP;
         assert_ne!(h, flow_hash(&k, 7), "proto");
+    }
+
+    #[test]
+    fn flow_cache_hash_depends_on_every_word_a_key_can_hold_and_on_both_seed_parts() {
+        let v4 = FlowKey {
+            src: [10, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+            dst: [10, 0, 0, 100, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+            sport: 40000,
+            dport: 6443,
+            proto: PROTO_TCP,
+            family: FAMILY_V4,
+            _pad: [0; 2],
+        };
+        let v6 = FlowKey {
+            src: [0xfd, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1],
+            dst: [0xfd, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x64],
+            family: FAMILY_V6,
+            ..v4
+        };
+        let seed = flow_cache_seed(7, flow_cache_config(1 << 12, 0x123));
+        for base in [v4, v6] {
+            let h = flow_cache_hash(&base, seed);
+            assert_ne!(h, flow_cache_hash(&base, seed ^ 1), "hash_seed");
+            assert_ne!(h, flow_cache_hash(&base, seed ^ (1 << 40)), "secret");
+            let mut fields: Vec<FlowKey> = Vec::new();
+            for i in 0..16 {
+                let mut k = base;
+                k.src[i] ^= 0x80;
+                fields.push(k);
+                let mut k = base;
+                k.dst[i] ^= 1;
+                fields.push(k);
+            }
+            let mut k = base;
+            k.sport ^= 1;
+            fields.push(k);
+            let mut k = base;
+            k.dport ^= 0x8000;
+            fields.push(k);
+            let mut k = base;
+            k.proto = PROTO_UDP;
+            fields.push(k);
+            for k in fields {
+                // An IPv4 key's address bytes 4..16 are always zero: they are not hashed.
+                let v4_tail = base.family == FAMILY_V4
+                    && (k.src[4..] != base.src[4..] || k.dst[4..] != base.dst[4..]);
+                if !v4_tail {
+                    assert_ne!(h, flow_cache_hash(&k, seed), "{k:?}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn flow_cache_slots_are_spread_and_the_config_round_trips() {
+        assert_eq!(flow_cache_slots(DEFAULT_CONNTRACK_SIZE), 131_072);
+        assert_eq!(flow_cache_slots(1024), 512);
+        assert_eq!(flow_cache_slots(1000), 512);
+        assert_eq!(flow_cache_slots(3), 64);
+        let slots = 4096;
+        let cfg = flow_cache_config(slots, (1 << 27) - 1);
+        assert_eq!(1 << (cfg & 31), slots);
+        assert_eq!(cfg >> 5, (1 << 27) - 1);
+        let seed = flow_cache_seed(0xabcd, cfg);
+        let mut used = vec![0u32; slots as usize];
+        for sport in 0..(slots * 4) {
+            let k = FlowKey {
+                src: [10, 1, 2, 3, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+                dst: [10, 0, 0, 100, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+                sport: sport as u16,
+                dport: 443,
+                proto: PROTO_TCP,
+                family: FAMILY_V4,
+                _pad: [0; 2],
+            };
+            let i = flow_cache_index(flow_cache_hash(&k, seed), cfg);
+            assert!(i < slots);
+            used[i as usize] += 1;
+        }
+        // 4 keys a slot on average: with a uniform spread about 2 % of slots stay empty and
+        // none holds more than a dozen.
+        let empty = used.iter().filter(|n| **n == 0).count();
+        assert!(empty < slots as usize / 20, "{empty} empty slots");
+        assert!(used.iter().all(|n| *n <= 14), "max {:?}", used.iter().max());
+    }
+
+    #[test]
+    fn a_flow_cache_check_binds_the_value_to_the_key() {
+        let a = FlowValue {
+            backend_id: 3,
+            epoch: 17,
+        };
+        let b = FlowValue {
+            backend_id: 4,
+            epoch: 17,
+        };
+        let c = FlowValue {
+            backend_id: 3,
+            epoch: 18,
+        };
+        let h = 0x0123_4567_89ab_cdef;
+        assert_ne!(flow_cache_check(h, a), flow_cache_check(h, b));
+        assert_ne!(flow_cache_check(h, a), flow_cache_check(h, c));
+        assert_ne!(flow_cache_check(h, a), flow_cache_check(h ^ (1 << 63), a));
     }
 
     #[test]
