@@ -32,7 +32,7 @@ use lb_common::{
 };
 use maps::{
     LB_BACKEND_STATS, LB_BACKENDS, LB_CONFIG, LB_FLOOD, LB_HANDSHAKES, LB_PEERS, LB_STATS,
-    LB_TABLES, LB_VIP_ADDRS, LB_VIP_OWNED, LB_VIP_STATS, LB_VIPS, NONE, count, count_traffic,
+    LB_TABLES, LB_VIP_ADDRS, LB_VIP_OWNED, LB_VIPS, NONE, count, count_traffic,
 };
 use packet::{ETH_HLEN, ETH_P_IP, ETH_P_IPV6, L3, ParseError, has_ports, ptr_at};
 
@@ -354,7 +354,8 @@ fn balance(ctx: &XdpContext, cfg: Option<&LbConfig>, flow: &FlowKey, track: Trac
         {
             flows::promote(cfg, &slot, flow, v);
         }
-        count_traffic(&LB_VIP_STATS, b.vip_id, bytes, false);
+        // One per-CPU entry per forwarded packet: its pair's (a VIP's counters are the sum of
+        // its pairs', added up by user space).
         count_traffic(&LB_BACKEND_STATS, id, bytes, false);
         let (action, reason, _) = forward(ctx, b);
         // (An ICMP error is counted as such by the caller.)
@@ -468,7 +469,6 @@ fn balance(ctx: &XdpContext, cfg: Option<&LbConfig>, flow: &FlowKey, track: Trac
     }
 
     let counted_new = new_flow && track != Track::LookupOnly;
-    count_traffic(&LB_VIP_STATS, vip.vip_id, bytes, counted_new);
     count_traffic(&LB_BACKEND_STATS, id, bytes, counted_new);
     let (action, reason, _) = forward(ctx, backend);
     (action, reason, ct)

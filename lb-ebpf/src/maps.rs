@@ -82,6 +82,8 @@ pub static LB_FLOOD: PerCpuArray<FloodState> = PerCpuArray::pinned(1, 0);
 #[map]
 pub static LB_STATS: PerCpuArray<[u64; stat::COUNT as usize]> = PerCpuArray::pinned(1, 0);
 
+/// What retired pairs of a VIP counted (written by user space only; a VIP's counters are these
+/// plus its current pairs' `LB_BACKEND_STATS`).
 #[map]
 pub static LB_VIP_STATS: PerCpuArray<Counters> = PerCpuArray::pinned(MAX_VIPS, 0);
 

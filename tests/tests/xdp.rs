@@ -184,6 +184,55 @@ fn tcp_syn_to_vip_is_forwarded_with_only_macs_changed() {
     assert_eq!(per_backend, 100);
 }
 
+/// The program counts a forwarded packet once, in its pair's counters; a VIP's counters are its
+/// pairs' summed by user space, and what a removed backend counted stays in its VIP's totals.
+#[test]
+fn a_vips_counters_keep_what_a_removed_backend_counted() {
+    let svc = service(IpAddr::from(VIP), 6443, PROTO_TCP, three());
+    let mut t = setup(vec![svc.clone()]);
+    let vip_id = t.dp.vip_id(&svc.key).unwrap();
+    for sport in 41000..41060u16 {
+        for flags in [SYN, ACK, ACK] {
+            let f = ipv4_frame(CLIENT, VIP, PROTO_TCP, &tcp(sport, 6443, flags));
+            assert_eq!(run(&mut t, &f).0, TX);
+        }
+    }
+    let before = t.dp.vip_traffic(vip_id).unwrap();
+    assert_eq!((before.packets, before.new_flows), (180, 60));
+    let installed = t.dp.installed(&svc.key);
+    let gone = installed
+        .iter()
+        .find(|b| b.spec.mac.unwrap()[5] == 11)
+        .unwrap();
+    assert!(t.dp.backend_traffic(gone.id).unwrap().packets > 0);
+    // Backend 11 leaves; its id is free for reuse, its counters stay with the VIP.
+    let two = three()
+        .into_iter()
+        .filter(|b| b.mac.unwrap()[5] != 11)
+        .collect();
+    t.dp.apply(&Desired {
+        services: vec![service(IpAddr::from(VIP), 6443, PROTO_TCP, two)],
+        ..Default::default()
+    })
+    .unwrap();
+    assert_eq!(t.dp.vip_traffic(vip_id).unwrap(), before);
+    // A backend with a new address (a new pair, maybe on the freed id) starts from zero.
+    let mut again = three();
+    again[0] = backend("10.77.0.21", 21);
+    t.dp.apply(&Desired {
+        services: vec![service(IpAddr::from(VIP), 6443, PROTO_TCP, again)],
+        ..Default::default()
+    })
+    .unwrap();
+    let new = t.dp.installed(&svc.key);
+    let b21 = new.iter().find(|b| b.spec.mac.unwrap()[5] == 21).unwrap();
+    assert_eq!(t.dp.backend_traffic(b21.id).unwrap().packets, 0);
+    assert_eq!(t.dp.vip_traffic(vip_id).unwrap(), before);
+    let f = ipv4_frame(CLIENT, VIP, PROTO_TCP, &tcp(41000, 6443, ACK));
+    assert_eq!(run(&mut t, &f).0, TX);
+    assert_eq!(t.dp.vip_traffic(vip_id).unwrap().packets, 181);
+}
+
 #[test]
 fn ipv4_options_are_honoured() {
     let svc = service(IpAddr::from(VIP), 6443, PROTO_TCP, three());

@@ -47,8 +47,20 @@ impl Dataplane {
         }))
     }
 
+    /// A VIP's counters: what its retired pairs left (`LB_VIP_STATS`, see `carry_counters`)
+    /// plus its current pairs' (`LB_BACKEND_STATS`): the program counts each forwarded packet
+    /// in one per-CPU entry, its pair's.
     pub fn vip_traffic(&self, vip_id: u32) -> Result<Traffic> {
-        Self::sum(&self.vip_stats, vip_id)
+        let mut t = Self::sum(&self.vip_stats, vip_id)?;
+        if let Some(svc) = self.services.values().find(|s| s.vip_id == vip_id) {
+            for b in svc.backends.values() {
+                let c = Self::sum(&self.backend_stats, b.id)?;
+                t.packets += c.packets;
+                t.bytes += c.bytes;
+                t.new_flows += c.new_flows;
+            }
+        }
+        Ok(t)
     }
 
     pub fn backend_traffic(&self, backend_id: u32) -> Result<Traffic> {

@@ -707,8 +707,30 @@ impl Dataplane {
         for id in retired {
             self.backends.set(id, BackendInfo::default(), 0)?;
             self.free_backend_ids.push(id);
+            self.carry_counters(vip_id, id)?;
         }
         Ok(())
+    }
+
+    /// The program counts a forwarded packet once, per pair (`LB_BACKEND_STATS`); a VIP's
+    /// counters are its pairs' (see `vip_traffic`). A retired pair's counters are added to its
+    /// VIP's `LB_VIP_STATS` entry, which only user space writes, and zeroed, so the VIP's totals
+    /// never go back.
+    fn carry_counters(&mut self, vip_id: u32, id: u32) -> Result<()> {
+        let from = self.backend_stats.get(&id, 0)?;
+        let to = self.vip_stats.get(&vip_id, 0)?;
+        let sum: Vec<Counters> = to
+            .iter()
+            .zip(from.iter())
+            .map(|(a, b)| Counters {
+                packets: a.packets + b.packets,
+                bytes: a.bytes + b.bytes,
+                new_flows: a.new_flows + b.new_flows,
+            })
+            .collect();
+        self.vip_stats
+            .set(vip_id, aya::maps::PerCpuValues::try_from(sum)?, 0)?;
+        self.reset_counters(id, false)
     }
 
     fn reset_counters(&mut self, id: u32, vip: bool) -> Result<()> {
