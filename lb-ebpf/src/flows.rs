@@ -78,6 +78,15 @@ pub fn lookup(slot: &Slot, flow: &FlowKey) -> Option<(FlowValue, Found)> {
     Some((v, Found::Table))
 }
 
+/// The flow's entry if its cache slot holds it (the fast path; a miss takes the full path).
+#[inline(always)]
+pub fn cached_only(slot: &Slot, flow: &FlowKey) -> Option<FlowValue> {
+    if slot.entry.is_null() {
+        return None;
+    }
+    cached(slot.entry, flow, slot.hash)
+}
+
 /// The slot's value if it holds `flow` and its check word matches. Read in the reverse of the
 /// order `put` writes (check, value, then the key): on a CPU that keeps stores and loads in
 /// order (x86) a reader that sees any word of a new entry then sees the rest of it too, so a

@@ -14,6 +14,7 @@
 
 mod bench_progs;
 mod encap;
+mod fast;
 mod flows;
 mod maps;
 mod packet;
@@ -65,13 +66,20 @@ const COUNTED: u32 = u32::MAX - 1;
 
 #[inline(always)]
 fn try_lb(ctx: &XdpContext) -> Result<Outcome, ParseError> {
+    let cfg = LB_CONFIG.get(0);
+    // An established IPv4 TCP flow in the flow cache, or the node's own IPv4 traffic: decided
+    // with one bounds check (see `fast`); anything else, or any doubt, takes the path below.
+    if let Some(c) = cfg
+        && let Some(outcome) = fast::ipv4_tcp(ctx, c)
+    {
+        return Ok(outcome);
+    }
     // VLAN-tagged frames are not ours: lbd attaches to the interface that carries the VIPs
     // untagged.
     let ethertype = packet::ethertype(ctx)?;
     // Most traffic on a node is not for a VIP: a filter bit says so without a hash lookup, tested
     // as soon as the destination is read (a frame to another address, well-formed or not, is
     // passed as not ours). Fragments and ICMP errors for a VIP flow are addressed to the VIP too.
-    let cfg = LB_CONFIG.get(0);
     let wanted = |dst: &[u32; 4]| maybe_vip(cfg, dst);
     let l3 = match ethertype {
         ETH_P_IP => packet::ipv4(ctx, ETH_HLEN, wanted)?,
