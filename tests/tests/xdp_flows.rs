@@ -277,3 +277,84 @@ fn the_cache_is_consulted_and_a_torn_slot_is_not_trusted_ipv6() {
     c[15] = 7;
     cache_is_consulted_and_torn_slots_are_not_trusted(IpAddr::from(VIP6), IpAddr::from(c));
 }
+
+fn counter(t: &TestDataplane, index: u32) -> u64 {
+    t.dp.global_stats().unwrap()[index as usize].1
+}
+
+/// The fast path (lb-ebpf `fast.rs`) decides only cached, established IPv4 TCP flows, and only
+/// when the full path would decide the same: a cached flow's frame that is a fragment, longer
+/// by its own length than the frame, has a bad TCP data offset, IP options, a SYN, or comes
+/// from another lbd node gets what the full path gives it, and what it forwards is counted as
+/// the full path counts it.
+#[test]
+fn the_fast_path_leaves_every_doubtful_frame_of_a_cached_flow_to_the_full_path() {
+    use lb_common::stat;
+    let vip = IpAddr::from(VIP4);
+    let client = IpAddr::from([10, 68, 3, 3]);
+    let peer = [0x02, 0xee, 0, 0, 0, 9];
+    let mut t = TestDataplane::new(251);
+    let mut want = desired(vip, 3);
+    want.peers = vec![peer];
+    t.dp.apply(&want).unwrap();
+    let m = Maps::open(&t);
+    let sport = 45000;
+    let b = send(&mut t, &frame(client, vip, sport, SYN));
+    assert_eq!(m.entry(&key(client, vip, sport)).key, key(client, vip, sport));
+    let ack = frame(client, vip, sport, ACK);
+
+    // Forwarded from the cache, counted as a connection-table hit, in its pair's counters.
+    let before = t.dp.global_stats().unwrap();
+    let id = m.entry(&key(client, vip, sport)).value.backend_id;
+    let pair_before = t.dp.backend_traffic(id).unwrap();
+    assert_eq!(send(&mut t, &ack), b);
+    let after = t.dp.global_stats().unwrap();
+    for (i, n) in [
+        (stat::VERDICT_TX, 1),
+        (stat::FORWARDED, 1),
+        (stat::CONNTRACK_HIT, 1),
+        (stat::CONNTRACK_MISS, 0),
+    ] {
+        assert_eq!(after[i as usize].1 - before[i as usize].1, n, "{}", after[i as usize].0);
+    }
+    let pair_after = t.dp.backend_traffic(id).unwrap();
+    assert_eq!(pair_after.packets - pair_before.packets, 1);
+    assert_eq!(pair_after.bytes - pair_before.bytes, ack.len() as u64);
+
+    // More-fragments set: a fragment to a VIP is dropped.
+    let mut f = ack.clone();
+    f[20] |= 0x20;
+    assert_eq!(t.dp.test_run("lb_xdp", &f, 1).unwrap().0, 1, "XDP_DROP");
+    assert_eq!(counter(&t, stat::DROP_FRAGMENT), 1);
+    // Total length past the frame: malformed, passed.
+    let mut f = ack.clone();
+    f[16..18].copy_from_slice(&((ack.len() - 14 + 1) as u16).to_be_bytes());
+    assert_eq!(t.dp.test_run("lb_xdp", &f, 1).unwrap().0, 2, "XDP_PASS");
+    assert_eq!(counter(&t, stat::PASS_MALFORMED), 1);
+    // TCP data offset below 5 words: malformed.
+    let mut f = ack.clone();
+    f[46] = 4 << 4;
+    assert_eq!(t.dp.test_run("lb_xdp", &f, 1).unwrap().0, 2);
+    assert_eq!(counter(&t, stat::PASS_MALFORMED), 2);
+    // From another lbd node: the local stack serves it.
+    let mut f = ack.clone();
+    f[6..12].copy_from_slice(&peer);
+    assert_eq!(t.dp.test_run("lb_xdp", &f, 1).unwrap().0, 2);
+    assert_eq!(counter(&t, stat::PASS_FROM_PEER), 1);
+    // IP options (IHL 6): the full path forwards it, to the same backend.
+    let mut payload = tcp(sport, PORT, ACK);
+    payload.extend_from_slice(b"x");
+    let f = ipv4_frame_opts([10, 68, 3, 3], VIP4, PROTO_TCP, &[1, 1, 1, 0], &payload, 0x4000);
+    assert_eq!(send(&mut t, &f), b);
+    // Not the owner any more: passed to the local stack, not forwarded from the cache.
+    t.dp.set_owned(vip, false).unwrap();
+    assert_eq!(t.dp.test_run("lb_xdp", &ack, 1).unwrap().0, 2);
+    assert_eq!(counter(&t, stat::PASS_NOT_OWNER), 1);
+    t.dp.set_owned(vip, true).unwrap();
+    assert_eq!(send(&mut t, &ack), b);
+    // A frame for another address: passed as not ours, by the fast path as by the full one.
+    let other = ipv4_frame([10, 68, 3, 3], [10, 68, 9, 9], PROTO_TCP, &tcp(sport, PORT, ACK));
+    let n = counter(&t, stat::PASS_NOT_VIP);
+    assert_eq!(t.dp.test_run("lb_xdp", &other, 1).unwrap().0, 2);
+    assert_eq!(counter(&t, stat::PASS_NOT_VIP), n + 1);
+}
