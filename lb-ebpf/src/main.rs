@@ -67,10 +67,10 @@ const COUNTED: u32 = u32::MAX - 1;
 #[inline(always)]
 fn try_lb(ctx: &XdpContext) -> Result<Outcome, ParseError> {
     let cfg = LB_CONFIG.get(0);
-    // An established IPv4 TCP flow in the flow cache, or the node's own IPv4 traffic: decided
+    // An established TCP flow in the flow cache, or the node's own traffic: decided
     // with one bounds check (see `fast`); anything else, or any doubt, takes the path below.
     if let Some(c) = cfg
-        && let Some(outcome) = fast::ipv4_tcp(ctx, c)
+        && let Some(outcome) = fast::established(ctx, c)
     {
         return Ok(outcome);
     }

@@ -300,7 +300,10 @@ fn the_fast_path_leaves_every_doubtful_frame_of_a_cached_flow_to_the_full_path()
     let m = Maps::open(&t);
     let sport = 45000;
     let b = send(&mut t, &frame(client, vip, sport, SYN));
-    assert_eq!(m.entry(&key(client, vip, sport)).key, key(client, vip, sport));
+    assert_eq!(
+        m.entry(&key(client, vip, sport)).key,
+        key(client, vip, sport)
+    );
     let ack = frame(client, vip, sport, ACK);
 
     // Forwarded from the cache, counted as a connection-table hit, in its pair's counters.
@@ -315,7 +318,12 @@ fn the_fast_path_leaves_every_doubtful_frame_of_a_cached_flow_to_the_full_path()
         (stat::CONNTRACK_HIT, 1),
         (stat::CONNTRACK_MISS, 0),
     ] {
-        assert_eq!(after[i as usize].1 - before[i as usize].1, n, "{}", after[i as usize].0);
+        assert_eq!(
+            after[i as usize].1 - before[i as usize].1,
+            n,
+            "{}",
+            after[i as usize].0
+        );
     }
     let pair_after = t.dp.backend_traffic(id).unwrap();
     assert_eq!(pair_after.packets - pair_before.packets, 1);
@@ -344,7 +352,14 @@ fn the_fast_path_leaves_every_doubtful_frame_of_a_cached_flow_to_the_full_path()
     // IP options (IHL 6): the full path forwards it, to the same backend.
     let mut payload = tcp(sport, PORT, ACK);
     payload.extend_from_slice(b"x");
-    let f = ipv4_frame_opts([10, 68, 3, 3], VIP4, PROTO_TCP, &[1, 1, 1, 0], &payload, 0x4000);
+    let f = ipv4_frame_opts(
+        [10, 68, 3, 3],
+        VIP4,
+        PROTO_TCP,
+        &[1, 1, 1, 0],
+        &payload,
+        0x4000,
+    );
     assert_eq!(send(&mut t, &f), b);
     // Not the owner any more: passed to the local stack, not forwarded from the cache.
     t.dp.set_owned(vip, false).unwrap();
@@ -353,8 +368,56 @@ fn the_fast_path_leaves_every_doubtful_frame_of_a_cached_flow_to_the_full_path()
     t.dp.set_owned(vip, true).unwrap();
     assert_eq!(send(&mut t, &ack), b);
     // A frame for another address: passed as not ours, by the fast path as by the full one.
-    let other = ipv4_frame([10, 68, 3, 3], [10, 68, 9, 9], PROTO_TCP, &tcp(sport, PORT, ACK));
+    let other = ipv4_frame(
+        [10, 68, 3, 3],
+        [10, 68, 9, 9],
+        PROTO_TCP,
+        &tcp(sport, PORT, ACK),
+    );
     let n = counter(&t, stat::PASS_NOT_VIP);
     assert_eq!(t.dp.test_run("lb_xdp", &other, 1).unwrap().0, 2);
     assert_eq!(counter(&t, stat::PASS_NOT_VIP), n + 1);
+}
+
+/// The same for IPv6: the fast path takes only a TCP header right after the fixed header.
+#[test]
+fn the_ipv6_fast_path_leaves_extension_headers_fragments_and_bad_lengths_to_the_full_path() {
+    use lb_common::stat;
+    let vip = IpAddr::from(VIP6);
+    let mut c = VIP6;
+    c[15] = 0x33;
+    let client = IpAddr::from(c);
+    let mut t = TestDataplane::new(251);
+    t.dp.apply(&desired(vip, 3)).unwrap();
+    let m = Maps::open(&t);
+    let sport = 46000;
+    let b = send(&mut t, &frame(client, vip, sport, SYN));
+    assert_eq!(
+        m.entry(&key(client, vip, sport)).key,
+        key(client, vip, sport)
+    );
+    let ack = frame(client, vip, sport, ACK);
+    let hits = counter(&t, stat::CONNTRACK_HIT);
+    assert_eq!(send(&mut t, &ack), b);
+    assert_eq!(counter(&t, stat::CONNTRACK_HIT), hits + 1);
+    // A hop-by-hop options header: the full path walks it and forwards to the same backend.
+    let f = ipv6_frame_ext(c, VIP6, PROTO_TCP, &[(0, 0)], &tcp(sport, PORT, ACK));
+    assert_eq!(send(&mut t, &f), b);
+    // A fragment header: dropped.
+    let f = ipv6_fragment(c, VIP6, PROTO_TCP, &tcp(sport, PORT, ACK));
+    assert_eq!(t.dp.test_run("lb_xdp", &f, 1).unwrap().0, 1, "XDP_DROP");
+    assert_eq!(counter(&t, stat::DROP_FRAGMENT), 1);
+    // Payload length past the frame, and 0 (a jumbogram): malformed, passed.
+    for len in [(ack.len() - 54 + 1) as u16, 0] {
+        let mut f = ack.clone();
+        f[18..20].copy_from_slice(&len.to_be_bytes());
+        assert_eq!(t.dp.test_run("lb_xdp", &f, 1).unwrap().0, 2, "XDP_PASS");
+    }
+    assert_eq!(counter(&t, stat::PASS_MALFORMED), 2);
+    // Version 4 in an IPv6 ethertype: malformed.
+    let mut f = ack.clone();
+    f[14] = 0x40;
+    assert_eq!(t.dp.test_run("lb_xdp", &f, 1).unwrap().0, 2);
+    assert_eq!(counter(&t, stat::PASS_MALFORMED), 3);
+    assert_eq!(send(&mut t, &ack), b);
 }
