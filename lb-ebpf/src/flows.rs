@@ -184,7 +184,12 @@ fn store<const ONLY_FREE: bool>(
         if ONLY_FREE {
             return;
         }
-        let _ = LB_CONNTRACK.insert(&key, v, 0);
+        // Usually still there, the same (written with it; the lookup refreshes it): a lookup
+        // costs far less than an insert into a full LRU hash.
+        let there = LB_CONNTRACK.get_ptr(&key).map(|p| unsafe { *p });
+        if there != Some(v) {
+            let _ = LB_CONNTRACK.insert(&key, v, 0);
+        }
     }
     put(e, flow, value, hash);
 }
