@@ -178,6 +178,23 @@ fn store<const ONLY_FREE: bool>(
         backend_id: (value >> 32) as u32,
         epoch: value as u32,
     };
+    if ONLY_FREE {
+        // In use by another flow whose pair still stands: keep it. No check word needed for
+        // this (a torn occupant only means the flow is not promoted now), so no hashing on the
+        // path of every LRU-hash hit whose slot is taken.
+        // SAFETY: a map value of the array.
+        let (family, v) = unsafe {
+            (
+                core::ptr::addr_of!((*e).key.family).read_volatile(),
+                core::ptr::addr_of!((*e).value).read_volatile(),
+            )
+        };
+        if family != 0 && cached_key(e) != *flow && entry_backend(&v).is_some() {
+            return;
+        }
+        put(e, flow, value, hash);
+        return;
+    }
     if let Some((key, v)) = occupant(seed(cfg), e)
         && key != *flow
     {
@@ -208,11 +225,11 @@ pub fn forget(slot: &Slot, flow: &FlowKey) {
     }
 }
 
-/// The slot's occupant, copied, if it is a good entry (check holds, pair still stands).
+/// The slot's key, copied word by word to the stack.
 #[inline(always)]
-fn occupant(seed: u64, e: *mut FlowCacheEntry) -> Option<(FlowKey, FlowValue)> {
-    // SAFETY: a map value of the array, copied word by word to the stack.
-    let key = unsafe {
+fn cached_key(e: *mut FlowCacheEntry) -> FlowKey {
+    // SAFETY: a map value of the array; every bit pattern is a FlowKey.
+    unsafe {
         let mut key = FlowKey::default();
         let from = &(*e).key as *const FlowKey as *const u64;
         let to = &mut key as *mut FlowKey as *mut u64;
@@ -220,7 +237,13 @@ fn occupant(seed: u64, e: *mut FlowCacheEntry) -> Option<(FlowKey, FlowValue)> {
             to.add(i).write(from.add(i).read_volatile());
         }
         key
-    };
+    }
+}
+
+/// The slot's occupant, copied, if it is a good entry (check holds, pair still stands).
+#[inline(always)]
+fn occupant(seed: u64, e: *mut FlowCacheEntry) -> Option<(FlowKey, FlowValue)> {
+    let key = cached_key(e);
     if key.family == 0 {
         return None;
     }
