@@ -105,3 +105,33 @@ pub fn bench_lru16(ctx: XdpContext) -> u32 {
         None => XDP_PASS,
     }
 }
+
+/// A per-CPU sequence for `bench_lru_insert40`: each run inserts a key never seen before.
+#[map]
+static BENCH_SEQ: PerCpuArray<u32> = PerCpuArray::with_max_entries(1, 0);
+#[map]
+static BENCH_LRU_NEW: LruHashMap<[u32; 10], u64> = LruHashMap::with_max_entries(1024, 0);
+
+/// The floor of a path that remembers a new flow: one insert of a new `FlowKey`-sized key into
+/// a full LRU hash (after the first 1024 runs every insert evicts, as in a full connection
+/// table), then the baseline's MAC swap. What no new-flow path that writes a connection-table
+/// entry can beat.
+#[xdp]
+pub fn bench_lru_insert40(ctx: XdpContext) -> u32 {
+    let Some(t) = v4_tuple(&ctx) else {
+        return XDP_PASS;
+    };
+    let Some(seq) = BENCH_SEQ.get_ptr_mut(0) else {
+        return XDP_PASS;
+    };
+    let n = unsafe {
+        *seq = (*seq).wrapping_add(1);
+        *seq
+    };
+    let key = [t[0], n, 0, 0, t[1], 0, 0, 0, t[2], t[3] | (4 << 8)];
+    let _ = BENCH_LRU_NEW.insert(&key, &1, 0);
+    match swap_macs(&ctx) {
+        Some(()) => XDP_TX,
+        None => XDP_PASS,
+    }
+}

@@ -123,14 +123,12 @@ pub fn entry_backend(v: &FlowValue) -> Option<&'static BackendInfo> {
     }
 }
 
-/// A good entry found only in the LRU hash takes its slot if the slot is free: empty, torn,
-/// or holding an entry that is no longer good.
+/// A good entry found only in the LRU hash takes its slot if the slot is free: empty, holding
+/// this flow unusably (torn), or holding another flow whose pair no longer stands.
 #[inline(always)]
-pub fn promote(cfg: Option<&LbConfig>, slot: &Slot, flow: &FlowKey, value: FlowValue) {
-    if let Some(cfg) = cfg
-        && !slot.entry.is_null()
-    {
-        take_free(slot.entry, slot.hash, flow, pack(value), cfg);
+pub fn promote(slot: &Slot, flow: &FlowKey, value: FlowValue) {
+    if !slot.entry.is_null() {
+        take_free(slot.entry, slot.hash, flow, pack(value));
     }
 }
 
@@ -151,56 +149,23 @@ fn pack(v: FlowValue) -> u64 {
     ((v.backend_id as u64) << 32) | v.epoch as u64
 }
 
-// Subprograms of five arguments: their stack (the occupant's copy) is not added to the caller's,
+// Subprograms of at most five arguments: their stack (the occupant's copy) is not added to the caller's,
 // whose frame is near the limit.
+
+#[inline(always)]
+fn unpack(v: u64) -> FlowValue {
+    FlowValue {
+        backend_id: (v >> 32) as u32,
+        epoch: v as u32,
+    }
+}
 
 /// Put `flow` in slot `e`, writing a good occupant of another flow back to the LRU hash.
 #[inline(never)]
 fn take(e: *mut FlowCacheEntry, hash: u64, flow: &FlowKey, value: u64, cfg: &LbConfig) {
-    store::<false>(e, hash, flow, value, cfg)
-}
-
-/// Put `flow` in slot `e` unless a good entry of another flow is there.
-#[inline(never)]
-fn take_free(e: *mut FlowCacheEntry, hash: u64, flow: &FlowKey, value: u64, cfg: &LbConfig) {
-    store::<true>(e, hash, flow, value, cfg)
-}
-
-#[inline(always)]
-fn store<const ONLY_FREE: bool>(
-    e: *mut FlowCacheEntry,
-    hash: u64,
-    flow: &FlowKey,
-    value: u64,
-    cfg: &LbConfig,
-) {
-    let value = FlowValue {
-        backend_id: (value >> 32) as u32,
-        epoch: value as u32,
-    };
-    if ONLY_FREE {
-        // In use by another flow whose pair still stands: keep it. No check word needed for
-        // this (a torn occupant only means the flow is not promoted now), so no hashing on the
-        // path of every LRU-hash hit whose slot is taken.
-        // SAFETY: a map value of the array.
-        let (family, v) = unsafe {
-            (
-                core::ptr::addr_of!((*e).key.family).read_volatile(),
-                core::ptr::addr_of!((*e).value).read_volatile(),
-            )
-        };
-        if family != 0 && cached_key(e) != *flow && entry_backend(&v).is_some() {
-            return;
-        }
-        put(e, flow, value, hash);
-        return;
-    }
     if let Some((key, v)) = occupant(seed(cfg), e)
         && key != *flow
     {
-        if ONLY_FREE {
-            return;
-        }
         // Usually still there, the same (written with it; the lookup refreshes it): a lookup
         // costs far less than an insert into a full LRU hash.
         let there = LB_CONNTRACK.get_ptr(&key).map(|p| unsafe { *p });
@@ -208,7 +173,25 @@ fn store<const ONLY_FREE: bool>(
             let _ = LB_CONNTRACK.insert(&key, v, 0);
         }
     }
-    put(e, flow, value, hash);
+    put(e, flow, unpack(value), hash);
+}
+
+/// Put `flow` in slot `e` unless another flow whose pair still stands is there. No check word
+/// is needed for this (a torn occupant only means the flow is not promoted now), so a hit in
+/// the LRU hash whose slot is taken costs no hashing.
+#[inline(never)]
+fn take_free(e: *mut FlowCacheEntry, hash: u64, flow: &FlowKey, value: u64) {
+    // SAFETY: a map value of the array.
+    let (family, v) = unsafe {
+        (
+            core::ptr::addr_of!((*e).key.family).read_volatile(),
+            core::ptr::addr_of!((*e).value).read_volatile(),
+        )
+    };
+    if family != 0 && cached_key(e) != *flow && entry_backend(&v).is_some() {
+        return;
+    }
+    put(e, flow, unpack(value), hash);
 }
 
 /// Forget a flow: out of the LRU hash, and its slot emptied if it holds it.

@@ -360,7 +360,7 @@ fn balance(ctx: &XdpContext, cfg: Option<&LbConfig>, flow: &FlowKey, track: Trac
         if let Some((v, flows::Found::Table)) = found
             && track == Track::Yes
         {
-            flows::promote(cfg, &slot, flow, v);
+            flows::promote(&slot, flow, v);
         }
         // One per-CPU entry per forwarded packet: its pair's (a VIP's counters are the sum of
         // its pairs', added up by user space).

@@ -72,13 +72,15 @@ fn abab(t: &mut TestDataplane, frame: &[u8], repeat: u32, rounds: usize) -> Meas
 /// The floor of an established flow's path, beside the baseline in its own object load: one
 /// LRU lookup of a key built from the frame, then the baseline's MAC swap, with the
 /// connection table's 40-byte key and with a compact 16-byte IPv4 key. What no established path
-/// that looks its flow up in a hash table can beat.
+/// that looks its flow up in a hash table can beat. And the floor of a new flow's: one insert of
+/// a new 40-byte key into a full LRU hash.
 fn floors(frame: &[u8], repeat: u32, rounds: usize) -> Vec<(&'static str, Measured)> {
     use aya::programs::{TestRun, TestRunOptions};
     let mut p = super::throughput::BenchProgs::load_programs(&[
         "lb_baseline",
         "bench_lru40",
         "bench_lru16",
+        "bench_lru_insert40",
     ]);
     let mut timed = |name: &str| {
         let mut out = vec![0u8; frame.len() + 256];
@@ -95,6 +97,7 @@ fn floors(frame: &[u8], repeat: u32, rounds: usize) -> Vec<(&'static str, Measur
     [
         ("floor_lru_lookup_40b_key", "bench_lru40"),
         ("floor_lru_lookup_16b_key", "bench_lru16"),
+        ("floor_lru_insert_40b_key", "bench_lru_insert40"),
     ]
     .into_iter()
     .map(|(label, prog)| {
