@@ -220,7 +220,7 @@ impl Pods {
             .expect("podman exec")
     }
 
-    fn inspect(&self, node: &str, format: &str) -> Option<String> {
+    pub fn inspect(&self, node: &str, format: &str) -> Option<String> {
         let out = podman()
             .args([
                 "container",

@@ -345,7 +345,14 @@ fn pod_restart_of_the_owner_with_sigterm_resets_no_connection() {
         "podman pod start: {}",
         String::from_utf8_lossy(&start.stderr)
     );
-    let pid = wait_for(Duration::from_secs(20), || p.pid(&api)).expect("lbd back");
+    let pid = wait_for(Duration::from_secs(20), || p.pid(&api)).unwrap_or_else(|| {
+        panic!(
+            "lbd back within 20 s of the pod's start: state {:?}, exit code {:?}\n{}",
+            p.inspect(&api, "{{.State.Status}} {{.State.Error}}"),
+            p.exit_code(&api),
+            p.logs(&api)
+        )
+    });
     assert_eq!(
         Pods::netns_of_pid(pid),
         Pods::netns_of_node(&c.lab, &api),
