@@ -559,9 +559,9 @@ mod tests {
     use super::*;
     use std::{vec, vec::Vec};
 
-    #[test]
-    fn hash_depends_on_every_field() {
-        let base = FlowKey {
+    /// 10.0.0.1:40000 -> 10.0.0.100:6443, TCP.
+    fn v4_key() -> FlowKey {
+        FlowKey {
             src: [10, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
             dst: [10, 0, 0, 100, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
             sport: 40000,
@@ -569,7 +569,12 @@ mod tests {
             proto: PROTO_TCP,
             family: FAMILY_V4,
             _pad: [0; 2],
-        };
+        }
+    }
+
+    #[test]
+    fn hash_depends_on_every_field() {
+        let base = v4_key();
         let h = flow_hash(&base, 7);
         assert_ne!(h, flow_hash(&base, 8), "seed");
         let mut k = base;
@@ -591,15 +596,7 @@ mod tests {
 
     #[test]
     fn flow_cache_hash_depends_on_every_word_a_key_can_hold_and_on_both_seed_parts() {
-        let v4 = FlowKey {
-            src: [10, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
-            dst: [10, 0, 0, 100, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
-            sport: 40000,
-            dport: 6443,
-            proto: PROTO_TCP,
-            family: FAMILY_V4,
-            _pad: [0; 2],
-        };
+        let v4 = v4_key();
         let v6 = FlowKey {
             src: [0xfd, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1],
             dst: [0xfd, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x64],

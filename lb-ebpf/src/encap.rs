@@ -48,6 +48,16 @@ fn sum_words<const N: usize>(bytes: &[u8; N]) -> u32 {
     sum
 }
 
+/// The outer header's length for this backend's address family.
+#[inline(always)]
+fn outer_hlen(b: &BackendInfo) -> u32 {
+    if b.family == FAMILY_V4 {
+        ENCAP_HLEN_V4
+    } else {
+        ENCAP_HLEN_V6
+    }
+}
+
 /// A packet for a routed backend: wrapped and sent to the next hop, or, too big to wrap,
 /// answered with an ICMP error. Each is a subprogram called from here, so no call chain is
 /// three frames deep (the 512-byte stack limit counts the frames of a chain together).
@@ -56,11 +66,7 @@ pub fn encapsulate(ctx: &XdpContext, b: &BackendInfo) -> Outcome {
     let Some((inner_family, len)) = inner_at(ctx, ETH_HLEN) else {
         return (XDP_PASS, stat::PASS_MALFORMED, NONE);
     };
-    let outer_hlen = if b.family == FAMILY_V4 {
-        ENCAP_HLEN_V4
-    } else {
-        ENCAP_HLEN_V6
-    };
+    let outer_hlen = outer_hlen(b);
     if b.encap_mtu != 0 && len + outer_hlen > u32::from(b.encap_mtu) {
         let mtu = u32::from(b.encap_mtu) - outer_hlen;
         return if inner_family == FAMILY_V4 {
@@ -69,20 +75,14 @@ pub fn encapsulate(ctx: &XdpContext, b: &BackendInfo) -> Outcome {
             too_big6(ctx, mtu)
         };
     }
-    wrap(ctx, b)
+    wrap(ctx, b, inner_family, len)
 }
 
-/// Wrap the frame for a routed backend and send it to the next hop.
+/// Wrap the frame for a routed backend and send it to the next hop. `inner_family` and `len`:
+/// the client's packet as `inner_at` read it.
 #[inline(never)]
-fn wrap(ctx: &XdpContext, b: &BackendInfo) -> Outcome {
-    let Some((inner_family, len)) = inner_at(ctx, ETH_HLEN) else {
-        return (XDP_PASS, stat::PASS_MALFORMED, NONE);
-    };
-    let outer_hlen = if b.family == FAMILY_V4 {
-        ENCAP_HLEN_V4
-    } else {
-        ENCAP_HLEN_V6
-    };
+fn wrap(ctx: &XdpContext, b: &BackendInfo, inner_family: u8, len: u32) -> Outcome {
+    let outer_hlen = outer_hlen(b);
     // The inner header's traffic class, copied to the outer one (DSCP and ECN, RFC 6040's
     // normal mode).
     let tclass = match (inner_family, ptr_at::<[u8; 2]>(ctx, ETH_HLEN)) {

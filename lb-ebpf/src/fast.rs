@@ -11,18 +11,14 @@
 //! Also decided here: an IPv4 frame of at least 54 bytes, or an IPv6 one of at least 74, whose
 //! destination fails the VIP address filter (the node's own traffic), passed as the full path
 //! passes it.
-use aya_ebpf::{
-    bindings::xdp_action::{XDP_PASS, XDP_TX},
-    helpers::generated::bpf_redirect,
-    programs::XdpContext,
-};
+use aya_ebpf::{bindings::xdp_action::XDP_PASS, programs::XdpContext};
 use lb_common::{
     BACKEND_F_ENCAP, BACKEND_F_LOCAL, FAMILY_V4, FAMILY_V6, FlowKey, LbConfig, PROTO_TCP, stat,
 };
 
 use crate::{
-    Outcome, count_forwarded_hit, flows, from_peer, maps::LB_BACKEND_STATS, maps::NONE,
-    maps::count_traffic, maybe_vip, packet::ptr_at, vip_owned,
+    Outcome, count_forwarded_hit, flows, from_peer, key_of, maps::LB_BACKEND_STATS, maps::NONE,
+    maps::count_traffic, maybe_vip, packet::ptr_at, ports_word, send_to, vip_owned,
 };
 
 /// Ethernet, a 20-byte IPv4 header and a 20-byte TCP header.
@@ -62,22 +58,8 @@ pub fn established(ctx: &XdpContext, cfg: &LbConfig) -> Option<Outcome> {
         return None;
     }
     count_traffic(&LB_BACKEND_STATS, v.backend_id, frame as u64, false);
-    // The MACs, as `forward` writes them.
-    // SAFETY: the Ethernet header is inside the checked bytes; `dst_mac` and `src_mac` are 12
-    // bytes at a 4-aligned offset of the map value (asserted next to `forward`).
-    let action = unsafe {
-        let src = b.dst_mac.as_ptr() as *const u32;
-        let (a, m, c) = (src.read(), src.add(1).read(), src.add(2).read());
-        let eth = p as *mut u32;
-        eth.write(a);
-        eth.add(1).write(m);
-        eth.add(2).write(c);
-        if b.ifindex == 0 {
-            XDP_TX
-        } else {
-            bpf_redirect(b.ifindex, 0) as u32
-        }
-    };
+    // The Ethernet header is inside the checked bytes.
+    let action = send_to(p as *mut u32, b);
     count_forwarded_hit(action);
     Some((action, crate::COUNTED, NONE))
 }
@@ -91,8 +73,8 @@ unsafe fn word(p: *const u8, off: usize) -> u32 {
     unsafe { (p.add(off) as *const u32).read() }
 }
 
-/// The TCP header at `off`, inside a datagram ending at `end`: its ports, or `None` for a bad
-/// data offset or a SYN without ACK (a connection attempt takes the full path).
+/// The TCP header at `off`, inside a datagram ending at `end`: its ports (`ports_word`), or
+/// `None` for a bad data offset or a SYN without ACK (a connection attempt takes the full path).
 ///
 /// # Safety
 /// `off + 20` bytes must be inside the bounds-checked frame at `p`.
@@ -105,9 +87,10 @@ unsafe fn tcp(p: *const u8, off: usize, end: usize) -> Option<u64> {
         return None;
     }
     let ports = unsafe { word(p, off) };
-    let sport = u16::from_be(ports as u16) as u64;
-    let dport = u16::from_be((ports >> 16) as u16) as u64;
-    Some(sport | dport << 16 | (PROTO_TCP as u64) << 32)
+    Some(ports_word(
+        u16::from_be(ports as u16),
+        u16::from_be((ports >> 16) as u16),
+    ))
 }
 
 /// IPv4 with a 20-byte header, not a fragment, carrying TCP (`HEAD4` bytes checked at `p`).
@@ -133,15 +116,14 @@ fn ipv4(p: *const u8, frame: usize, cfg: &LbConfig) -> Option<Seen> {
             return None;
         }
         let ports = tcp(p, 34, 14 + total)?;
-        // The key as `flow_key` in main.rs builds it: the same layout.
-        let words: [u64; 5] = [
-            word(p, 26) as u64,
-            0,
-            dst as u64,
-            0,
-            ports | (FAMILY_V4 as u64) << 40,
-        ];
-        Some(Seen::Flow(core::mem::transmute::<[u64; 5], FlowKey>(words)))
+        let src = [word(p, 26), 0, 0, 0];
+        Some(Seen::Flow(key_of(
+            &src,
+            &[dst, 0, 0, 0],
+            ports,
+            PROTO_TCP,
+            FAMILY_V4,
+        )))
     }
 }
 
@@ -166,14 +148,7 @@ fn ipv6(p: *const u8, frame: usize, cfg: &LbConfig) -> Option<Seen> {
             return None;
         }
         let ports = tcp(p, 54, 54 + payload)?;
-        let pair = |lo: u32, hi: u32| lo as u64 | (hi as u64) << 32;
-        let words: [u64; 5] = [
-            pair(word(p, 22), word(p, 26)),
-            pair(word(p, 30), word(p, 34)),
-            pair(dst[0], dst[1]),
-            pair(dst[2], dst[3]),
-            ports | (FAMILY_V6 as u64) << 40,
-        ];
-        Some(Seen::Flow(core::mem::transmute::<[u64; 5], FlowKey>(words)))
+        let src = [word(p, 22), word(p, 26), word(p, 30), word(p, 34)];
+        Some(Seen::Flow(key_of(&src, &dst, ports, PROTO_TCP, FAMILY_V6)))
     }
 }

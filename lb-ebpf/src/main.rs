@@ -157,15 +157,32 @@ fn from_peer(cfg: Option<&LbConfig>, mac: [u16; 3]) -> bool {
 
 #[inline(always)]
 fn flow_key(l3: &L3, sport: u16, dport: u16) -> FlowKey {
-    // Five word stores (an IPv4 key's address words 1 and 3 are constant zeros), instead of
-    // field by field with byte stores for the protocol, family and padding.
+    key_of(
+        &l3.src,
+        &l3.dst,
+        ports_word(sport, dport),
+        l3.proto,
+        l3.family,
+    )
+}
+
+/// A flow key's ports as its last word holds them (`key_of`).
+#[inline(always)]
+fn ports_word(sport: u16, dport: u16) -> u64 {
+    sport as u64 | (dport as u64) << 16
+}
+
+/// A flow key built with five word stores (an IPv4 key's address words 1 and 3 are constant
+/// zeros), instead of field by field with byte stores for the protocol, family and padding.
+#[inline(always)]
+fn key_of(src: &[u32; 4], dst: &[u32; 4], ports: u64, proto: u8, family: u8) -> FlowKey {
     let pair = |lo: u32, hi: u32| lo as u64 | (hi as u64) << 32;
     let words: [u64; 5] = [
-        pair(l3.src[0], l3.src[1]),
-        pair(l3.src[2], l3.src[3]),
-        pair(l3.dst[0], l3.dst[1]),
-        pair(l3.dst[2], l3.dst[3]),
-        sport as u64 | (dport as u64) << 16 | (l3.proto as u64) << 32 | (l3.family as u64) << 40,
+        pair(src[0], src[1]),
+        pair(src[2], src[3]),
+        pair(dst[0], dst[1]),
+        pair(dst[2], dst[3]),
+        ports | (proto as u64) << 32 | (family as u64) << 40,
     ];
     // SAFETY: FlowKey is `#[repr(C, align(8))]`, 40 bytes: the addresses' bytes as the words
     // hold them in memory, then sport, dport, proto, family and two zero bytes (little-endian).
@@ -518,22 +535,27 @@ fn forward(ctx: &XdpContext, backend: &BackendInfo) -> Outcome {
     let Ok(eth) = ptr_at::<[u32; 3]>(ctx, 0) else {
         return (XDP_PASS, stat::PASS_MALFORMED, NONE);
     };
+    (send_to(eth as *mut u32, backend), stat::FORWARDED, NONE)
+}
+
+/// Write the backend's MACs over the Ethernet header at `eth` (12 bytes the caller checked are
+/// in the frame) and send the frame: XDP_TX, or a redirect to the backend's interface.
+#[inline(always)]
+fn send_to(eth: *mut u32, backend: &BackendInfo) -> u32 {
     // `dst_mac` then `src_mac` are the 12 bytes at offset 16 of the (4-aligned) map value, in
     // the order of the Ethernet header: three word copies instead of twelve byte copies.
     unsafe {
         let src = backend.dst_mac.as_ptr() as *const u32;
         let (a, b, c) = (src.read(), src.add(1).read(), src.add(2).read());
-        let eth = eth as *mut u32;
         eth.write(a);
         eth.add(1).write(b);
         eth.add(2).write(c);
     }
-    let action = if backend.ifindex == 0 {
+    if backend.ifindex == 0 {
         XDP_TX
     } else {
         unsafe { bpf_redirect(backend.ifindex, 0) as u32 }
-    };
-    (action, stat::FORWARDED, NONE)
+    }
 }
 
 /// The benchmark baseline: the least an XDP forwarder can do (swap the MACs, send it back).

@@ -282,6 +282,27 @@ fn counter(t: &TestDataplane, index: u32) -> u64 {
     t.dp.global_stats().unwrap()[index as usize].1
 }
 
+/// A data plane with three backends for `vip` (and `peers` as other lbd nodes) and one flow
+/// from `client` whose SYN put it in the cache; the backend it went to.
+fn cached_flow(
+    vip: IpAddr,
+    client: IpAddr,
+    sport: u16,
+    peers: Vec<[u8; 6]>,
+) -> (TestDataplane, Maps, u8) {
+    let mut t = TestDataplane::new(251);
+    let mut want = desired(vip, 3);
+    want.peers = peers;
+    t.dp.apply(&want).unwrap();
+    let m = Maps::open(&t);
+    let b = send(&mut t, &frame(client, vip, sport, SYN));
+    assert_eq!(
+        m.entry(&key(client, vip, sport)).key,
+        key(client, vip, sport)
+    );
+    (t, m, b)
+}
+
 /// The fast path (lb-ebpf `fast.rs`) decides only cached, established IPv4 TCP flows, and only
 /// when the full path would decide the same: a cached flow's frame that is a fragment, longer
 /// by its own length than the frame, has a bad TCP data offset, IP options, a SYN, or comes
@@ -293,17 +314,8 @@ fn the_fast_path_leaves_every_doubtful_frame_of_a_cached_flow_to_the_full_path()
     let vip = IpAddr::from(VIP4);
     let client = IpAddr::from([10, 68, 3, 3]);
     let peer = [0x02, 0xee, 0, 0, 0, 9];
-    let mut t = TestDataplane::new(251);
-    let mut want = desired(vip, 3);
-    want.peers = vec![peer];
-    t.dp.apply(&want).unwrap();
-    let m = Maps::open(&t);
     let sport = 45000;
-    let b = send(&mut t, &frame(client, vip, sport, SYN));
-    assert_eq!(
-        m.entry(&key(client, vip, sport)).key,
-        key(client, vip, sport)
-    );
+    let (mut t, m, b) = cached_flow(vip, client, sport, vec![peer]);
     let ack = frame(client, vip, sport, ACK);
 
     // Forwarded from the cache, counted as a connection-table hit, in its pair's counters.
@@ -387,15 +399,8 @@ fn the_ipv6_fast_path_leaves_extension_headers_fragments_and_bad_lengths_to_the_
     let mut c = VIP6;
     c[15] = 0x33;
     let client = IpAddr::from(c);
-    let mut t = TestDataplane::new(251);
-    t.dp.apply(&desired(vip, 3)).unwrap();
-    let m = Maps::open(&t);
     let sport = 46000;
-    let b = send(&mut t, &frame(client, vip, sport, SYN));
-    assert_eq!(
-        m.entry(&key(client, vip, sport)).key,
-        key(client, vip, sport)
-    );
+    let (mut t, _, b) = cached_flow(vip, client, sport, Vec::new());
     let ack = frame(client, vip, sport, ACK);
     let hits = counter(&t, stat::CONNTRACK_HIT);
     assert_eq!(send(&mut t, &ack), b);
