@@ -281,6 +281,13 @@ fn a_node_whose_backend_is_down_reaches_the_healthy_ones() {
         );
         only_vip(&o, vip, TCP);
     }
+    // A dual-stack socket given the IPv4 VIP as an IPv4-mapped address.
+    let mapped = format!("::ffff:{VIP4}");
+    let o = tcp_many(&l.lab, "lbb", &mapped, TCP, 20);
+    println!("lbb -> {mapped}: {o:?}");
+    assert_eq!(o.ok(), 20, "{o:?}");
+    assert_eq!(o.of("lbb"), 0, "{o:?}");
+    only_vip(&o, &mapped, TCP);
     // The owner too.
     let o = tcp_many(&l.lab, "lba", VIP4, TCP, 20);
     println!("lba -> {VIP4}: {o:?}");
@@ -305,6 +312,15 @@ fn a_node_whose_backend_is_down_reaches_the_healthy_ones() {
     // packets), 40 getpeername() answers turned back into the VIP.
     assert!(stats["balanced"] >= 40, "{stats:?}");
     assert!(stats["reversed"] >= 40, "{stats:?}");
+
+    // lbd dies: its hooks go with it, and the node's connections go where they went without
+    // lbd (its own stack, whose backend is down).
+    l.lab.stop("lbd-lbb", libc::SIGKILL);
+    let o = tcp_many(&l.lab, "lbb", VIP4, TCP, 5);
+    println!("lbb without lbd: {o:?}");
+    assert_eq!(o.ok(), 0, "{o:?}");
+    assert_eq!(o.errors.len(), 5, "{o:?}");
+    assert_eq!(l.sock_stats("lbb")["balanced"], stats["balanced"]);
 }
 
 /// With every backend healthy, the node's own share of its connections is its weight's share
