@@ -58,17 +58,53 @@ fn unescape(s: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
-/// A directory fd of the cgroup v2 root: the mounted hierarchy if there is one, else a mount
-/// of our own that is never attached to the file tree (`fsopen`/`fsmount`), so a host whose
-/// /sys/fs/cgroup is v1 or hybrid gets no new mount point, and nothing is left when we exit.
+/// The inode of the initial (the host's) cgroup namespace (`PROC_CGROUP_INIT_INO`).
+const INIT_CGROUP_NS: u64 = 0xEFFF_FFFB;
+
+fn cgroup_ns_inode(pid: &str) -> Option<u64> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(format!("/proc/{pid}/ns/cgroup"))
+        .ok()
+        .map(|m| m.ino())
+}
+
+/// A directory fd of the root of the host's cgroup v2 hierarchy: the mounted hierarchy if
+/// there is one, else a mount of our own that is never attached to the file tree
+/// (`fsopen`/`fsmount`), so a host whose /sys/fs/cgroup is v1 or hybrid gets no new mount
+/// point, and nothing is left when we exit. In a cgroup namespace of its own (a container) the
+/// root lbd would see is the container's, which covers only the container's processes: then
+/// the mount is made in the host's cgroup namespace, reached through PID 1 (a pod with
+/// `hostPID`), or refused.
 fn open_cgroup2_root() -> Result<OwnedFd> {
-    let info = std::fs::read_to_string("/proc/self/mountinfo").context("read mountinfo")?;
-    if let Some(path) = cgroup2_mount(&info) {
-        let f = std::fs::File::open(&path)
-            .with_context(|| format!("open cgroup2 root {}", path.display()))?;
-        return Ok(f.into());
+    if cgroup_ns_inode("self") == Some(INIT_CGROUP_NS) {
+        let info = std::fs::read_to_string("/proc/self/mountinfo").context("read mountinfo")?;
+        if let Some(path) = cgroup2_mount(&info) {
+            let f = std::fs::File::open(&path)
+                .with_context(|| format!("open cgroup2 root {}", path.display()))?;
+            return Ok(f.into());
+        }
+        return detached_cgroup2_mount();
     }
-    detached_cgroup2_mount()
+    if cgroup_ns_inode("1") != Some(INIT_CGROUP_NS) {
+        bail!(
+            "lbd runs in a cgroup namespace of its own, whose root covers only its container; \
+             run it in the host's cgroup namespace or with hostPID (see docs/operations.md)"
+        );
+    }
+    // Namespaces are per thread: join the host's on a thread of its own for the mount.
+    std::thread::spawn(|| -> Result<OwnedFd> {
+        let ns = std::fs::File::open("/proc/1/ns/cgroup").context("open /proc/1/ns/cgroup")?;
+        // SAFETY: a plain syscall on an fd we hold.
+        if unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWCGROUP) } != 0 {
+            bail!(
+                "join the host's cgroup namespace: {}",
+                std::io::Error::last_os_error()
+            );
+        }
+        detached_cgroup2_mount()
+    })
+    .join()
+    .map_err(|_| anyhow!("the cgroup mount thread panicked"))?
 }
 
 fn detached_cgroup2_mount() -> Result<OwnedFd> {
