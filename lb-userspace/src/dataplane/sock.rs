@@ -23,19 +23,21 @@ use aya::{
 };
 use lb_common::{SOCK_F_ENABLED, SockConfig, maps};
 
-/// Where a cgroup v2 hierarchy is mounted, from `/proc/self/mountinfo`: the first `cgroup2`
-/// mount of the hierarchy's root (a mount of a sub-cgroup would cover only part of the host).
-pub fn cgroup2_mount(mountinfo: &str) -> Option<PathBuf> {
-    mountinfo.lines().find_map(|line| {
-        let (mount, fs) = line.split_once(" - ")?;
-        if fs.split_whitespace().next()? != "cgroup2" {
-            return None;
-        }
-        let mut f = mount.split_whitespace();
-        let root = f.nth(3)?;
-        let point = f.next()?;
-        (root == "/").then(|| PathBuf::from(unescape(point)))
-    })
+/// Where cgroup v2 is mounted, from `/proc/self/mountinfo` (any part of the hierarchy: which
+/// one is the root is decided by `is_root`, since a mount's root path is shown relative to the
+/// reader's cgroup namespace).
+pub fn cgroup2_mounts(mountinfo: &str) -> Vec<PathBuf> {
+    mountinfo
+        .lines()
+        .filter_map(|line| {
+            let (mount, fs) = line.split_once(" - ")?;
+            if fs.split_whitespace().next()? != "cgroup2" {
+                return None;
+            }
+            let point = mount.split_whitespace().nth(4)?;
+            Some(PathBuf::from(unescape(point)))
+        })
+        .collect()
 }
 
 /// Mount points in mountinfo escape space, tab, newline and backslash as octal (`\040`).
@@ -58,53 +60,62 @@ fn unescape(s: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
-/// The inode of the initial (the host's) cgroup namespace (`PROC_CGROUP_INIT_INO`).
-const INIT_CGROUP_NS: u64 = 0xEFFF_FFFB;
-
-fn cgroup_ns_inode(pid: &str) -> Option<u64> {
-    use std::os::unix::fs::MetadataExt;
-    std::fs::metadata(format!("/proc/{pid}/ns/cgroup"))
-        .ok()
-        .map(|m| m.ino())
+/// Whether a cgroup v2 directory is the root of the hierarchy: every cgroup but the root has
+/// `cgroup.type`, whatever cgroup namespace looks at it (the root of a container's namespace
+/// has it too).
+fn is_root(dir: &OwnedFd) -> bool {
+    let name = CString::new("cgroup.type").expect("no NUL");
+    // SAFETY: a plain syscall on an fd we hold.
+    unsafe { libc::faccessat(dir.as_raw_fd(), name.as_ptr(), libc::F_OK, 0) != 0 }
 }
 
-/// A directory fd of the root of the host's cgroup v2 hierarchy: the mounted hierarchy if
-/// there is one, else a mount of our own that is never attached to the file tree
-/// (`fsopen`/`fsmount`), so a host whose /sys/fs/cgroup is v1 or hybrid gets no new mount
-/// point, and nothing is left when we exit. In a cgroup namespace of its own (a container) the
-/// root lbd would see is the container's, which covers only the container's processes: then
-/// the mount is made in the host's cgroup namespace, reached through PID 1 (a pod with
-/// `hostPID`), or refused.
+/// A directory fd of the root of the host's cgroup v2 hierarchy: a mount of it if there is one
+/// (a container may have the host's /sys/fs/cgroup as a hostPath), else a mount of our own
+/// that is never attached to the file tree (`fsopen`/`fsmount`), so a host whose
+/// /sys/fs/cgroup is v1 or hybrid gets no new mount point and nothing is left when we exit. In
+/// a cgroup namespace of its own (a container) such a mount shows only the container's part of
+/// the hierarchy: then it is made in the host's cgroup namespace, reached through PID 1 (a pod
+/// with `hostPID`), or refused, never attached to a part of the hierarchy.
 fn open_cgroup2_root() -> Result<OwnedFd> {
-    if cgroup_ns_inode("self") == Some(INIT_CGROUP_NS) {
-        let info = std::fs::read_to_string("/proc/self/mountinfo").context("read mountinfo")?;
-        if let Some(path) = cgroup2_mount(&info) {
-            let f = std::fs::File::open(&path)
-                .with_context(|| format!("open cgroup2 root {}", path.display()))?;
-            return Ok(f.into());
+    let info = std::fs::read_to_string("/proc/self/mountinfo").context("read mountinfo")?;
+    for path in cgroup2_mounts(&info) {
+        if let Ok(f) = std::fs::File::open(&path) {
+            let fd = OwnedFd::from(f);
+            if is_root(&fd) {
+                return Ok(fd);
+            }
         }
-        return detached_cgroup2_mount();
     }
-    if cgroup_ns_inode("1") != Some(INIT_CGROUP_NS) {
-        bail!(
-            "lbd runs in a cgroup namespace of its own, whose root covers only its container; \
-             run it in the host's cgroup namespace or with hostPID (see docs/operations.md)"
-        );
+    let own = detached_cgroup2_mount()?;
+    if is_root(&own) {
+        return Ok(own);
     }
     // Namespaces are per thread: join the host's on a thread of its own for the mount.
-    std::thread::spawn(|| -> Result<OwnedFd> {
+    let host = std::thread::spawn(|| -> Result<OwnedFd> {
         let ns = std::fs::File::open("/proc/1/ns/cgroup").context("open /proc/1/ns/cgroup")?;
         // SAFETY: a plain syscall on an fd we hold.
         if unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWCGROUP) } != 0 {
             bail!(
-                "join the host's cgroup namespace: {}",
+                "join its cgroup namespace: {}",
                 std::io::Error::last_os_error()
             );
         }
         detached_cgroup2_mount()
     })
     .join()
-    .map_err(|_| anyhow!("the cgroup mount thread panicked"))?
+    .map_err(|_| anyhow!("the cgroup mount thread panicked"))?;
+    match host {
+        Ok(fd) if is_root(&fd) => Ok(fd),
+        other => bail!(
+            "lbd runs in a cgroup namespace of its own, whose cgroup v2 root covers only its \
+             container, and cannot reach the host's (PID 1: {}); give the pod the host's \
+             /sys/fs/cgroup (cgroup v2) or hostPID (see docs/operations.md)",
+            match other {
+                Ok(_) => "also a namespace of its own".to_string(),
+                Err(e) => format!("{e:#}"),
+            }
+        ),
+    }
 }
 
 fn detached_cgroup2_mount() -> Result<OwnedFd> {
@@ -250,18 +261,20 @@ mod tests {
     use super::*;
 
     #[test]
-    fn finds_the_root_of_a_cgroup2_mount_only() {
+    fn lists_cgroup2_mount_points_only() {
         let hybrid = "31 23 0:28 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755\n\
                       40 31 0:37 / /sys/fs/cgroup/systemd rw,relatime - cgroup cgroup rw,name=systemd\n";
-        assert_eq!(cgroup2_mount(hybrid), None);
-        let sub = "50 31 0:40 /kubepods/pod1 /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n";
-        assert_eq!(cgroup2_mount(sub), None, "a sub-cgroup is not the root");
+        assert!(cgroup2_mounts(hybrid).is_empty());
         let both = format!(
-            "{hybrid}{sub}41 31 0:38 / /sys/fs/cgroup/un\\040ified rw,nosuid shared:9 - cgroup2 cgroup2 rw,nsdelegate\n"
+            "{hybrid}50 31 0:40 /../.. /host/cgroup rw - cgroup2 cgroup2 rw\n\
+             41 31 0:38 / /sys/fs/cgroup/un\\040ified rw,nosuid shared:9 - cgroup2 cgroup2 rw,nsdelegate\n"
         );
         assert_eq!(
-            cgroup2_mount(&both),
-            Some(PathBuf::from("/sys/fs/cgroup/un ified"))
+            cgroup2_mounts(&both),
+            vec![
+                PathBuf::from("/host/cgroup"),
+                PathBuf::from("/sys/fs/cgroup/un ified")
+            ]
         );
     }
 
