@@ -24,6 +24,8 @@ use serde_json::Value;
 const LABNODE: &str = env!("CARGO_BIN_EXE_labnode");
 const VIP4: &str = "10.83.0.100";
 const VIP6: &str = "fd83::100";
+/// A VIP whose one service is every TCP port of the address.
+const VIP_ALL: &str = "10.83.0.101";
 const TCP: u16 = 8080;
 const UDP: u16 = 5353;
 /// A port of the VIP that is no service: the local stack serves it, as without lbd.
@@ -69,6 +71,10 @@ fn config(name: &str, socket: &str, owned: bool, weights: &[u32; 3]) -> String {
             backends(weights, v6)
         );
     }
+    t += &format!(
+        "\n[[vips]]\nname = \"all\"\naddress = \"{VIP_ALL}\"\nowned = {owned}\n{health}{}",
+        backends(weights, false)
+    );
     t
 }
 
@@ -81,7 +87,7 @@ impl SockLab {
             lab.add_node(n, v4, v6);
         }
         for (n, _, _) in NODES.iter().chain([("client", "", "")].iter()) {
-            lab.make_dsr_backend(n, &[VIP4, VIP6]);
+            lab.make_dsr_backend(n, &[VIP4, VIP6, VIP_ALL]);
             let id = if *n == "client" { "client-local" } else { n };
             lab.spawn(
                 n,
@@ -288,6 +294,12 @@ fn a_node_whose_backend_is_down_reaches_the_healthy_ones() {
     assert_eq!(o.ok(), 20, "{o:?}");
     assert_eq!(o.of("lbb"), 0, "{o:?}");
     only_vip(&o, &mapped, TCP);
+    // A service of every port of its address.
+    let o = tcp_many(&l.lab, "lbb", VIP_ALL, TCP, 20);
+    println!("lbb -> {VIP_ALL} (all ports): {o:?}");
+    assert_eq!(o.ok(), 20, "{o:?}");
+    assert_eq!(o.of("lbb"), 0, "{o:?}");
+    only_vip(&o, VIP_ALL, TCP);
     // The owner too.
     let o = tcp_many(&l.lab, "lba", VIP4, TCP, 20);
     println!("lba -> {VIP4}: {o:?}");
@@ -308,10 +320,10 @@ fn a_node_whose_backend_is_down_reaches_the_healthy_ones() {
     );
     let stats = l.sock_stats("lbb");
     println!("lbb LB_SOCK_STATS: {stats:?}");
-    // 40 connections balanced by the hooks (not by XDP: they never left the node as VIP
-    // packets), 40 getpeername() answers turned back into the VIP.
-    assert!(stats["balanced"] >= 40, "{stats:?}");
-    assert!(stats["reversed"] >= 40, "{stats:?}");
+    // 80 connections balanced by the hooks (not by XDP: they never left the node as VIP
+    // packets), 80 getpeername() answers turned back into the VIP.
+    assert!(stats["balanced"] >= 80, "{stats:?}");
+    assert!(stats["reversed"] >= 80, "{stats:?}");
 
     // lbd dies: its hooks go with it, and the node's connections go where they went without
     // lbd (its own stack, whose backend is down).
