@@ -22,18 +22,18 @@ use lb_tests::{
 use serde_json::Value;
 
 const LABNODE: &str = env!("CARGO_BIN_EXE_labnode");
-const VIP4: &str = "10.83.0.100";
-const VIP6: &str = "fd83::100";
+const VIP4: &str = "10.86.0.100";
+const VIP6: &str = "fd86::100";
 /// A VIP whose one service is every TCP port of the address.
-const VIP_ALL: &str = "10.83.0.101";
+const VIP_ALL: &str = "10.86.0.101";
 const TCP: u16 = 8080;
 const UDP: u16 = 5353;
 /// A port of the VIP that is no service: the local stack serves it, as without lbd.
 const OTHER: u16 = 9090;
 const NODES: [(&str, &str, &str); 3] = [
-    ("lba", "10.83.0.11", "fd83::11"),
-    ("lbb", "10.83.0.12", "fd83::12"),
-    ("web", "10.83.0.13", "fd83::13"),
+    ("lba", "10.86.0.11", "fd86::11"),
+    ("lbb", "10.86.0.12", "fd86::12"),
+    ("web", "10.86.0.13", "fd86::13"),
 ];
 
 struct SockLab {
@@ -82,7 +82,7 @@ impl SockLab {
     /// lba owns the VIPs, lbb and lba hold them on `lo`; `weights` of lba, lbb, web.
     fn new(prefix: &str, weights: [u32; 3]) -> SockLab {
         let mut lab = Lab::new(prefix);
-        lab.add_node("client", "10.83.0.1", "fd83::1");
+        lab.add_node("client", "10.86.0.1", "fd86::1");
         for (n, v4, v6) in NODES {
             lab.add_node(n, v4, v6);
         }
@@ -389,7 +389,7 @@ fn health_and_drain_apply_to_new_host_connections() {
     // Drain the node's own backend.
     let out = lb_tests::lbctl_output(
         &l.sockets["lbb"],
-        &["backends", "drain", VIP4, "10.83.0.12"],
+        &["backends", "drain", VIP4, "10.86.0.12"],
     );
     assert!(out.status.success(), "drain: {out:?}");
     let o = tcp_many(&l.lab, "lbb", VIP4, TCP, 40);
@@ -412,7 +412,7 @@ fn health_and_drain_apply_to_new_host_connections() {
     // Both back.
     let out = lb_tests::lbctl_output(
         &l.sockets["lbb"],
-        &["backends", "undrain", VIP4, "10.83.0.12"],
+        &["backends", "undrain", VIP4, "10.86.0.12"],
     );
     assert!(out.status.success(), "undrain: {out:?}");
     l.lab.spawn(

@@ -20,9 +20,9 @@ use serde_json::{Value, json};
 use super::{median, write_json};
 use crate::{TestDataplane, backend, lab::Lab};
 
-const VIP: &str = "10.84.0.100";
-const NODE: &str = "10.84.0.11";
-const OTHER: &str = "10.84.0.12";
+const VIP: &str = "10.87.0.100";
+const NODE: &str = "10.87.0.11";
+const OTHER: &str = "10.87.0.12";
 const PORT: u16 = 8080;
 const ROUNDS: usize = 7;
 const UDP_CALLS: u32 = 50_000;
@@ -87,7 +87,7 @@ fn measure() -> Vec<(&'static str, Vec<f64>, Vec<f64>)> {
             ServiceSpec {
                 key: vip_key(vip, PORT, PROTO_UDP),
                 owned: false,
-                backends: vec![local(NODE), backend(OTHER, 12), backend("10.84.0.13", 13)],
+                backends: vec![local(NODE), backend(OTHER, 12), backend("10.87.0.13", 13)],
             },
         ],
         peers: Vec::new(),
@@ -130,7 +130,7 @@ fn measure() -> Vec<(&'static str, Vec<f64>, Vec<f64>)> {
 
 pub fn run() {
     let mut lab = Lab::new("skb");
-    lab.add_node("node", NODE, "fd84::11");
+    lab.add_node("node", NODE, "fd87::11");
     lab.make_dsr_backend("node", &[VIP]);
     let cases = lab.in_netns("node", measure);
     println!("{ROUNDS} rounds, interleaved; ns per call (median)");
