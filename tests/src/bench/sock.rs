@@ -8,6 +8,8 @@
 //!   cheapest path: the namespace check and the address filter).
 //! - `tcp_connect_vip`: a whole TCP connect() to a VIP service whose only backend is the node
 //!   itself (handshake on the node, accept, close), the realistic case.
+//! - `tcp_connect_node`: the same to the node's own address, which is where the hook sends
+//!   `tcp_connect_vip`: its plain value is the connection without any balancing work.
 use std::{
     io::ErrorKind,
     net::{SocketAddr, TcpListener, TcpStream, UdpSocket},
@@ -26,8 +28,7 @@ const OTHER: &str = "10.87.0.12";
 const PORT: u16 = 8080;
 const ROUNDS: usize = 7;
 const UDP_CALLS: u32 = 50_000;
-/// Few enough that every round's connections (each leaves a TIME_WAIT) fit in the ephemeral
-/// port range.
+/// Few enough that all rounds' connections (each leaves a TIME_WAIT) fit in the port range.
 const TCP_CALLS: u32 = 1_000;
 
 fn local(addr: &str) -> BackendSpec {
@@ -102,11 +103,16 @@ fn measure() -> Vec<(&'static str, Vec<f64>, Vec<f64>)> {
     });
     let to_vip: SocketAddr = format!("{VIP}:{PORT}").parse().unwrap();
     let to_other: SocketAddr = format!("{OTHER}:{PORT}").parse().unwrap();
-    let mut cases: Vec<(&str, Vec<f64>, Vec<f64>)> =
-        ["udp_connect_vip", "udp_connect_other", "tcp_connect_vip"]
-            .into_iter()
-            .map(|c| (c, Vec::new(), Vec::new()))
-            .collect();
+    let to_node: SocketAddr = format!("{NODE}:{PORT}").parse().unwrap();
+    let mut cases: Vec<(&str, Vec<f64>, Vec<f64>)> = [
+        "udp_connect_vip",
+        "udp_connect_other",
+        "tcp_connect_vip",
+        "tcp_connect_node",
+    ]
+    .into_iter()
+    .map(|c| (c, Vec::new(), Vec::new()))
+    .collect();
     for _ in 0..ROUNDS {
         for hooked in [false, true] {
             if hooked {
@@ -118,6 +124,7 @@ fn measure() -> Vec<(&'static str, Vec<f64>, Vec<f64>)> {
                 udp_connects(to_vip, UDP_CALLS),
                 udp_connects(to_other, UDP_CALLS),
                 tcp_connects(to_vip, TCP_CALLS),
+                tcp_connects(to_node, TCP_CALLS),
             ];
             for (c, ns) in cases.iter_mut().zip(v) {
                 if hooked { c.1.push(ns) } else { c.2.push(ns) }
@@ -132,6 +139,11 @@ pub fn run() {
     let mut lab = Lab::new("skb");
     lab.add_node("node", NODE, "fd87::11");
     lab.make_dsr_backend("node", &[VIP]);
+    // Every round's connections leave TIME_WAITs: a wide port range, and reuse, keep the port
+    // search short and the same in every round.
+    let ns = lab.node("node").netns.clone();
+    lab.sysctl(&ns, "net.ipv4.ip_local_port_range", "1024 65000");
+    lab.sysctl(&ns, "net.ipv4.tcp_tw_reuse", "1");
     let cases = lab.in_netns("node", measure);
     println!("{ROUNDS} rounds, interleaved; ns per call (median)");
     println!(
