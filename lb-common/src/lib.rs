@@ -311,6 +311,71 @@ pub mod decap_stat {
         ["decapsulated", "not_from_peer", "malformed", "passed"];
 }
 
+/// Socket load balancing: what the cgroup hooks of `lb-ebpf/src/sock.rs` read (one entry of
+/// `LB_SOCK_CONFIG`). Written by `lbd` when it attaches them; all zero = the hooks change nothing.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct SockConfig {
+    /// The network namespace whose sockets this node balances (`SO_NETNS_COOKIE` of `lbd`'s
+    /// own namespace). The hooks sit on the root cgroup and so see every process of the host,
+    /// whatever its namespace: a socket of another namespace is never touched.
+    pub netns_cookie: u64,
+    /// `SOCK_F_*` bits.
+    pub flags: u32,
+    pub _pad: u32,
+}
+const _: () = assert!(size_of::<SockConfig>() == 16);
+
+/// `SockConfig::flags`: the hooks balance (clear: they only answer reverse lookups of sockets
+/// balanced before, so a connection keeps showing its VIP).
+pub const SOCK_F_ENABLED: u32 = 1;
+
+/// `LB_SOCK_REV` key: a socket (its cookie) and the backend address it was sent to, as the
+/// socket sees it (an IPv4-mapped IPv6 address for a dual-stack socket, family then 6).
+#[repr(C, align(8))]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct SockRevKey {
+    pub cookie: u64,
+    /// Network byte order; IPv4 in the first 4 bytes.
+    pub addr: [u8; 16],
+    /// Host byte order.
+    pub port: u16,
+    pub family: u8,
+    pub _pad: [u8; 5],
+}
+const _: () = assert!(size_of::<SockRevKey>() == 32);
+
+/// `LB_SOCK_REV` value: the VIP service address the application asked for.
+#[repr(C, align(4))]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct SockRevValue {
+    pub addr: [u8; 16],
+    pub port: u16,
+    pub family: u8,
+    pub _pad: u8,
+}
+const _: () = assert!(size_of::<SockRevValue>() == 20);
+
+/// Entries of `LB_SOCK_REV` (LRU): sockets balanced and still asking for their VIP back.
+pub const SOCK_REV_SIZE: u32 = 65_536;
+
+/// `LB_SOCK_STATS` counters (one per-CPU entry).
+pub mod sock_stat {
+    /// A connect() or an unconnected send to a VIP service got a backend.
+    pub const BALANCED: u32 = 0;
+    /// A VIP service without a backend taking new connections: left to the local stack, as
+    /// without the hooks.
+    pub const NO_BACKEND: u32 = 1;
+    /// The chosen backend's family is not the socket's (a routed backend of the other family):
+    /// left to the local stack.
+    pub const FAMILY_MISMATCH: u32 = 2;
+    /// getpeername() or a received datagram showed the VIP instead of the backend.
+    pub const REVERSED: u32 = 3;
+    pub const COUNT: u32 = 4;
+    pub const NAMES: [&str; COUNT as usize] =
+        ["balanced", "no_backend", "family_mismatch", "reversed"];
+}
+
 /// The window SYNs are counted in (`LbConfig::syn_flood_rate` is scaled to it).
 pub const FLOOD_WINDOW_NS: u64 = 100_000_000;
 /// Once the rate is exceeded, flood mode holds this long after the last window over it.
@@ -475,6 +540,21 @@ pub mod maps {
     pub const OBSOLETE: &[&str] = &["LB_VIP_GEN"];
     /// The XDP program's name in the object.
     pub const PROGRAM: &str = "lb_xdp";
+    /// Socket load balancing (see `SockConfig`).
+    pub const SOCK_CONFIG: &str = "LB_SOCK_CONFIG";
+    pub const SOCK_REV: &str = "LB_SOCK_REV";
+    pub const SOCK_STATS: &str = "LB_SOCK_STATS";
+    /// The cgroup programs of socket load balancing, by attach point.
+    pub const SOCK_PROGRAMS: &[&str] = &[
+        "lb_sock_connect4",
+        "lb_sock_connect6",
+        "lb_sock_sendmsg4",
+        "lb_sock_sendmsg6",
+        "lb_sock_recvmsg4",
+        "lb_sock_recvmsg6",
+        "lb_sock_getpeername4",
+        "lb_sock_getpeername6",
+    ];
 }
 
 /// Slots per table in `LB_TABLES`, rounded up to even: the array's elements are `[u32; 2]`
@@ -551,6 +631,9 @@ mod pod {
     unsafe impl aya::Pod for Counters {}
     unsafe impl aya::Pod for LbConfig {}
     unsafe impl aya::Pod for FloodState {}
+    unsafe impl aya::Pod for SockConfig {}
+    unsafe impl aya::Pod for SockRevKey {}
+    unsafe impl aya::Pod for SockRevValue {}
 }
 
 #[cfg(test)]

@@ -18,6 +18,7 @@ mod fast;
 mod flows;
 mod maps;
 mod packet;
+mod sock;
 
 use aya_ebpf::{
     bindings::xdp_action::{XDP_DROP, XDP_PASS, XDP_TX},

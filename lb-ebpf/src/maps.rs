@@ -119,3 +119,20 @@ pub fn count_traffic(map: &PerCpuArray<Counters>, index: u32, bytes: u64, new_fl
         }
     }
 }
+
+/// Socket load balancing (`sock`): this node's network namespace and switches. Not pinned:
+/// `lbd` writes it each time it attaches the hooks, which go when `lbd` goes.
+#[map]
+pub static LB_SOCK_CONFIG: Array<lb_common::SockConfig> = Array::with_max_entries(1, 0);
+
+/// Socket load balancing: (socket cookie, backend) -> the VIP service the application asked
+/// for, for getpeername() and received datagrams. Pinned: a restarted `lbd` still answers for
+/// sockets balanced before.
+#[map]
+pub static LB_SOCK_REV: LruHashMap<lb_common::SockRevKey, lb_common::SockRevValue> =
+    LruHashMap::pinned(lb_common::SOCK_REV_SIZE, 0);
+
+/// Socket load balancing: `lb_common::sock_stat` counters.
+#[map]
+pub static LB_SOCK_STATS: PerCpuArray<[u64; lb_common::sock_stat::COUNT as usize]> =
+    PerCpuArray::pinned(1, 0);

@@ -138,6 +138,12 @@ pub struct Config {
     /// BGP announcement of VIPs with `announce = "bgp"` through FRR (at most one section).
     #[serde(default)]
     pub bgp: Vec<BgpConfig>,
+    /// Socket load balancing: this node's own connections to a VIP service (kubelet to
+    /// api-int, host-network pods) get a healthy backend by the VIP's Maglev table at connect
+    /// time, instead of always the local one. Needs a cgroup v2 hierarchy lbd can mount; if the
+    /// hooks cannot be attached lbd logs it and runs without them. See docs/architecture.md.
+    #[serde(default = "default_true")]
+    pub socket_lb: bool,
 }
 
 /// How the network learns that this node serves a VIP.

@@ -215,6 +215,11 @@ impl Daemon {
         let cfg_interface = cfg.interface.clone();
         let mut dp = Dataplane::load(load_options(&cfg))?;
         dp.attach(&cfg.interface, cfg.xdp_mode)?;
+        if cfg.socket_lb
+            && let Err(e) = dp.attach_sock()
+        {
+            tracing::error!(error = %format!("{e:#}"), "socket load balancing is off: this node's own connections to a VIP go to its local stack");
+        }
         dp.spawn_log_reader()?;
         let conntrack = conntrack::spawn_counter(
             load_options(&cfg)

@@ -321,6 +321,7 @@ impl ClusterSpec {
             syn_flood_rate: lb_common::DEFAULT_SYN_FLOOD_RATE,
             bgp: Vec::new(),
             failed_backend_hold_ms: crate::config::DEFAULT_FAILED_BACKEND_HOLD_MS,
+            socket_lb: true,
         };
         // A tracked check of a local port, or (None) of the load balancer's own readiness.
         let track =

@@ -16,6 +16,7 @@
 mod counters;
 pub mod decap;
 mod pins;
+pub mod sock;
 mod tables;
 
 use std::{
@@ -458,6 +459,16 @@ impl Dataplane {
         }
         self.attached = Some(interface.to_owned());
         Ok(())
+    }
+
+    /// Socket load balancing: attach the cgroup hooks (see `sock`). They detach when this
+    /// process exits or [`Dataplane::detach_sock`] runs.
+    pub fn attach_sock(&mut self) -> Result<()> {
+        sock::attach(&mut self.ebpf)
+    }
+
+    pub fn detach_sock(&mut self) {
+        sock::detach(&mut self.ebpf)
     }
 
     /// Attach the pass-only program (for the bridge-side peer of a native-mode veth).

@@ -145,5 +145,18 @@ pub fn map_shapes(table_entries: u32, conntrack: u32) -> Vec<Shape> {
         shape(maps::VIP_STATS, 4, size_of::<Counters>(), None),
         shape(maps::BACKEND_STATS, 4, size_of::<Counters>(), None),
         shape(maps::FLOOD, 4, size_of::<lb_common::FloodState>(), None),
+        // Socket load balancing (dataplane::sock).
+        shape(
+            maps::SOCK_REV,
+            size_of::<lb_common::SockRevKey>(),
+            size_of::<lb_common::SockRevValue>(),
+            Some(lb_common::SOCK_REV_SIZE),
+        ),
+        shape(
+            maps::SOCK_STATS,
+            4,
+            8 * lb_common::sock_stat::COUNT as usize,
+            None,
+        ),
     ]
 }

@@ -12,6 +12,7 @@ mod interp;
 mod live;
 pub mod micro;
 pub mod scale;
+pub mod sock;
 pub mod table;
 pub mod throughput;
 

@@ -13,6 +13,7 @@ fn main() {
         ("failover", bench::failover::run),
         ("scale", bench::scale::run),
         ("chaos", bench::chaos::run),
+        ("sock", bench::sock::run),
     ];
     let chosen: Vec<&(&str, fn())> = parts
         .iter()

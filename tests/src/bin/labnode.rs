@@ -2,6 +2,8 @@
 //!
 //! - `labnode serve-id PORT ID`: a TCP server on [::]:PORT (v4 and v6) that writes `ID\n` to
 //!   every connection, then echoes what it reads until the peer closes.
+//! - `labnode serve-udp-id PORT ID`: a UDP server on [::]:PORT (v4 and v6) that answers every
+//!   datagram with `ID\n` (a DNS-like request/response).
 //! - `labnode connect-many ADDR PORT COUNT CONCURRENCY TIMEOUT_MS`: COUNT short connections
 //!   (connect, read the id line, close); prints JSON `{"ok", "failed", "by_id", "errors"}`.
 //! - `labnode hold-ids ADDR PORT COUNT SECONDS INTERVAL_MS [READ_TIMEOUT_S]`: COUNT long-lived
@@ -46,6 +48,17 @@ fn serve_id(port: u16, id: String) {
                 }
             }
         });
+    }
+}
+
+fn serve_udp_id(port: u16, id: String) {
+    let s = std::net::UdpSocket::bind(SocketAddr::new("::".parse().unwrap(), port)).expect("bind");
+    println!("listening on udp {port}");
+    let mut buf = [0u8; 1500];
+    loop {
+        if let Ok((_, from)) = s.recv_from(&mut buf) {
+            let _ = s.send_to(format!("{id}\n").as_bytes(), from);
+        }
     }
 }
 
@@ -211,6 +224,7 @@ fn main() {
     };
     match args.get(1).map(String::as_str) {
         Some("serve-id") => serve_id(arg(2).parse().unwrap(), arg(3)),
+        Some("serve-udp-id") => serve_udp_id(arg(2).parse().unwrap(), arg(3)),
         Some("connect-many") => {
             let ip: IpAddr = arg(2).parse().unwrap();
             short_connections(
