@@ -296,6 +296,7 @@ impl ClusterSpec {
                 .map(|p| p.address)
                 .collect(),
             check_unicast_src: true,
+            unicast_peer_ttl: Vec::new(),
             v2_compat: false,
             vips: vec![vip],
             garp_refresh_s: 60,

@@ -207,6 +207,61 @@ fn unicast_instances_accept_only_their_peers() {
     }
 }
 
+/// A host off the segment that forges a peer's source (it knows the peer's address, the VRID
+/// and the VIPs) reaches us with a TTL below 255: dropped and counted, the VIP stays put.
+#[test]
+fn forged_peer_adverts_with_ttl_64_leave_the_vip_where_it_is() {
+    let base = NodeOpts {
+        unicast: true,
+        ..Default::default()
+    };
+    let mut l = VrrpLab::new(
+        LABNODE,
+        vec![
+            NodeOpts {
+                priority: 150,
+                ..base.clone()
+            },
+            NodeOpts {
+                priority: 100,
+                ..base
+            },
+        ],
+    );
+    assert_eq!(master_of(&l, &[0, 1]), 0);
+    let before: Vec<_> = (0..2).map(|i| l.transitions(i)).collect();
+    let n1 = l.lab.node("n1").v4.clone();
+    let n2 = l.lab.node("n2").v4.clone();
+    // n2's address, priority 255, to the master, as if routed one hop or more (TTL 64).
+    let from = format!("from={n2}");
+    let vrid = VRID.to_string();
+    let sent = send_from_client(
+        &mut l,
+        "forged",
+        &[&n1, &vrid, "255", VIP4, "200", "3", "ttl=64", &from],
+    );
+    assert!(sent > 100);
+    assert_eq!(l.masters(&[0, 1]), vec![0], "{}", l.logs());
+    assert_eq!(l.holders(&[0, 1]), vec![0]);
+    let after: Vec<_> = (0..2).map(|i| l.transitions(i)).collect();
+    assert_eq!(before, after, "the forged adverts never voted");
+    let s = l.status(0).unwrap();
+    let n = counter(&s, &["counters", "drops", "bad_ttl"]);
+    assert!(n * 10 >= sent * 9, "bad_ttl {n} of {sent}: {s}");
+    // The same adverts with TTL 255 (from on the segment) vote: what made the difference is
+    // the TTL.
+    send_from_client(
+        &mut l,
+        "onlink",
+        &[&n1, &vrid, "255", VIP4, "200", "1", &from],
+    );
+    assert!(
+        l.transitions(0) > before[0],
+        "an on-link advert at 255 moves the master: {}",
+        l.logs()
+    );
+}
+
 #[test]
 fn preemption_is_not_split_brain() {
     let mut l = VrrpLab::prepare(LABNODE, vec![prio(150), prio(100)]);

@@ -30,6 +30,10 @@ pub struct Policy {
     pub check_unicast_src: bool,
     /// A VRRPv3 instance that also accepts VRRPv2 adverts (a version migration).
     pub accept_v2: bool,
+    /// IPv6 unicast: the hop limits each listed peer's adverts may arrive with (keepalived's
+    /// per-peer `min_ttl` / `max_ttl`). The socket layer already demands 255 of everything
+    /// else.
+    pub peer_hops: Vec<(IpAddr, std::ops::RangeInclusive<u8>)>,
 }
 
 /// The verdict on one advert.
@@ -65,7 +69,20 @@ impl Policy {
             unicast_peers: unicast_peers.to_vec(),
             check_unicast_src: true,
             accept_v2: false,
+            peer_hops: Vec::new(),
         }
+    }
+
+    /// Whether an advert from `src` to `dst` that arrived with hop limit `hops` is within the
+    /// sender's configured bounds (only IPv6 unicast adverts have bounds; see `io::ttl_ok`).
+    pub fn hops_ok(&self, src: IpAddr, dst: IpAddr, hops: u8) -> bool {
+        if dst.is_multicast() || src.is_ipv4() {
+            return true;
+        }
+        self.peer_hops
+            .iter()
+            .find(|(p, _)| *p == src)
+            .is_none_or(|(_, r)| r.contains(&hops))
     }
 
     fn multicast(&self) -> bool {
@@ -289,6 +306,26 @@ mod tests {
         mig.accept_v2 = true;
         assert_eq!(mig.judge(ip("10.0.0.12"), MC, &a).verdict, Ok(()));
         assert_eq!(mig.judge(ip("10.0.0.12"), MC, &v3).verdict, Ok(()));
+    }
+
+    #[test]
+    fn ipv6_unicast_peers_meet_their_hop_bounds() {
+        let mut p = Policy::new(
+            Version::V3,
+            51,
+            10,
+            Auth::None,
+            &[ip("fd00::100")],
+            &[ip("fd00::2"), ip("fd00::3")],
+        );
+        p.peer_hops = vec![(ip("fd00::2"), 250..=255)];
+        let me = ip("fd00::1");
+        assert!(p.hops_ok(ip("fd00::2"), me, 255));
+        assert!(p.hops_ok(ip("fd00::2"), me, 250));
+        assert!(!p.hops_ok(ip("fd00::2"), me, 249));
+        assert!(!p.hops_ok(ip("fd00::2"), me, 64));
+        // A peer without bounds: any hop limit (keepalived's default of 64 included).
+        assert!(p.hops_ok(ip("fd00::3"), me, 64));
     }
 
     #[test]

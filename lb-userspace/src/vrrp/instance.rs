@@ -305,6 +305,11 @@ fn policy(cfg: &InstanceConfig) -> Policy {
     );
     p.check_unicast_src = cfg.check_unicast_src;
     p.accept_v2 = cfg.v2_compat;
+    p.peer_hops = cfg
+        .unicast_peer_ttl
+        .iter()
+        .map(|b| (b.address, b.min_ttl..=b.max_ttl))
+        .collect();
     p
 }
 
@@ -446,12 +451,20 @@ impl Runner {
     }
 
     async fn on_packet(&mut self, incoming: Incoming) {
-        let (src, dst, advert) = match incoming {
-            Incoming::Advert { src, dst, advert } => (src, dst, advert),
+        let (src, dst, hops, advert) = match incoming {
+            Incoming::Advert {
+                src,
+                dst,
+                hops,
+                advert,
+            } => (src, dst, hops, advert),
             Incoming::Dropped { reason, src } => return self.count_drop(src, reason),
         };
         if src == self.socket.src() {
             return;
+        }
+        if !self.policy.hops_ok(src, dst, hops) {
+            return self.count_drop(Some(src), DecodeError::BadTtl);
         }
         let j = self.policy.judge(src, dst, &advert);
         if let Some(differs) = j.collision {
@@ -778,6 +791,7 @@ mod smoke {
             preempt_delay_ms: 0,
             unicast_peers: vec![],
             check_unicast_src: true,
+            unicast_peer_ttl: vec![],
             v2_compat: false,
             unicast_src: None,
             vips: vec![var("LB_SMOKE_VIP").parse().unwrap()],
