@@ -277,6 +277,14 @@ pub async fn ensure_local_vip(handle: &Handle, vip: IpAddr) -> Result<()> {
     };
     let prefix = if vip.is_ipv4() { 32 } else { 128 };
     let mut req = handle.address().add(lo, vip, prefix);
+    // Labelled like every address lbd adds, so removal can tell it from the host's own.
+    if vip.is_ipv4()
+        && let Some(label) = crate::vrrp::announce::vip_label("lo")
+    {
+        req.message_mut()
+            .attributes
+            .push(AddressAttribute::Label(label));
+    }
     if vip.is_ipv6() {
         use rtnetlink::packet_route::address::{AddressFlags, AddressHeaderFlags};
         let msg = req.message_mut();

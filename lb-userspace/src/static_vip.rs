@@ -42,6 +42,19 @@ pub fn static_vips(cfg: &Config) -> Vec<IpAddr> {
     out
 }
 
+/// Every address lbd holds on an interface by `cfg`: the VRRP instances' VIPs and the static
+/// VIPs. Start-up cleanup of an earlier configuration's VIPs keeps these: a static VIP on the
+/// interface of a VRRP instance is not a leftover. Pure.
+pub fn configured_vips(cfg: &Config) -> Vec<IpAddr> {
+    let mut out: Vec<IpAddr> = cfg.vrrp.iter().flat_map(|r| r.vips.clone()).collect();
+    for v in static_vips(cfg) {
+        if !out.contains(&v) {
+            out.push(v);
+        }
+    }
+    out
+}
+
 /// The static VIPs lbd holds now, and the task announcing them.
 pub struct StaticVips {
     ifname: String,
@@ -128,16 +141,13 @@ interface = "eth0"
 [[vips]]
 name = "a"
 address = "192.0.2.1"
+owned = true
 ports = [80]
 [[vips]]
 name = "a443"
 address = "192.0.2.1"
+owned = true
 ports = [443]
-[[vips]]
-name = "b"
-address = "192.0.2.2"
-ports = [80]
-owned = false
 [[vips]]
 name = "c"
 address = "192.0.2.3"
@@ -161,5 +171,10 @@ asn = 65000
         )
         .unwrap();
         assert_eq!(static_vips(&cfg), ["192.0.2.1".parse::<IpAddr>().unwrap()]);
+        // Start-up cleanup keeps both kinds on the interface.
+        let keep = configured_vips(&cfg);
+        assert!(keep.contains(&"192.0.2.1".parse().unwrap()), "{keep:?}");
+        assert!(keep.contains(&"192.0.2.3".parse().unwrap()), "{keep:?}");
+        assert!(!keep.contains(&"192.0.2.4".parse().unwrap()), "{keep:?}");
     }
 }

@@ -33,7 +33,7 @@ fn config(lab: &Lab, name: &str, socket: &str) -> String {
     );
     for (vname, vip, v6) in [("web4", VIP4, false), ("web6", VIP6, true)] {
         c += &format!(
-            "\n[[vips]]\nname = \"{vname}\"\naddress = \"{vip}\"\nports = [{PORT}]\n[vips.health]\nkind = \"tcp\"\ninterval_ms = 200\n"
+            "\n[[vips]]\nname = \"{vname}\"\naddress = \"{vip}\"\nports = [{PORT}]\nowned = true\n[vips.health]\nkind = \"tcp\"\ninterval_ms = 200\n"
         );
         for (n, w) in [("b1", 1), ("b2", 1), ("b3", 2)] {
             c += &format!(

@@ -282,6 +282,50 @@ fn preemption_is_not_split_brain() {
     }
 }
 
+/// A static VIP and a VRRP instance on one interface: start-up cleanup of an earlier
+/// configuration's VIPs must not take the static one, at start, reload or restart.
+#[test]
+fn a_static_vip_and_a_vrrp_instance_on_one_interface_both_hold() {
+    const STATIC: &str = "10.78.0.102";
+    let mut l = VrrpLab::prepare(LABNODE, vec![prio(150)]);
+    let c = l.config(0);
+    std::fs::write(
+        l.config_path(0),
+        c + &format!(
+            "\n[[vips]]\nname = \"static\"\naddress = \"{STATIC}\"\nports = [80]\nowned = true\n"
+        ),
+    )
+    .unwrap();
+    let both_held = |l: &VrrpLab, when: &str| {
+        let held = wait_for(Duration::from_secs(10), || {
+            let a = addrs(l, 0, "eth0");
+            (a.iter().any(|x| x == VIP4) && a.iter().any(|x| x == STATIC)).then_some(())
+        });
+        assert!(
+            held.is_some(),
+            "{when}: eth0 has {:?}\n{}",
+            addrs(l, 0, "eth0"),
+            l.logs()
+        );
+        // And they stay (nothing removes one a moment later).
+        std::thread::sleep(Duration::from_secs(1));
+        let a = addrs(l, 0, "eth0");
+        assert!(
+            a.iter().any(|x| x == VIP4) && a.iter().any(|x| x == STATIC),
+            "{when}, a second later: {a:?}"
+        );
+    };
+    l.start(0);
+    assert_eq!(master_of(&l, &[0]), 0);
+    both_held(&l, "after start");
+    l.signal(0, libc::SIGHUP);
+    both_held(&l, "after reload");
+    l.stop(0, libc::SIGTERM);
+    l.start(0);
+    assert_eq!(master_of(&l, &[0]), 0);
+    both_held(&l, "after restart");
+}
+
 /// A second instance for a one-node lab (api: VRID 51, ingress: VRID 52), both master.
 fn ingress(priority: u8) -> String {
     format!(

@@ -99,7 +99,7 @@ pub struct InstanceStatus {
 }
 
 enum Command {
-    TrackWeight(i32),
+    TrackWeight(super::track::Tracking),
     /// A reload changed only fields that apply in place (see
     /// [`InstanceConfig::restart_needed`]).
     Reconfigure(Box<InstanceConfig>),
@@ -194,6 +194,7 @@ impl Instance {
             link_up: info.up,
             ifindex: info.index,
             weight: 0,
+            track_fault: false,
             warn: WarnLimiter::default(),
             dual: DualMaster::default(),
             remove_pending: false,
@@ -247,9 +248,10 @@ impl Instance {
         self.forwarding.take()
     }
 
-    /// Set the sum of tracked weights (e.g. +20 for a ready local haproxy-equivalent); the
-    /// effective priority becomes base + weights, clamped to 1..=254 (255 stays 255).
-    pub async fn set_track_weight(&self, weight: i32) {
+    /// Set what the tracked checks add up to ([`super::track::tracking`]): the effective
+    /// priority becomes base + weight, clamped to 1..=254 (255 stays 255); `fault` puts the
+    /// instance in FAULT until it clears.
+    pub async fn set_track_weight(&self, weight: super::track::Tracking) {
         let _ = self.commands.send(Command::TrackWeight(weight)).await;
     }
 
@@ -322,6 +324,8 @@ struct Runner {
     ifindex: u32,
     /// The sum of tracked weights last set.
     weight: i32,
+    /// A weight-0 tracked check fails (FAULT).
+    track_fault: bool,
     warn: WarnLimiter,
     dual: DualMaster,
     /// A VIP removal failed and is retried at the next link poll.
@@ -384,10 +388,14 @@ impl Runner {
                 },
                 _ = link_poll.tick() => self.poll_link().await,
                 cmd = commands.recv() => match cmd {
-                    Some(Command::TrackWeight(w)) => {
-                        self.weight = w;
-                        let p = state::effective_priority(self.cfg.priority, w);
+                    Some(Command::TrackWeight(t)) => {
+                        self.weight = t.weight;
+                        let p = state::effective_priority(self.cfg.priority, t.weight);
                         self.step(Event::PriorityChanged(p)).await;
+                        if t.fault != self.track_fault {
+                            self.track_fault = t.fault;
+                            self.step(Event::TrackFault(t.fault)).await;
+                        }
                     }
                     Some(Command::Reconfigure(cfg)) => self.reconfigure(*cfg).await,
                     Some(Command::Shutdown(done)) => {

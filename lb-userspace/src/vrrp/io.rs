@@ -518,6 +518,85 @@ pub fn interface_info(ifname: &str) -> io::Result<InterfaceInfo> {
     Ok(info)
 }
 
+/// Every address of this host, with its interface and what tells lbd's own from the host's
+/// (see [`super::announce::added_by_lbd`]): IPv4 from getifaddrs(3) (the name it reports is
+/// the address label, `eth0:lb`), IPv6 from /proc/net/if_inet6 (which carries the flags).
+pub fn host_addresses() -> io::Result<Vec<(String, super::announce::ListedAddr)>> {
+    use super::announce::ListedAddr;
+    let mut out = Vec::new();
+    let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: getifaddrs fills `head` with a list freed below; pointers are checked for null
+    // and each sockaddr is read according to its family.
+    unsafe {
+        if libc::getifaddrs(&mut head) < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let mut cur = head;
+        while !cur.is_null() {
+            let ifa = &*cur;
+            cur = ifa.ifa_next;
+            if ifa.ifa_name.is_null()
+                || ifa.ifa_addr.is_null()
+                || i32::from((*ifa.ifa_addr).sa_family) != libc::AF_INET
+            {
+                continue;
+            }
+            let label = std::ffi::CStr::from_ptr(ifa.ifa_name)
+                .to_string_lossy()
+                .into_owned();
+            let sa = std::ptr::read_unaligned(ifa.ifa_addr.cast::<libc::sockaddr_in>());
+            let prefix_len = if ifa.ifa_netmask.is_null() {
+                32
+            } else {
+                let m = std::ptr::read_unaligned(ifa.ifa_netmask.cast::<libc::sockaddr_in>());
+                u32::from_be_bytes(m.sin_addr.s_addr.to_ne_bytes()).count_ones() as u8
+            };
+            let ifname = label.split(':').next().unwrap_or_default().to_string();
+            out.push((
+                ifname,
+                ListedAddr {
+                    addr: IpAddr::V4(Ipv4Addr::from(sa.sin_addr.s_addr.to_ne_bytes())),
+                    prefix_len,
+                    label: Some(label),
+                    nodad: false,
+                },
+            ));
+        }
+        libc::freeifaddrs(head);
+    }
+    // No IPv6 at all (disabled): nothing to add.
+    if let Ok(text) = std::fs::read_to_string("/proc/net/if_inet6") {
+        out.extend(parse_if_inet6(&text));
+    }
+    Ok(out)
+}
+
+/// `/proc/net/if_inet6` lines: address (32 hex digits), ifindex, prefix length, scope, flags
+/// (hex), interface name. Pure.
+pub fn parse_if_inet6(text: &str) -> Vec<(String, super::announce::ListedAddr)> {
+    const IFA_F_NODAD: u32 = 0x02;
+    text.lines()
+        .filter_map(|line| {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            if f.len() < 6 || f[0].len() != 32 {
+                return None;
+            }
+            let addr = u128::from_str_radix(f[0], 16).ok()?;
+            let prefix_len = u8::from_str_radix(f[2], 16).ok()?;
+            let flags = u32::from_str_radix(f[4], 16).ok()?;
+            Some((
+                f[5].to_string(),
+                super::announce::ListedAddr {
+                    addr: IpAddr::V6(Ipv6Addr::from(addr)),
+                    prefix_len,
+                    label: None,
+                    nodad: flags & IFA_F_NODAD != 0,
+                },
+            ))
+        })
+        .collect()
+}
+
 impl InterfaceInfo {
     /// The address adverts are sent from: for IPv6 the first link-local address (RFC 9568), for
     /// IPv4 the first address that is not one of our VIPs.
@@ -670,6 +749,29 @@ mod tests {
                 let _ = parse_ipv4(&p, true);
             }
         }
+    }
+
+    #[test]
+    fn if_inet6_lines_parse() {
+        let text = "fd000000000000000000000000000005 02 80 00 82 eth0\n\
+                    fe800000000000000000000000000001 02 40 20 80 eth0\n\
+                    garbage\n";
+        let got = parse_if_inet6(text);
+        assert_eq!(got.len(), 2);
+        assert_eq!(got[0].0, "eth0");
+        assert_eq!(got[0].1.addr, "fd00::5".parse::<IpAddr>().unwrap());
+        assert_eq!(got[0].1.prefix_len, 128);
+        assert!(got[0].1.nodad);
+        assert_eq!(got[1].1.prefix_len, 64);
+        assert!(!got[1].1.nodad);
+    }
+
+    #[test]
+    fn host_addresses_include_loopback() {
+        let all = host_addresses().unwrap();
+        assert!(all.iter().any(|(i, a)| i == "lo"
+            && a.addr == IpAddr::from(Ipv4Addr::LOCALHOST)
+            && a.prefix_len == 8));
     }
 
     #[test]

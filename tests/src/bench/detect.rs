@@ -178,7 +178,7 @@ impl HttpsLab {
     pub fn config(&self, weights: &[(&str, u32)]) -> String {
         let mut c = format!(
             "interface = \"eth0\"\nname = \"{}\"\napi_socket = \"{}\"\nxdp_mode = \"skb\"\n\n\
-             [[vips]]\nname = \"api\"\naddress = \"{VIP}\"\nports = [{HTTPS_PORT}, {TCP_PORT}]\n\
+             [[vips]]\nname = \"api\"\naddress = \"{VIP}\"\nports = [{HTTPS_PORT}, {TCP_PORT}]\nowned = true\n\
              [vips.health]\nkind = \"https\"\npath = \"/readyz\"\nport = {HTTPS_PORT}\n",
             self.pin_name, self.socket
         );
