@@ -297,6 +297,7 @@ impl ClusterSpec {
                 .collect(),
             check_unicast_src: true,
             unicast_peer_ttl: Vec::new(),
+            garp_master_delay_s: 5,
             v2_compat: false,
             vips: vec![vip],
             garp_refresh_s: 60,

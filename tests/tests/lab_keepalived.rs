@@ -225,3 +225,44 @@ fn mixed_versions_without_compat_are_reported_as_split_brain() {
         "one episode, not one per advert"
     );
 }
+
+/// A planned restart in a mixed cluster: the lbd master stops (a priority-0 advert) and the
+/// highest-priority backup, lbd, takes over after its skew, as keepalived's backups time it.
+/// The lower-priority keepalived backup never becomes master in between: one VIP move, one
+/// round of announcements (counted by keepalived's "Entering ... STATE" lines).
+#[test]
+fn a_resignation_moves_the_vip_once_with_keepalived_backups() {
+    let mut l = VrrpLab::new(
+        LABNODE,
+        vec![
+            NodeOpts::openshift_lbd(200),
+            NodeOpts::openshift_lbd(150),
+            NodeOpts::openshift_keepalived(100),
+        ],
+    );
+    assert_eq!(master_of(&l, &[0, 1, 2]), 0);
+    steady(&l, &[0, 1, 2], 0, 3);
+    let keepalived_before = l.transitions(2);
+    let became_before = l.status(1).unwrap()["counters"]["became_master"]
+        .as_u64()
+        .unwrap();
+    l.stop(0, libc::SIGTERM);
+    assert_eq!(master_of(&l, &[1, 2]), 1, "lbd (150) takes over");
+    steady(&l, &[1, 2], 1, 3);
+    assert_eq!(
+        l.transitions(2),
+        keepalived_before,
+        "keepalived (100) stayed backup throughout\n{}",
+        l.logs()
+    );
+    let s = l.status(1).unwrap();
+    assert_eq!(
+        s["counters"]["became_master"].as_u64().unwrap(),
+        became_before + 1,
+        "{s}"
+    );
+    assert_eq!(
+        s["last_transition"]["reason"], "master resigned (priority 0 advert)",
+        "{s}"
+    );
+}

@@ -73,6 +73,22 @@ impl Policy {
         }
     }
 
+    /// Whether judgement `j` is evidence of a second master (see [`super::split_brain`]): the
+    /// advert claims our VIPs and was admitted, or it comes from one of our checked unicast
+    /// peers and differs only in version, password or interval (a migration half done: a real
+    /// second master that cannot hear us). Never a stranger's or a forged source's advert, so
+    /// neither the count nor the log grows with what an attacker sends.
+    pub fn split_brain_evidence(&self, j: &Judgement) -> bool {
+        j.claims_our_vips
+            && match j.verdict {
+                Ok(()) => true,
+                Err(
+                    DecodeError::WrongVersion | DecodeError::WrongAuth | DecodeError::WrongInterval,
+                ) => !self.multicast() && self.check_unicast_src,
+                Err(_) => false,
+            }
+    }
+
     /// Whether an advert from `src` to `dst` that arrived with hop limit `hops` is within the
     /// sender's configured bounds (only IPv6 unicast adverts have bounds; see `io::ttl_ok`).
     pub fn hops_ok(&self, src: IpAddr, dst: IpAddr, hops: u8) -> bool {
@@ -306,6 +322,40 @@ mod tests {
         mig.accept_v2 = true;
         assert_eq!(mig.judge(ip("10.0.0.12"), MC, &a).verdict, Ok(()));
         assert_eq!(mig.judge(ip("10.0.0.12"), MC, &v3).verdict, Ok(()));
+    }
+
+    #[test]
+    fn only_admitted_adverts_are_split_brain_evidence() {
+        let me = ip("10.0.0.11");
+        let u = unicast();
+        let ok = u.judge(ip("10.0.0.12"), me, &advert(200, &["10.0.0.100"]));
+        assert!(u.split_brain_evidence(&ok));
+        let stranger = u.judge(ip("10.0.0.99"), me, &advert(255, &["10.0.0.100"]));
+        assert!(stranger.claims_our_vips);
+        assert!(!u.split_brain_evidence(&stranger));
+        // A peer of ours that speaks the other version: a real second master.
+        let mut v2 = advert(200, &["10.0.0.100"]);
+        v2.version = Version::V2;
+        v2.interval_cs = 100;
+        let j = u.judge(ip("10.0.0.12"), me, &v2);
+        assert_eq!(j.verdict, Err(DecodeError::WrongVersion));
+        assert!(u.split_brain_evidence(&j));
+        // The same from any source on a multicast instance (or with the source check off):
+        // anyone can send it, so it is not evidence.
+        let m = multicast();
+        let mut v2m = advert(200, &["10.0.0.100", "10.0.0.101"]);
+        v2m.version = Version::V2;
+        let j = m.judge(ip("10.0.0.77"), MC, &v2m);
+        assert!(!m.split_brain_evidence(&j));
+        let open = Policy {
+            check_unicast_src: false,
+            ..unicast()
+        };
+        let j = open.judge(ip("10.0.0.77"), me, &v2);
+        assert!(!open.split_brain_evidence(&j));
+        // Priority 0 is a resignation, not a claim.
+        let j = u.judge(ip("10.0.0.12"), me, &advert(0, &["10.0.0.100"]));
+        assert!(!u.split_brain_evidence(&j));
     }
 
     #[test]

@@ -101,6 +101,11 @@ impl Announcer {
         })
     }
 
+    /// The MAC this announcer announces (the interface's when it was made).
+    pub fn mac(&self) -> [u8; 6] {
+        self.mac
+    }
+
     /// Announce every VIP once. Errors are returned after trying all of them.
     pub fn announce(&self, vips: &[IpAddr]) -> io::Result<()> {
         let mut last_err = None;
@@ -354,6 +359,23 @@ async fn remove_matching(
         remove_vip(handle, ifname, *ip).await?;
     }
     Ok(stale)
+}
+
+/// The interface's state as rtnetlink reports it: `Some(up and running)`, or `None` when the
+/// interface does not exist. The confirmation a poll that saw it down (or failed) needs before
+/// the instance goes to FAULT.
+pub async fn link_state(handle: &Handle, ifname: &str) -> Result<Option<bool>> {
+    use rtnetlink::packet_route::link::LinkFlags;
+    let mut s = handle.link().get().match_name(ifname.to_string()).execute();
+    match s.try_next().await {
+        Ok(Some(msg)) => Ok(Some(
+            msg.header.flags.contains(LinkFlags::Up)
+                && msg.header.flags.contains(LinkFlags::Running),
+        )),
+        Ok(None) => Ok(None),
+        Err(e) if errno(&e) == Some(libc::ENODEV) => Ok(None),
+        Err(e) => Err(e).with_context(|| format!("link state of {ifname}")),
+    }
 }
 
 fn errno(e: &rtnetlink::Error) -> Option<i32> {

@@ -69,6 +69,15 @@ pub struct InstanceConfig {
     /// Re-announce the VIPs this often while master; 0 disables the refresh.
     #[serde(default = "default_garp_refresh")]
     pub garp_refresh_s: u64,
+    /// A second burst of announcements this long after becoming master (keepalived's
+    /// `garp_master_delay`, 5 s by default), for switches and hosts that missed the first while
+    /// the link or the spanning tree settled; 0: one burst only.
+    #[serde(default = "default_garp_master_delay")]
+    pub garp_master_delay_s: u64,
+}
+
+fn default_garp_master_delay() -> u64 {
+    5
 }
 
 /// Hop-limit bounds for one IPv6 unicast peer (see `InstanceConfig::unicast_peer_ttl`).
@@ -248,6 +257,9 @@ impl InstanceConfig {
                 format!("{src}: not the VIPs' address family"),
             );
         }
+        if self.garp_master_delay_s > 3600 {
+            return err("garp_master_delay_s", "more than an hour".into());
+        }
         if self.preempt_delay_ms > 3_600_000 {
             return err("preempt_delay_ms", "more than an hour".into());
         }
@@ -324,6 +336,7 @@ mod tests {
         assert_eq!(c.interval_ms(), 100);
         assert!(c.preempt);
         assert_eq!(c.garp_refresh_s, 60);
+        assert_eq!(c.garp_master_delay_s, 5);
         assert!(c.unicast_peers.is_empty());
         assert!(c.check_unicast_src);
         assert!(!c.v2_compat);

@@ -71,6 +71,19 @@ pub struct Counters {
     pub vip_errors: u64,
     /// The VRRP socket was bound again to a recreated interface.
     pub rebinds: u64,
+    /// The interface's MAC changed (bond failover, a cloned MAC): announced again at once.
+    pub mac_changes: u64,
+    /// A link poll that saw the interface down (or failed) was not confirmed by netlink: the
+    /// instance stayed where it was.
+    pub unconfirmed_link_down: u64,
+}
+
+/// The last advert that could not be sent.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct SendErrorRecord {
+    pub at_unix_ms: u64,
+    pub dst: IpAddr,
+    pub error: String,
 }
 
 /// `lbctl vrrp status` for one instance.
@@ -94,6 +107,8 @@ pub struct InstanceStatus {
     pub owned: bool,
     pub last_transition: Option<TransitionRecord>,
     pub last_split_brain: Option<SplitBrainRecord>,
+    /// A master whose adverts fail is master only in its own eyes: shown, counted and warned.
+    pub last_send_error: Option<SendErrorRecord>,
     pub counters: Counters,
     pub collisions: Collisions,
 }
@@ -176,6 +191,7 @@ impl Instance {
             owned: false,
             last_transition: None,
             last_split_brain: None,
+            last_send_error: None,
             counters: Counters {
                 drops: DecodeError::ALL.iter().map(|e| (e.reason(), 0)).collect(),
                 ..Counters::default()
@@ -205,6 +221,7 @@ impl Instance {
             epoch: Instant::now(),
             timer: None,
             garp_left: 0,
+            second_burst: false,
             next_garp: None,
             status: status.clone(),
             owned: owned_tx,
@@ -338,6 +355,8 @@ struct Runner {
     epoch: Instant,
     timer: Option<Instant>,
     garp_left: u32,
+    /// The second burst (`garp_master_delay_s`) is still to come.
+    second_burst: bool,
     next_garp: Option<Instant>,
     status: Arc<Mutex<InstanceStatus>>,
     owned: watch::Sender<bool>,
@@ -413,15 +432,36 @@ impl Runner {
         }
     }
 
-    /// Follow the interface: down or gone means fault; back (possibly as a new device with a
+    /// Follow the interface: down or gone means fault, but only once netlink confirms it (one
+    /// failed or odd getifaddrs poll is not a link down); back (possibly as a new device with a
     /// new index, e.g. a rebuilt bridge) means the socket and announcer are bound again to it
-    /// before the instance starts again.
+    /// before the instance starts again. A new MAC is announced at once.
     async fn poll_link(&mut self) {
         if self.remove_pending && self.machine.state() != State::Master {
             self.remove_vips().await;
         }
-        let info = interface_info(&self.ifname).ok();
-        let up = info.as_ref().is_some_and(|i| i.up);
+        let polled = interface_info(&self.ifname);
+        let seen = match &polled {
+            Ok(i) => Polled::Up(i.up),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Polled::Gone,
+            Err(_) => Polled::Failed,
+        };
+        let confirmed = if seen == Polled::Up(true) || seen == Polled::Gone {
+            None
+        } else {
+            match announce::link_state(&self.netlink, &self.ifname).await {
+                Ok(state) => Some(state.unwrap_or(false)),
+                Err(e) => {
+                    tracing::debug!(instance = %self.cfg.name, error = format!("{e:#}"), "link state not confirmed");
+                    None
+                }
+            }
+        };
+        let up = link_verdict(seen, confirmed, self.link_up);
+        if up && seen != Polled::Up(true) {
+            self.with_status(|s| s.counters.unconfirmed_link_down += 1);
+        }
+        let info = polled.ok();
         if let Some(info) = info.as_ref().filter(|i| i.index != self.ifindex) {
             if self.link_up {
                 // Replaced between two polls: leave as if it had gone down first.
@@ -447,6 +487,9 @@ impl Runner {
                 }
             }
         }
+        if let Some(info) = info.as_ref() {
+            self.follow_addresses(info).await;
+        }
         if up != self.link_up {
             self.link_up = up;
             let ev = if up {
@@ -455,6 +498,44 @@ impl Runner {
                 Event::InterfaceDown
             };
             self.step(ev).await;
+        }
+    }
+
+    /// The interface's MAC or (IPv6) link-local address changed under us (bond failover, a
+    /// cloned MAC): announce with the new MAC at once, or clients keep the old one and lose
+    /// the VIP; send adverts from the new link-local address.
+    async fn follow_addresses(&mut self, info: &super::io::InterfaceInfo) {
+        if let (Some(mac), Some(a)) = (info.mac, self.announcer.as_ref())
+            && mac != a.mac()
+        {
+            tracing::info!(instance = %self.cfg.name, interface = %self.ifname, old = ?a.mac(), new = ?mac, "interface MAC changed; announcing the new one");
+            self.announcer = Announcer::new(&self.ifname).ok();
+            self.with_status(|s| s.counters.mac_changes += 1);
+            if self.machine.state() == State::Master {
+                self.garp_left = GARP_BURST;
+                self.next_garp = Some(Instant::now());
+            }
+        }
+        let v6 = self.cfg.vips.first().is_some_and(IpAddr::is_ipv6);
+        if self.cfg.unicast_src.is_none()
+            && v6
+            && let Some(src) = info.primary_addr(true, &self.cfg.vips)
+            && src != self.socket.src()
+        {
+            match VrrpSocket::open(&self.ifname, src, self.cfg.unicast_peers.is_empty()) {
+                Ok(socket) => {
+                    tracing::info!(instance = %self.cfg.name, old = %self.socket.src(), new = %src, "link-local address changed; adverts now sent from the new one");
+                    self.socket = socket;
+                    let p = params(&self.cfg, src);
+                    let effective = state::effective_priority(self.cfg.priority, self.weight);
+                    let out = self.machine.reconfigure(self.now(), p, effective);
+                    self.with_status(|s| s.primary_addr = src);
+                    self.carry_out(out).await;
+                }
+                Err(e) => {
+                    tracing::warn!(instance = %self.cfg.name, error = %e, "cannot send from the new link-local address yet");
+                }
+            }
         }
     }
 
@@ -478,7 +559,7 @@ impl Runner {
         if let Some(differs) = j.collision {
             self.record_collision(src, &advert, differs);
         }
-        if j.claims_our_vips && self.machine.state() == State::Master {
+        if self.policy.split_brain_evidence(&j) && self.machine.state() == State::Master {
             let interval = Duration::from_millis(u64::from(advert.interval_cs) * 10);
             if self.dual.observe(self.now(), src, interval) {
                 let their = j.verdict.err().map_or("ok", DecodeError::reason);
@@ -498,13 +579,16 @@ impl Runner {
     }
 
     fn record_split_brain(&mut self, peer: IpAddr, peer_priority: u8, their: &'static str) {
-        tracing::warn!(
-            instance = %self.cfg.name,
-            %peer,
-            peer_priority,
-            their_adverts = their,
-            "two masters at once (split brain): another router keeps claiming our VIPs"
-        );
+        if let Some(suppressed) = self.warn.allow(self.now(), Some(peer), "split_brain") {
+            tracing::warn!(
+                instance = %self.cfg.name,
+                %peer,
+                peer_priority,
+                their_adverts = their,
+                suppressed,
+                "two masters at once (split brain): another router keeps claiming our VIPs"
+            );
+        }
         self.with_status(|s| {
             s.counters.split_brain += 1;
             s.last_split_brain = Some(SplitBrainRecord {
@@ -696,8 +780,17 @@ impl Runner {
             match result {
                 Ok(()) => self.with_status(|s| s.counters.adverts_sent += 1),
                 Err(e) => {
-                    tracing::debug!(instance = %self.cfg.name, %dst, error = %e, "advert not sent");
-                    self.with_status(|s| s.counters.send_errors += 1);
+                    if let Some(suppressed) = self.warn.allow(self.now(), Some(dst), "send_error") {
+                        tracing::warn!(instance = %self.cfg.name, %dst, error = %e, suppressed, state = self.machine.state().as_str(), "VRRP advert not sent: peers may not hear this node");
+                    }
+                    self.with_status(|s| {
+                        s.counters.send_errors += 1;
+                        s.last_send_error = Some(SendErrorRecord {
+                            at_unix_ms: unix_ms(),
+                            dst,
+                            error: e,
+                        });
+                    });
                 }
             }
         }
@@ -727,6 +820,7 @@ impl Runner {
         }
         self.with_status(|s| s.owned = true);
         self.garp_left = GARP_BURST;
+        self.second_burst = true;
         self.next_garp = Some(Instant::now());
     }
 
@@ -735,6 +829,7 @@ impl Runner {
         let _ = self.owned.send(false);
         self.with_status(|s| s.owned = false);
         self.garp_left = 0;
+        self.second_burst = false;
         self.next_garp = None;
         self.remove_vips().await;
     }
@@ -763,14 +858,137 @@ impl Runner {
                 }
             }
         }
-        self.garp_left = self.garp_left.saturating_sub(1);
-        self.next_garp = if self.garp_left > 0 {
-            Some(Instant::now() + GARP_SPACING)
-        } else if self.cfg.garp_refresh_s > 0 {
-            Some(Instant::now() + Duration::from_secs(self.cfg.garp_refresh_s))
-        } else {
-            None
+        let next = after_announce(
+            self.garp_left,
+            self.second_burst,
+            self.cfg.garp_master_delay_s,
+            self.cfg.garp_refresh_s,
+        );
+        (self.garp_left, self.second_burst) = (next.left, next.second_burst);
+        self.next_garp = next.wait.map(|d| Instant::now() + d);
+    }
+}
+
+/// What one getifaddrs poll said about the interface.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Polled {
+    /// Present; up and running or not.
+    Up(bool),
+    /// No such interface.
+    Gone,
+    /// getifaddrs failed.
+    Failed,
+}
+
+/// Whether the link counts as up (pure): a poll that saw it up, or an interface that is gone,
+/// is believed at once; a poll that saw it down or failed needs netlink's confirmation
+/// (`confirmed`: what netlink said, `None` when it could not be asked), else the link keeps
+/// its `previous` state. One transient error never moves the VIP.
+fn link_verdict(polled: Polled, confirmed: Option<bool>, previous: bool) -> bool {
+    match polled {
+        Polled::Up(true) => true,
+        Polled::Gone => false,
+        Polled::Up(false) | Polled::Failed => confirmed.unwrap_or(previous),
+    }
+}
+
+/// What follows one round of announcements.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct AfterAnnounce {
+    /// Rounds left in the current burst.
+    left: u32,
+    second_burst: bool,
+    /// When the next round is due; `None`: no more until the next change.
+    wait: Option<Duration>,
+}
+
+/// After one round with `left` rounds of the burst to go (this one included): the rest of the
+/// burst, [`GARP_SPACING`] apart; then, once, a second burst `delay_s` later (keepalived's
+/// `garp_master_delay`); then a round every `refresh_s`. Pure.
+fn after_announce(left: u32, second_burst: bool, delay_s: u64, refresh_s: u64) -> AfterAnnounce {
+    let left = left.saturating_sub(1);
+    if left > 0 {
+        return AfterAnnounce {
+            left,
+            second_burst,
+            wait: Some(GARP_SPACING),
         };
+    }
+    if second_burst && delay_s > 0 {
+        return AfterAnnounce {
+            left: GARP_BURST,
+            second_burst: false,
+            wait: Some(Duration::from_secs(delay_s)),
+        };
+    }
+    AfterAnnounce {
+        left: 0,
+        second_burst: false,
+        wait: (refresh_s > 0).then(|| Duration::from_secs(refresh_s)),
+    }
+}
+
+#[cfg(test)]
+mod schedule_tests {
+    use super::*;
+
+    #[test]
+    fn a_link_is_down_only_when_netlink_confirms_it() {
+        // One failed poll, netlink says up (or cannot be asked): stays up.
+        assert!(link_verdict(Polled::Failed, Some(true), true));
+        assert!(link_verdict(Polled::Failed, None, true));
+        assert!(link_verdict(Polled::Up(false), None, true));
+        assert!(link_verdict(Polled::Up(false), Some(true), true));
+        // Confirmed down.
+        assert!(!link_verdict(Polled::Up(false), Some(false), true));
+        assert!(!link_verdict(Polled::Failed, Some(false), true));
+        // Gone is gone; up is up.
+        assert!(!link_verdict(Polled::Gone, None, true));
+        assert!(link_verdict(Polled::Up(true), None, false));
+        // A down link stays down until a poll sees it up.
+        assert!(!link_verdict(Polled::Failed, None, false));
+    }
+
+    /// The waits between rounds from becoming master, for `n` rounds.
+    fn waits(delay_s: u64, refresh_s: u64, n: usize) -> Vec<Option<Duration>> {
+        let (mut left, mut second) = (GARP_BURST, true);
+        let mut out = Vec::new();
+        for _ in 0..n {
+            let a = after_announce(left, second, delay_s, refresh_s);
+            (left, second) = (a.left, a.second_burst);
+            out.push(a.wait);
+            if a.wait.is_none() {
+                break;
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn a_second_burst_follows_after_garp_master_delay_then_the_refresh() {
+        let burst = GARP_BURST as usize;
+        let w = waits(5, 60, 2 * burst + 1);
+        let spacing = Some(GARP_SPACING);
+        // First burst: GARP_BURST rounds, spacing apart, then 5 s to the second burst.
+        assert_eq!(&w[..burst - 1], vec![spacing; burst - 1].as_slice());
+        assert_eq!(w[burst - 1], Some(Duration::from_secs(5)));
+        // Second burst, then the refresh.
+        assert_eq!(
+            &w[burst..2 * burst - 1],
+            vec![spacing; burst - 1].as_slice()
+        );
+        assert_eq!(w[2 * burst - 1], Some(Duration::from_secs(60)));
+        assert_eq!(w[2 * burst], Some(Duration::from_secs(60)));
+    }
+
+    #[test]
+    fn no_second_burst_with_delay_zero_and_nothing_without_refresh() {
+        let burst = GARP_BURST as usize;
+        let w = waits(0, 60, burst);
+        assert_eq!(w[burst - 1], Some(Duration::from_secs(60)));
+        let w = waits(0, 0, burst + 2);
+        assert_eq!(w.len(), burst);
+        assert_eq!(w[burst - 1], None);
     }
 }
 
@@ -800,6 +1018,7 @@ mod smoke {
             unicast_peers: vec![],
             check_unicast_src: true,
             unicast_peer_ttl: vec![],
+            garp_master_delay_s: 5,
             v2_compat: false,
             unicast_src: None,
             vips: vec![var("LB_SMOKE_VIP").parse().unwrap()],
