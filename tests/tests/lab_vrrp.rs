@@ -399,3 +399,58 @@ fn a_config_directory_picks_this_nodes_file_by_its_interface_addresses() {
     assert!(out.status.success(), "{text}");
     assert!(text.contains("b-mine.toml: ok"), "{text}");
 }
+
+/// A VIP equal to one of the node's own addresses (a typo, or an RFC "address owner" setup) is
+/// refused before lbd touches anything, naming the field: lbd would otherwise announce the
+/// node's address and remove it, with its prefix and connected route, on a step-down.
+#[test]
+fn a_vip_that_is_the_nodes_own_address_is_refused() {
+    let l = VrrpLab::prepare(LABNODE, vec![NodeOpts::default()]);
+    let netns = l.lab.node(&l.nodes[0]).netns.clone();
+    let me = l.lab.node(&l.nodes[0]).v4.clone();
+    let c = l.config(0).replace(lb_tests::vrrp_lab::VIP4, &me);
+    std::fs::write(l.config_path(0), c).unwrap();
+    let lbd = lb_tests::bin_dir().join("lbd");
+    let check = || {
+        let out = lb_tests::lab::try_sh(&[
+            "ip",
+            "netns",
+            "exec",
+            &netns,
+            &lbd.display().to_string(),
+            "--config",
+            &l.config_path(0).display().to_string(),
+            "check",
+        ]);
+        (
+            out.status.success(),
+            format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ),
+        )
+    };
+    let (ok, text) = check();
+    assert!(!ok, "{text}");
+    assert!(
+        text.contains("vips[0].address") && text.contains(&me),
+        "{text}"
+    );
+    // The same address as lbd's own VIP (a labelled /32, as a master holds it): accepted.
+    lb_tests::lab::sh(&[
+        "ip",
+        "-n",
+        &netns,
+        "addr",
+        "add",
+        "10.78.0.100/32",
+        "dev",
+        "eth0",
+        "label",
+        "eth0:lb",
+    ]);
+    std::fs::write(l.config_path(0), l.config(0)).unwrap();
+    let (ok, text) = check();
+    assert!(ok, "{text}");
+}
