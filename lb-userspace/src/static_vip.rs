@@ -107,27 +107,52 @@ impl Drop for StaticVips {
     }
 }
 
-/// A burst (so one lost frame does not matter), then a refresh every minute.
+/// A burst (so one lost frame does not matter), then a refresh every minute; a new burst at
+/// once when the interface's MAC changes (a bond failing over, a cloned MAC), or clients keep
+/// sending to the old one.
 async fn announce_loop(ifname: String, vips: Vec<IpAddr>) {
-    let announcer = match Announcer::new(&ifname) {
+    let mut announcer = match Announcer::new(&ifname) {
         Ok(a) => a,
         Err(e) => {
             tracing::error!(interface = %ifname, error = %e, "cannot announce static VIPs");
             return;
         }
     };
+    let mut link_events = crate::netlink::link_changes().ok();
+    let mut refresh = tokio::time::interval(LINK_POLL);
+    refresh.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut next_burst = tokio::time::Instant::now();
     loop {
-        for i in 0..GARP_BURST {
-            if let Err(e) = announcer.announce(&vips) {
-                tracing::warn!(error = %e, "announcing static VIPs failed");
+        if tokio::time::Instant::now() >= next_burst {
+            for i in 0..GARP_BURST {
+                if let Err(e) = announcer.announce(&vips) {
+                    tracing::warn!(error = %e, "announcing static VIPs failed");
+                }
+                if i + 1 < GARP_BURST {
+                    tokio::time::sleep(GARP_SPACING).await;
+                }
             }
-            if i + 1 < GARP_BURST {
-                tokio::time::sleep(GARP_SPACING).await;
-            }
+            next_burst = tokio::time::Instant::now() + REFRESH;
         }
-        tokio::time::sleep(REFRESH).await;
+        tokio::select! {
+            _ = refresh.tick() => {}
+            () = crate::netlink::next_link_change(&mut link_events) => {}
+        }
+        let mac = crate::vrrp::io::interface_info(&ifname)
+            .ok()
+            .and_then(|i| i.mac);
+        if let Some(mac) = mac.filter(|m| *m != announcer.mac())
+            && let Ok(a) = Announcer::new(&ifname)
+        {
+            tracing::info!(interface = %ifname, new = ?mac, "interface MAC changed; announcing the static VIPs again");
+            announcer = a;
+            next_burst = tokio::time::Instant::now();
+        }
     }
 }
+
+/// How often the static VIPs' interface MAC is compared (link notifications make it sooner).
+const LINK_POLL: Duration = Duration::from_secs(1);
 
 #[cfg(test)]
 mod tests {

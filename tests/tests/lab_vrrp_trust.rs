@@ -337,9 +337,37 @@ fn client_neigh(l: &VrrpLab, ip: &str) -> Option<String> {
 /// it announces the new MAC at once, so clients follow without waiting for their caches.
 #[test]
 fn a_mac_change_is_announced_at_once() {
-    let l = VrrpLab::new(LABNODE, vec![prio(150), prio(100)]);
+    // n1 also holds a static VIP: announced again too.
+    const STATIC: &str = "10.78.0.102";
+    let mut l = VrrpLab::prepare(LABNODE, vec![prio(150), prio(100)]);
+    let c = l.config(0)
+        + &format!(
+            "\n[[vips]]\nname = \"static\"\naddress = \"{STATIC}\"\nports = [80]\nowned = true\n"
+        );
+    std::fs::write(l.config_path(0), c).unwrap();
+    l.start(0);
+    l.start(1);
     assert_eq!(master_of(&l, &[0, 1]), 0);
     assert!(l.wait_serving(Duration::from_secs(10)), "{}", l.logs());
+    let client_ns = l.lab.node("client").netns.clone();
+    let resolved = wait_for(Duration::from_secs(5), || {
+        // A connection attempt makes the client's kernel resolve the address.
+        lb_tests::lab::try_sh(&[
+            "ip",
+            "netns",
+            "exec",
+            &client_ns,
+            LABNODE,
+            "connect-many",
+            STATIC,
+            "80",
+            "1",
+            "1",
+            "300",
+        ]);
+        client_neigh(&l, STATIC).map(|_| ())
+    });
+    assert!(resolved.is_some(), "the client resolved the static VIP");
     let old = client_neigh(&l, VIP4).expect("the client resolved the VIP");
     let new = if old == "02:00:00:00:7e:01" {
         "02:00:00:00:7e:02"
@@ -358,6 +386,14 @@ fn a_mac_change_is_announced_at_once() {
         "client still has {:?} for the VIP, not {new}\n{}",
         client_neigh(&l, VIP4),
         l.logs()
+    );
+    let static_followed = wait_for(Duration::from_secs(3), || {
+        (client_neigh(&l, STATIC).as_deref() == Some(new)).then_some(())
+    });
+    assert!(
+        static_followed.is_some(),
+        "client still has {:?} for the static VIP, not {new}",
+        client_neigh(&l, STATIC)
     );
     let s = l.status(0).unwrap();
     assert_eq!(counter(&s, &["counters", "mac_changes"]), 1, "{s}");

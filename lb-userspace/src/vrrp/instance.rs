@@ -391,6 +391,15 @@ impl Runner {
         }
         self.step(Event::Startup).await;
         let mut link_poll = tokio::time::interval(LINK_POLL);
+        // Link notifications make the poll immediate (a MAC change, a link going down); the
+        // interval stays as the fallback.
+        let mut link_events = match crate::netlink::link_changes() {
+            Ok(rx) => Some(rx),
+            Err(e) => {
+                tracing::warn!(instance = %self.cfg.name, error = format!("{e:#}"), "no link notifications; polling the interface only");
+                None
+            }
+        };
         link_poll.set_missed_tick_behavior(MissedTickBehavior::Delay);
         loop {
             tokio::select! {
@@ -406,6 +415,7 @@ impl Runner {
                     }
                 },
                 _ = link_poll.tick() => self.poll_link().await,
+                () = crate::netlink::next_link_change(&mut link_events) => self.poll_link().await,
                 cmd = commands.recv() => match cmd {
                     Some(Command::TrackWeight(t)) => {
                         self.weight = t.weight;

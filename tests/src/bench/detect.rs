@@ -141,7 +141,8 @@ impl HttpsLab {
             );
             list.push((n.to_string(), v4, *kind));
         }
-        lab.add_address("lb", VIP);
+        // lbd holds the static VIP itself (`owned = true`): a /32 added here by hand would be
+        // the node's own address, which lbd refuses as a VIP.
         let pin_name = lab.prefix.replace('-', "_");
         let socket = lab.dir.join("lbd.sock").display().to_string();
         let cfg_path = lab.dir.join("lbd.toml");
