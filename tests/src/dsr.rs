@@ -60,8 +60,8 @@ pub fn setup(labnode: &str) -> DsrLab {
         lab.spawn(n, &format!("server-{n}"), labnode, &["serve-id", PORT, n]);
     }
     // The LB node owns the VIPs (static ownership: no VRRP in this lab).
-    // No address on lb: its VIPs are owned statically (`owned` defaults to true without
-    // `vrrp`), so lbd adds them to eth0 and announces them itself.
+    // No address on lb: its VIPs are owned statically (`owned = true`), so lbd adds them to
+    // eth0 and announces them itself.
 
     let name = lab.prefix.replace('-', "_");
     let socket = lab.dir.join("lbd.sock").display().to_string();
