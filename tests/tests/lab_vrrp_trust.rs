@@ -400,6 +400,60 @@ fn a_mac_change_is_announced_at_once() {
     assert_eq!(l.masters(&[0, 1]), vec![0], "a MAC change moves nothing");
 }
 
+/// A master whose adverts cannot leave (a firewall rule on the node drops them, the socket
+/// gets EPERM) is master only in its own eyes: every failure is counted, the last one is shown
+/// by `lbctl vrrp status`, and the WARN is rate-limited (one per destination per minute).
+#[test]
+fn advert_send_failures_are_counted_shown_and_warned_once() {
+    let l = VrrpLab::new(LABNODE, vec![prio(150)]);
+    assert_eq!(master_of(&l, &[0]), 0);
+    let netns = l.lab.node(&l.nodes[0]).netns.clone();
+    let table = format!("{}_adverts", l.lab.prefix.replace('-', "_"));
+    lb_tests::lab::sh(&[
+        "ip", "netns", "exec", &netns, "nft", "add", "table", "inet", &table,
+    ]);
+    lb_tests::lab::sh(&[
+        "ip",
+        "netns",
+        "exec",
+        &netns,
+        "nft",
+        "add",
+        "chain",
+        "inet",
+        &table,
+        "out",
+        "{ type filter hook output priority 0 ; }",
+    ]);
+    lb_tests::lab::sh(&[
+        "ip", "netns", "exec", &netns, "nft", "add", "rule", "inet", &table, "out", "meta",
+        "l4proto", "112", "drop",
+    ]);
+    // 2 s of 100 ms adverts: about 20 failures.
+    std::thread::sleep(Duration::from_secs(2));
+    let s = l.status(0).unwrap();
+    let errors = counter(&s, &["counters", "send_errors"]);
+    assert!(errors >= 10, "{s}");
+    let last = &s["last_send_error"];
+    assert_eq!(last["dst"], "224.0.0.18", "{s}");
+    assert!(
+        last["error"]
+            .as_str()
+            .unwrap_or("")
+            .contains("not permitted"),
+        "{s}"
+    );
+    let warned = log_lines(&l, 0, "VRRP advert not sent");
+    assert_eq!(warned, 1, "one WARN for {errors} failures\n{}", l.log(0));
+    let text = lb_tests::lbctl_output(&l.socket(0), &["vrrp", "status"]);
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(text.contains("send error"), "{text}");
+    assert!(
+        text.contains("send errors ") && !text.contains("send errors 0;"),
+        "{text}"
+    );
+}
+
 /// A second instance for a one-node lab (api: VRID 51, ingress: VRID 52), both master.
 fn ingress(priority: u8) -> String {
     format!(
