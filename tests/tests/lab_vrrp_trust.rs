@@ -454,6 +454,27 @@ fn advert_send_failures_are_counted_shown_and_warned_once() {
     );
 }
 
+/// A new master announces its VIPs in a burst, and again `garp_master_delay_s` later (5 s by
+/// default, keepalived's `garp_master_delay`) for switches and hosts that missed the first.
+#[test]
+fn a_second_announcement_burst_follows_after_garp_master_delay() {
+    let l = VrrpLab::new(LABNODE, vec![prio(150)]);
+    assert_eq!(master_of(&l, &[0]), 0);
+    let announcements =
+        |l: &VrrpLab| counter(&l.status(0).unwrap(), &["counters", "announcements"]);
+    let first = wait_for(Duration::from_secs(3), || {
+        (announcements(&l) == 5).then_some(())
+    });
+    assert!(first.is_some(), "first burst: {}", announcements(&l));
+    let second = wait_for(Duration::from_secs(15), || {
+        (announcements(&l) == 10).then_some(())
+    });
+    assert!(second.is_some(), "second burst: {}", announcements(&l));
+    // Then only the refresh (every 60 s).
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(announcements(&l), 10);
+}
+
 /// A second instance for a one-node lab (api: VRID 51, ingress: VRID 52), both master.
 fn ingress(priority: u8) -> String {
     format!(
