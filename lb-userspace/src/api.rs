@@ -20,6 +20,9 @@ pub struct Limits {
     pub max_header_buf: usize,
     /// Time to receive a request's headers.
     pub header_read_timeout: std::time::Duration,
+    /// Time to receive a request's body once its headers are in (408 after it): a client that
+    /// trickles a body cannot hold a slot for the whole connection lifetime.
+    pub body_read_timeout: std::time::Duration,
     /// Time one connection may live (keep-alive included), so idle ones free their slot.
     pub connection_lifetime: std::time::Duration,
     /// Connections served at once; more are closed at once.
@@ -31,6 +34,7 @@ impl Limits {
         max_body: 64 * 1024,
         max_header_buf: 16 * 1024,
         header_read_timeout: std::time::Duration::from_secs(5),
+        body_read_timeout: std::time::Duration::from_secs(5),
         connection_lifetime: std::time::Duration::from_secs(60),
         max_connections: 64,
     };
@@ -161,19 +165,30 @@ where
         let handler = handler.clone();
         async move {
             let (parts, body) = req.into_parts();
-            let body = http_body_util::Limited::new(body, limits.max_body)
-                .collect()
-                .await
-                .map(|b| b.to_bytes());
+            let body = tokio::time::timeout(
+                limits.body_read_timeout,
+                http_body_util::Limited::new(body, limits.max_body).collect(),
+            )
+            .await;
             let resp = match body {
                 Err(_) => Response::error(
+                    408,
+                    format!(
+                        "request body not received within {:?}",
+                        limits.body_read_timeout
+                    ),
+                ),
+                Ok(Err(_)) => Response::error(
                     413,
                     format!("request body larger than {} bytes", limits.max_body),
                 ),
-                Ok(body) => match route(&parts.method, parts.uri.path(), &body, full_api) {
-                    Ok(r) => handler.handle(r).await,
-                    Err(resp) => resp,
-                },
+                Ok(Ok(body)) => {
+                    let body = body.to_bytes();
+                    match route(&parts.method, parts.uri.path(), &body, full_api) {
+                        Ok(r) => handler.handle(r).await,
+                        Err(resp) => resp,
+                    }
+                }
             };
             let mut out = hyper::Response::new(Full::new(Bytes::from(resp.body)));
             *out.status_mut() =
@@ -182,6 +197,13 @@ where
                 hyper::header::CONTENT_TYPE,
                 hyper::header::HeaderValue::from_static(resp.content_type),
             );
+            if resp.status == 408 {
+                // The rest of that body is not worth waiting for: close the connection.
+                out.headers_mut().insert(
+                    hyper::header::CONNECTION,
+                    hyper::header::HeaderValue::from_static("close"),
+                );
+            }
             Ok::<_, std::convert::Infallible>(out)
         }
     });
@@ -529,5 +551,46 @@ mod tests {
             String::from_utf8_lossy(&out[..out.len().min(200)])
         );
         assert_eq!(healthz(addr).await.as_deref(), Some("HTTP/1.1 200 OK"));
+    }
+
+    #[tokio::test]
+    async fn slow_bodies_are_cut_off_and_free_their_slot() {
+        use std::time::{Duration, Instant};
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        // A connection lifetime far longer than the test: only the body timeout can free the
+        // slots.
+        let limits = Limits {
+            body_read_timeout: Duration::from_millis(300),
+            connection_lifetime: Duration::from_secs(600),
+            max_connections: 4,
+            ..Limits::TCP
+        };
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(serve_tcp_on(listener, Arc::new(Ok200), limits));
+        // Every slot taken by a client that sends its headers and a tenth of its body.
+        let mut slow = Vec::new();
+        for _ in 0..4 {
+            let mut c = tokio::net::TcpStream::connect(addr).await.unwrap();
+            c.write_all(
+                b"POST /healthz HTTP/1.1\r\nhost: x\r\ncontent-length: 100\r\n\r\n0123456789",
+            )
+            .await
+            .unwrap();
+            slow.push(c);
+        }
+        for mut c in slow {
+            let mut out = Vec::new();
+            let r = tokio::time::timeout(Duration::from_secs(5), c.read_to_end(&mut out)).await;
+            assert!(r.is_ok(), "a trickling body still holds its slot");
+            let head = String::from_utf8_lossy(&out);
+            assert!(head.starts_with("HTTP/1.1 408"), "{head}");
+        }
+        let t = Instant::now();
+        let mut ok = false;
+        while t.elapsed() < Duration::from_secs(5) && !ok {
+            ok = healthz(addr).await.as_deref() == Some("HTTP/1.1 200 OK");
+        }
+        assert!(ok, "the listener answers again");
     }
 }

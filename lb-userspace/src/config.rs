@@ -157,7 +157,9 @@ pub enum Announce {
     Bgp,
 }
 
-/// A tracked local check: while it passes, `weight` is added to the instance's priority.
+/// A tracked local check, with keepalived's weight rules ([`crate::vrrp::track`]): a positive
+/// `weight` is added to the instance's priority while the check passes, a negative one while it
+/// fails, and weight 0 puts the instance in FAULT while it fails.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TrackConfig {
@@ -185,8 +187,10 @@ pub struct VipConfig {
     pub ports: Vec<u16>,
     #[serde(default = "default_protocol")]
     pub protocol: Protocol,
-    /// Static ownership when no VRRP instance decides it.
-    #[serde(default = "default_true")]
+    /// Static ownership: `owned = true` makes this node hold the VIP whatever the others do
+    /// (every node with this config holds it). Written out, never assumed: a VIP names either
+    /// `vrrp`, `owned = true` or `announce = "bgp"`.
+    #[serde(default)]
     pub owned: bool,
     /// Name of the VRRP instance whose master state makes this node the owner.
     #[serde(default)]
@@ -278,12 +282,71 @@ pub const MAX_WEIGHT: u32 = 1000;
 pub const MAX_TABLE_SIZE: u32 = 1_000_003;
 
 impl Config {
+    /// Read, parse and validate `path`, then check its VIPs against this host's addresses
+    /// ([`Config::check_host`]). [`Config::parse`] alone never touches the system.
     pub fn load(path: &std::path::Path) -> Result<Config, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|error| ConfigError::Read {
             path: path.to_owned(),
             error,
         })?;
-        Self::parse(&text)
+        let cfg = Self::parse(&text)?;
+        // Without the host's addresses (no /proc?), the parse-time checks are all there is.
+        if let Ok(host) = crate::vrrp::io::host_addresses() {
+            cfg.check_host(&host)?;
+        }
+        Ok(cfg)
+    }
+
+    /// Refuse a VIP that is one of this node's own addresses (not one lbd added, see
+    /// [`crate::vrrp::announce::added_by_lbd`]) on an interface lbd holds VIPs on, or for a
+    /// BGP VIP on any interface: a typo or an RFC "address owner" setup would have lbd
+    /// announce, and on a step-down remove, the node's own address. `host` is (interface,
+    /// address) as [`crate::vrrp::io::host_addresses`] lists them. Pure.
+    pub fn check_host(
+        &self,
+        host: &[(String, crate::vrrp::announce::ListedAddr)],
+    ) -> Result<(), ConfigError> {
+        let owned_by_host = |ifname: Option<&str>, vip: IpAddr| {
+            host.iter().find(|(i, a)| {
+                a.addr == vip
+                    && ifname.is_none_or(|n| n == i)
+                    && !crate::vrrp::announce::added_by_lbd(i, a)
+            })
+        };
+        let refuse = |field: String, (i, a): &(String, crate::vrrp::announce::ListedAddr)| {
+            Err(invalid(
+                field,
+                format!(
+                    "{}/{} is an address of this node's interface {i}: a VIP must be an address no node has (lbd would announce it and, on stepping down, remove it)",
+                    a.addr, a.prefix_len
+                ),
+            ))
+        };
+        for (i, v) in self.vips.iter().enumerate() {
+            let ifname = match (&v.vrrp, v.announce) {
+                (_, Announce::Bgp) => None,
+                (Some(name), _) => Some(
+                    self.vrrp
+                        .iter()
+                        .find(|r| &r.name == name)
+                        .and_then(|r| r.interface.as_deref())
+                        .unwrap_or(&self.interface),
+                ),
+                (None, _) => Some(self.interface.as_str()),
+            };
+            if let Some(hit) = owned_by_host(ifname, v.address) {
+                return refuse(format!("vips[{i}].address"), hit);
+            }
+        }
+        for (i, r) in self.vrrp.iter().enumerate() {
+            let ifname = r.interface.as_deref().unwrap_or(&self.interface);
+            for (j, vip) in r.vips.iter().enumerate() {
+                if let Some(hit) = owned_by_host(Some(ifname), *vip) {
+                    return refuse(format!("vrrp[{i}].vips[{j}]"), hit);
+                }
+            }
+        }
+        Ok(())
     }
 
     pub fn parse(text: &str) -> Result<Config, ConfigError> {
@@ -421,6 +484,15 @@ impl Config {
             if v.name.contains('/') {
                 return Err(invalid(format!("{f}.name"), "must not contain '/'"));
             }
+            if v.name == RESERVED_VIP_NAME {
+                return Err(invalid(
+                    format!("{f}.name"),
+                    format!(
+                        "{RESERVED_VIP_NAME:?} is reserved for tracked checks; pick another name"
+                    ),
+                ));
+            }
+            self.validate_ownership(i, v)?;
             let mut seen = HashSet::new();
             for (j, b) in v.backends.iter().enumerate() {
                 let bf = format!("{f}.backends[{j}]");
@@ -473,6 +545,19 @@ impl Config {
                 return Err(invalid(format!("vrrp[{i}].name"), "must be unique"));
             }
             r.validate_at(i).map_err(|e| invalid(e.field, e.reason))?;
+            // One address, one election: when one instance goes backup it would delete the
+            // address the other holds as master.
+            for (j, vip) in r.vips.iter().enumerate() {
+                if let Some(other) = self.vrrp[..i].iter().find(|o| o.vips.contains(vip)) {
+                    return Err(invalid(
+                        format!("vrrp[{i}].vips[{j}]"),
+                        format!(
+                            "{vip} is also a VIP of instance {:?}: each VIP belongs to one instance",
+                            other.name
+                        ),
+                    ));
+                }
+            }
             let family = r.vips.first().map(|a| a.is_ipv4());
             let iface = r.interface.as_deref().unwrap_or(&self.interface);
             if !vrids.insert((iface.to_string(), r.vrid, family)) {
@@ -525,7 +610,47 @@ impl Config {
     }
 }
 
+/// Tracked checks' ids start with this; a VIP of that name would share their id space.
+pub const RESERVED_VIP_NAME: &str = "track";
+
 impl Config {
+    /// Who holds VIP `i`: exactly one of `vrrp`, `owned = true` or `announce = "bgp"`.
+    fn validate_ownership(&self, i: usize, v: &VipConfig) -> Result<(), ConfigError> {
+        let f = format!("vips[{i}]");
+        let bgp = v.announce == Announce::Bgp;
+        if v.owned && (v.vrrp.is_some() || bgp) {
+            return Err(invalid(
+                format!("{f}.owned"),
+                if bgp {
+                    "a BGP VIP is forwarded by every ready node; remove `owned`"
+                } else {
+                    "a VIP is either elected by VRRP (`vrrp`) or held statically (`owned = true`), not both"
+                },
+            ));
+        }
+        if v.vrrp.is_none() && !v.owned && !bgp {
+            return Err(invalid(
+                f,
+                format!(
+                    "{}: who holds it? Set `vrrp = \"<instance>\"` to have a VRRP instance elect one node, `owned = true` to hold it on this node statically (every node given this config holds it), or `announce = \"bgp\"`",
+                    v.address
+                ),
+            ));
+        }
+        if v.owned
+            && let Some(r) = self.vrrp.iter().find(|r| r.vips.contains(&v.address))
+        {
+            return Err(invalid(
+                format!("{f}.owned"),
+                format!(
+                    "{} is a VIP of VRRP instance {:?}: it cannot also be held statically",
+                    v.address, r.name
+                ),
+            ));
+        }
+        Ok(())
+    }
+
     fn validate_bgp(&self) -> Result<(), ConfigError> {
         if self.bgp.len() > 1 {
             return Err(invalid(
@@ -552,6 +677,25 @@ impl Config {
                     "a VIP is either announced over BGP or elected by VRRP, not both (remove `vrrp`)",
                 ));
             }
+            // Its blackhole host route would swallow the session to that peer (or this node's
+            // own traffic).
+            for b in &self.bgp {
+                if let Some(p) = b.peers.iter().find(|p| p.address == v.address) {
+                    return Err(invalid(
+                        format!("vips[{i}].address"),
+                        format!(
+                            "{} is the address of BGP peer {}: its host route would cut the session",
+                            v.address, p.address
+                        ),
+                    ));
+                }
+                if b.router_id.is_some_and(|id| IpAddr::V4(id) == v.address) {
+                    return Err(invalid(
+                        format!("vips[{i}].address"),
+                        format!("{} is this node's BGP router id", v.address),
+                    ));
+                }
+            }
         }
         Ok(())
     }
@@ -567,6 +711,7 @@ interface = "eth0"
 name = "api"
 address = "192.168.111.5"
 ports = [6443, 22623]
+owned = true
 [[vips.backends]]
 address = "192.168.111.20"
 [[vips.backends]]
@@ -627,6 +772,106 @@ weight = 2
         let e = err(&format!("handover_grace_ms = 600000\n{GOOD}"));
         assert!(e.starts_with("handover_grace_ms:"), "{e}");
         assert!(Config::parse(&format!("handover_grace_ms = 0\n{GOOD}")).is_ok());
+    }
+
+    #[test]
+    fn who_holds_a_vip_is_written_out() {
+        // Neither `vrrp` nor `owned`: refused, with how to choose.
+        let e = err(&GOOD.replace("owned = true\n", ""));
+        assert!(e.starts_with("vips[0]:"), "{e}");
+        assert!(
+            e.contains("owned = true") && e.contains("vrrp = "),
+            "says how to choose: {e}"
+        );
+        let e = err(&GOOD.replace("owned = true", "owned = false"));
+        assert!(e.starts_with("vips[0]:"), "{e}");
+        // Both: refused.
+        let both = format!(
+            "{}\n[[vrrp]]\nname = \"v\"\nvrid = 5\nvips = [\"192.168.111.5\"]\n",
+            GOOD.replace("owned = true", "owned = true\nvrrp = \"v\"")
+        );
+        let e = err(&both);
+        assert!(e.starts_with("vips[0].owned:"), "{e}");
+        // Static at one port, elected at another: one address, two holders.
+        let split = format!(
+            "{GOOD}[[vips]]\nname = \"api2\"\naddress = \"192.168.111.5\"\nports = [80]\nvrrp = \"v\"\n[[vrrp]]\nname = \"v\"\nvrid = 5\nvips = [\"192.168.111.5\"]\n"
+        );
+        let e = err(&split);
+        assert!(e.starts_with("vips[0].owned:"), "{e}");
+    }
+
+    #[test]
+    fn one_vip_one_vrrp_instance() {
+        let text = format!(
+            "{GOOD}[[vrrp]]\nname = \"a\"\nvrid = 5\nvips = [\"192.168.111.9\"]\n[[vrrp]]\nname = \"b\"\nvrid = 6\nvips = [\"192.168.111.8\", \"192.168.111.9\"]\n"
+        );
+        let e = err(&text);
+        assert!(e.starts_with("vrrp[1].vips[1]:"), "{e}");
+        assert!(e.contains("\"a\""), "{e}");
+        assert!(
+            Config::parse(
+                &text.replace("\"192.168.111.8\", \"192.168.111.9\"", "\"192.168.111.8\"")
+            )
+            .is_ok()
+        );
+    }
+
+    #[test]
+    fn the_vip_name_track_is_reserved() {
+        let e = err(&GOOD.replace("name = \"api\"", "name = \"track\""));
+        assert!(e.starts_with("vips[0].name:"), "{e}");
+        assert!(e.contains("reserved"), "{e}");
+    }
+
+    fn host(
+        entries: &[(&str, &str, u8, Option<&str>, bool)],
+    ) -> Vec<(String, crate::vrrp::announce::ListedAddr)> {
+        entries
+            .iter()
+            .map(|(i, a, p, l, nodad)| {
+                (
+                    i.to_string(),
+                    crate::vrrp::announce::ListedAddr {
+                        addr: a.parse().unwrap(),
+                        prefix_len: *p,
+                        label: l.map(str::to_string),
+                        nodad: *nodad,
+                    },
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_vip_equal_to_a_node_address_is_refused() {
+        let c = Config::parse(GOOD).unwrap();
+        let node = host(&[("eth0", "192.168.111.5", 24, Some("eth0"), false)]);
+        let e = c.check_host(&node).unwrap_err().to_string();
+        assert!(e.starts_with("vips[0].address:"), "{e}");
+        assert!(e.contains("eth0"), "{e}");
+        // The same address as lbd's own labelled /32 (held since before a restart): fine.
+        let ours = host(&[
+            ("eth0", "192.168.111.20", 24, Some("eth0"), false),
+            ("eth0", "192.168.111.5", 32, Some("eth0:lb"), false),
+        ]);
+        c.check_host(&ours).unwrap();
+        // Another interface's address is not this interface's.
+        c.check_host(&host(&[("eth1", "192.168.111.5", 24, Some("eth1"), false)]))
+            .unwrap();
+        // A VRRP VIP, IPv6, on the instance's interface.
+        let v6 = Config::parse(
+            "interface = \"eth0\"\n[[vips]]\nname = \"a\"\naddress = \"fd00::5\"\nports = [80]\nvrrp = \"v\"\n[[vrrp]]\nname = \"v\"\nvrid = 5\ninterface = \"br0\"\nvips = [\"fd00::5\"]\n",
+        )
+        .unwrap();
+        let e = v6
+            .check_host(&host(&[("br0", "fd00::5", 64, None, false)]))
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("vips[0].address:"), "{e}");
+        v6.check_host(&host(&[("br0", "fd00::5", 128, None, true)]))
+            .unwrap();
+        v6.check_host(&host(&[("eth0", "fd00::5", 64, None, false)]))
+            .unwrap();
     }
 
     #[test]

@@ -157,7 +157,8 @@ struct Inner {
 struct VrrpHandle {
     cfg: InstanceConfig,
     instance: Instance,
-    weight: i32,
+    // [issue 20.4] weights and FAULT by keepalived's rules.
+    weight: crate::vrrp::track::Tracking,
 }
 
 pub struct Daemon {
@@ -308,7 +309,8 @@ impl Daemon {
             .collect();
         interfaces.sort();
         interfaces.dedup();
-        let keep: Vec<IpAddr> = cfg.vrrp.iter().flat_map(|r| r.vips.clone()).collect();
+        // [issue 20.2] static VIPs on the same interface are not leftovers either.
+        let keep: Vec<IpAddr> = crate::static_vip::configured_vips(&cfg);
         for ifname in &interfaces {
             let removed =
                 crate::vrrp::announce::remove_orphans(self.netlink.handle(), ifname, &keep).await?;
@@ -387,7 +389,7 @@ impl Daemon {
         self.vrrp.lock().await.push(VrrpHandle {
             cfg: r,
             instance,
-            weight: 0,
+            weight: Default::default(),
         });
         Ok(())
     }
@@ -395,7 +397,7 @@ impl Daemon {
     /// Push each instance's tracked weight (checks passing, load balancer ready) if it changed.
     async fn sync_tracking(&self) {
         let passing = self.tracks.lock().await.clone();
-        let weights: Vec<(String, i32)> = {
+        let weights: Vec<(String, crate::vrrp::track::Tracking)> = {
             let g = self.inner.lock().await;
             g.cfg
                 .vrrp
@@ -414,9 +416,9 @@ impl Daemon {
                 .iter()
                 .find(|(n, _)| *n == h.cfg.name)
                 .map(|(_, w)| *w)
-                .unwrap_or(0);
+                .unwrap_or_default();
             if w != h.weight {
-                tracing::info!(instance = %h.cfg.name, weight = w, "tracked weight changed");
+                tracing::info!(instance = %h.cfg.name, weight = w.weight, fault = w.fault, "tracked weight changed");
                 h.instance.set_track_weight(w).await;
                 h.weight = w;
             }
@@ -486,7 +488,8 @@ impl Daemon {
                     })
                     .collect();
                 v["tracks"] = tracks.into();
-                v["track_weight"] = h.weight.into();
+                v["track_weight"] = h.weight.weight.into();
+                v["track_fault"] = h.weight.fault.into();
                 v
             })
             .collect();

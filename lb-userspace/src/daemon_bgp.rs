@@ -60,7 +60,8 @@ impl Daemon {
             return;
         };
         match bgp::frr_has_instance(&applied).await {
-            Ok(true) => {}
+            // [issue 20.7] converge against the kernel's routes every check.
+            Ok(true) => self.sync_bgp().await,
             Ok(false) => {
                 tracing::warn!(
                     "BGP: FRR lost lbd's configuration (restarted?); configuring it again"

@@ -265,6 +265,48 @@ pub fn neighbour_changes() -> Result<tokio::sync::mpsc::UnboundedReceiver<()>> {
     Ok(rx)
 }
 
+/// A stream of "some link changed" signals (RTNLGRP_LINK notifications: state, MAC, a device
+/// added or removed), so VRRP instances and static VIPs follow their interface at once instead
+/// of at their next poll. Each item is a wake-up; the caller reads the interface again.
+pub fn link_changes() -> Result<tokio::sync::mpsc::UnboundedReceiver<()>> {
+    use rtnetlink::sys::{AsyncSocket, SocketAddr};
+    const RTMGRP_LINK: u32 = 1;
+    let (mut conn, _handle, mut messages) =
+        rtnetlink::new_connection().context("open rtnetlink")?;
+    conn.socket_mut()
+        .socket_mut()
+        .bind(&SocketAddr::new(0, RTMGRP_LINK))
+        .context("subscribe to link notifications")?;
+    tokio::spawn(conn);
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        use futures::StreamExt;
+        while messages.next().await.is_some() {
+            if tx.send(()).is_err() {
+                break;
+            }
+        }
+    });
+    Ok(rx)
+}
+
+/// The next wake-up from [`link_changes`], or never when there is no subscription (polling
+/// alone then follows the interface).
+pub async fn next_link_change(rx: &mut Option<tokio::sync::mpsc::UnboundedReceiver<()>>) {
+    match rx {
+        Some(r) => {
+            if r.recv().await.is_none() {
+                *rx = None;
+            }
+            // Several changes at once (a MAC change is a burst of messages): one wake-up.
+            if let Some(r) = rx {
+                while r.try_recv().is_ok() {}
+            }
+        }
+        None => std::future::pending().await,
+    }
+}
+
 /// Hold `vip` as a local address on `lo` that is never announced (the DSR backend role): IPv4
 /// as /32, IPv6 as a nodad /128. Already present is fine.
 pub async fn ensure_local_vip(handle: &Handle, vip: IpAddr) -> Result<()> {
@@ -277,6 +319,14 @@ pub async fn ensure_local_vip(handle: &Handle, vip: IpAddr) -> Result<()> {
     };
     let prefix = if vip.is_ipv4() { 32 } else { 128 };
     let mut req = handle.address().add(lo, vip, prefix);
+    // Labelled like every address lbd adds, so removal can tell it from the host's own.
+    if vip.is_ipv4()
+        && let Some(label) = crate::vrrp::announce::vip_label("lo")
+    {
+        req.message_mut()
+            .attributes
+            .push(AddressAttribute::Label(label));
+    }
     if vip.is_ipv6() {
         use rtnetlink::packet_route::address::{AddressFlags, AddressHeaderFlags};
         let msg = req.message_mut();

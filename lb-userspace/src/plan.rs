@@ -109,25 +109,29 @@ pub struct BackendPlan {
     pub reason: String,
 }
 
-/// The sum of tracked weights of VRRP instance `instance`: checks with an address count when
-/// `passing` says so; the load balancer's own readiness (a track without an address) counts when
-/// every VIP of the instance has an active backend here.
+/// What the tracked checks of VRRP instance `instance` add up to, by keepalived's rules
+/// ([`crate::vrrp::track`]): checks with an address pass when `passing` says so; the load
+/// balancer's own readiness (a track without an address) passes when every VIP of the instance
+/// has an active backend here.
 pub fn track_weight(
     cfg: &Config,
     instance: &str,
     passing: &HashMap<String, bool>,
     rows: &[BackendPlan],
-) -> i32 {
+) -> crate::vrrp::track::Tracking {
     let lb_ready = lb_ready(cfg, instance, rows);
-    cfg.track
-        .iter()
-        .filter(|t| t.instance == instance)
-        .filter(|t| match t.address {
-            Some(_) => passing.get(&t.name).copied().unwrap_or(false),
-            None => lb_ready,
-        })
-        .map(|t| t.weight)
-        .sum()
+    crate::vrrp::track::tracking(
+        cfg.track
+            .iter()
+            .filter(|t| t.instance == instance)
+            .map(|t| {
+                let ok = match t.address {
+                    Some(_) => passing.get(&t.name).copied().unwrap_or(false),
+                    None => lb_ready,
+                };
+                (t.weight, ok)
+            }),
+    )
 }
 
 /// The load balancer's own readiness for a VRRP instance: every VIP of the instance has an
@@ -327,6 +331,7 @@ interface = "eth0"
 [[vips]]
 name = "api"
 address = "10.0.0.100"
+owned = true
 ports = [6443]
 [[vips.backends]]
 address = "10.0.0.1"
@@ -349,6 +354,7 @@ interface = "eth0"
 [[vips]]
 name = "api"
 address = "10.0.0.100"
+owned = true
 ports = [6443]
 [[vips.backends]]
 address = "10.9.0.1"
@@ -488,6 +494,7 @@ interface = "eth0"
 [[vips]]
 name = "api"
 address = "10.0.0.100"
+owned = true
 ports = [6443]
 [vips.health]
 kind = "tcp"
@@ -498,6 +505,7 @@ address = "10.0.0.2"
 [[vips]]
 name = "ingress"
 address = "10.0.0.101"
+owned = true
 ports = [443]
 [vips.health]
 kind = "tcp"
@@ -506,6 +514,7 @@ address = "10.0.0.1"
 [[vips]]
 name = "unchecked"
 address = "10.0.0.102"
+owned = true
 ports = [80]
 [vips.health]
 kind = "none"

@@ -42,6 +42,19 @@ pub fn static_vips(cfg: &Config) -> Vec<IpAddr> {
     out
 }
 
+/// Every address lbd holds on an interface by `cfg`: the VRRP instances' VIPs and the static
+/// VIPs. Start-up cleanup of an earlier configuration's VIPs keeps these: a static VIP on the
+/// interface of a VRRP instance is not a leftover. Pure.
+pub fn configured_vips(cfg: &Config) -> Vec<IpAddr> {
+    let mut out: Vec<IpAddr> = cfg.vrrp.iter().flat_map(|r| r.vips.clone()).collect();
+    for v in static_vips(cfg) {
+        if !out.contains(&v) {
+            out.push(v);
+        }
+    }
+    out
+}
+
 /// The static VIPs lbd holds now, and the task announcing them.
 pub struct StaticVips {
     ifname: String,
@@ -94,27 +107,52 @@ impl Drop for StaticVips {
     }
 }
 
-/// A burst (so one lost frame does not matter), then a refresh every minute.
+/// A burst (so one lost frame does not matter), then a refresh every minute; a new burst at
+/// once when the interface's MAC changes (a bond failing over, a cloned MAC), or clients keep
+/// sending to the old one.
 async fn announce_loop(ifname: String, vips: Vec<IpAddr>) {
-    let announcer = match Announcer::new(&ifname) {
+    let mut announcer = match Announcer::new(&ifname) {
         Ok(a) => a,
         Err(e) => {
             tracing::error!(interface = %ifname, error = %e, "cannot announce static VIPs");
             return;
         }
     };
+    let mut link_events = crate::netlink::link_changes().ok();
+    let mut refresh = tokio::time::interval(LINK_POLL);
+    refresh.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut next_burst = tokio::time::Instant::now();
     loop {
-        for i in 0..GARP_BURST {
-            if let Err(e) = announcer.announce(&vips) {
-                tracing::warn!(error = %e, "announcing static VIPs failed");
+        if tokio::time::Instant::now() >= next_burst {
+            for i in 0..GARP_BURST {
+                if let Err(e) = announcer.announce(&vips) {
+                    tracing::warn!(error = %e, "announcing static VIPs failed");
+                }
+                if i + 1 < GARP_BURST {
+                    tokio::time::sleep(GARP_SPACING).await;
+                }
             }
-            if i + 1 < GARP_BURST {
-                tokio::time::sleep(GARP_SPACING).await;
-            }
+            next_burst = tokio::time::Instant::now() + REFRESH;
         }
-        tokio::time::sleep(REFRESH).await;
+        tokio::select! {
+            _ = refresh.tick() => {}
+            () = crate::netlink::next_link_change(&mut link_events) => {}
+        }
+        let mac = crate::vrrp::io::interface_info(&ifname)
+            .ok()
+            .and_then(|i| i.mac);
+        if let Some(mac) = mac.filter(|m| *m != announcer.mac())
+            && let Ok(a) = Announcer::new(&ifname)
+        {
+            tracing::info!(interface = %ifname, new = ?mac, "interface MAC changed; announcing the static VIPs again");
+            announcer = a;
+            next_burst = tokio::time::Instant::now();
+        }
     }
 }
+
+/// How often the static VIPs' interface MAC is compared (link notifications make it sooner).
+const LINK_POLL: Duration = Duration::from_secs(1);
 
 #[cfg(test)]
 mod tests {
@@ -128,16 +166,13 @@ interface = "eth0"
 [[vips]]
 name = "a"
 address = "192.0.2.1"
+owned = true
 ports = [80]
 [[vips]]
 name = "a443"
 address = "192.0.2.1"
+owned = true
 ports = [443]
-[[vips]]
-name = "b"
-address = "192.0.2.2"
-ports = [80]
-owned = false
 [[vips]]
 name = "c"
 address = "192.0.2.3"
@@ -161,5 +196,10 @@ asn = 65000
         )
         .unwrap();
         assert_eq!(static_vips(&cfg), ["192.0.2.1".parse::<IpAddr>().unwrap()]);
+        // Start-up cleanup keeps both kinds on the interface.
+        let keep = configured_vips(&cfg);
+        assert!(keep.contains(&"192.0.2.1".parse().unwrap()), "{keep:?}");
+        assert!(keep.contains(&"192.0.2.3".parse().unwrap()), "{keep:?}");
+        assert!(!keep.contains(&"192.0.2.4".parse().unwrap()), "{keep:?}");
     }
 }

@@ -178,11 +178,30 @@ impl BgpLab {
 
     /// Restart a LB node's FRR from its empty startup config (lbd must configure it again).
     pub fn restart_frr(&mut self, node: &str) {
+        self.restart_frr_with(node, "");
+    }
+
+    /// Restart FRR on `node` with `extra` appended to its config (e.g. an operator's own
+    /// `router bgp` section).
+    pub fn restart_frr_with(&mut self, node: &str, extra: &str) {
         for d in FRR_DAEMONS.iter().rev() {
             self.lab.stop(&format!("{d}-{node}"), libc::SIGTERM);
         }
         let _ = std::fs::remove_file(self.frr_dir(node).join("zserv.api"));
-        self.start_frr(node, &format!("hostname {node}\n"));
+        self.start_frr(node, &format!("hostname {node}\n{extra}"));
+    }
+
+    /// lbd's announcement routes (`ip route show proto 76`) on `node`, IPv4.
+    pub fn announcement_routes(&self, node: &str) -> Vec<String> {
+        let netns = self.lab.node(node).netns.clone();
+        let out = lb_tests_sh(&["ip", "-n", &netns, "route", "show", "proto", "76"]);
+        out.lines().map(str::to_string).collect()
+    }
+
+    pub fn flush_announcement_routes(&self, node: &str) {
+        let netns = self.lab.node(node).netns.clone();
+        lb_tests_sh(&["ip", "-n", &netns, "route", "flush", "proto", "76"]);
+        lb_tests_sh(&["ip", "-n", &netns, "-6", "route", "flush", "proto", "76"]);
     }
 
     pub fn socket(&self, node: &str) -> String {
@@ -590,4 +609,8 @@ fn monitor_time_ms(line: &str) -> Option<u128> {
     let days = era * 146_097 + doe - 719_468;
     let ms = ((days * 86_400 + h * 3600 + min * 60) as f64 + sec) * 1000.0;
     Some(ms as u128)
+}
+
+fn lb_tests_sh(args: &[&str]) -> String {
+    String::from_utf8_lossy(&crate::lab::try_sh(args).stdout).into_owned()
 }

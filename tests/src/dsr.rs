@@ -33,7 +33,7 @@ fn config(lab: &Lab, name: &str, socket: &str) -> String {
     );
     for (vname, vip, v6) in [("web4", VIP4, false), ("web6", VIP6, true)] {
         c += &format!(
-            "\n[[vips]]\nname = \"{vname}\"\naddress = \"{vip}\"\nports = [{PORT}]\n[vips.health]\nkind = \"tcp\"\ninterval_ms = 200\n"
+            "\n[[vips]]\nname = \"{vname}\"\naddress = \"{vip}\"\nports = [{PORT}]\nowned = true\n[vips.health]\nkind = \"tcp\"\ninterval_ms = 200\n"
         );
         for (n, w) in [("b1", 1), ("b2", 1), ("b3", 2)] {
             c += &format!(
@@ -60,8 +60,8 @@ pub fn setup(labnode: &str) -> DsrLab {
         lab.spawn(n, &format!("server-{n}"), labnode, &["serve-id", PORT, n]);
     }
     // The LB node owns the VIPs (static ownership: no VRRP in this lab).
-    // No address on lb: its VIPs are owned statically (`owned` defaults to true without
-    // `vrrp`), so lbd adds them to eth0 and announces them itself.
+    // No address on lb: its VIPs are owned statically (`owned = true`), so lbd adds them to
+    // eth0 and announces them itself.
 
     let name = lab.prefix.replace('-', "_");
     let socket = lab.dir.join("lbd.sock").display().to_string();

@@ -1,6 +1,7 @@
 //! A VRRP advert sender for labs (a foreign or hostile router): `labnode vrrp-send`. Encodes
-//! with lbd's own codec and sends from a raw socket bound to the node's interface, with TTL
-//! 255 so only what the test means to be wrong is wrong.
+//! with lbd's own codec and sends from a raw socket bound to the node's interface, with its own
+//! IP header (`IP_HDRINCL`): TTL 255 and the node's address unless the test asks for another TTL
+//! or a forged source, so only what the test means to be wrong is wrong.
 
 use std::{
     net::{IpAddr, Ipv4Addr},
@@ -27,6 +28,10 @@ pub struct Flood {
     /// VRRPv2 with this password (else VRRPv3).
     pub v2_pass: Option<String>,
     pub interval_cs: u16,
+    /// The IP TTL (255 unless testing an off-segment sender).
+    pub ttl: u8,
+    /// The source written in the IP header (and the v3 checksum): a forged peer's address.
+    pub forged_src: Option<Ipv4Addr>,
 }
 
 /// Send until the time is up; the number of packets sent.
@@ -51,8 +56,7 @@ pub fn run(f: &Flood) -> std::io::Result<u64> {
             )
         }
     };
-    set(libc::IPPROTO_IP, libc::IP_TTL, 255);
-    set(libc::IPPROTO_IP, libc::IP_MULTICAST_TTL, 255);
+    set(libc::IPPROTO_IP, libc::IP_HDRINCL, 1);
     let name = std::ffi::CString::new(f.ifname.clone()).unwrap();
     // SAFETY: the name is a valid C string of the stated length.
     unsafe {
@@ -94,11 +98,19 @@ pub fn run(f: &Flood) -> std::io::Result<u64> {
         addrs: f.vips.iter().map(|a| IpAddr::V4(*a)).collect(),
         auth,
     };
+    let src = f.forged_src.unwrap_or(f.src);
     let packets: Vec<(Vec<u8>, libc::sockaddr_in)> = f
         .dsts
         .iter()
         .map(|d| {
-            let bytes = codec::encode(&advert, f.src.into(), (*d).into()).expect("encodable");
+            let payload = codec::encode(&advert, src.into(), (*d).into()).expect("encodable");
+            // The kernel fills in the ID and the header checksum.
+            let mut bytes = vec![0x45, 0xc0];
+            bytes.extend_from_slice(&(20 + payload.len() as u16).to_be_bytes());
+            bytes.extend_from_slice(&[0, 0, 0, 0, f.ttl, 112, 0, 0]);
+            bytes.extend_from_slice(&src.octets());
+            bytes.extend_from_slice(&d.octets());
+            bytes.extend_from_slice(&payload);
             let sa = libc::sockaddr_in {
                 sin_family: libc::AF_INET as u16,
                 sin_port: 0,
@@ -142,8 +154,21 @@ pub fn run(f: &Flood) -> std::io::Result<u64> {
     Ok(sent)
 }
 
-/// `labnode vrrp-send IFACE SRC DST[,DST..] VRID PRIO VIP[,VIP..]|- RATE SECS [V2PASS]`
+/// `labnode vrrp-send IFACE SRC DST[,DST..] VRID PRIO VIP[,VIP..]|- RATE SECS [ttl=N]
+/// [from=ADDR] [V2PASS]`
 pub fn from_args(a: &[String]) -> Flood {
+    let mut ttl = 255;
+    let mut forged_src = None;
+    let mut v2_pass = None;
+    for x in a.iter().skip(9) {
+        if let Some(t) = x.strip_prefix("ttl=") {
+            ttl = t.parse().unwrap();
+        } else if let Some(f) = x.strip_prefix("from=") {
+            forged_src = Some(f.parse().unwrap());
+        } else {
+            v2_pass = Some(x.clone());
+        }
+    }
     let list = |s: &str| -> Vec<Ipv4Addr> {
         if s == "-" {
             Vec::new()
@@ -151,8 +176,9 @@ pub fn from_args(a: &[String]) -> Flood {
             s.split(',').map(|x| x.parse().unwrap()).collect()
         }
     };
-    let v2_pass = a.get(9).cloned();
     Flood {
+        ttl,
+        forged_src,
         ifname: a[1].clone(),
         src: a[2].parse().unwrap(),
         dsts: list(&a[3]),

@@ -244,3 +244,47 @@ fn bgp_lbd_stop_withdraws_and_an_frr_restart_is_repaired() {
     let r = l.client(&["connect-many", VIP4, PORT, "300", "8", "3000"]);
     assert_eq!(r["ok"], 300, "{r}");
 }
+
+/// What lbd announces stays true when someone else changes the node: FRR restarting with an
+/// operator's own `router bgp` of the same AS (lbd's policies and neighbours gone, the
+/// instance line there), and lbd's kernel routes flushed by hand. lbd checks its own objects
+/// and the kernel's routes, and repairs both.
+#[test]
+fn bgp_lost_frr_objects_and_flushed_routes_are_repaired() {
+    let mut l = BgpLab::new();
+    assert!(
+        l.wait_nexthops(3, Duration::from_secs(30)).is_some(),
+        "all announced: {:?}\n{}",
+        l.router_nexthops(VIP4),
+        l.diagnostics()
+    );
+    l.restart_frr_with(
+        "lb1",
+        &format!(
+            "router bgp {}\n bgp router-id 10.81.0.11\nexit\n",
+            lb_tests::bgp_lab::LB_ASN
+        ),
+    );
+    assert!(
+        l.wait_nexthops(3, Duration::from_secs(30)).is_some(),
+        "lb1 announced again after FRR came back with a bare section of its AS: {:?}\n{}",
+        l.router_nexthops(VIP4),
+        l.diagnostics()
+    );
+    assert!(l.router_nexthops(VIP4).contains(&"10.81.0.11".to_string()));
+    assert!(!l.announcement_routes("lb2").is_empty());
+    l.flush_announcement_routes("lb2");
+    let back = lb_tests::lab::wait_for(Duration::from_secs(15), || {
+        (!l.announcement_routes("lb2").is_empty()).then_some(())
+    });
+    assert!(
+        back.is_some(),
+        "lb2's flushed routes installed again\n{}",
+        l.diagnostics()
+    );
+    assert!(
+        l.wait_nexthops(3, Duration::from_secs(20)).is_some(),
+        "lb2 announced again: {:?}",
+        l.router_nexthops(VIP4)
+    );
+}

@@ -225,3 +225,109 @@ fn mixed_versions_without_compat_are_reported_as_split_brain() {
         "one episode, not one per advert"
     );
 }
+
+/// A planned restart in a mixed cluster: the lbd master stops (a priority-0 advert) and the
+/// highest-priority backup, lbd, takes over after its skew, as keepalived's backups time it.
+/// The lower-priority keepalived backup never becomes master in between: one VIP move, one
+/// round of announcements (counted by keepalived's "Entering ... STATE" lines).
+#[test]
+fn a_resignation_moves_the_vip_once_with_keepalived_backups() {
+    let mut l = VrrpLab::new(
+        LABNODE,
+        vec![
+            NodeOpts::openshift_lbd(200),
+            NodeOpts::openshift_lbd(150),
+            NodeOpts::openshift_keepalived(100),
+        ],
+    );
+    assert_eq!(master_of(&l, &[0, 1, 2]), 0);
+    steady(&l, &[0, 1, 2], 0, 3);
+    let keepalived_before = l.transitions(2);
+    let became_before = l.status(1).unwrap()["counters"]["became_master"]
+        .as_u64()
+        .unwrap();
+    l.stop(0, libc::SIGTERM);
+    assert_eq!(master_of(&l, &[1, 2]), 1, "lbd (150) takes over");
+    steady(&l, &[1, 2], 1, 3);
+    assert_eq!(
+        l.transitions(2),
+        keepalived_before,
+        "keepalived (100) stayed backup throughout\n{}",
+        l.logs()
+    );
+    let s = l.status(1).unwrap();
+    assert_eq!(
+        s["counters"]["became_master"].as_u64().unwrap(),
+        became_before + 1,
+        "{s}"
+    );
+    assert_eq!(
+        s["last_transition"]["reason"], "master resigned (priority 0 advert)",
+        "{s}"
+    );
+}
+
+/// A check tracked with keepalived's rules next to a keepalived peer: a negative weight is
+/// taken off while the check fails (a migrated `weight -60`), and weight 0 puts the instance
+/// in FAULT while it fails, as keepalived does.
+#[test]
+fn tracked_weights_follow_keepalived_rules() {
+    const CHECK_PORT: u16 = 18_443;
+    let mut l = VrrpLab::prepare(
+        LABNODE,
+        vec![
+            NodeOpts::openshift_lbd(150),
+            NodeOpts::openshift_keepalived(100),
+        ],
+    );
+    let track = |weight: i32| {
+        format!(
+            "\n[[track]]\ninstance = \"api\"\nname = \"local\"\nweight = {weight}\naddress = \"127.0.0.1:{CHECK_PORT}\"\n[track.health]\nkind = \"tcp\"\ninterval_ms = 200\n"
+        )
+    };
+    // The check fails (nothing listens): 150 - 60 = 90 < 100, keepalived is master.
+    std::fs::write(l.config_path(0), l.config(0) + &track(-60)).unwrap();
+    l.start(1);
+    l.start(0);
+    assert_eq!(
+        master_of(&l, &[0, 1]),
+        1,
+        "keepalived (100) over lbd (150 - 60)"
+    );
+    steady(&l, &[0, 1], 1, 3);
+    let s = l.status(0).unwrap();
+    assert_eq!(s["effective_priority"], 90, "{s}");
+    // It passes: lbd is back at 150 and preempts.
+    let node = l.nodes[0].clone();
+    l.lab.spawn(
+        &node,
+        "check-listener",
+        LABNODE,
+        &["serve-id", &CHECK_PORT.to_string(), "check"],
+    );
+    assert!(l.wait_master(0, Duration::from_secs(15)), "{}", l.logs());
+    assert_eq!(master_of(&l, &[0, 1]), 0);
+    assert_eq!(l.status(0).unwrap()["effective_priority"], 150);
+    // Weight 0 (applied by reload, in place) and the check failing again: FAULT, the VIP goes
+    // to keepalived; lbd is not in the election at all.
+    std::fs::write(l.config_path(0), l.config(0) + &track(0)).unwrap();
+    l.signal(0, libc::SIGHUP);
+    std::thread::sleep(Duration::from_secs(1));
+    assert_eq!(
+        l.state(0).as_deref(),
+        Some("master"),
+        "a passing weight-0 check changes nothing"
+    );
+    l.lab.stop("check-listener", libc::SIGTERM);
+    let fault = lb_tests::lab::wait_for(Duration::from_secs(10), || {
+        (l.state(0).as_deref() == Some("fault")).then_some(())
+    });
+    assert!(
+        fault.is_some(),
+        "lbd in fault: {:?}\n{}",
+        l.status(0),
+        l.logs()
+    );
+    assert_eq!(master_of(&l, &[1]), 1);
+    assert_eq!(l.holders(&[0, 1]), vec![1]);
+}

@@ -101,7 +101,7 @@ fn setup() -> L3Lab {
     let name = lab.prefix.replace('-', "_");
     let socket = lab.dir.join("lbd.sock").display().to_string();
     let cfg = format!(
-        "interface = \"eth0\"\nname = \"{name}\"\napi_socket = \"{socket}\"\nxdp_mode = \"skb\"\n\n[[vips]]\nname = \"web\"\naddress = \"{VIP}\"\nports = [{PORT}]\n[vips.health]\nkind = \"tcp\"\ninterval_ms = 200\n[[vips.backends]]\naddress = \"10.96.1.2\"\nencap = \"ipip\"\n[[vips.backends]]\naddress = \"10.96.2.2\"\nencap = \"ipip\"\n"
+        "interface = \"eth0\"\nname = \"{name}\"\napi_socket = \"{socket}\"\nxdp_mode = \"skb\"\n\n[[vips]]\nname = \"web\"\naddress = \"{VIP}\"\nports = [{PORT}]\nowned = true\n[vips.health]\nkind = \"tcp\"\ninterval_ms = 200\n[[vips.backends]]\naddress = \"10.96.1.2\"\nencap = \"ipip\"\n[[vips.backends]]\naddress = \"10.96.2.2\"\nencap = \"ipip\"\n"
     );
     let cfg_path = lab.dir.join("lbd.toml");
     std::fs::write(&cfg_path, cfg).unwrap();

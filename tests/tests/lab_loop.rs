@@ -19,7 +19,7 @@ const PORT: &str = "8080";
 
 fn config(lab: &Lab, name: &str, socket: &str, backend: &str) -> String {
     format!(
-        "interface = \"eth0\"\nname = \"{name}\"\napi_socket = \"{socket}\"\nxdp_mode = \"skb\"\n\n[[vips]]\nname = \"web\"\naddress = \"{VIP}\"\nports = [{PORT}]\n[vips.health]\nkind = \"tcp\"\ninterval_ms = 200\n[[vips.backends]]\naddress = \"{}\"\n",
+        "interface = \"eth0\"\nname = \"{name}\"\napi_socket = \"{socket}\"\nxdp_mode = \"skb\"\n\n[[vips]]\nname = \"web\"\naddress = \"{VIP}\"\nports = [{PORT}]\nowned = true\n[vips.health]\nkind = \"tcp\"\ninterval_ms = 200\n[[vips.backends]]\naddress = \"{}\"\n",
         lab.node(backend).v4
     )
 }

@@ -356,3 +356,101 @@ fn vrid_collision_other_vip_set_is_reported_and_never_votes() {
     let after: Vec<_> = (0..4).map(|i| l.transitions(i)).collect();
     assert_eq!(transitions, after, "no node changed state: no flapping");
 }
+
+/// `lbd --config DIR` on a host with `ip_nonlocal_bind=1` (left by haproxy): lbd picks the one
+/// file whose `unicast_src` is an address of this host's interfaces (bind(2) would succeed for
+/// every node's address here), and another node's broken file does not stop it.
+#[test]
+fn a_config_directory_picks_this_nodes_file_by_its_interface_addresses() {
+    let l = VrrpLab::prepare(
+        LABNODE,
+        vec![NodeOpts {
+            unicast: true,
+            ..Default::default()
+        }],
+    );
+    let netns = l.lab.node(&l.nodes[0]).netns.clone();
+    l.lab.sysctl(&netns, "net.ipv4.ip_nonlocal_bind", "1");
+    let dir = l.lab.dir.join("nodes");
+    std::fs::create_dir_all(&dir).unwrap();
+    let mine = l.config(0);
+    let me = l.lab.node(&l.nodes[0]).v4.clone();
+    assert!(mine.contains(&format!("unicast_src = \"{me}\"")), "{mine}");
+    // Another node's file: another address, and a field this lbd refuses.
+    let other = mine.replace(&me, "10.78.0.99") + "\nno_such_field = 1\n";
+    std::fs::write(dir.join("a-other.toml"), other).unwrap();
+    std::fs::write(dir.join("b-mine.toml"), &mine).unwrap();
+    let lbd = lb_tests::bin_dir().join("lbd");
+    let out = lb_tests::lab::try_sh(&[
+        "ip",
+        "netns",
+        "exec",
+        &netns,
+        &lbd.display().to_string(),
+        "--config",
+        &dir.display().to_string(),
+        "check",
+    ]);
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("b-mine.toml: ok"), "{text}");
+}
+
+/// A VIP equal to one of the node's own addresses (a typo, or an RFC "address owner" setup) is
+/// refused before lbd touches anything, naming the field: lbd would otherwise announce the
+/// node's address and remove it, with its prefix and connected route, on a step-down.
+#[test]
+fn a_vip_that_is_the_nodes_own_address_is_refused() {
+    let l = VrrpLab::prepare(LABNODE, vec![NodeOpts::default()]);
+    let netns = l.lab.node(&l.nodes[0]).netns.clone();
+    let me = l.lab.node(&l.nodes[0]).v4.clone();
+    let c = l.config(0).replace(lb_tests::vrrp_lab::VIP4, &me);
+    std::fs::write(l.config_path(0), c).unwrap();
+    let lbd = lb_tests::bin_dir().join("lbd");
+    let check = || {
+        let out = lb_tests::lab::try_sh(&[
+            "ip",
+            "netns",
+            "exec",
+            &netns,
+            &lbd.display().to_string(),
+            "--config",
+            &l.config_path(0).display().to_string(),
+            "check",
+        ]);
+        (
+            out.status.success(),
+            format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ),
+        )
+    };
+    let (ok, text) = check();
+    assert!(!ok, "{text}");
+    assert!(
+        text.contains("vips[0].address") && text.contains(&me),
+        "{text}"
+    );
+    // The same address as lbd's own VIP (a labelled /32, as a master holds it): accepted.
+    lb_tests::lab::sh(&[
+        "ip",
+        "-n",
+        &netns,
+        "addr",
+        "add",
+        "10.78.0.100/32",
+        "dev",
+        "eth0",
+        "label",
+        "eth0:lb",
+    ]);
+    std::fs::write(l.config_path(0), l.config(0)).unwrap();
+    let (ok, text) = check();
+    assert!(ok, "{text}");
+}

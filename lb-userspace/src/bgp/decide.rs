@@ -127,6 +127,7 @@ address = "fd00::21"
 [[vips]]
 name = "elected"
 address = "10.9.0.7"
+owned = true
 ports = [80]
 [[vips.backends]]
 address = "10.0.0.21"

@@ -149,6 +149,41 @@ pub fn stale_entries(running_config: &str, wanted: &[String]) -> Vec<String> {
         .collect()
 }
 
+/// The lines of lbd's own objects that FRR's running config must show while lbd's section
+/// `cfg` is applied: its BGP instance, each peer with lbd's outbound policy, the kernel
+/// redistribution through `lb-announce`, both route-maps, both prefix-lists and the BFD
+/// profile. An instance of the same AS that an operator's config (or an FRR restart from its
+/// saved config) brings without them announces nothing of lbd's.
+pub fn required_lines(cfg: &BgpConfig) -> Vec<String> {
+    let mut want = vec![
+        format!("router bgp {}", cfg.asn),
+        format!("redistribute kernel route-map {ROUTE_MAP_OUT}"),
+        format!("route-map {ROUTE_MAP_OUT} permit 10"),
+        format!("route-map {ROUTE_MAP_OUT} permit 20"),
+        format!("route-map {ROUTE_MAP_IN} deny 10"),
+        format!("ip prefix-list {PREFIX_LIST_V4} seq 100000 deny any"),
+        format!("ipv6 prefix-list {PREFIX_LIST_V6} seq 100000 deny any"),
+        format!("profile {BFD_PROFILE}"),
+    ];
+    for p in &cfg.peers {
+        want.push(format!("neighbor {} remote-as {}", p.address, p.asn));
+        want.push(format!(
+            "neighbor {} route-map {ROUTE_MAP_OUT} out",
+            p.address
+        ));
+    }
+    want
+}
+
+/// Which of [`required_lines`] `running_config` lacks (empty: all of lbd's objects are there).
+pub fn missing_objects(running_config: &str, cfg: &BgpConfig) -> Vec<String> {
+    let have: std::collections::HashSet<&str> = running_config.lines().map(str::trim).collect();
+    required_lines(cfg)
+        .into_iter()
+        .filter(|l| !have.contains(l.as_str()))
+        .collect()
+}
+
 /// The commands that remove everything lbd configured (its `[[bgp]]` section was removed).
 pub fn render_removal(old: &BgpConfig) -> Vec<String> {
     vec![
@@ -340,6 +375,67 @@ description = "tor-b"
             !c.iter().any(|l| l == "no neighbor fd00::1"),
             "the old instance is gone whole"
         );
+    }
+
+    /// What FRR 8.4 prints after lbd configured it (`show running-config`, abridged).
+    const RUNNING: &str = "frr version 8.4.4
+hostname lb1
+ip prefix-list lb-vips-v4 seq 5 permit 10.9.0.5/32
+ip prefix-list lb-vips-v4 seq 100000 deny any
+ipv6 prefix-list lb-vips-v6 seq 100000 deny any
+route-map lb-announce permit 10
+ match ip address prefix-list lb-vips-v4
+exit
+route-map lb-announce permit 20
+ match ipv6 address prefix-list lb-vips-v6
+exit
+route-map lb-import deny 10
+exit
+router bgp 65001
+ neighbor 10.0.0.1 remote-as 65000
+ neighbor 10.0.0.1 bfd profile lb
+ !
+ address-family ipv4 unicast
+  redistribute kernel route-map lb-announce
+  neighbor 10.0.0.1 route-map lb-import in
+  neighbor 10.0.0.1 route-map lb-announce out
+ exit-address-family
+exit
+bfd
+ profile lb
+  transmit-interval 100
+ exit
+exit
+";
+
+    #[test]
+    fn lbds_own_objects_are_verified_not_just_the_instance() {
+        let mut c = cfg();
+        c.peers.truncate(1);
+        c.peers[0].address = "10.0.0.1".parse().unwrap();
+        c.peers[0].asn = 65000;
+        c.asn = 65001;
+        assert_eq!(missing_objects(RUNNING, &c), Vec::<String>::new());
+        // FRR restarted with the operator's own section of the same AS: the instance line is
+        // there, lbd's policies and neighbours are not.
+        let operator = "hostname lb1\nrouter bgp 65001\n bgp router-id 10.0.0.11\nexit\n";
+        let missing = missing_objects(operator, &c);
+        assert!(!missing.contains(&"router bgp 65001".to_string()));
+        assert!(missing.contains(&"route-map lb-announce permit 10".to_string()));
+        assert!(missing.contains(&"neighbor 10.0.0.1 route-map lb-announce out".to_string()));
+        // One object lost (a route-map deleted by hand) is enough to re-apply.
+        let no_import = RUNNING.replace("route-map lb-import deny 10\n", "");
+        assert_eq!(
+            missing_objects(&no_import, &c),
+            vec!["route-map lb-import deny 10".to_string()]
+        );
+        // Another peer added to the config but not to FRR.
+        let mut more = c.clone();
+        more.peers.push(crate::bgp::config::PeerConfig {
+            address: "10.0.0.2".parse().unwrap(),
+            ..c.peers[0].clone()
+        });
+        assert_eq!(missing_objects(RUNNING, &more).len(), 2);
     }
 
     #[test]

@@ -147,6 +147,17 @@ impl Announcer {
     /// are removed too.
     pub async fn sync(&mut self, cfg: &Config, rows: &[BackendPlan]) -> Result<()> {
         self.decisions = decide::decide(cfg, rows, self.node);
+        // The kernel is the truth, not what lbd last did: a route flushed by hand (`ip route
+        // flush proto 76`) or by another program is installed again.
+        match routes::installed(&self.handle).await {
+            Ok(now) => {
+                for lost in self.installed.difference(&now) {
+                    tracing::warn!(prefix = %lost, "BGP: announcement route gone from the kernel; installing it again");
+                }
+                self.installed = now;
+            }
+            Err(e) => tracing::warn!(error = %format!("{e:#}"), "BGP: listing announcement routes"),
+        }
         let want: BTreeSet<IpAddr> = self
             .decisions
             .iter()
@@ -242,12 +253,19 @@ pub async fn sessions(cfg: &Config) -> (Vec<frr::Session>, Option<String>) {
     }
 }
 
-/// Whether FRR's running config still holds lbd's BGP instance (it does not after an FRR
-/// restart: lbd's configuration lives only in FRR's running config).
+/// Whether FRR's running config still holds every object lbd configured (it does not after an
+/// FRR restart: lbd's configuration lives only in FRR's running config; and an operator's own
+/// `router bgp` of the same AS is not lbd's, see [`frr::missing_objects`]).
 pub async fn frr_has_instance(applied: &BgpConfig) -> Result<bool> {
     let running = frr::Vtysh::new(applied).running_config().await?;
-    let want = format!("router bgp {}", applied.asn);
-    Ok(running.lines().any(|l| l.trim() == want))
+    let missing = frr::missing_objects(&running, applied);
+    if !missing.is_empty() {
+        tracing::warn!(
+            ?missing,
+            "BGP: lbd's objects missing from FRR's running config"
+        );
+    }
+    Ok(missing.is_empty())
 }
 
 /// `lbctl bgp status` as text (from the API's JSON).

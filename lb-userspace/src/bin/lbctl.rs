@@ -322,13 +322,22 @@ fn vrrp_table(v: &Value) {
         }
         let c = &i["counters"];
         println!(
-            "  adverts      sent {} received {}; transitions {}; became master {}; split brain {}",
+            "  adverts      sent {} received {} send errors {}; transitions {}; became master {}; split brain {}",
             s(c, "adverts_sent"),
             s(c, "adverts_received"),
+            s(c, "send_errors"),
             s(c, "transitions"),
             s(c, "became_master"),
             s(c, "split_brain")
         );
+        if let Some(e) = i.get("last_send_error").filter(|e| !e.is_null()) {
+            println!(
+                "  send error   {} to {}: {}",
+                ago(e["at_unix_ms"].as_u64()),
+                s(e, "dst"),
+                s(e, "error")
+            );
+        }
         let drops: Vec<String> = c["drops"]
             .as_object()
             .cloned()

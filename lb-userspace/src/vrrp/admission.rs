@@ -30,6 +30,10 @@ pub struct Policy {
     pub check_unicast_src: bool,
     /// A VRRPv3 instance that also accepts VRRPv2 adverts (a version migration).
     pub accept_v2: bool,
+    /// IPv6 unicast: the hop limits each listed peer's adverts may arrive with (keepalived's
+    /// per-peer `min_ttl` / `max_ttl`). The socket layer already demands 255 of everything
+    /// else.
+    pub peer_hops: Vec<(IpAddr, std::ops::RangeInclusive<u8>)>,
 }
 
 /// The verdict on one advert.
@@ -65,7 +69,36 @@ impl Policy {
             unicast_peers: unicast_peers.to_vec(),
             check_unicast_src: true,
             accept_v2: false,
+            peer_hops: Vec::new(),
         }
+    }
+
+    /// Whether judgement `j` is evidence of a second master (see [`super::split_brain`]): the
+    /// advert claims our VIPs and was admitted, or it comes from one of our checked unicast
+    /// peers and differs only in version, password or interval (a migration half done: a real
+    /// second master that cannot hear us). Never a stranger's or a forged source's advert, so
+    /// neither the count nor the log grows with what an attacker sends.
+    pub fn split_brain_evidence(&self, j: &Judgement) -> bool {
+        j.claims_our_vips
+            && match j.verdict {
+                Ok(()) => true,
+                Err(
+                    DecodeError::WrongVersion | DecodeError::WrongAuth | DecodeError::WrongInterval,
+                ) => !self.multicast() && self.check_unicast_src,
+                Err(_) => false,
+            }
+    }
+
+    /// Whether an advert from `src` to `dst` that arrived with hop limit `hops` is within the
+    /// sender's configured bounds (only IPv6 unicast adverts have bounds; see `io::ttl_ok`).
+    pub fn hops_ok(&self, src: IpAddr, dst: IpAddr, hops: u8) -> bool {
+        if dst.is_multicast() || src.is_ipv4() {
+            return true;
+        }
+        self.peer_hops
+            .iter()
+            .find(|(p, _)| *p == src)
+            .is_none_or(|(_, r)| r.contains(&hops))
     }
 
     fn multicast(&self) -> bool {
@@ -289,6 +322,60 @@ mod tests {
         mig.accept_v2 = true;
         assert_eq!(mig.judge(ip("10.0.0.12"), MC, &a).verdict, Ok(()));
         assert_eq!(mig.judge(ip("10.0.0.12"), MC, &v3).verdict, Ok(()));
+    }
+
+    #[test]
+    fn only_admitted_adverts_are_split_brain_evidence() {
+        let me = ip("10.0.0.11");
+        let u = unicast();
+        let ok = u.judge(ip("10.0.0.12"), me, &advert(200, &["10.0.0.100"]));
+        assert!(u.split_brain_evidence(&ok));
+        let stranger = u.judge(ip("10.0.0.99"), me, &advert(255, &["10.0.0.100"]));
+        assert!(stranger.claims_our_vips);
+        assert!(!u.split_brain_evidence(&stranger));
+        // A peer of ours that speaks the other version: a real second master.
+        let mut v2 = advert(200, &["10.0.0.100"]);
+        v2.version = Version::V2;
+        v2.interval_cs = 100;
+        let j = u.judge(ip("10.0.0.12"), me, &v2);
+        assert_eq!(j.verdict, Err(DecodeError::WrongVersion));
+        assert!(u.split_brain_evidence(&j));
+        // The same from any source on a multicast instance (or with the source check off):
+        // anyone can send it, so it is not evidence.
+        let m = multicast();
+        let mut v2m = advert(200, &["10.0.0.100", "10.0.0.101"]);
+        v2m.version = Version::V2;
+        let j = m.judge(ip("10.0.0.77"), MC, &v2m);
+        assert!(!m.split_brain_evidence(&j));
+        let open = Policy {
+            check_unicast_src: false,
+            ..unicast()
+        };
+        let j = open.judge(ip("10.0.0.77"), me, &v2);
+        assert!(!open.split_brain_evidence(&j));
+        // Priority 0 is a resignation, not a claim.
+        let j = u.judge(ip("10.0.0.12"), me, &advert(0, &["10.0.0.100"]));
+        assert!(!u.split_brain_evidence(&j));
+    }
+
+    #[test]
+    fn ipv6_unicast_peers_meet_their_hop_bounds() {
+        let mut p = Policy::new(
+            Version::V3,
+            51,
+            10,
+            Auth::None,
+            &[ip("fd00::100")],
+            &[ip("fd00::2"), ip("fd00::3")],
+        );
+        p.peer_hops = vec![(ip("fd00::2"), 250..=255)];
+        let me = ip("fd00::1");
+        assert!(p.hops_ok(ip("fd00::2"), me, 255));
+        assert!(p.hops_ok(ip("fd00::2"), me, 250));
+        assert!(!p.hops_ok(ip("fd00::2"), me, 249));
+        assert!(!p.hops_ok(ip("fd00::2"), me, 64));
+        // A peer without bounds: any hop limit (keepalived's default of 64 included).
+        assert!(p.hops_ok(ip("fd00::3"), me, 64));
     }
 
     #[test]

@@ -101,6 +101,11 @@ impl Announcer {
         })
     }
 
+    /// The MAC this announcer announces (the interface's when it was made).
+    pub fn mac(&self) -> [u8; 6] {
+        self.mac
+    }
+
     /// Announce every VIP once. Errors are returned after trying all of them.
     pub fn announce(&self, vips: &[IpAddr]) -> io::Result<()> {
         let mut last_err = None;
@@ -190,7 +195,64 @@ pub async fn add_vip(handle: &Handle, ifname: &str, vip: IpAddr) -> Result<()> {
     }
 }
 
-/// Remove `vip` from `ifname`, whatever its prefix length. Not present is fine.
+/// One address as the kernel lists it: what decides whether lbd may remove it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ListedAddr {
+    pub addr: IpAddr,
+    pub prefix_len: u8,
+    /// IPv4 label (`None` when the kernel sent none).
+    pub label: Option<String>,
+    /// IFA_F_NODAD, from the header or the 32-bit flags attribute.
+    pub nodad: bool,
+}
+
+impl ListedAddr {
+    fn of(msg: &rtnetlink::packet_route::address::AddressMessage) -> Option<ListedAddr> {
+        let mut out = ListedAddr {
+            addr: IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+            prefix_len: msg.header.prefix_len,
+            label: None,
+            nodad: msg.header.flags.contains(AddressHeaderFlags::Nodad),
+        };
+        let mut found = false;
+        for a in &msg.attributes {
+            match a {
+                // IFA_ADDRESS (the peer on point-to-point links, else the local address) is
+                // the one `ip addr` shows and the one a delete names.
+                AddressAttribute::Address(ip) => {
+                    out.addr = *ip;
+                    found = true;
+                }
+                AddressAttribute::Label(l) => out.label = Some(l.clone()),
+                AddressAttribute::Flags(f) => out.nodad |= f.contains(AddressFlags::Nodad),
+                _ => {}
+            }
+        }
+        found.then_some(out)
+    }
+}
+
+/// Whether `a`, listed on `ifname`, is an address lbd adds (see [`add_vip`]) and so may ever
+/// remove: IPv4 only as a /32 with our [`vip_label`] (when the interface name leaves no room
+/// for the label, a /32), IPv6 only as a /128 without duplicate address detection. Pure.
+///
+/// A node's own address (its prefix, and with it the connected route) never matches, even when
+/// a VIP was configured equal to it by mistake: lbd never takes a node off its network.
+pub fn added_by_lbd(ifname: &str, a: &ListedAddr) -> bool {
+    match a.addr {
+        IpAddr::V4(_) => {
+            a.prefix_len == 32
+                && match vip_label(ifname) {
+                    Some(ours) => a.label.as_deref() == Some(ours.as_str()),
+                    None => true,
+                }
+        }
+        IpAddr::V6(_) => a.prefix_len == 128 && a.nodad,
+    }
+}
+
+/// Remove `vip` from `ifname` if lbd added it ([`added_by_lbd`]); any other address equal to
+/// it (a node's own, another tool's) stays. Not present is fine.
 pub async fn remove_vip(handle: &Handle, ifname: &str, vip: IpAddr) -> Result<()> {
     let index = match if_index(ifname) {
         Ok(i) => i,
@@ -220,6 +282,20 @@ pub async fn remove_vip(handle: &Handle, ifname: &str, vip: IpAddr) -> Result<()
         }
     };
     for msg in found {
+        match ListedAddr::of(&msg) {
+            Some(a) if added_by_lbd(ifname, &a) => {}
+            Some(a) => {
+                tracing::warn!(
+                    interface = ifname,
+                    address = %a.addr,
+                    prefix_len = a.prefix_len,
+                    label = a.label.as_deref().unwrap_or(""),
+                    "not removing an address lbd did not add (a VIP equal to a node address?)"
+                );
+                continue;
+            }
+            None => continue,
+        }
         match handle.address().del(msg).execute().await {
             Ok(()) => {}
             Err(e)
@@ -271,26 +347,35 @@ async fn remove_matching(
         .await
         .with_context(|| format!("list addresses of {ifname}"))?
     {
-        let mut addr = None;
-        let mut labelled = false;
-        for a in &msg.attributes {
-            match a {
-                AddressAttribute::Address(ip) => addr = Some(*ip),
-                AddressAttribute::Label(l) => labelled = Some(l) == label.as_ref(),
-                _ => {}
-            }
-        }
-        if let Some(ip) = addr
-            && wanted(ip, labelled)
-            && !stale.contains(&ip)
-        {
-            stale.push(ip);
+        let Some(a) = ListedAddr::of(&msg) else {
+            continue;
+        };
+        let labelled = label.is_some() && a.label == label;
+        if added_by_lbd(ifname, &a) && wanted(a.addr, labelled) && !stale.contains(&a.addr) {
+            stale.push(a.addr);
         }
     }
     for ip in &stale {
         remove_vip(handle, ifname, *ip).await?;
     }
     Ok(stale)
+}
+
+/// The interface's state as rtnetlink reports it: `Some(up and running)`, or `None` when the
+/// interface does not exist. The confirmation a poll that saw it down (or failed) needs before
+/// the instance goes to FAULT.
+pub async fn link_state(handle: &Handle, ifname: &str) -> Result<Option<bool>> {
+    use rtnetlink::packet_route::link::LinkFlags;
+    let mut s = handle.link().get().match_name(ifname.to_string()).execute();
+    match s.try_next().await {
+        Ok(Some(msg)) => Ok(Some(
+            msg.header.flags.contains(LinkFlags::Up)
+                && msg.header.flags.contains(LinkFlags::Running),
+        )),
+        Ok(None) => Ok(None),
+        Err(e) if errno(&e) == Some(libc::ENODEV) => Ok(None),
+        Err(e) => Err(e).with_context(|| format!("link state of {ifname}")),
+    }
 }
 
 fn errno(e: &rtnetlink::Error) -> Option<i32> {
@@ -326,6 +411,53 @@ mod tests {
         assert_eq!(&p[4..8], &[0x20, 0, 0, 0]);
         assert_eq!(&p[8..24], &ip.octets());
         assert_eq!(&p[24..32], &[2, 1, 2, 0, 0, 0, 0, 1]);
+    }
+
+    #[test]
+    fn only_host_addresses_lbd_adds_are_ever_removed() {
+        let a = |addr: &str, prefix_len, label: Option<&str>, nodad| ListedAddr {
+            addr: addr.parse().unwrap(),
+            prefix_len,
+            label: label.map(str::to_string),
+            nodad,
+        };
+        // What add_vip adds.
+        assert!(added_by_lbd(
+            "eth0",
+            &a("10.0.0.5", 32, Some("eth0:lb"), false)
+        ));
+        assert!(added_by_lbd("eth0", &a("fd00::5", 128, None, true)));
+        // The node's own address, equal to a VIP by mistake: its prefix, no label, DAD done.
+        assert!(!added_by_lbd(
+            "eth0",
+            &a("10.0.0.5", 24, Some("eth0"), false)
+        ));
+        assert!(!added_by_lbd(
+            "eth0",
+            &a("10.0.0.5", 24, Some("eth0:lb"), false)
+        ));
+        assert!(!added_by_lbd(
+            "eth0",
+            &a("10.0.0.5", 32, Some("eth0"), false)
+        ));
+        assert!(!added_by_lbd("eth0", &a("10.0.0.5", 32, None, false)));
+        assert!(!added_by_lbd("eth0", &a("fd00::5", 64, None, false)));
+        assert!(!added_by_lbd("eth0", &a("fd00::5", 64, None, true)));
+        assert!(!added_by_lbd("eth0", &a("fd00::5", 128, None, false)));
+        // Another interface's label is not ours.
+        assert!(!added_by_lbd(
+            "eth0",
+            &a("10.0.0.5", 32, Some("eth1:lb"), false)
+        ));
+        // No room for a label: a /32 is the most that can be told.
+        assert!(added_by_lbd(
+            "enp0s31f6abcd",
+            &a("10.0.0.5", 32, Some("enp0s31f6abcd"), false)
+        ));
+        assert!(!added_by_lbd(
+            "enp0s31f6abcd",
+            &a("10.0.0.5", 24, Some("enp0s31f6abcd"), false)
+        ));
     }
 
     #[test]

@@ -107,7 +107,8 @@ pub enum DecodeError {
     BadInterval,
     /// Source and destination addresses of different families.
     BadFamily,
-    /// TTL / hop limit is not 255 (checked by the socket layer).
+    /// TTL / hop limit is not 255, or (IPv6 unicast) outside the peer's `unicast_peer_ttl`
+    /// bounds: the sender is not on our segment.
     BadTtl,
     /// A valid advert of the other VRRP version than the instance's.
     WrongVersion,

@@ -56,6 +56,12 @@ pub struct InstanceConfig {
     /// one instance hear each other while nodes switch one by one. See docs/operations.md.
     #[serde(default)]
     pub v2_compat: bool,
+    /// IPv6 unicast only: the hop limits a peer's adverts may arrive with, as keepalived's
+    /// `unicast_peer { ADDR min_ttl N max_ttl M }` (keepalived sends IPv6 unicast adverts with
+    /// hop limit 64 unless `unicast_ttl` is set). A peer not listed is accepted with any hop
+    /// limit. IPv4 adverts always need TTL 255 and IPv6 multicast hop limit 255.
+    #[serde(default)]
+    pub unicast_peer_ttl: Vec<PeerTtl>,
     /// Source address of adverts; default: the interface's first address (IPv6: link-local).
     #[serde(default)]
     pub unicast_src: Option<IpAddr>,
@@ -63,6 +69,31 @@ pub struct InstanceConfig {
     /// Re-announce the VIPs this often while master; 0 disables the refresh.
     #[serde(default = "default_garp_refresh")]
     pub garp_refresh_s: u64,
+    /// A second burst of announcements this long after becoming master (keepalived's
+    /// `garp_master_delay`, 5 s by default), for switches and hosts that missed the first while
+    /// the link or the spanning tree settled; 0: one burst only.
+    #[serde(default = "default_garp_master_delay")]
+    pub garp_master_delay_s: u64,
+}
+
+fn default_garp_master_delay() -> u64 {
+    5
+}
+
+/// Hop-limit bounds for one IPv6 unicast peer (see `InstanceConfig::unicast_peer_ttl`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PeerTtl {
+    /// One of `unicast_peers`.
+    pub address: IpAddr,
+    #[serde(default)]
+    pub min_ttl: u8,
+    #[serde(default = "default_max_ttl")]
+    pub max_ttl: u8,
+}
+
+fn default_max_ttl() -> u8 {
+    255
 }
 
 /// A config error naming the field (e.g. `vrrp[0].auth_pass`) and the reason.
@@ -191,6 +222,33 @@ impl InstanceConfig {
                 );
             }
         }
+        for (i, b) in self.unicast_peer_ttl.iter().enumerate() {
+            let f = format!("unicast_peer_ttl[{i}]");
+            if !self.unicast_peers.contains(&b.address) {
+                return err(
+                    &format!("{f}.address"),
+                    format!("{} is not one of unicast_peers", b.address),
+                );
+            }
+            if b.address.is_ipv4() {
+                return err(
+                    &format!("{f}.address"),
+                    "IPv4 adverts always need TTL 255; bounds are for IPv6 unicast peers".into(),
+                );
+            }
+            if b.min_ttl > b.max_ttl {
+                return err(
+                    &format!("{f}.min_ttl"),
+                    format!("{} is above max_ttl {}", b.min_ttl, b.max_ttl),
+                );
+            }
+            if self.unicast_peer_ttl[..i]
+                .iter()
+                .any(|o| o.address == b.address)
+            {
+                return err(&format!("{f}.address"), "listed twice".into());
+            }
+        }
         if let Some(src) = self.unicast_src
             && src.is_ipv6() != v6
         {
@@ -198,6 +256,9 @@ impl InstanceConfig {
                 "unicast_src",
                 format!("{src}: not the VIPs' address family"),
             );
+        }
+        if self.garp_master_delay_s > 3600 {
+            return err("garp_master_delay_s", "more than an hour".into());
         }
         if self.preempt_delay_ms > 3_600_000 {
             return err("preempt_delay_ms", "more than an hour".into());
@@ -275,6 +336,7 @@ mod tests {
         assert_eq!(c.interval_ms(), 100);
         assert!(c.preempt);
         assert_eq!(c.garp_refresh_s, 60);
+        assert_eq!(c.garp_master_delay_s, 5);
         assert!(c.unicast_peers.is_empty());
         assert!(c.check_unicast_src);
         assert!(!c.v2_compat);
@@ -341,6 +403,55 @@ mod tests {
             e(|c| c.interface = Some("a-very-long-interface".into()))
                 .starts_with("vrrp[0].interface:")
         );
+    }
+
+    #[test]
+    fn peer_ttl_bounds_are_for_listed_ipv6_peers() {
+        let mut c = cfg();
+        c.vips = vec!["fd00::100".parse().unwrap()];
+        c.unicast_peers = vec!["fd00::2".parse().unwrap()];
+        c.unicast_peer_ttl = vec![PeerTtl {
+            address: "fd00::2".parse().unwrap(),
+            min_ttl: 250,
+            max_ttl: 255,
+        }];
+        c.validate().unwrap();
+        let mut bad = c.clone();
+        bad.unicast_peer_ttl[0].address = "fd00::3".parse().unwrap();
+        assert!(
+            bad.validate_at(0)
+                .unwrap_err()
+                .to_string()
+                .starts_with("vrrp[0].unicast_peer_ttl[0].address:")
+        );
+        let mut bad = c.clone();
+        bad.unicast_peer_ttl[0].min_ttl = 255;
+        bad.unicast_peer_ttl[0].max_ttl = 64;
+        assert!(
+            bad.validate_at(0)
+                .unwrap_err()
+                .to_string()
+                .starts_with("vrrp[0].unicast_peer_ttl[0].min_ttl:")
+        );
+        let mut v4 = cfg();
+        v4.unicast_peers = vec!["192.0.2.9".parse().unwrap()];
+        v4.unicast_peer_ttl = vec![PeerTtl {
+            address: "192.0.2.9".parse().unwrap(),
+            min_ttl: 0,
+            max_ttl: 255,
+        }];
+        assert!(v4.validate().unwrap_err().reason.contains("TTL 255"));
+        let parsed: InstanceConfig = toml::from_str(
+            r#"
+            name = "api6"
+            vrid = 14
+            vips = ["fd00::100"]
+            unicast_peers = ["fd00::2"]
+            unicast_peer_ttl = [{ address = "fd00::2", min_ttl = 64 }]
+            "#,
+        )
+        .unwrap();
+        assert_eq!(parsed.unicast_peer_ttl[0].max_ttl, 255);
     }
 
     #[test]

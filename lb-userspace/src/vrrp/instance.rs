@@ -71,6 +71,19 @@ pub struct Counters {
     pub vip_errors: u64,
     /// The VRRP socket was bound again to a recreated interface.
     pub rebinds: u64,
+    /// The interface's MAC changed (bond failover, a cloned MAC): announced again at once.
+    pub mac_changes: u64,
+    /// A link poll that saw the interface down (or failed) was not confirmed by netlink: the
+    /// instance stayed where it was.
+    pub unconfirmed_link_down: u64,
+}
+
+/// The last advert that could not be sent.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct SendErrorRecord {
+    pub at_unix_ms: u64,
+    pub dst: IpAddr,
+    pub error: String,
 }
 
 /// `lbctl vrrp status` for one instance.
@@ -94,12 +107,14 @@ pub struct InstanceStatus {
     pub owned: bool,
     pub last_transition: Option<TransitionRecord>,
     pub last_split_brain: Option<SplitBrainRecord>,
+    /// A master whose adverts fail is master only in its own eyes: shown, counted and warned.
+    pub last_send_error: Option<SendErrorRecord>,
     pub counters: Counters,
     pub collisions: Collisions,
 }
 
 enum Command {
-    TrackWeight(i32),
+    TrackWeight(super::track::Tracking),
     /// A reload changed only fields that apply in place (see
     /// [`InstanceConfig::restart_needed`]).
     Reconfigure(Box<InstanceConfig>),
@@ -176,6 +191,7 @@ impl Instance {
             owned: false,
             last_transition: None,
             last_split_brain: None,
+            last_send_error: None,
             counters: Counters {
                 drops: DecodeError::ALL.iter().map(|e| (e.reason(), 0)).collect(),
                 ..Counters::default()
@@ -194,6 +210,7 @@ impl Instance {
             link_up: info.up,
             ifindex: info.index,
             weight: 0,
+            track_fault: false,
             warn: WarnLimiter::default(),
             dual: DualMaster::default(),
             remove_pending: false,
@@ -204,6 +221,7 @@ impl Instance {
             epoch: Instant::now(),
             timer: None,
             garp_left: 0,
+            second_burst: false,
             next_garp: None,
             status: status.clone(),
             owned: owned_tx,
@@ -247,9 +265,10 @@ impl Instance {
         self.forwarding.take()
     }
 
-    /// Set the sum of tracked weights (e.g. +20 for a ready local haproxy-equivalent); the
-    /// effective priority becomes base + weights, clamped to 1..=254 (255 stays 255).
-    pub async fn set_track_weight(&self, weight: i32) {
+    /// Set what the tracked checks add up to ([`super::track::tracking`]): the effective
+    /// priority becomes base + weight, clamped to 1..=254 (255 stays 255); `fault` puts the
+    /// instance in FAULT until it clears.
+    pub async fn set_track_weight(&self, weight: super::track::Tracking) {
         let _ = self.commands.send(Command::TrackWeight(weight)).await;
     }
 
@@ -305,6 +324,11 @@ fn policy(cfg: &InstanceConfig) -> Policy {
     );
     p.check_unicast_src = cfg.check_unicast_src;
     p.accept_v2 = cfg.v2_compat;
+    p.peer_hops = cfg
+        .unicast_peer_ttl
+        .iter()
+        .map(|b| (b.address, b.min_ttl..=b.max_ttl))
+        .collect();
     p
 }
 
@@ -317,6 +341,8 @@ struct Runner {
     ifindex: u32,
     /// The sum of tracked weights last set.
     weight: i32,
+    /// A weight-0 tracked check fails (FAULT).
+    track_fault: bool,
     warn: WarnLimiter,
     dual: DualMaster,
     /// A VIP removal failed and is retried at the next link poll.
@@ -329,6 +355,8 @@ struct Runner {
     epoch: Instant,
     timer: Option<Instant>,
     garp_left: u32,
+    /// The second burst (`garp_master_delay_s`) is still to come.
+    second_burst: bool,
     next_garp: Option<Instant>,
     status: Arc<Mutex<InstanceStatus>>,
     owned: watch::Sender<bool>,
@@ -363,6 +391,15 @@ impl Runner {
         }
         self.step(Event::Startup).await;
         let mut link_poll = tokio::time::interval(LINK_POLL);
+        // Link notifications make the poll immediate (a MAC change, a link going down); the
+        // interval stays as the fallback.
+        let mut link_events = match crate::netlink::link_changes() {
+            Ok(rx) => Some(rx),
+            Err(e) => {
+                tracing::warn!(instance = %self.cfg.name, error = format!("{e:#}"), "no link notifications; polling the interface only");
+                None
+            }
+        };
         link_poll.set_missed_tick_behavior(MissedTickBehavior::Delay);
         loop {
             tokio::select! {
@@ -378,11 +415,16 @@ impl Runner {
                     }
                 },
                 _ = link_poll.tick() => self.poll_link().await,
+                () = crate::netlink::next_link_change(&mut link_events) => self.poll_link().await,
                 cmd = commands.recv() => match cmd {
-                    Some(Command::TrackWeight(w)) => {
-                        self.weight = w;
-                        let p = state::effective_priority(self.cfg.priority, w);
+                    Some(Command::TrackWeight(t)) => {
+                        self.weight = t.weight;
+                        let p = state::effective_priority(self.cfg.priority, t.weight);
                         self.step(Event::PriorityChanged(p)).await;
+                        if t.fault != self.track_fault {
+                            self.track_fault = t.fault;
+                            self.step(Event::TrackFault(t.fault)).await;
+                        }
                     }
                     Some(Command::Reconfigure(cfg)) => self.reconfigure(*cfg).await,
                     Some(Command::Shutdown(done)) => {
@@ -400,15 +442,36 @@ impl Runner {
         }
     }
 
-    /// Follow the interface: down or gone means fault; back (possibly as a new device with a
+    /// Follow the interface: down or gone means fault, but only once netlink confirms it (one
+    /// failed or odd getifaddrs poll is not a link down); back (possibly as a new device with a
     /// new index, e.g. a rebuilt bridge) means the socket and announcer are bound again to it
-    /// before the instance starts again.
+    /// before the instance starts again. A new MAC is announced at once.
     async fn poll_link(&mut self) {
         if self.remove_pending && self.machine.state() != State::Master {
             self.remove_vips().await;
         }
-        let info = interface_info(&self.ifname).ok();
-        let up = info.as_ref().is_some_and(|i| i.up);
+        let polled = interface_info(&self.ifname);
+        let seen = match &polled {
+            Ok(i) => Polled::Up(i.up),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Polled::Gone,
+            Err(_) => Polled::Failed,
+        };
+        let confirmed = if seen == Polled::Up(true) || seen == Polled::Gone {
+            None
+        } else {
+            match announce::link_state(&self.netlink, &self.ifname).await {
+                Ok(state) => Some(state.unwrap_or(false)),
+                Err(e) => {
+                    tracing::debug!(instance = %self.cfg.name, error = format!("{e:#}"), "link state not confirmed");
+                    None
+                }
+            }
+        };
+        let up = link_verdict(seen, confirmed, self.link_up);
+        if up && seen != Polled::Up(true) {
+            self.with_status(|s| s.counters.unconfirmed_link_down += 1);
+        }
+        let info = polled.ok();
         if let Some(info) = info.as_ref().filter(|i| i.index != self.ifindex) {
             if self.link_up {
                 // Replaced between two polls: leave as if it had gone down first.
@@ -434,6 +497,9 @@ impl Runner {
                 }
             }
         }
+        if let Some(info) = info.as_ref() {
+            self.follow_addresses(info).await;
+        }
         if up != self.link_up {
             self.link_up = up;
             let ev = if up {
@@ -445,19 +511,65 @@ impl Runner {
         }
     }
 
+    /// The interface's MAC or (IPv6) link-local address changed under us (bond failover, a
+    /// cloned MAC): announce with the new MAC at once, or clients keep the old one and lose
+    /// the VIP; send adverts from the new link-local address.
+    async fn follow_addresses(&mut self, info: &super::io::InterfaceInfo) {
+        if let (Some(mac), Some(a)) = (info.mac, self.announcer.as_ref())
+            && mac != a.mac()
+        {
+            tracing::info!(instance = %self.cfg.name, interface = %self.ifname, old = ?a.mac(), new = ?mac, "interface MAC changed; announcing the new one");
+            self.announcer = Announcer::new(&self.ifname).ok();
+            self.with_status(|s| s.counters.mac_changes += 1);
+            if self.machine.state() == State::Master {
+                self.garp_left = GARP_BURST;
+                self.next_garp = Some(Instant::now());
+            }
+        }
+        let v6 = self.cfg.vips.first().is_some_and(IpAddr::is_ipv6);
+        if self.cfg.unicast_src.is_none()
+            && v6
+            && let Some(src) = info.primary_addr(true, &self.cfg.vips)
+            && src != self.socket.src()
+        {
+            match VrrpSocket::open(&self.ifname, src, self.cfg.unicast_peers.is_empty()) {
+                Ok(socket) => {
+                    tracing::info!(instance = %self.cfg.name, old = %self.socket.src(), new = %src, "link-local address changed; adverts now sent from the new one");
+                    self.socket = socket;
+                    let p = params(&self.cfg, src);
+                    let effective = state::effective_priority(self.cfg.priority, self.weight);
+                    let out = self.machine.reconfigure(self.now(), p, effective);
+                    self.with_status(|s| s.primary_addr = src);
+                    self.carry_out(out).await;
+                }
+                Err(e) => {
+                    tracing::warn!(instance = %self.cfg.name, error = %e, "cannot send from the new link-local address yet");
+                }
+            }
+        }
+    }
+
     async fn on_packet(&mut self, incoming: Incoming) {
-        let (src, dst, advert) = match incoming {
-            Incoming::Advert { src, dst, advert } => (src, dst, advert),
+        let (src, dst, hops, advert) = match incoming {
+            Incoming::Advert {
+                src,
+                dst,
+                hops,
+                advert,
+            } => (src, dst, hops, advert),
             Incoming::Dropped { reason, src } => return self.count_drop(src, reason),
         };
         if src == self.socket.src() {
             return;
         }
+        if !self.policy.hops_ok(src, dst, hops) {
+            return self.count_drop(Some(src), DecodeError::BadTtl);
+        }
         let j = self.policy.judge(src, dst, &advert);
         if let Some(differs) = j.collision {
             self.record_collision(src, &advert, differs);
         }
-        if j.claims_our_vips && self.machine.state() == State::Master {
+        if self.policy.split_brain_evidence(&j) && self.machine.state() == State::Master {
             let interval = Duration::from_millis(u64::from(advert.interval_cs) * 10);
             if self.dual.observe(self.now(), src, interval) {
                 let their = j.verdict.err().map_or("ok", DecodeError::reason);
@@ -477,13 +589,16 @@ impl Runner {
     }
 
     fn record_split_brain(&mut self, peer: IpAddr, peer_priority: u8, their: &'static str) {
-        tracing::warn!(
-            instance = %self.cfg.name,
-            %peer,
-            peer_priority,
-            their_adverts = their,
-            "two masters at once (split brain): another router keeps claiming our VIPs"
-        );
+        if let Some(suppressed) = self.warn.allow(self.now(), Some(peer), "split_brain") {
+            tracing::warn!(
+                instance = %self.cfg.name,
+                %peer,
+                peer_priority,
+                their_adverts = their,
+                suppressed,
+                "two masters at once (split brain): another router keeps claiming our VIPs"
+            );
+        }
         self.with_status(|s| {
             s.counters.split_brain += 1;
             s.last_split_brain = Some(SplitBrainRecord {
@@ -675,8 +790,17 @@ impl Runner {
             match result {
                 Ok(()) => self.with_status(|s| s.counters.adverts_sent += 1),
                 Err(e) => {
-                    tracing::debug!(instance = %self.cfg.name, %dst, error = %e, "advert not sent");
-                    self.with_status(|s| s.counters.send_errors += 1);
+                    if let Some(suppressed) = self.warn.allow(self.now(), Some(dst), "send_error") {
+                        tracing::warn!(instance = %self.cfg.name, %dst, error = %e, suppressed, state = self.machine.state().as_str(), "VRRP advert not sent: peers may not hear this node");
+                    }
+                    self.with_status(|s| {
+                        s.counters.send_errors += 1;
+                        s.last_send_error = Some(SendErrorRecord {
+                            at_unix_ms: unix_ms(),
+                            dst,
+                            error: e,
+                        });
+                    });
                 }
             }
         }
@@ -706,6 +830,7 @@ impl Runner {
         }
         self.with_status(|s| s.owned = true);
         self.garp_left = GARP_BURST;
+        self.second_burst = true;
         self.next_garp = Some(Instant::now());
     }
 
@@ -714,6 +839,7 @@ impl Runner {
         let _ = self.owned.send(false);
         self.with_status(|s| s.owned = false);
         self.garp_left = 0;
+        self.second_burst = false;
         self.next_garp = None;
         self.remove_vips().await;
     }
@@ -742,14 +868,137 @@ impl Runner {
                 }
             }
         }
-        self.garp_left = self.garp_left.saturating_sub(1);
-        self.next_garp = if self.garp_left > 0 {
-            Some(Instant::now() + GARP_SPACING)
-        } else if self.cfg.garp_refresh_s > 0 {
-            Some(Instant::now() + Duration::from_secs(self.cfg.garp_refresh_s))
-        } else {
-            None
+        let next = after_announce(
+            self.garp_left,
+            self.second_burst,
+            self.cfg.garp_master_delay_s,
+            self.cfg.garp_refresh_s,
+        );
+        (self.garp_left, self.second_burst) = (next.left, next.second_burst);
+        self.next_garp = next.wait.map(|d| Instant::now() + d);
+    }
+}
+
+/// What one getifaddrs poll said about the interface.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Polled {
+    /// Present; up and running or not.
+    Up(bool),
+    /// No such interface.
+    Gone,
+    /// getifaddrs failed.
+    Failed,
+}
+
+/// Whether the link counts as up (pure): a poll that saw it up, or an interface that is gone,
+/// is believed at once; a poll that saw it down or failed needs netlink's confirmation
+/// (`confirmed`: what netlink said, `None` when it could not be asked), else the link keeps
+/// its `previous` state. One transient error never moves the VIP.
+fn link_verdict(polled: Polled, confirmed: Option<bool>, previous: bool) -> bool {
+    match polled {
+        Polled::Up(true) => true,
+        Polled::Gone => false,
+        Polled::Up(false) | Polled::Failed => confirmed.unwrap_or(previous),
+    }
+}
+
+/// What follows one round of announcements.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct AfterAnnounce {
+    /// Rounds left in the current burst.
+    left: u32,
+    second_burst: bool,
+    /// When the next round is due; `None`: no more until the next change.
+    wait: Option<Duration>,
+}
+
+/// After one round with `left` rounds of the burst to go (this one included): the rest of the
+/// burst, [`GARP_SPACING`] apart; then, once, a second burst `delay_s` later (keepalived's
+/// `garp_master_delay`); then a round every `refresh_s`. Pure.
+fn after_announce(left: u32, second_burst: bool, delay_s: u64, refresh_s: u64) -> AfterAnnounce {
+    let left = left.saturating_sub(1);
+    if left > 0 {
+        return AfterAnnounce {
+            left,
+            second_burst,
+            wait: Some(GARP_SPACING),
         };
+    }
+    if second_burst && delay_s > 0 {
+        return AfterAnnounce {
+            left: GARP_BURST,
+            second_burst: false,
+            wait: Some(Duration::from_secs(delay_s)),
+        };
+    }
+    AfterAnnounce {
+        left: 0,
+        second_burst: false,
+        wait: (refresh_s > 0).then(|| Duration::from_secs(refresh_s)),
+    }
+}
+
+#[cfg(test)]
+mod schedule_tests {
+    use super::*;
+
+    #[test]
+    fn a_link_is_down_only_when_netlink_confirms_it() {
+        // One failed poll, netlink says up (or cannot be asked): stays up.
+        assert!(link_verdict(Polled::Failed, Some(true), true));
+        assert!(link_verdict(Polled::Failed, None, true));
+        assert!(link_verdict(Polled::Up(false), None, true));
+        assert!(link_verdict(Polled::Up(false), Some(true), true));
+        // Confirmed down.
+        assert!(!link_verdict(Polled::Up(false), Some(false), true));
+        assert!(!link_verdict(Polled::Failed, Some(false), true));
+        // Gone is gone; up is up.
+        assert!(!link_verdict(Polled::Gone, None, true));
+        assert!(link_verdict(Polled::Up(true), None, false));
+        // A down link stays down until a poll sees it up.
+        assert!(!link_verdict(Polled::Failed, None, false));
+    }
+
+    /// The waits between rounds from becoming master, for `n` rounds.
+    fn waits(delay_s: u64, refresh_s: u64, n: usize) -> Vec<Option<Duration>> {
+        let (mut left, mut second) = (GARP_BURST, true);
+        let mut out = Vec::new();
+        for _ in 0..n {
+            let a = after_announce(left, second, delay_s, refresh_s);
+            (left, second) = (a.left, a.second_burst);
+            out.push(a.wait);
+            if a.wait.is_none() {
+                break;
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn a_second_burst_follows_after_garp_master_delay_then_the_refresh() {
+        let burst = GARP_BURST as usize;
+        let w = waits(5, 60, 2 * burst + 1);
+        let spacing = Some(GARP_SPACING);
+        // First burst: GARP_BURST rounds, spacing apart, then 5 s to the second burst.
+        assert_eq!(&w[..burst - 1], vec![spacing; burst - 1].as_slice());
+        assert_eq!(w[burst - 1], Some(Duration::from_secs(5)));
+        // Second burst, then the refresh.
+        assert_eq!(
+            &w[burst..2 * burst - 1],
+            vec![spacing; burst - 1].as_slice()
+        );
+        assert_eq!(w[2 * burst - 1], Some(Duration::from_secs(60)));
+        assert_eq!(w[2 * burst], Some(Duration::from_secs(60)));
+    }
+
+    #[test]
+    fn no_second_burst_with_delay_zero_and_nothing_without_refresh() {
+        let burst = GARP_BURST as usize;
+        let w = waits(0, 60, burst);
+        assert_eq!(w[burst - 1], Some(Duration::from_secs(60)));
+        let w = waits(0, 0, burst + 2);
+        assert_eq!(w.len(), burst);
+        assert_eq!(w[burst - 1], None);
     }
 }
 
@@ -778,6 +1027,8 @@ mod smoke {
             preempt_delay_ms: 0,
             unicast_peers: vec![],
             check_unicast_src: true,
+            unicast_peer_ttl: vec![],
+            garp_master_delay_s: 5,
             v2_compat: false,
             unicast_src: None,
             vips: vec![var("LB_SMOKE_VIP").parse().unwrap()],

@@ -1,11 +1,14 @@
 //! VRRP sockets: raw IP protocol 112 for IPv4 and IPv6, bound to one interface, multicast
 //! (224.0.0.18 / ff02::12, joined on that interface) or unicast to configured peers.
 //!
-//! Sent with TTL / hop limit 255 and DSCP CS6 (as keepalived does); received packets whose TTL /
-//! hop limit is not 255 are dropped and reported as [`DecodeError::BadTtl`], except unicast
-//! adverts on a unicast instance: keepalived does not check those either, and sends its IPv6
-//! unicast adverts with the default hop limit (64) unless `unicast_ttl` is set, so OpenShift's
-//! IPv6 (VRRPv3, unicast) keepalived would otherwise never be heard. IPv4 uses
+//! Sent with TTL / hop limit 255 and DSCP CS6 (as keepalived does). Every received IPv4 advert,
+//! multicast or unicast, must arrive with TTL 255 (RFC 5798 5.1.1.3): a router sends with 255
+//! and the first forwarding hop lowers it, so a host off the segment cannot forge a peer even
+//! when it knows the peer's address, VRID and VIPs. IPv6 multicast adverts need hop limit 255
+//! too; IPv6 unicast adverts are passed with their hop limit (keepalived sends them with the
+//! default 64 unless `unicast_ttl` is set, so OpenShift's IPv6 keepalived would otherwise never
+//! be heard) and checked against the optional per-peer bounds of `unicast_peer_ttl` by the
+//! admission policy. A drop is reported as [`DecodeError::BadTtl`]. IPv4 uses
 //! `IP_HDRINCL` so the source address (which the v3 checksum covers) is exactly ours without
 //! binding the socket, which would also filter out multicast on receive; IPv6 sets the source
 //! per packet with `IPV6_PKTINFO` and reads the hop limit and destination from control messages.
@@ -27,6 +30,9 @@ pub enum Incoming {
         src: IpAddr,
         /// Where it was sent: a multicast group or one of our addresses.
         dst: IpAddr,
+        /// The TTL / hop limit it arrived with (IPv6 unicast: checked by the admission policy
+        /// against the peer's bounds; everything else is 255 here).
+        hops: u8,
         advert: Advert,
     },
     Dropped {
@@ -276,9 +282,16 @@ impl VrrpSocket {
     }
 }
 
-/// Check TTL / hop limit and decode. `dst` is needed for the v3 pseudo-header. The TTL must be
-/// 255 on a multicast instance and for any advert sent to a multicast group; a unicast advert
-/// on a unicast instance is accepted with any TTL, as keepalived does.
+/// Whether an advert arriving with `ttl` may be decoded at all: IPv4 always needs 255; IPv6
+/// needs 255 on a multicast instance and for anything sent to a group. An IPv6 unicast advert
+/// on a unicast instance passes here and meets its peer's bounds in the admission policy.
+pub fn ttl_ok(src: IpAddr, dst: Option<IpAddr>, ttl: Option<i32>, multicast: bool) -> bool {
+    let strict = src.is_ipv4() || multicast || dst.is_none_or(|d| d.is_multicast());
+    !strict || ttl == Some(i32::from(VRRP_TTL))
+}
+
+/// Check TTL / hop limit (see [`ttl_ok`]) and decode. `dst` is needed for the v3
+/// pseudo-header.
 fn classify(
     src: IpAddr,
     dst: Option<IpAddr>,
@@ -291,10 +304,12 @@ fn classify(
         src: Some(src),
         reason,
     };
-    let strict = multicast || dst.is_none_or(|d| d.is_multicast());
-    if strict && ttl != Some(i32::from(VRRP_TTL)) {
+    if !ttl_ok(src, dst, ttl, multicast) {
         return dropped(DecodeError::BadTtl);
     }
+    let Some(hops) = ttl.and_then(|t| u8::try_from(t).ok()) else {
+        return dropped(DecodeError::BadTtl);
+    };
     if truncated {
         return dropped(DecodeError::LengthMismatch);
     }
@@ -302,7 +317,12 @@ fn classify(
         return dropped(DecodeError::Truncated);
     };
     match codec::decode(payload, src, dst) {
-        Ok(advert) => Incoming::Advert { src, dst, advert },
+        Ok(advert) => Incoming::Advert {
+            src,
+            dst,
+            hops,
+            advert,
+        },
         Err(reason) => dropped(reason),
     }
 }
@@ -498,6 +518,85 @@ pub fn interface_info(ifname: &str) -> io::Result<InterfaceInfo> {
     Ok(info)
 }
 
+/// Every address of this host, with its interface and what tells lbd's own from the host's
+/// (see [`super::announce::added_by_lbd`]): IPv4 from getifaddrs(3) (the name it reports is
+/// the address label, `eth0:lb`), IPv6 from /proc/net/if_inet6 (which carries the flags).
+pub fn host_addresses() -> io::Result<Vec<(String, super::announce::ListedAddr)>> {
+    use super::announce::ListedAddr;
+    let mut out = Vec::new();
+    let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: getifaddrs fills `head` with a list freed below; pointers are checked for null
+    // and each sockaddr is read according to its family.
+    unsafe {
+        if libc::getifaddrs(&mut head) < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let mut cur = head;
+        while !cur.is_null() {
+            let ifa = &*cur;
+            cur = ifa.ifa_next;
+            if ifa.ifa_name.is_null()
+                || ifa.ifa_addr.is_null()
+                || i32::from((*ifa.ifa_addr).sa_family) != libc::AF_INET
+            {
+                continue;
+            }
+            let label = std::ffi::CStr::from_ptr(ifa.ifa_name)
+                .to_string_lossy()
+                .into_owned();
+            let sa = std::ptr::read_unaligned(ifa.ifa_addr.cast::<libc::sockaddr_in>());
+            let prefix_len = if ifa.ifa_netmask.is_null() {
+                32
+            } else {
+                let m = std::ptr::read_unaligned(ifa.ifa_netmask.cast::<libc::sockaddr_in>());
+                u32::from_be_bytes(m.sin_addr.s_addr.to_ne_bytes()).count_ones() as u8
+            };
+            let ifname = label.split(':').next().unwrap_or_default().to_string();
+            out.push((
+                ifname,
+                ListedAddr {
+                    addr: IpAddr::V4(Ipv4Addr::from(sa.sin_addr.s_addr.to_ne_bytes())),
+                    prefix_len,
+                    label: Some(label),
+                    nodad: false,
+                },
+            ));
+        }
+        libc::freeifaddrs(head);
+    }
+    // No IPv6 at all (disabled): nothing to add.
+    if let Ok(text) = std::fs::read_to_string("/proc/net/if_inet6") {
+        out.extend(parse_if_inet6(&text));
+    }
+    Ok(out)
+}
+
+/// `/proc/net/if_inet6` lines: address (32 hex digits), ifindex, prefix length, scope, flags
+/// (hex), interface name. Pure.
+pub fn parse_if_inet6(text: &str) -> Vec<(String, super::announce::ListedAddr)> {
+    const IFA_F_NODAD: u32 = 0x02;
+    text.lines()
+        .filter_map(|line| {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            if f.len() < 6 || f[0].len() != 32 {
+                return None;
+            }
+            let addr = u128::from_str_radix(f[0], 16).ok()?;
+            let prefix_len = u8::from_str_radix(f[2], 16).ok()?;
+            let flags = u32::from_str_radix(f[4], 16).ok()?;
+            Some((
+                f[5].to_string(),
+                super::announce::ListedAddr {
+                    addr: IpAddr::V6(Ipv6Addr::from(addr)),
+                    prefix_len,
+                    label: None,
+                    nodad: flags & IFA_F_NODAD != 0,
+                },
+            ))
+        })
+        .collect()
+}
+
 impl InterfaceInfo {
     /// The address adverts are sent from: for IPv6 the first link-local address (RFC 9568), for
     /// IPv4 the first address that is not one of our VIPs.
@@ -535,6 +634,7 @@ mod tests {
             Incoming::Advert {
                 src: src.into(),
                 dst: dst.into(),
+                hops: 255,
                 advert: a
             }
         );
@@ -563,42 +663,75 @@ mod tests {
     }
 
     #[test]
-    fn unicast_instances_accept_any_ttl_on_unicast_adverts() {
+    fn ipv4_needs_ttl_255_in_every_mode() {
         let a = adv().0;
         let (src, peer) = (Ipv4Addr::new(192, 0, 2, 1), Ipv4Addr::new(192, 0, 2, 2));
         let payload = codec::encode(&a, src.into(), peer.into()).unwrap();
         let mut pkt = ipv4_packet(src, peer, &payload).unwrap();
-        pkt[8] = 64;
-        let ok = Incoming::Advert {
-            src: src.into(),
-            dst: peer.into(),
-            advert: a.clone(),
-        };
-        assert_eq!(parse_ipv4(&pkt, false), ok);
-        // keepalived's IPv6 unicast adverts: default hop limit.
-        let (s6, p6): (IpAddr, IpAddr) = ("fd00::1".parse().unwrap(), "fd00::2".parse().unwrap());
-        let a6 = Advert {
-            addrs: vec!["fd00::100".parse().unwrap()],
-            ..a
-        };
-        let payload6 = codec::encode(&a6, s6, p6).unwrap();
         assert!(matches!(
-            classify(s6, Some(p6), Some(64), false, &payload6, false),
-            Incoming::Advert { .. }
+            parse_ipv4(&pkt, false),
+            Incoming::Advert { hops: 255, .. }
         ));
-        // A multicast instance, or an advert to the group, still needs 255.
-        assert!(matches!(
-            parse_ipv4(&pkt, true),
-            Incoming::Dropped {
-                reason: DecodeError::BadTtl,
-                ..
+        // A forged peer one or more hops away: unicast, on a unicast instance, still dropped.
+        for ttl in [0u8, 1, 64, 128, 254] {
+            pkt[8] = ttl;
+            for multicast in [false, true] {
+                assert!(
+                    matches!(
+                        parse_ipv4(&pkt, multicast),
+                        Incoming::Dropped {
+                            reason: DecodeError::BadTtl,
+                            ..
+                        }
+                    ),
+                    "ttl {ttl} multicast {multicast}"
+                );
             }
-        ));
+        }
         let group = codec::encode(&adv().0, src.into(), codec::MCAST_V4.into()).unwrap();
         let mut mpkt = ipv4_packet(src, codec::MCAST_V4, &group).unwrap();
         mpkt[8] = 64;
         assert!(matches!(
             parse_ipv4(&mpkt, false),
+            Incoming::Dropped {
+                reason: DecodeError::BadTtl,
+                ..
+            }
+        ));
+    }
+
+    #[test]
+    fn ipv6_unicast_passes_its_hop_limit_on_multicast_needs_255() {
+        let a = adv().0;
+        let (s6, p6): (IpAddr, IpAddr) = ("fd00::1".parse().unwrap(), "fd00::2".parse().unwrap());
+        let a6 = Advert {
+            addrs: vec!["fd00::100".parse().unwrap()],
+            ..a
+        };
+        // keepalived's IPv6 unicast adverts: default hop limit; the peer's bounds decide later.
+        let payload6 = codec::encode(&a6, s6, p6).unwrap();
+        assert!(matches!(
+            classify(s6, Some(p6), Some(64), false, &payload6, false),
+            Incoming::Advert { hops: 64, .. }
+        ));
+        let g6: IpAddr = codec::MCAST_V6.into();
+        let mpayload6 = codec::encode(&a6, s6, g6).unwrap();
+        for multicast in [false, true] {
+            assert!(matches!(
+                classify(s6, Some(g6), Some(64), false, &mpayload6, multicast),
+                Incoming::Dropped {
+                    reason: DecodeError::BadTtl,
+                    ..
+                }
+            ));
+        }
+        assert!(matches!(
+            classify(s6, Some(g6), Some(255), false, &mpayload6, true),
+            Incoming::Advert { hops: 255, .. }
+        ));
+        // A unicast advert on a multicast instance needs 255 too.
+        assert!(matches!(
+            classify(s6, Some(p6), Some(64), false, &payload6, true),
             Incoming::Dropped {
                 reason: DecodeError::BadTtl,
                 ..
@@ -616,6 +749,29 @@ mod tests {
                 let _ = parse_ipv4(&p, true);
             }
         }
+    }
+
+    #[test]
+    fn if_inet6_lines_parse() {
+        let text = "fd000000000000000000000000000005 02 80 00 82 eth0\n\
+                    fe800000000000000000000000000001 02 40 20 80 eth0\n\
+                    garbage\n";
+        let got = parse_if_inet6(text);
+        assert_eq!(got.len(), 2);
+        assert_eq!(got[0].0, "eth0");
+        assert_eq!(got[0].1.addr, "fd00::5".parse::<IpAddr>().unwrap());
+        assert_eq!(got[0].1.prefix_len, 128);
+        assert!(got[0].1.nodad);
+        assert_eq!(got[1].1.prefix_len, 64);
+        assert!(!got[1].1.nodad);
+    }
+
+    #[test]
+    fn host_addresses_include_loopback() {
+        let all = host_addresses().unwrap();
+        assert!(all.iter().any(|(i, a)| i == "lo"
+            && a.addr == IpAddr::from(Ipv4Addr::LOCALHOST)
+            && a.prefix_len == 8));
     }
 
     #[test]

@@ -7,6 +7,7 @@
 //! - [`limiter`]: one WARN per peer and reason per interval (pure).
 //! - [`split_brain`]: dual-master episodes, not ordinary preemptions (pure).
 //! - [`config`]: one instance's configuration and its validation (pure).
+//! - [`track`]: tracked checks' weights and FAULT, keepalived's rules (pure).
 //! - [`vrids`]: the VRIDs OpenShift derives from a cluster name (pure).
 //! - [`io`]: raw VRRP sockets (tokio `AsyncFd`), TTL checks, interface facts.
 //! - [`announce`]: VIP add/remove (rtnetlink), gratuitous ARP and unsolicited NA.
@@ -22,6 +23,7 @@ pub mod io;
 pub mod limiter;
 pub mod split_brain;
 pub mod state;
+pub mod track;
 pub mod vrids;
 
 pub use config::{ConfigError, InstanceConfig};

@@ -1,9 +1,10 @@
 //! Dual-master episodes (pure): split brain is two masters at once for longer than an
 //! election takes, not the single overlapping advert of an ordinary preemption.
 //!
-//! While we are master, every advert from another router that claims one of our VIPs with a
-//! priority above 0 is observed here, whether it voted or was dropped (another version during a
-//! migration, a stranger on a unicast instance, a wrong password). In a preemption the loser
+//! While we are master, every admitted advert from another router that claims one of our VIPs
+//! with a priority above 0 is observed here, and those of our checked unicast peers that were
+//! dropped for another version, password or interval (a migration half done); never a
+//! stranger's (see [`super::admission::Policy::split_brain_evidence`]). In a preemption the loser
 //! sends at most one more advert before it hears the winner, so one advert is not an episode.
 //! An episode begins when the same peer is still claiming mastership at least
 //! [`PERSIST`] of its advert interval after its first conflicting advert, and ends when it has

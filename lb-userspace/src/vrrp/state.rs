@@ -33,7 +33,8 @@ pub enum State {
     Initialize,
     Backup,
     Master,
-    /// The interface is down: we neither own the VIPs nor take part in elections.
+    /// The interface is down, or a tracked check of weight 0 fails: we neither own the VIPs
+    /// nor take part in elections.
     Fault,
 }
 
@@ -80,6 +81,9 @@ pub enum Event {
     },
     InterfaceDown,
     InterfaceUp,
+    /// A tracked check of weight 0 fails (`true`) or all such checks pass again (`false`):
+    /// keepalived's FAULT, like a link down (see [`super::track`]).
+    TrackFault(bool),
     /// New effective priority (see [`effective_priority`]).
     PriorityChanged(u8),
 }
@@ -160,6 +164,8 @@ pub struct Machine {
     /// [`ANSWER_GAP`] of our interval, so a flood of adverts cannot make us send a flood.
     last_sent: Option<Time>,
     iface_down: bool,
+    /// A tracked check of weight 0 fails.
+    track_fault: bool,
     /// The current master resigned (priority 0); only used to explain the next transition.
     master_resigned: bool,
     /// When we last ignored a lower-priority master's advert (to preempt it): a master that is
@@ -181,6 +187,7 @@ impl Machine {
             preempt_at: None,
             last_sent: None,
             iface_down: false,
+            track_fault: false,
             master_resigned: false,
             lower_master_heard: None,
         }
@@ -255,6 +262,8 @@ impl Machine {
                 if self.state == State::Initialize {
                     if self.iface_down {
                         self.go(&mut out, State::Fault, "interface down at startup");
+                    } else if self.track_fault {
+                        self.go(&mut out, State::Fault, "tracked check failing at startup");
                     } else {
                         self.start(now, &mut out, "startup");
                     }
@@ -290,8 +299,28 @@ impl Machine {
             }
             Event::InterfaceUp => {
                 self.iface_down = false;
-                if self.state == State::Fault {
+                if self.state == State::Fault && !self.track_fault {
                     self.start(now, &mut out, "interface up");
+                }
+            }
+            Event::TrackFault(failing) => {
+                self.track_fault = failing;
+                match (failing, self.state) {
+                    (true, State::Master) => {
+                        self.cancel_timer(&mut out);
+                        // Resign like a shutdown: the backup takes over after its skew.
+                        out.actions.push(Action::SendAdvert { priority: 0 });
+                        out.actions.push(Action::ReleaseOwnership);
+                        self.go(&mut out, State::Fault, "tracked check failing");
+                    }
+                    (true, State::Backup) => {
+                        self.cancel_timer(&mut out);
+                        self.go(&mut out, State::Fault, "tracked check failing");
+                    }
+                    (false, State::Fault) if !self.iface_down => {
+                        self.start(now, &mut out, "tracked check passing again");
+                    }
+                    _ => {}
                 }
             }
             Event::PriorityChanged(p) => {
@@ -358,16 +387,12 @@ impl Machine {
                     if self.master_addr.is_some_and(|m| m != from) {
                         return;
                     }
-                    // The master resigned: take over after one of its intervals plus the skew
-                    // (the skew keeps the highest-priority backup first). RFC 9568 waits the
-                    // skew only; waiting one interval more means a resignation forged in the
-                    // master's name is overridden by the real master's next advert (which
-                    // resets the timer below) instead of moving the VIP. A real resignation
-                    // costs one interval, during which the old owner still forwards (its
-                    // handover grace).
+                    // The master resigned: take over after the skew only (RFC 9568 6.4.2, and
+                    // keepalived, which a mixed cluster must match or a planned restart moves
+                    // the VIP twice); the skew keeps the highest-priority backup first. A
+                    // forged resignation has to come from our own segment (TTL 255).
                     self.master_resigned = true;
-                    let at =
-                        now + self.master_interval + skew_time(self.priority, self.master_interval);
+                    let at = now + skew_time(self.priority, self.master_interval);
                     self.set_timer(out, at);
                 } else if priority >= self.priority || !self.may_preempt(now) {
                     if priority >= self.priority {
@@ -801,7 +826,9 @@ mod tests {
         let mut m = started(100);
         m.handle(MS(100), advert("192.0.2.20", 200));
         let out = m.handle(MS(200), advert("192.0.2.20", 0));
-        let at = MS(200) + MS(1000) + skew_time(100, MS(1000));
+        // The skew only, as keepalived: no extra interval.
+        let at = MS(200) + skew_time(100, MS(1000));
+        assert!(at < MS(200) + MS(1000));
         assert_eq!(out.actions, vec![Action::SetTimer(at)]);
         let out = m.handle(at, Event::TimerFired);
         assert_eq!(
@@ -1016,31 +1043,66 @@ mod tests {
     }
 
     #[test]
-    fn a_forged_resignation_is_overridden_by_the_real_masters_next_advert() {
+    fn a_resignation_counts_only_from_our_master() {
         let mut m = started(100);
         m.handle(MS(100), advert("192.0.2.20", 100));
-        // A hostile host sends priority 0 in the master's name between its adverts.
-        m.handle(MS(150), advert("192.0.2.20", 0));
-        // The real master keeps advertising every second: each advert resets the timer.
-        for k in 1..5u64 {
-            let t = MS(100 + k * 1000);
-            if let Some(timer) = m.timer() {
-                assert!(
-                    timer > t,
-                    "took over at {timer:?} before the master's advert at {t:?}"
-                );
-            }
-            m.handle(t, advert("192.0.2.20", 100));
-            m.handle(t + MS(50), advert("192.0.2.20", 0));
-        }
-        assert_eq!(m.state(), State::Backup);
-        // A priority-0 advert from a host that is not our master changes nothing.
         let before = m.timer();
+        // A priority-0 advert from a host that is not our master changes nothing.
         assert_eq!(
-            m.handle(MS(5200), advert("192.0.2.99", 0)),
+            m.handle(MS(200), advert("192.0.2.99", 0)),
             Output::default()
         );
         assert_eq!(m.timer(), before);
+        assert_eq!(m.state(), State::Backup);
+    }
+
+    #[test]
+    fn a_failing_weight_zero_check_is_fault_until_it_passes() {
+        // Master resigns (priority 0 advert) and releases.
+        let mut m = master(100);
+        let out = m.handle(MS(4000), Event::TrackFault(true));
+        assert_eq!(
+            out.actions,
+            vec![
+                Action::CancelTimer,
+                Action::SendAdvert { priority: 0 },
+                Action::ReleaseOwnership
+            ]
+        );
+        assert_eq!(m.state(), State::Fault);
+        // In fault: no elections, even when the link comes and goes.
+        assert_eq!(
+            m.handle(MS(4100), advert("192.0.2.20", 50)),
+            Output::default()
+        );
+        m.handle(MS(4200), Event::InterfaceDown);
+        m.handle(MS(4300), Event::InterfaceUp);
+        assert_eq!(m.state(), State::Fault);
+        let out = m.handle(MS(5000), Event::TrackFault(false));
+        assert_eq!(m.state(), State::Backup);
+        assert_eq!(
+            out.transition.unwrap().reason,
+            "tracked check passing again"
+        );
+        // A backup goes to fault silently; with the link down too, passing again waits for it.
+        let mut b = started(100);
+        let out = b.handle(MS(10), Event::TrackFault(true));
+        assert!(
+            !out.actions
+                .iter()
+                .any(|a| matches!(a, Action::SendAdvert { .. }))
+        );
+        assert_eq!(b.state(), State::Fault);
+        b.handle(MS(20), Event::InterfaceDown);
+        b.handle(MS(30), Event::TrackFault(false));
+        assert_eq!(b.state(), State::Fault);
+        b.handle(MS(40), Event::InterfaceUp);
+        assert_eq!(b.state(), State::Backup);
+        // Failing before start-up: start in fault.
+        let mut f = Machine::new(params(100));
+        f.handle(MS(0), Event::TrackFault(true));
+        f.handle(MS(1), Event::Startup);
+        assert_eq!(f.state(), State::Fault);
     }
 
     #[test]

@@ -141,7 +141,8 @@ impl HttpsLab {
             );
             list.push((n.to_string(), v4, *kind));
         }
-        lab.add_address("lb", VIP);
+        // lbd holds the static VIP itself (`owned = true`): a /32 added here by hand would be
+        // the node's own address, which lbd refuses as a VIP.
         let pin_name = lab.prefix.replace('-', "_");
         let socket = lab.dir.join("lbd.sock").display().to_string();
         let cfg_path = lab.dir.join("lbd.toml");
@@ -178,7 +179,7 @@ impl HttpsLab {
     pub fn config(&self, weights: &[(&str, u32)]) -> String {
         let mut c = format!(
             "interface = \"eth0\"\nname = \"{}\"\napi_socket = \"{}\"\nxdp_mode = \"skb\"\n\n\
-             [[vips]]\nname = \"api\"\naddress = \"{VIP}\"\nports = [{HTTPS_PORT}, {TCP_PORT}]\n\
+             [[vips]]\nname = \"api\"\naddress = \"{VIP}\"\nports = [{HTTPS_PORT}, {TCP_PORT}]\nowned = true\n\
              [vips.health]\nkind = \"https\"\npath = \"/readyz\"\nport = {HTTPS_PORT}\n",
             self.pin_name, self.socket
         );

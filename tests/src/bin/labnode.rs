@@ -12,7 +12,7 @@
 //!   connection that failed before reading its id counts under `"?"`).
 //! - `labnode connect-for ADDR PORT SECONDS CONCURRENCY TIMEOUT_MS`: as `connect-many`, but for
 //!   SECONDS instead of a count; same JSON.
-//! - `labnode vrrp-send IFACE SRC DSTS VRID PRIO VIPS|- RATE SECS [V2PASS]`: a foreign VRRP
+//! - `labnode vrrp-send IFACE SRC DSTS VRID PRIO VIPS|- RATE SECS [ttl=N] [from=ADDR] [V2PASS]`: a foreign VRRP
 //!   router (see `lb_tests::vrrp_send`); prints `{"sent": N}`.
 //!
 //! The short-connection JSON also lists `fail_at_ms`: when each failed attempt started (ms since
