@@ -188,10 +188,11 @@ pub struct VipConfig {
     #[serde(default = "default_protocol")]
     pub protocol: Protocol,
     /// Static ownership: `owned = true` makes this node hold the VIP whatever the others do
-    /// (every node with this config holds it). Written out, never assumed: a VIP names either
-    /// `vrrp`, `owned = true` or `announce = "bgp"`.
-    #[serde(default)]
-    pub owned: bool,
+    /// (every node with this config holds it); `owned = false` says this node never holds it
+    /// (it only balances its own connections to it, or is only a backend). Written out, never
+    /// assumed: a VIP names either `vrrp`, `owned` or `announce = "bgp"`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owned: Option<bool>,
     /// Name of the VRRP instance whose master state makes this node the owner.
     #[serde(default)]
     pub vrrp: Option<String>,
@@ -202,6 +203,13 @@ pub struct VipConfig {
     pub health: HealthConfig,
     #[serde(default)]
     pub backends: Vec<BackendConfig>,
+}
+
+impl VipConfig {
+    /// `owned = true`: held on this node without an election.
+    pub fn held_statically(&self) -> bool {
+        self.owned == Some(true)
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -618,7 +626,7 @@ impl Config {
     fn validate_ownership(&self, i: usize, v: &VipConfig) -> Result<(), ConfigError> {
         let f = format!("vips[{i}]");
         let bgp = v.announce == Announce::Bgp;
-        if v.owned && (v.vrrp.is_some() || bgp) {
+        if v.held_statically() && (v.vrrp.is_some() || bgp) {
             return Err(invalid(
                 format!("{f}.owned"),
                 if bgp {
@@ -628,16 +636,16 @@ impl Config {
                 },
             ));
         }
-        if v.vrrp.is_none() && !v.owned && !bgp {
+        if v.vrrp.is_none() && v.owned.is_none() && !bgp {
             return Err(invalid(
                 f,
                 format!(
-                    "{}: who holds it? Set `vrrp = \"<instance>\"` to have a VRRP instance elect one node, `owned = true` to hold it on this node statically (every node given this config holds it), or `announce = \"bgp\"`",
+                    "{}: who holds it? Set `vrrp = \"<instance>\"` to have a VRRP instance elect one node, `owned = true` to hold it on this node statically (every node given this config holds it), `owned = false` if this node never holds it, or `announce = \"bgp\"`",
                     v.address
                 ),
             ));
         }
-        if v.owned
+        if v.held_statically()
             && let Some(r) = self.vrrp.iter().find(|r| r.vips.contains(&v.address))
         {
             return Err(invalid(
@@ -728,7 +736,7 @@ weight = 2
         let c = Config::parse(GOOD).unwrap();
         assert_eq!(c.table_size, 65537);
         assert_eq!(c.vips[0].protocol, Protocol::Tcp);
-        assert!(c.vips[0].owned);
+        assert!(c.vips[0].held_statically());
         assert_eq!(c.vips[0].backends[1].weight, 2);
         assert_eq!(c.services(), vec![(0, 6443), (0, 22623)]);
         assert_eq!(c.handover_grace_ms, 2000);
@@ -783,8 +791,10 @@ weight = 2
             e.contains("owned = true") && e.contains("vrrp = "),
             "says how to choose: {e}"
         );
-        let e = err(&GOOD.replace("owned = true", "owned = false"));
-        assert!(e.starts_with("vips[0]:"), "{e}");
+        // `owned = false` written out: a VIP this node never holds (socket load balancing or
+        // backend only) is a choice, not a forgotten line.
+        let c = Config::parse(&GOOD.replace("owned = true", "owned = false")).unwrap();
+        assert!(!c.vips[0].held_statically());
         // Both: refused.
         let both = format!(
             "{}\n[[vrrp]]\nname = \"v\"\nvrid = 5\nvips = [\"192.168.111.5\"]\n",

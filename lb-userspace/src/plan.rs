@@ -159,7 +159,7 @@ pub fn owned(cfg: &Config, i: usize, facts: &Facts) -> bool {
     }
     match &v.vrrp {
         Some(name) => facts.vrrp_master.get(name).copied().unwrap_or(false),
-        None => v.owned,
+        None => v.held_statically(),
     }
 }
 

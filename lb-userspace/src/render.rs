@@ -350,7 +350,7 @@ impl ClusterSpec {
                 address: self.api_vip,
                 ports: self.api_ports.clone(),
                 protocol: crate::config::Protocol::Tcp,
-                owned: false,
+                owned: None,
                 vrrp: Some("api".into()),
                 health: HealthConfig {
                     kind: CheckKind::Https,
@@ -388,7 +388,7 @@ impl ClusterSpec {
                 address: vip,
                 ports: self.ingress_ports.clone(),
                 protocol: crate::config::Protocol::Tcp,
-                owned: false,
+                owned: None,
                 vrrp: Some("ingress".into()),
                 health: HealthConfig {
                     kind: CheckKind::Http,

@@ -32,7 +32,7 @@ pub fn static_vips(cfg: &Config) -> Vec<IpAddr> {
     let mut out: Vec<IpAddr> = Vec::new();
     for v in &cfg.vips {
         if v.vrrp.is_none()
-            && v.owned
+            && v.held_statically()
             && v.announce != crate::config::Announce::Bgp
             && !out.contains(&v.address)
         {
