@@ -172,6 +172,11 @@ pub struct TrackConfig {
     /// the instance.
     #[serde(default)]
     pub address: Option<std::net::SocketAddr>,
+    /// With an `address`: the track also passes while the load balancer is ready (as a track
+    /// without an address), i.e. "the local load balancer is fine OR the local service is":
+    /// OpenShift's `chk_ocp_both`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub or_lb_ready: bool,
     #[serde(default)]
     pub health: HealthConfig,
 }
@@ -612,6 +617,11 @@ impl Config {
                 t.health
                     .validate(&format!("{f}.health"))
                     .map_err(ConfigError::Parse)?;
+            } else if t.or_lb_ready {
+                return Err(invalid(
+                    format!("{f}.or_lb_ready"),
+                    "needs an address: a track without one is the load balancer's readiness already",
+                ));
             }
         }
         Ok(())

@@ -112,7 +112,7 @@ pub struct BackendPlan {
 /// What the tracked checks of VRRP instance `instance` add up to, by keepalived's rules
 /// ([`crate::vrrp::track`]): checks with an address pass when `passing` says so; the load
 /// balancer's own readiness (a track without an address) passes when every VIP of the instance
-/// has an active backend here.
+/// has an active backend here; a track with `or_lb_ready` passes on either.
 pub fn track_weight(
     cfg: &Config,
     instance: &str,
@@ -126,7 +126,10 @@ pub fn track_weight(
             .filter(|t| t.instance == instance)
             .map(|t| {
                 let ok = match t.address {
-                    Some(_) => passing.get(&t.name).copied().unwrap_or(false),
+                    Some(_) => {
+                        passing.get(&t.name).copied().unwrap_or(false)
+                            || (t.or_lb_ready && lb_ready)
+                    }
                     None => lb_ready,
                 };
                 (t.weight, ok)
@@ -344,6 +347,83 @@ address = "10.0.0.4"
 "#,
         )
         .unwrap()
+    }
+
+    /// OpenShift's API checks: `chk_ocp_lb` (+20, the load balancer is ready), `chk_ocp_both`
+    /// (+5, the load balancer OR the local apiserver), `chk_mcs` (+3).
+    #[test]
+    fn or_lb_ready_passes_on_either_the_check_or_the_load_balancer() {
+        let cfg = Config::parse(
+            r#"
+interface = "eth0"
+[[vips]]
+name = "api"
+address = "10.0.0.100"
+ports = [6443]
+vrrp = "api"
+[[vips.backends]]
+address = "10.0.0.1"
+[[vrrp]]
+name = "api"
+vrid = 14
+vips = ["10.0.0.100"]
+[[track]]
+instance = "api"
+name = "chk_ocp_lb"
+weight = 20
+[[track]]
+instance = "api"
+name = "chk_ocp_both"
+weight = 5
+address = "127.0.0.1:6443"
+or_lb_ready = true
+[[track]]
+instance = "api"
+name = "chk_mcs"
+weight = 3
+address = "127.0.0.1:22623"
+health.kind = "tcp"
+"#,
+        )
+        .unwrap();
+        let row = |state| BackendPlan {
+            vip: "api".into(),
+            addr: "10.0.0.1".parse().unwrap(),
+            weight: 1,
+            mac: None,
+            local: false,
+            state,
+            reason: String::new(),
+        };
+        let passing = |both: bool, mcs: bool| {
+            HashMap::from([
+                ("chk_ocp_both".to_string(), both),
+                ("chk_mcs".to_string(), mcs),
+            ])
+        };
+        for (lb, both, mcs, want) in [
+            (true, false, false, 25),
+            (true, true, true, 28),
+            (false, true, false, 5),
+            (false, false, true, 3),
+            (false, false, false, 0),
+        ] {
+            let rows = [row(if lb {
+                BackendState::Active
+            } else {
+                BackendState::Down
+            })];
+            let t = track_weight(&cfg, "api", &passing(both, mcs), &rows);
+            assert_eq!(t.weight, want, "lb {lb} apiserver {both} mcs {mcs}");
+            assert!(!t.fault);
+        }
+        // Without an address there is nothing to OR with: refused by name.
+        let e = Config::parse(
+            "interface = \"eth0\"\n[[vrrp]]\nname = \"a\"\nvrid = 5\nvips = [\"10.0.0.9\"]\n[[track]]\ninstance = \"a\"\nname = \"x\"\nweight = 5\nor_lb_ready = true\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.starts_with("track[0].or_lb_ready:"), "{e}");
     }
 
     #[test]

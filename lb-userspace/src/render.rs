@@ -40,18 +40,28 @@ pub struct ClusterSpec {
     pub name: String,
     /// Interface the VIPs live on (OpenShift: `br-ex`).
     pub interface: String,
-    pub api_vip: IpAddr,
-    #[serde(default)]
+    /// One API VIP (`apiVIP`), or write `api_vips`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_vip: Option<IpAddr>,
+    /// The install config's `apiVIPs` (4.12+): one VIP, or two of different families (dual
+    /// stack). Each one gets its own VRRP instance, as runtimecfg renders `<cluster>_API_<i>`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub api_vips: Vec<IpAddr>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ingress_vip: Option<IpAddr>,
+    /// `ingressVIPs`, as `api_vips`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ingress_vips: Vec<IpAddr>,
     #[serde(default = "default_api_ports")]
     pub api_ports: Vec<u16>,
     #[serde(default = "default_ingress_ports")]
     pub ingress_ports: Vec<u16>,
     /// 3 (default: centisecond adverts, sub-second failover) or 2 while keepalived nodes are
-    /// still in the cluster (IPv4 only; OpenShift's PASS authentication and 1 s adverts).
+    /// still in the cluster: the migration profile (see [`ClusterSpec::render`]).
     #[serde(default = "default_version")]
     pub vrrp_version: u8,
-    /// Default: 100 ms with VRRPv3, 1000 ms with VRRPv2 (keepalived's `advert_int 1`).
+    /// Default: 100 ms with VRRPv3, 1000 ms in the migration profile (keepalived's
+    /// `advert_int 1`).
     #[serde(default)]
     pub advert_interval_ms: Option<u32>,
     /// Override the VRIDs derived from the cluster name (`[api, ingress]`).
@@ -64,7 +74,8 @@ pub struct ClusterSpec {
     pub lb_name: String,
     #[serde(default = "default_socket")]
     pub api_socket: PathBuf,
-    /// Probes and Prometheus (the manifests' probes and ServiceMonitor use it).
+    /// Probes and Prometheus (the manifests' probes and ServiceMonitor use it). Never a port
+    /// OpenShift's on-prem pods bind ([`OPENSHIFT_HOST_PORTS`]).
     #[serde(default = "default_metrics")]
     pub metrics_listen: Option<std::net::SocketAddr>,
     pub nodes: Vec<NodeSpec>,
@@ -76,6 +87,10 @@ pub struct NodeSpec {
     pub name: String,
     /// The node's address on `interface` (OpenShift: the node's InternalIP).
     pub address: IpAddr,
+    /// Dual stack: the node's address of the other family (its second InternalIP), the
+    /// source and peer address of the instances of that family's VIPs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secondary_address: Option<IpAddr>,
     pub roles: Vec<Role>,
 }
 
@@ -103,13 +118,55 @@ fn default_socket() -> PathBuf {
     "/run/lbd/lbd.sock".into()
 }
 fn default_metrics() -> Option<std::net::SocketAddr> {
-    Some(([127, 0, 0, 1], 9444).into())
+    Some(([127, 0, 0, 1], DEFAULT_METRICS_PORT).into())
 }
 
-/// OpenShift's keepalived priorities and tracked-check weights.
+/// lbd's metrics and probe port on rendered nodes: outside every range of
+/// [`OPENSHIFT_HOST_PORTS`] (9444, the earlier default, is haproxy's health port).
+pub const DEFAULT_METRICS_PORT: u16 = 29444;
+
+/// Host ports OpenShift's on-prem nodes bind or reserve (inclusive ranges): routers 80/443 and
+/// 1936, etcd 2379-2380, the API 6443, host-level services 9000-9999 (haproxy 9443 stats, 9444
+/// health, 9445 API frontend; node exporter, the health monitors), kubelet and friends
+/// 10250-10259, kube-proxy/ovn 10256, the machine-config server 22623/22624, node ports
+/// 30000-32767.
+pub const OPENSHIFT_HOST_PORTS: &[(u16, u16)] = &[
+    (80, 80),
+    (443, 443),
+    (1936, 1936),
+    (2379, 2380),
+    (6443, 6443),
+    (9000, 9999),
+    (10250, 10259),
+    (22623, 22624),
+    (30000, 32767),
+];
+
+/// Whether `port` is one OpenShift's on-prem pods bind ([`OPENSHIFT_HOST_PORTS`]).
+pub fn openshift_port(port: u16) -> bool {
+    OPENSHIFT_HOST_PORTS
+        .iter()
+        .any(|(lo, hi)| (*lo..=*hi).contains(&port))
+}
+
+/// OpenShift's keepalived priorities and tracked-script weights (machine-config-operator,
+/// templates/*/on-prem keepalived.conf.tmpl).
 pub const API_PRIORITY: u8 = 40;
 pub const INGRESS_PRIORITY: u8 = 20;
 const MCS_PORT: u16 = 22623;
+const ROUTER_STATS_PORT: u16 = 1936;
+/// `chk_ocp_lb`: the local load balancer is ready.
+pub const W_OCP_LB: i32 = 20;
+/// `chk_ocp_both`: the local load balancer is ready OR the local apiserver is.
+pub const W_OCP_BOTH: i32 = 5;
+/// `chk_mcs`: the machine-config server runs here.
+pub const W_MCS: i32 = 3;
+/// `chk_ingress`: weight 0, the instance is in FAULT while the router's /healthz fails.
+pub const W_INGRESS: i32 = 0;
+/// `chk_ingress_ready`: the router's /healthz/ready.
+pub const W_INGRESS_READY: i32 = 10;
+/// `chk_default_ingress`: a default router is ready on this node.
+pub const W_DEFAULT_INGRESS: i32 = 50;
 
 /// One node's rendered config.
 #[derive(Clone, Debug, PartialEq)]
@@ -149,6 +206,16 @@ impl ClusterSpec {
         self.has(Role::Worker).collect()
     }
 
+    /// The API VIPs: `api_vips`, or `api_vip` alone.
+    pub fn api_vips(&self) -> Vec<IpAddr> {
+        vip_list(self.api_vip, &self.api_vips)
+    }
+
+    /// The ingress VIPs: `ingress_vips`, or `ingress_vip` alone (none: no ingress instance).
+    pub fn ingress_vips(&self) -> Vec<IpAddr> {
+        vip_list(self.ingress_vip, &self.ingress_vips)
+    }
+
     /// What the description itself must satisfy; the rendered configs are checked after.
     pub fn validate(&self) -> Result<(), ConfigError> {
         if self.name.is_empty() {
@@ -163,18 +230,16 @@ impl ClusterSpec {
                 format!("must be 2 or 3, got {}", self.vrrp_version),
             ));
         }
-        if self.vrrp_version == 2 && self.api_vip.is_ipv6() {
-            return Err(invalid("vrrp_version", "VRRPv2 is IPv4 only; use 3"));
-        }
-        if let Some(ing) = self.ingress_vip {
-            if ing.is_ipv4() != self.api_vip.is_ipv4() {
+        check_vip_list("api", self.api_vip, &self.api_vips, true)?;
+        check_vip_list("ingress", self.ingress_vip, &self.ingress_vips, false)?;
+        let api = self.api_vips();
+        let ingress = self.ingress_vips();
+        for (i, v) in ingress.iter().enumerate() {
+            if api.contains(v) {
                 return Err(invalid(
-                    "ingress_vip",
-                    "must be the same address family as api_vip",
+                    list_field("ingress", &self.ingress_vips, i),
+                    format!("{v} is also an API VIP"),
                 ));
-            }
-            if ing == self.api_vip {
-                return Err(invalid("ingress_vip", "must differ from api_vip"));
             }
         }
         if let Some([a, i]) = self.vrids
@@ -182,9 +247,27 @@ impl ClusterSpec {
         {
             return Err(invalid("vrids", "two different VRIDs in 1..=255"));
         }
+        if let Some(m) = self.metrics_listen
+            && openshift_port(m.port())
+        {
+            return Err(invalid(
+                "metrics_listen",
+                format!(
+                    "port {} is one OpenShift's on-prem pods bind or reserve (haproxy 9443-9445, 9000-9999, 6443, 22623-22624, 1936...); the default is {DEFAULT_METRICS_PORT}",
+                    m.port()
+                ),
+            ));
+        }
         if self.nodes.is_empty() {
             return Err(invalid("nodes", "at least one node"));
         }
+        // Address families every node needs an address of: those of the VIPs.
+        let families: Vec<bool> = {
+            let mut f: Vec<bool> = api.iter().chain(&ingress).map(|v| v.is_ipv4()).collect();
+            f.sort();
+            f.dedup();
+            f
+        };
         let mut names = HashSet::new();
         let mut addrs = HashSet::new();
         for (i, n) in self.nodes.iter().enumerate() {
@@ -192,23 +275,40 @@ impl ClusterSpec {
             if n.name.is_empty() || !names.insert(n.name.as_str()) {
                 return Err(invalid(format!("{f}.name"), "must be non-empty and unique"));
             }
-            if n.name.contains('/') || n.name.starts_with('.') {
+            for (field, a) in [("address", Some(n.address)), ("secondary_address", n.secondary_address)] {
+                let Some(a) = a else { continue };
+                if !addrs.insert(a) {
+                    return Err(invalid(format!("{f}.{field}"), "used by two nodes"));
+                }
+                if api.contains(&a) || ingress.contains(&a) {
+                    return Err(invalid(format!("{f}.{field}"), "is a VIP"));
+                }
+                if !families.contains(&a.is_ipv4()) {
+                    return Err(invalid(
+                        format!("{f}.{field}"),
+                        "no VIP of this address family (unicast VRRP peers and L2 DSR need the VIP's family)",
+                    ));
+                }
+            }
+            if let Some(b) = n.secondary_address
+                && b.is_ipv4() == n.address.is_ipv4()
+            {
                 return Err(invalid(
-                    format!("{f}.name"),
-                    "is a file name: no '/' and no leading '.'",
+                    format!("{f}.secondary_address"),
+                    "must be of the other address family than address (dual stack)",
                 ));
             }
-            if !addrs.insert(n.address) {
-                return Err(invalid(format!("{f}.address"), "used by two nodes"));
-            }
-            if n.address.is_ipv4() != self.api_vip.is_ipv4() {
-                return Err(invalid(
-                    format!("{f}.address"),
-                    "must be the same address family as api_vip (unicast VRRP peers, L2 DSR)",
-                ));
-            }
-            if n.address == self.api_vip || Some(n.address) == self.ingress_vip {
-                return Err(invalid(format!("{f}.address"), "is a VIP"));
+            for v4 in &families {
+                if node_address(n, *v4).is_none() {
+                    return Err(invalid(
+                        format!("{f}.secondary_address"),
+                        format!(
+                            "needed: the cluster has {} VIPs and this node has no {} address",
+                            if *v4 { "IPv4" } else { "IPv6" },
+                            if *v4 { "IPv4" } else { "IPv6" }
+                        ),
+                    ));
+                }
             }
             if n.roles.is_empty() {
                 return Err(invalid(
@@ -223,16 +323,18 @@ impl ClusterSpec {
                 "no node has the control-plane role (the API VIP needs one)",
             ));
         }
-        if self.ingress_vip.is_some() && self.routers().is_empty() {
+        if !ingress.is_empty() && self.routers().is_empty() {
             return Err(invalid(
                 "nodes",
-                "ingress_vip is set but no node has the worker role (routers)",
+                "ingress VIPs are set but no node has the worker role (routers)",
             ));
         }
         Ok(())
     }
 
-    /// `(api, ingress)` VRIDs: OpenShift's, from the cluster name, unless overridden.
+    /// `(api, ingress)` VRIDs: OpenShift's, from the cluster name, unless overridden. Every
+    /// VIP of a role uses its role's VRID (IPv4 and IPv6 VRRP are separate protocols), as
+    /// runtimecfg renders `<cluster>_API_0` and `_API_1`.
     pub fn vrids(&self) -> (u8, u8) {
         match self.vrids {
             Some([a, i]) => (a, i),
@@ -241,6 +343,15 @@ impl ClusterSpec {
     }
 
     /// Every node's config, in the order of `nodes`; each one validated as lbd would.
+    ///
+    /// `vrrp_version = 2` is the migration profile, for a cluster where keepalived still runs
+    /// on some nodes: IPv4 instances are VRRPv3 with `v2_compat` (they send VRRPv2 adverts with
+    /// OpenShift's PASS password, which keepalived counts, and VRRPv3 ones, and accept both),
+    /// IPv6 instances VRRPv3 (keepalived speaks v3 for IPv6), all at keepalived's 1 s interval.
+    /// Once no keepalived is left, rendering with `vrrp_version = 3` only drops `v2_compat`,
+    /// the password and the long interval: lbd applies that in place on reload (same version,
+    /// so no instance restarts and no VIP moves), and a half-switched cluster still hears
+    /// itself through the VRRPv3 adverts both profiles send.
     pub fn render(&self) -> Result<Vec<Rendered>, ConfigError> {
         self.validate()?;
         let mut out = Vec::new();
@@ -260,45 +371,46 @@ impl ClusterSpec {
         Ok(out)
     }
 
+    /// The VRRP instance `name` of `vip` on node `me`, with `group` as the nodes taking part.
     fn instance(
         &self,
-        name: &str,
+        (name, role): (&str, &str),
         vrid: u8,
         priority: u8,
         vip: IpAddr,
         me: &NodeSpec,
         group: &[&NodeSpec],
     ) -> InstanceConfig {
-        let v2 = self.vrrp_version == 2;
+        let v4 = vip.is_ipv4();
+        let migrating = self.vrrp_version == 2;
+        let interval = self
+            .advert_interval_ms
+            .unwrap_or(if migrating { 1000 } else { 100 });
         InstanceConfig {
             name: name.into(),
             interface: None,
             vrid,
-            version: self.vrrp_version,
+            version: 3,
             priority,
-            advert_interval_ms: Some(self.advert_interval_ms.unwrap_or(if v2 {
-                1000
-            } else {
-                100
-            })),
-            // OpenShift renders `<cluster>_<name>_vip`; keepalived sends its first 8 bytes,
+            advert_interval_ms: Some(interval),
+            // OpenShift renders `<cluster>_<role>_vip`; keepalived sends its first 8 bytes,
             // which is what a mixed keepalived/lb instance must agree on.
-            auth_pass: v2.then(|| {
-                let full = format!("{}_{name}_vip", self.name);
+            auth_pass: (migrating && v4).then(|| {
+                let full = format!("{}_{role}_vip", self.name);
                 truncate_bytes(&full, 8).to_string()
             }),
             preempt: true,
             preempt_delay_ms: 0,
-            unicast_src: Some(me.address),
+            unicast_src: node_address(me, v4),
             unicast_peers: group
                 .iter()
                 .filter(|p| p.name != me.name)
-                .map(|p| p.address)
+                .filter_map(|p| node_address(p, v4))
                 .collect(),
             check_unicast_src: true,
             unicast_peer_ttl: Vec::new(),
             garp_master_delay_s: 5,
-            v2_compat: false,
+            v2_compat: migrating && v4,
             vips: vec![vip],
             garp_refresh_s: 60,
         }
@@ -325,96 +437,227 @@ impl ClusterSpec {
             failed_backend_hold_ms: crate::config::DEFAULT_FAILED_BACKEND_HOLD_MS,
             socket_lb: true,
         };
-        // A tracked check of a local port, or (None) of the load balancer's own readiness.
-        let track =
-            |instance: &str, name: &str, weight: i32, check: Option<(u16, CheckKind, &str)>| {
-                let mut t = TrackConfig {
-                    instance: instance.into(),
-                    name: name.into(),
-                    weight,
-                    address: None,
-                    health: HealthConfig::default(),
-                };
-                if let Some((port, kind, path)) = check {
-                    t.address = Some(std::net::SocketAddr::new(loopback(self.api_vip), port));
-                    t.health.kind = kind;
-                    t.health.path = path.into();
-                }
-                t
+        // OpenShift's tracked script `script` of instance `instance` (named `script`, with a
+        // `-<i>` suffix for the i-th VIP of a role, track names being unique): a probe of a
+        // local port, or (None) the load balancer's own readiness.
+        let track = |instance: &str,
+                     i: usize,
+                     script: &str,
+                     weight: i32,
+                     vip: IpAddr,
+                     check: Option<(u16, CheckKind, &str)>| {
+            let mut t = TrackConfig {
+                instance: instance.into(),
+                name: indexed(script, i),
+                weight,
+                address: None,
+                or_lb_ready: false,
+                health: HealthConfig::default(),
             };
+            if let Some((port, kind, path)) = check {
+                t.address = Some(std::net::SocketAddr::new(loopback(vip), port));
+                t.health.kind = kind;
+                t.health.path = path.into();
+            }
+            t
+        };
         if me.roles.contains(&Role::ControlPlane) {
             let group: Vec<&NodeSpec> = self.has(Role::ControlPlane).collect();
-            cfg.vips.push(VipConfig {
-                announce: crate::config::Announce::Owner,
-                name: "api".into(),
-                address: self.api_vip,
-                ports: self.api_ports.clone(),
-                protocol: crate::config::Protocol::Tcp,
-                owned: None,
-                vrrp: Some("api".into()),
-                health: HealthConfig {
-                    kind: CheckKind::Https,
-                    path: "/readyz".into(),
-                    port: Some(6443),
-                    ..HealthConfig::default()
-                },
-                backends: group.iter().map(|n| backend(n.address)).collect(),
-            });
-            cfg.vrrp
-                .push(self.instance("api", api_vrid, API_PRIORITY, self.api_vip, me, &group));
-            cfg.track.push(track("api", "lb-ready", 20, None));
-            cfg.track.push(track(
-                "api",
-                "local-apiserver",
-                5,
-                Some((6443, CheckKind::Https, "/readyz")),
-            ));
-            if self.api_ports.contains(&MCS_PORT) {
-                cfg.track.push(track(
-                    "api",
-                    "local-mcs",
-                    3,
-                    Some((MCS_PORT, CheckKind::Tcp, "")),
+            for (i, vip) in self.api_vips().into_iter().enumerate() {
+                let name = indexed("api", i);
+                cfg.vips.push(VipConfig {
+                    announce: crate::config::Announce::Owner,
+                    name: name.clone(),
+                    address: vip,
+                    ports: self.api_ports.clone(),
+                    protocol: crate::config::Protocol::Tcp,
+                    owned: None,
+                    vrrp: Some(name.clone()),
+                    health: HealthConfig {
+                        kind: CheckKind::Https,
+                        path: "/readyz".into(),
+                        port: Some(6443),
+                        ..HealthConfig::default()
+                    },
+                    backends: group
+                        .iter()
+                        .filter_map(|n| node_address(n, vip.is_ipv4()))
+                        .map(backend)
+                        .collect(),
+                });
+                cfg.vrrp.push(self.instance(
+                    (&name, "api"),
+                    api_vrid,
+                    API_PRIORITY,
+                    vip,
+                    me,
+                    &group,
                 ));
+                cfg.track
+                    .push(track(&name, i, "chk_ocp_lb", W_OCP_LB, vip, None));
+                let mut both = track(
+                    &name,
+                    i,
+                    "chk_ocp_both",
+                    W_OCP_BOTH,
+                    vip,
+                    Some((6443, CheckKind::Https, "/readyz")),
+                );
+                both.or_lb_ready = true;
+                cfg.track.push(both);
+                if self.api_ports.contains(&MCS_PORT) {
+                    cfg.track.push(track(
+                        &name,
+                        i,
+                        "chk_mcs",
+                        W_MCS,
+                        vip,
+                        Some((MCS_PORT, CheckKind::Tcp, "")),
+                    ));
+                }
             }
         }
-        if let Some(vip) = self.ingress_vip
-            && me.roles.contains(&Role::Worker)
-        {
-            let group = self.routers();
+        // Every node takes part in the ingress election, masters included (they list each
+        // other as peers, as runtimecfg's ingress peers are all nodes); a node without a ready
+        // router is in FAULT (chk_ingress) and never takes the VIP.
+        let group: Vec<&NodeSpec> = self.nodes.iter().collect();
+        let routers = self.routers();
+        for (i, vip) in self.ingress_vips().into_iter().enumerate() {
+            let name = indexed("ingress", i);
             cfg.vips.push(VipConfig {
                 announce: crate::config::Announce::Owner,
-                name: "ingress".into(),
+                name: name.clone(),
                 address: vip,
                 ports: self.ingress_ports.clone(),
                 protocol: crate::config::Protocol::Tcp,
                 owned: None,
-                vrrp: Some("ingress".into()),
+                vrrp: Some(name.clone()),
                 health: HealthConfig {
                     kind: CheckKind::Http,
                     path: "/healthz".into(),
-                    port: Some(1936),
+                    port: Some(ROUTER_STATS_PORT),
                     ..HealthConfig::default()
                 },
-                backends: group.iter().map(|n| backend(n.address)).collect(),
+                backends: routers
+                    .iter()
+                    .filter_map(|n| node_address(n, vip.is_ipv4()))
+                    .map(backend)
+                    .collect(),
             });
             cfg.vrrp.push(self.instance(
-                "ingress",
+                (&name, "ingress"),
                 ingress_vrid,
                 INGRESS_PRIORITY,
                 vip,
                 me,
                 &group,
             ));
+            let router = |path| Some((ROUTER_STATS_PORT, CheckKind::Http, path));
             cfg.track.push(track(
-                "ingress",
-                "local-router",
-                50,
-                Some((1936, CheckKind::Http, "/healthz")),
+                &name,
+                i,
+                "chk_ingress",
+                W_INGRESS,
+                vip,
+                router("/healthz"),
+            ));
+            cfg.track.push(track(
+                &name,
+                i,
+                "chk_ingress_ready",
+                W_INGRESS_READY,
+                vip,
+                router("/healthz/ready"),
+            ));
+            // OpenShift asks the container runtime whether a pod of the default router is
+            // ready here; lb asks that router itself: its readiness endpoint on the default
+            // stats port (the pod's readiness probe).
+            cfg.track.push(track(
+                &name,
+                i,
+                "chk_default_ingress",
+                W_DEFAULT_INGRESS,
+                vip,
+                router("/healthz/ready"),
             ));
         }
         cfg
     }
+}
+
+/// `base` for the first VIP of a role, `base-<i>` for the others (runtimecfg's `_API_<i>`).
+fn indexed(base: &str, i: usize) -> String {
+    if i == 0 {
+        base.to_string()
+    } else {
+        format!("{base}-{i}")
+    }
+}
+
+fn vip_list(one: Option<IpAddr>, list: &[IpAddr]) -> Vec<IpAddr> {
+    if list.is_empty() {
+        one.into_iter().collect()
+    } else {
+        list.to_vec()
+    }
+}
+
+fn list_field(role: &str, list: &[IpAddr], i: usize) -> String {
+    if list.is_empty() {
+        format!("{role}_vip")
+    } else {
+        format!("{role}_vips[{i}]")
+    }
+}
+
+/// `<role>_vip` or `<role>_vips`, not both; at most one VIP per address family.
+fn check_vip_list(
+    role: &str,
+    one: Option<IpAddr>,
+    list: &[IpAddr],
+    required: bool,
+) -> Result<(), ConfigError> {
+    if one.is_some() && !list.is_empty() {
+        return Err(invalid(
+            format!("{role}_vips"),
+            format!("write {role}_vip or {role}_vips, not both"),
+        ));
+    }
+    let vips = vip_list(one, list);
+    if required && vips.is_empty() {
+        return Err(invalid(
+            format!("{role}_vips"),
+            format!("at least one VIP ({role}_vip or {role}_vips)"),
+        ));
+    }
+    if vips.len() > 2 {
+        return Err(invalid(
+            format!("{role}_vips"),
+            "at most two VIPs: one IPv4 and one IPv6 (dual stack)",
+        ));
+    }
+    for (i, v) in vips.iter().enumerate() {
+        if v.is_unspecified() || v.is_multicast() || v.is_loopback() {
+            return Err(invalid(list_field(role, list, i), "must be a unicast address"));
+        }
+    }
+    if let [a, b] = vips[..]
+        && a.is_ipv4() == b.is_ipv4()
+    {
+        return Err(invalid(
+            format!("{role}_vips[1]"),
+            "must be of the other address family than the first (dual stack: one IPv4 and one IPv6 VIP)",
+        ));
+    }
+    Ok(())
+}
+
+/// `n`'s address of the family (IPv4 if `v4`), if it has one.
+pub fn node_address(n: &NodeSpec, v4: bool) -> Option<IpAddr> {
+    [Some(n.address), n.secondary_address]
+        .into_iter()
+        .flatten()
+        .find(|a| a.is_ipv4() == v4)
 }
 
 fn backend(address: IpAddr) -> BackendConfig {
@@ -582,6 +825,31 @@ pub fn machine_config(pool: &str, files: &[(String, String, u32)]) -> String {
     y
 }
 
+/// The machine-config-operator's NodeDisruptionPolicy for lb's files: a change of a node config
+/// under [`NODE_CONFIG_DIR`] or of the static pod is written without a drain or reboot (action
+/// `None`): lbd notices its config file change and reloads it (peer lists in place), kubelet
+/// restarts a changed static pod. Apply it with `oc apply --server-side` so that it merges
+/// into `MachineConfiguration/cluster` (the files list is keyed by path) instead of replacing
+/// other policies.
+pub fn node_disruption_policy() -> String {
+    let mut y = [
+        "# Rendered by `lbctl render`: the MCO applies changes of lb's files without a reboot (docs/deploy.md).",
+        "apiVersion: operator.openshift.io/v1",
+        "kind: MachineConfiguration",
+        "metadata:",
+        "  name: cluster",
+        "spec:",
+        "  nodeDisruptionPolicy:",
+        "    files:",
+    ]
+    .join("\n")
+        + "\n";
+    for path in [NODE_CONFIG_DIR, STATIC_POD_PATH] {
+        y += &format!("    - path: {path}\n      actions:\n      - type: None\n");
+    }
+    y
+}
+
 /// RFC 3986 percent-encoding of everything but unreserved characters (an Ignition data URL).
 fn percent_encode(s: &str) -> String {
     let mut out = String::with_capacity(s.len() * 2);
@@ -676,20 +944,32 @@ roles = ["worker"]
             }
             assert_eq!(c.vips[0].backends.len(), 3);
             assert_eq!(c.vips[1].backends.len(), 3);
-            let tracks: Vec<(&str, i32)> = c
+            let tracks: Vec<(&str, &str, i32, Option<&str>, bool)> = c
                 .track
                 .iter()
-                .map(|t| (t.name.as_str(), t.weight))
+                .map(|t| {
+                    (
+                        t.instance.as_str(),
+                        t.name.as_str(),
+                        t.weight,
+                        t.address.map(|_| t.health.path.as_str()),
+                        t.or_lb_ready,
+                    )
+                })
                 .collect();
+            // OpenShift's tracked scripts and weights.
             assert_eq!(
                 tracks,
                 [
-                    ("lb-ready", 20),
-                    ("local-apiserver", 5),
-                    ("local-mcs", 3),
-                    ("local-router", 50)
+                    ("api", "chk_ocp_lb", 20, None, false),
+                    ("api", "chk_ocp_both", 5, Some("/readyz"), true),
+                    ("api", "chk_mcs", 3, Some(""), false),
+                    ("ingress", "chk_ingress", 0, Some("/healthz"), false),
+                    ("ingress", "chk_ingress_ready", 10, Some("/healthz/ready"), false),
+                    ("ingress", "chk_default_ingress", 50, Some("/healthz/ready"), false),
                 ]
             );
+            assert_eq!(c.metrics_listen, Some("127.0.0.1:29444".parse().unwrap()));
             // What lbd reads back is what was rendered.
             let text = to_toml("ostest", r);
             assert_eq!(&Config::parse(&text).unwrap(), c);
@@ -700,18 +980,25 @@ roles = ["worker"]
     fn split_roles_get_their_own_instance_and_peers() {
         let out = ClusterSpec::parse(SPLIT).unwrap().render().unwrap();
         let m0 = &out[0].config;
-        assert_eq!(m0.vips.len(), 1);
+        let ips = |v: &[&str]| v.iter().map(|a| a.parse().unwrap()).collect::<Vec<IpAddr>>();
+        assert_eq!(m0.vips.len(), 2);
         assert_eq!(m0.vrrp[0].name, "api");
+        assert_eq!(m0.vrrp[0].unicast_peers, ips(&["192.168.111.21"]));
+        // Masters are peers of the ingress instance too (FAULT without a router), and the
+        // ingress backends stay the routers.
+        assert_eq!(m0.vrrp[1].name, "ingress");
         assert_eq!(
-            m0.vrrp[0].unicast_peers,
-            ["192.168.111.21".parse::<IpAddr>().unwrap()]
+            m0.vrrp[1].unicast_peers,
+            ips(&["192.168.111.21", "192.168.111.30", "192.168.111.31"])
         );
+        assert_eq!(m0.vips[1].backends.len(), 2);
         let w1 = &out[3].config;
+        assert_eq!(w1.vips.len(), 1);
         assert_eq!(w1.vips[0].name, "ingress");
         assert_eq!(w1.vrrp[0].vrid, 93);
         assert_eq!(
             w1.vrrp[0].unicast_peers,
-            ["192.168.111.30".parse::<IpAddr>().unwrap()]
+            ips(&["192.168.111.20", "192.168.111.21", "192.168.111.30"])
         );
         let backends: Vec<String> = w1.vips[0]
             .backends
@@ -730,11 +1017,147 @@ roles = ["worker"]
             .render()
             .unwrap();
         let api = &out[0].config.vrrp[0];
-        assert_eq!(api.version, 2);
+        // VRRPv3 that also speaks VRRPv2: keepalived counts the v2 adverts, and the switch to
+        // plain v3 later keeps the version (in place on reload).
+        assert_eq!((api.version, api.v2_compat), (3, true));
         assert_eq!(api.advert_interval_ms, Some(1000));
         // "ostest_api_vip" cut to 8 bytes, as keepalived puts it on the wire.
         assert_eq!(api.auth_pass.as_deref(), Some("ostest_a"));
         assert_eq!(out[2].config.vrrp[0].auth_pass.as_deref(), Some("ostest_i"));
+        // The switch once no keepalived is left: every instance applies it in place, and
+        // none is refused by lbd's version rule.
+        let done = ClusterSpec::parse(SPLIT).unwrap().render().unwrap();
+        for (a, b) in out.iter().zip(&done) {
+            for (x, y) in a.config.vrrp.iter().zip(&b.config.vrrp) {
+                assert_eq!(x.restart_needed(y), None, "{}", a.node);
+                assert_eq!(x.version_switch_refused(y), None);
+                assert!(!y.v2_compat && y.auth_pass.is_none());
+                assert_eq!(y.advert_interval_ms, Some(100));
+            }
+        }
+    }
+
+    #[test]
+    fn dual_stack_vip_lists_get_an_instance_per_family_with_the_roles_vrid() {
+        let text = SPLIT
+            .replace(
+                "api_vip = \"192.168.111.5\"",
+                "api_vips = [\"192.168.111.5\", \"fd2e:6f44:5dd8::5\"]",
+            )
+            .replace(
+                "ingress_vip = \"192.168.111.4\"",
+                "ingress_vips = [\"192.168.111.4\", \"fd2e:6f44:5dd8::4\"]",
+            )
+            .replace(
+                "address = \"192.168.111.20\"",
+                "address = \"192.168.111.20\"\nsecondary_address = \"fd2e:6f44:5dd8::20\"",
+            )
+            .replace(
+                "address = \"192.168.111.21\"",
+                "address = \"192.168.111.21\"\nsecondary_address = \"fd2e:6f44:5dd8::21\"",
+            )
+            .replace(
+                "address = \"192.168.111.30\"",
+                "address = \"192.168.111.30\"\nsecondary_address = \"fd2e:6f44:5dd8::30\"",
+            );
+        // worker-1 lacks its IPv6 address.
+        let e = err(&text);
+        assert!(e.starts_with("nodes[3].secondary_address:"), "{e}");
+        let text = text.replace(
+            "address = \"192.168.111.31\"",
+            "address = \"192.168.111.31\"\nsecondary_address = \"fd2e:6f44:5dd8::31\"",
+        );
+        let out = ClusterSpec::parse(&text).unwrap().render().unwrap();
+        let m1 = &out[1].config;
+        let inst: Vec<(&str, u8, String, Option<IpAddr>)> = m1
+            .vrrp
+            .iter()
+            .map(|r| (r.name.as_str(), r.vrid, r.vips[0].to_string(), r.unicast_src))
+            .collect();
+        assert_eq!(
+            inst,
+            [
+                ("api", 14, "192.168.111.5".into(), "192.168.111.21".parse().ok()),
+                ("api-1", 14, "fd2e:6f44:5dd8::5".into(), "fd2e:6f44:5dd8::21".parse().ok()),
+                ("ingress", 93, "192.168.111.4".into(), "192.168.111.21".parse().ok()),
+                ("ingress-1", 93, "fd2e:6f44:5dd8::4".into(), "fd2e:6f44:5dd8::21".parse().ok()),
+            ]
+        );
+        // Each family's peers and backends are that family's addresses.
+        assert_eq!(
+            m1.vrrp[1].unicast_peers,
+            ["fd2e:6f44:5dd8::20".parse::<IpAddr>().unwrap()]
+        );
+        assert!(m1.vips[3].backends.iter().all(|b| b.address.is_ipv6()));
+        // Each instance tracks its own checks, on its family's loopback.
+        let v6: Vec<&str> = m1
+            .track
+            .iter()
+            .filter(|t| t.instance == "ingress-1")
+            .map(|t| t.name.as_str())
+            .collect();
+        assert_eq!(
+            v6,
+            ["chk_ingress-1", "chk_ingress_ready-1", "chk_default_ingress-1"]
+        );
+        assert!(
+            m1.track
+                .iter()
+                .filter(|t| t.instance.ends_with("-1"))
+                .all(|t| t.address.is_none_or(|a| a.ip() == IpAddr::from(std::net::Ipv6Addr::LOCALHOST)))
+        );
+        // The migration profile: IPv4 instances speak v2 too, IPv6 ones v3 (as keepalived).
+        let mig = ClusterSpec::parse(&format!("vrrp_version = 2\n{text}"))
+            .unwrap()
+            .render()
+            .unwrap();
+        let flags: Vec<(bool, bool)> = mig[0]
+            .config
+            .vrrp
+            .iter()
+            .map(|r| (r.v2_compat, r.auth_pass.is_some()))
+            .collect();
+        assert_eq!(flags, [(true, true), (false, false), (true, true), (false, false)]);
+        // Two VIPs of one family, both forms at once, three VIPs: refused by name.
+        let e = err(&text.replace("fd2e:6f44:5dd8::5\"]", "192.168.111.6\"]"));
+        assert!(e.starts_with("api_vips[1]:"), "{e}");
+        let e = err(&format!("api_vip = \"192.168.111.7\"\n{text}"));
+        assert!(e.starts_with("api_vips:"), "{e}");
+        let e = err(&text.replace(
+            "fd2e:6f44:5dd8::5\"]",
+            "fd2e:6f44:5dd8::5\", \"192.168.111.9\"]",
+        ));
+        assert!(e.starts_with("api_vips:"), "{e}");
+        let e = err(&text.replace("fd2e:6f44:5dd8::4\"]", "fd2e:6f44:5dd8::5\"]"));
+        assert!(e.starts_with("ingress_vips[1]:"), "{e}");
+    }
+
+    #[test]
+    fn nothing_lb_listens_on_is_an_openshift_port() {
+        let spec = ClusterSpec::parse(SPLIT).unwrap();
+        for r in spec.render().unwrap() {
+            let m = r.config.metrics_listen.expect("probes need the listener");
+            assert!(!openshift_port(m.port()), "{m}");
+        }
+        for port in [9443, 9444, 9445, 6443, 22623, 22624, 1936, 80, 443, 10250, 30080] {
+            assert!(openshift_port(port), "{port}");
+            let e = err(&format!("metrics_listen = \"127.0.0.1:{port}\"\n{SPLIT}"));
+            assert!(e.starts_with("metrics_listen:"), "{port}: {e}");
+        }
+        assert!(ClusterSpec::parse(&format!("metrics_listen = \"0.0.0.0:8444\"\n{SPLIT}")).is_ok());
+    }
+
+    #[test]
+    fn the_node_disruption_policy_covers_every_file_a_machine_config_writes() {
+        let y = node_disruption_policy();
+        assert!(y.contains("kind: MachineConfiguration\n"), "{y}");
+        assert!(y.contains("  name: cluster\n"));
+        for path in [NODE_CONFIG_DIR, STATIC_POD_PATH] {
+            assert!(
+                y.contains(&format!("- path: {path}\n      actions:\n      - type: None\n")),
+                "{y}"
+            );
+        }
     }
 
     #[test]
@@ -862,6 +1285,14 @@ roles = ["worker"]
             out[0].config.track[1].address,
             Some("[::1]:6443".parse().unwrap())
         );
-        assert!(err(&format!("vrrp_version = 2\n{text}")).starts_with("vrrp_version:"));
+        // The migration profile on IPv6: VRRPv3 (keepalived speaks v3 for IPv6) at 1 s, no
+        // password.
+        let mig = ClusterSpec::parse(&format!("vrrp_version = 2\n{text}"))
+            .unwrap()
+            .render()
+            .unwrap();
+        let r = &mig[0].config.vrrp[0];
+        assert_eq!((r.version, r.v2_compat, r.advert_interval_ms), (3, false, Some(1000)));
+        assert_eq!(r.auth_pass, None);
     }
 }

@@ -631,6 +631,11 @@ async fn run_once(cli: Cli) -> Result<()> {
                         .map_err(|e| anyhow::anyhow!("write {}: {e}", path.display()))?;
                     machine_configs.push(path);
                 }
+                // Config changes then reach lbd as a file change (it reloads), not a reboot.
+                let path = out.join("99-lb-node-disruption.yaml");
+                std::fs::write(&path, lb_userspace::render::node_disruption_policy())
+                    .map_err(|e| anyhow::anyhow!("write {}: {e}", path.display()))?;
+                machine_configs.push(path);
             }
             if json {
                 print_json(&serde_json::json!({

@@ -16,6 +16,16 @@ pub const APPLIED_ON_RELOAD: &[&str] = &["vips", "vrrp", "track", "bgp", "failed
 
 /// Refuse a reload that changes a field lbd cannot apply while running, naming the field.
 pub fn check_reloadable(old: &Config, new: &Config) -> Result<()> {
+    for (i, r) in new.vrrp.iter().enumerate() {
+        if let Some(why) = old
+            .vrrp
+            .iter()
+            .find(|o| o.name == r.name)
+            .and_then(|o| o.version_switch_refused(r))
+        {
+            bail!("vrrp[{i}].version: {why}");
+        }
+    }
     let (old, new) = (serde_json::to_value(old)?, serde_json::to_value(new)?);
     let (Some(old), Some(new)) = (old.as_object(), new.as_object()) else {
         bail!("config is not a table");
@@ -218,5 +228,20 @@ mod tests {
         assert_eq!(refused(|c| c.vrrp[0].priority = 7), None);
         assert_eq!(refused(|c| c.vips[0].ports = vec![6443, 22623]), None);
         assert_eq!(refused(|c| c.vrrp.clear()), None);
+        // A VRRP version switch that would split the instance is refused; through v2_compat
+        // it is applied.
+        assert!(
+            field(|c| c.vrrp[0].version = 2)
+                .is_some_and(|f| f == "vrrp[0].version"),
+        );
+        assert_eq!(
+            refused(|c| {
+                c.vrrp[0].version = 2;
+                c.vrrp[0].advert_interval_ms = Some(1000);
+                c.vrrp[0].v2_compat = false;
+            })
+            .map(|e| e.contains("v2_compat = true")),
+            Some(true)
+        );
     }
 }

@@ -289,6 +289,25 @@ impl InstanceConfig {
 
     /// The fields whose change needs the instance restarted (it resigns and starts again);
     /// everything else is applied in place. `None`: the two configs can be applied in place.
+    /// Sends VRRPv2 adverts: version 2, or 3 with `v2_compat`.
+    pub fn speaks_v2(&self) -> bool {
+        self.version == 2 || self.v2_compat
+    }
+
+    /// Why a reload from `self` to `new` must not switch this instance's VRRP version: from
+    /// plain VRRPv2 straight to VRRPv3 without `v2_compat` (or back), the instance and the
+    /// peers still on the old version stop hearing each other and each side elects its own
+    /// master. The safe way goes through version 3 with `v2_compat = true` on every node
+    /// (both versions on the wire, applied in place), then drops `v2_compat`.
+    pub fn version_switch_refused(&self, new: &InstanceConfig) -> Option<String> {
+        (self.version != new.version && !(self.speaks_v2() && new.speaks_v2())).then(|| {
+            format!(
+                "version {} -> {} directly would leave this node and its peers still on version {} unable to hear each other (two masters); switch through version = 3 with v2_compat = true on every node first",
+                self.version, new.version, self.version
+            )
+        })
+    }
+
     pub fn restart_needed(&self, new: &InstanceConfig) -> Option<&'static str> {
         let mut ours = self.vips.clone();
         ours.sort();
@@ -298,7 +317,12 @@ impl InstanceConfig {
             ("name", self.name != new.name),
             ("interface", self.interface != new.interface),
             ("vrid", self.vrid != new.vrid),
-            ("version", self.version != new.version),
+            // Between 2 and 3 with `v2_compat` the VRRPv2 adverts go on: the instance switches
+            // in place, its peers hear no change (see `version_switch_refused`).
+            (
+                "version",
+                self.version != new.version && !(self.speaks_v2() && new.speaks_v2()),
+            ),
             ("vips", ours != theirs),
             ("unicast_src", self.unicast_src != new.unicast_src),
             // Multicast <-> unicast changes the socket's group membership.
@@ -485,6 +509,38 @@ mod tests {
         c.advert_interval_ms = Some(1000);
         c.auth_pass = Some("ostest_a".into());
         assert_eq!(c.auth(), Auth::simple("ostest_a"));
+    }
+
+    #[test]
+    fn a_version_switch_keeps_vrrpv2_on_the_wire_or_is_refused() {
+        let v2 = InstanceConfig {
+            version: 2,
+            advert_interval_ms: Some(1000),
+            auth_pass: Some("ostest_a".into()),
+            ..cfg()
+        };
+        let compat = InstanceConfig {
+            version: 3,
+            v2_compat: true,
+            ..v2.clone()
+        };
+        let v3 = InstanceConfig {
+            v2_compat: false,
+            auth_pass: None,
+            advert_interval_ms: Some(100),
+            ..compat.clone()
+        };
+        // v2 -> v3 + v2_compat -> v3, and back: every step in place, none refused.
+        for (a, b) in [(&v2, &compat), (&compat, &v3), (&v3, &compat), (&compat, &v2)] {
+            assert_eq!(a.restart_needed(b), None, "{a:?} -> {b:?}");
+            assert_eq!(a.version_switch_refused(b), None);
+        }
+        // Straight from plain v2 to plain v3 (or back): refused, saying the way through.
+        for (a, b) in [(&v2, &v3), (&v3, &v2)] {
+            let why = a.version_switch_refused(b).expect("refused");
+            assert!(why.contains("v2_compat = true"), "{why}");
+            assert_eq!(a.restart_needed(b), Some("version"));
+        }
     }
 
     #[test]

@@ -653,6 +653,8 @@ impl Runner {
         let out = self.machine.reconfigure(self.now(), p, effective);
         self.with_status(|s| {
             s.base_priority = self.cfg.priority;
+            // A version change between 2 and 3 with `v2_compat` is applied in place.
+            s.version = self.cfg.version;
             s.advert_interval_ms = u64::from(self.cfg.interval_ms());
             s.unicast_peers.clone_from(&self.cfg.unicast_peers);
         });
