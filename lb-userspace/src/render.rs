@@ -275,7 +275,10 @@ impl ClusterSpec {
             if n.name.is_empty() || !names.insert(n.name.as_str()) {
                 return Err(invalid(format!("{f}.name"), "must be non-empty and unique"));
             }
-            for (field, a) in [("address", Some(n.address)), ("secondary_address", n.secondary_address)] {
+            for (field, a) in [
+                ("address", Some(n.address)),
+                ("secondary_address", n.secondary_address),
+            ] {
                 let Some(a) = a else { continue };
                 if !addrs.insert(a) {
                     return Err(invalid(format!("{f}.{field}"), "used by two nodes"));
@@ -638,7 +641,10 @@ fn check_vip_list(
     }
     for (i, v) in vips.iter().enumerate() {
         if v.is_unspecified() || v.is_multicast() || v.is_loopback() {
-            return Err(invalid(list_field(role, list, i), "must be a unicast address"));
+            return Err(invalid(
+                list_field(role, list, i),
+                "must be a unicast address",
+            ));
         }
     }
     if let [a, b] = vips[..]
@@ -965,8 +971,20 @@ roles = ["worker"]
                     ("api", "chk_ocp_both", 5, Some("/readyz"), true),
                     ("api", "chk_mcs", 3, Some(""), false),
                     ("ingress", "chk_ingress", 0, Some("/healthz"), false),
-                    ("ingress", "chk_ingress_ready", 10, Some("/healthz/ready"), false),
-                    ("ingress", "chk_default_ingress", 50, Some("/healthz/ready"), false),
+                    (
+                        "ingress",
+                        "chk_ingress_ready",
+                        10,
+                        Some("/healthz/ready"),
+                        false
+                    ),
+                    (
+                        "ingress",
+                        "chk_default_ingress",
+                        50,
+                        Some("/healthz/ready"),
+                        false
+                    ),
                 ]
             );
             assert_eq!(c.metrics_listen, Some("127.0.0.1:29444".parse().unwrap()));
@@ -980,7 +998,11 @@ roles = ["worker"]
     fn split_roles_get_their_own_instance_and_peers() {
         let out = ClusterSpec::parse(SPLIT).unwrap().render().unwrap();
         let m0 = &out[0].config;
-        let ips = |v: &[&str]| v.iter().map(|a| a.parse().unwrap()).collect::<Vec<IpAddr>>();
+        let ips = |v: &[&str]| {
+            v.iter()
+                .map(|a| a.parse().unwrap())
+                .collect::<Vec<IpAddr>>()
+        };
         assert_eq!(m0.vips.len(), 2);
         assert_eq!(m0.vrrp[0].name, "api");
         assert_eq!(m0.vrrp[0].unicast_peers, ips(&["192.168.111.21"]));
@@ -1072,15 +1094,42 @@ roles = ["worker"]
         let inst: Vec<(&str, u8, String, Option<IpAddr>)> = m1
             .vrrp
             .iter()
-            .map(|r| (r.name.as_str(), r.vrid, r.vips[0].to_string(), r.unicast_src))
+            .map(|r| {
+                (
+                    r.name.as_str(),
+                    r.vrid,
+                    r.vips[0].to_string(),
+                    r.unicast_src,
+                )
+            })
             .collect();
         assert_eq!(
             inst,
             [
-                ("api", 14, "192.168.111.5".into(), "192.168.111.21".parse().ok()),
-                ("api-1", 14, "fd2e:6f44:5dd8::5".into(), "fd2e:6f44:5dd8::21".parse().ok()),
-                ("ingress", 93, "192.168.111.4".into(), "192.168.111.21".parse().ok()),
-                ("ingress-1", 93, "fd2e:6f44:5dd8::4".into(), "fd2e:6f44:5dd8::21".parse().ok()),
+                (
+                    "api",
+                    14,
+                    "192.168.111.5".into(),
+                    "192.168.111.21".parse().ok()
+                ),
+                (
+                    "api-1",
+                    14,
+                    "fd2e:6f44:5dd8::5".into(),
+                    "fd2e:6f44:5dd8::21".parse().ok()
+                ),
+                (
+                    "ingress",
+                    93,
+                    "192.168.111.4".into(),
+                    "192.168.111.21".parse().ok()
+                ),
+                (
+                    "ingress-1",
+                    93,
+                    "fd2e:6f44:5dd8::4".into(),
+                    "fd2e:6f44:5dd8::21".parse().ok()
+                ),
             ]
         );
         // Each family's peers and backends are that family's addresses.
@@ -1098,13 +1147,19 @@ roles = ["worker"]
             .collect();
         assert_eq!(
             v6,
-            ["chk_ingress-1", "chk_ingress_ready-1", "chk_default_ingress-1"]
+            [
+                "chk_ingress-1",
+                "chk_ingress_ready-1",
+                "chk_default_ingress-1"
+            ]
         );
         assert!(
             m1.track
                 .iter()
                 .filter(|t| t.instance.ends_with("-1"))
-                .all(|t| t.address.is_none_or(|a| a.ip() == IpAddr::from(std::net::Ipv6Addr::LOCALHOST)))
+                .all(|t| t
+                    .address
+                    .is_none_or(|a| a.ip() == IpAddr::from(std::net::Ipv6Addr::LOCALHOST)))
         );
         // The migration profile: IPv4 instances speak v2 too, IPv6 ones v3 (as keepalived).
         let mig = ClusterSpec::parse(&format!("vrrp_version = 2\n{text}"))
@@ -1117,7 +1172,10 @@ roles = ["worker"]
             .iter()
             .map(|r| (r.v2_compat, r.auth_pass.is_some()))
             .collect();
-        assert_eq!(flags, [(true, true), (false, false), (true, true), (false, false)]);
+        assert_eq!(
+            flags,
+            [(true, true), (false, false), (true, true), (false, false)]
+        );
         // Two VIPs of one family, both forms at once, three VIPs: refused by name.
         let e = err(&text.replace("fd2e:6f44:5dd8::5\"]", "192.168.111.6\"]"));
         assert!(e.starts_with("api_vips[1]:"), "{e}");
@@ -1139,7 +1197,9 @@ roles = ["worker"]
             let m = r.config.metrics_listen.expect("probes need the listener");
             assert!(!openshift_port(m.port()), "{m}");
         }
-        for port in [9443, 9444, 9445, 6443, 22623, 22624, 1936, 80, 443, 10250, 30080] {
+        for port in [
+            9443, 9444, 9445, 6443, 22623, 22624, 1936, 80, 443, 10250, 30080,
+        ] {
             assert!(openshift_port(port), "{port}");
             let e = err(&format!("metrics_listen = \"127.0.0.1:{port}\"\n{SPLIT}"));
             assert!(e.starts_with("metrics_listen:"), "{port}: {e}");
@@ -1154,7 +1214,9 @@ roles = ["worker"]
         assert!(y.contains("  name: cluster\n"));
         for path in [NODE_CONFIG_DIR, STATIC_POD_PATH] {
             assert!(
-                y.contains(&format!("- path: {path}\n      actions:\n      - type: None\n")),
+                y.contains(&format!(
+                    "- path: {path}\n      actions:\n      - type: None\n"
+                )),
                 "{y}"
             );
         }
@@ -1292,7 +1354,10 @@ roles = ["worker"]
             .render()
             .unwrap();
         let r = &mig[0].config.vrrp[0];
-        assert_eq!((r.version, r.v2_compat, r.advert_interval_ms), (3, false, Some(1000)));
+        assert_eq!(
+            (r.version, r.v2_compat, r.advert_interval_ms),
+            (3, false, Some(1000))
+        );
         assert_eq!(r.auth_pass, None);
     }
 }

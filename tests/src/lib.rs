@@ -8,6 +8,7 @@ pub mod cluster;
 pub mod dsr;
 pub mod frames;
 pub mod lab;
+pub mod openshift;
 pub mod pods;
 pub mod strict;
 pub mod vrrp_lab;

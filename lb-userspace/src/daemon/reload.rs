@@ -230,10 +230,7 @@ mod tests {
         assert_eq!(refused(|c| c.vrrp.clear()), None);
         // A VRRP version switch that would split the instance is refused; through v2_compat
         // it is applied.
-        assert!(
-            field(|c| c.vrrp[0].version = 2)
-                .is_some_and(|f| f == "vrrp[0].version"),
-        );
+        assert!(field(|c| c.vrrp[0].version = 2).is_some_and(|f| f == "vrrp[0].version"),);
         assert_eq!(
             refused(|c| {
                 c.vrrp[0].version = 2;

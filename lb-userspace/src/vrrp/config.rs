@@ -531,7 +531,12 @@ mod tests {
             ..compat.clone()
         };
         // v2 -> v3 + v2_compat -> v3, and back: every step in place, none refused.
-        for (a, b) in [(&v2, &compat), (&compat, &v3), (&v3, &compat), (&compat, &v2)] {
+        for (a, b) in [
+            (&v2, &compat),
+            (&compat, &v3),
+            (&v3, &compat),
+            (&compat, &v2),
+        ] {
             assert_eq!(a.restart_needed(b), None, "{a:?} -> {b:?}");
             assert_eq!(a.version_switch_refused(b), None);
         }

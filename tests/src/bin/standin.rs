@@ -11,7 +11,9 @@
 //!
 //! `https`/`http`: `GET /readyz` and `/healthz` answer 200 `ok` while the ready file exists
 //! (always, without `--ready-file`) and 500 otherwise, so a test makes a backend unready with
-//! `rm` and ready again with `touch`. Any other path answers 200 with `<id>\n`, so a load test
+//! `rm` and ready again with `touch`. `--path-file PATH=FILE` (repeatable) gives PATH its own
+//! file, answered the same way (a router's `/healthz` and `/healthz/ready` apart). Any other
+//! path answers 200 with `<id>\n`, so a load test
 //! sees which backend answered. Each prints `listening on ADDR` once bound (port 0 works) and
 //! exits with status 0 on SIGTERM or SIGINT.
 //!
@@ -119,11 +121,15 @@ struct ServeArgs {
     /// Ready while this file exists; always ready without it.
     #[arg(long)]
     ready_file: Option<PathBuf>,
+    /// `PATH=FILE`: PATH answers 200 while FILE exists, 500 otherwise.
+    #[arg(long)]
+    path_file: Vec<String>,
 }
 
 struct Backend {
     id_body: Bytes,
     ready_file: Option<PathBuf>,
+    path_files: Vec<(String, PathBuf)>,
 }
 
 impl Backend {
@@ -132,6 +138,16 @@ impl Backend {
     }
 
     fn answer(&self, path: &str) -> Response<Full<Bytes>> {
+        if let Some((_, file)) = self.path_files.iter().find(|(p, _)| p == path) {
+            let (status, body) = if file.exists() {
+                (StatusCode::OK, "ok")
+            } else {
+                (StatusCode::INTERNAL_SERVER_ERROR, "failing")
+            };
+            let mut resp = Response::new(Full::new(Bytes::from_static(body.as_bytes())));
+            *resp.status_mut() = status;
+            return resp;
+        }
         let (status, body) = match path {
             "/readyz" | "/healthz" if self.ready() => (StatusCode::OK, Bytes::from_static(b"ok")),
             "/readyz" | "/healthz" => (
@@ -220,6 +236,16 @@ async fn serve_http(
     let backend = Arc::new(Backend {
         id_body: Bytes::from(format!("{}\n", args.id)),
         ready_file: args.ready_file,
+        path_files: args
+            .path_file
+            .iter()
+            .map(|pf| {
+                let (p, f) = pf
+                    .split_once('=')
+                    .with_context(|| format!("--path-file {pf:?}: PATH=FILE"))?;
+                Ok((p.to_string(), PathBuf::from(f)))
+            })
+            .collect::<Result<_>>()?,
     });
     accept_loop(listener, move |s| {
         let backend = backend.clone();

@@ -1,0 +1,185 @@
+//! What OpenShift runs today on an on-prem node, rendered from lb's cluster description
+//! ([`lb_userspace::render::ClusterSpec`]), for labs that put a real keepalived next to lbd.
+//!
+//! The keepalived.conf follows the machine-config-operator's on-prem template as
+//! baremetal-runtimecfg fills it (read there, written here): one `<cluster>_API_<i>` and one
+//! `<cluster>_INGRESS_<i>` instance per VIP pair, `state BACKUP`, priorities 40 and 20,
+//! `advert_int 1`, PASS authentication with `<cluster>_api_vip` / `<cluster>_ingress_vip`,
+//! unicast peers (API: the control-plane nodes; ingress: every node), the VRIDs runtimecfg
+//! derives from the cluster name, and the tracked scripts with OpenShift's weights, intervals,
+//! rise and fall. Only the scripts' commands are the lab's own ([`Checks`]).
+
+use std::net::IpAddr;
+
+use lb_userspace::render::{ClusterSpec, NodeSpec, Role, node_address};
+
+/// The commands of OpenShift's tracked scripts on one node (each one exits 0 for "passing").
+#[derive(Clone, Debug)]
+pub struct Checks {
+    /// `chk_ocp_lb`: the local haproxy is ready (and its nftables redirect is in place).
+    pub ocp_lb: String,
+    /// `chk_ocp_both`: `chk_ocp_lb` OR the local apiserver is ready.
+    pub ocp_both: String,
+    /// `chk_mcs`: the machine-config server runs here.
+    pub mcs: String,
+    /// `chk_ingress`: the router's /healthz (weight 0: FAULT while it fails).
+    pub ingress: String,
+    /// `chk_ingress_ready`: the router's /healthz/ready.
+    pub ingress_ready: String,
+    /// `chk_default_ingress`: a default router pod is ready here.
+    pub default_ingress: String,
+}
+
+/// (name, command, interval s, weight, rise, fall) of OpenShift's vrrp_scripts.
+fn scripts(
+    c: &Checks,
+    control_plane: bool,
+) -> Vec<(&'static str, &str, u32, Option<i32>, u32, u32)> {
+    let mut v = Vec::new();
+    if control_plane {
+        v.push(("chk_ocp_lb", c.ocp_lb.as_str(), 2, Some(20), 3, 3));
+        v.push(("chk_ocp_both", c.ocp_both.as_str(), 2, Some(5), 3, 3));
+        v.push(("chk_mcs", c.mcs.as_str(), 2, Some(3), 3, 3));
+    }
+    v.push((
+        "chk_ingress_ready",
+        c.ingress_ready.as_str(),
+        1,
+        Some(10),
+        3,
+        2,
+    ));
+    // No weight: keepalived's 0, FAULT while failing.
+    v.push(("chk_ingress", c.ingress.as_str(), 1, None, 3, 2));
+    v.push((
+        "chk_default_ingress",
+        c.default_ingress.as_str(),
+        5,
+        Some(50),
+        3,
+        2,
+    ));
+    v
+}
+
+/// keepalived.conf of node `me` of `spec`. `chk_mcs` is tracked when the API serves 22623
+/// (as lb renders it).
+pub fn keepalived_conf(spec: &ClusterSpec, me: &NodeSpec, checks: &Checks) -> String {
+    let control_plane = me.roles.contains(&Role::ControlPlane);
+    let mut c = String::from(
+        "global_defs {\n    enable_script_security\n    script_user root\n    max_auto_priority -1\n    vrrp_garp_master_refresh 60\n}\n\n",
+    );
+    for (name, cmd, interval, weight, rise, fall) in scripts(checks, control_plane) {
+        c += &format!("vrrp_script {name} {{\n    script \"{cmd}\"\n    interval {interval}\n");
+        if let Some(w) = weight {
+            c += &format!("    weight {w}\n");
+        }
+        c += &format!("    rise {rise}\n    fall {fall}\n}}\n\n");
+    }
+    let (api_vrid, ingress_vrid) = spec.vrids();
+    let api = spec.api_vips();
+    let ingress = spec.ingress_vips();
+    let mcs = spec.api_ports.contains(&22623);
+    let control: Vec<&NodeSpec> = spec
+        .nodes
+        .iter()
+        .filter(|n| n.roles.contains(&Role::ControlPlane))
+        .collect();
+    let all: Vec<&NodeSpec> = spec.nodes.iter().collect();
+    for i in 0..api.len().max(ingress.len()) {
+        if control_plane && let Some(vip) = api.get(i) {
+            let mut tracks = vec!["chk_ocp_lb", "chk_ocp_both"];
+            if mcs {
+                tracks.push("chk_mcs");
+            }
+            c += &instance(
+                spec,
+                &format!("{}_API_{i}", spec.name),
+                api_vrid,
+                40,
+                &format!("{}_api_vip", spec.name),
+                *vip,
+                me,
+                &control,
+                &tracks,
+            );
+        }
+        if let Some(vip) = ingress.get(i) {
+            c += &instance(
+                spec,
+                &format!("{}_INGRESS_{i}", spec.name),
+                ingress_vrid,
+                20,
+                &format!("{}_ingress_vip", spec.name),
+                *vip,
+                me,
+                &all,
+                &["chk_ingress", "chk_ingress_ready", "chk_default_ingress"],
+            );
+        }
+    }
+    c
+}
+
+#[allow(clippy::too_many_arguments)]
+fn instance(
+    spec: &ClusterSpec,
+    name: &str,
+    vrid: u8,
+    priority: u8,
+    pass: &str,
+    vip: IpAddr,
+    me: &NodeSpec,
+    peers: &[&NodeSpec],
+    tracks: &[&str],
+) -> String {
+    let v4 = vip.is_ipv4();
+    let src = node_address(me, v4).expect("the node has an address of the VIP's family");
+    let mut c = format!(
+        "vrrp_instance {name} {{\n    state BACKUP\n    interface {}\n    virtual_router_id {vrid}\n    priority {priority}\n    advert_int 1\n    unicast_src_ip {src}\n    unicast_peer {{\n",
+        spec.interface
+    );
+    for p in peers.iter().filter(|p| p.name != me.name) {
+        if let Some(a) = node_address(p, v4) {
+            c += &format!("        {a}\n");
+        }
+    }
+    // The kernel wants an IPv4 label to start with the interface name (OpenShift's "vip").
+    let (prefix, label) = if v4 {
+        (32, format!(" label {}:vip", spec.interface))
+    } else {
+        (128, String::new())
+    };
+    c += &format!(
+        "    }}\n    authentication {{\n        auth_type PASS\n        auth_pass {pass}\n    }}\n    virtual_ipaddress {{\n        {vip}/{prefix}{label}\n    }}\n    track_script {{\n"
+    );
+    for t in tracks {
+        c += &format!("        {t}\n");
+    }
+    c += "    }\n}\n\n";
+    c
+}
+
+/// What OpenShift's election makes of one node's checks (keepalived's rules): `None` in FAULT,
+/// else the effective priority.
+pub fn ingress_priority(live: bool, ready: bool, default_ready: bool) -> Option<u8> {
+    live.then_some(20 + if ready { 10 } else { 0 } + if default_ready { 50 } else { 0 })
+}
+
+/// The API instance's effective priority from its tracked scripts.
+pub fn api_priority(lb: bool, both: bool, mcs: bool) -> u8 {
+    40 + if lb { 20 } else { 0 } + if both { 5 } else { 0 } + if mcs { 3 } else { 0 }
+}
+
+/// Who may own the VIP after an election among `(address, priority or FAULT)`: the nodes of
+/// the highest priority (none when every node is in FAULT). VRRP breaks a tie by address only
+/// between two masters; a backup never preempts a master of equal priority, so which of tied
+/// nodes holds the VIP depends on who held it first.
+pub fn top(candidates: &[(IpAddr, Option<u8>)]) -> Vec<IpAddr> {
+    let best = candidates.iter().filter_map(|(_, p)| *p).max();
+    candidates
+        .iter()
+        .filter(|(_, p)| best.is_some() && *p == best)
+        .map(|(a, _)| *a)
+        .collect()
+}
