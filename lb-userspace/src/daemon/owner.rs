@@ -245,6 +245,12 @@ impl Owner {
         }
     }
 
+    /// Refuse further messages and drop the queued ones (see `stop`).
+    pub(super) fn close_inbox(&mut self) {
+        self.rx.close();
+        while self.rx.try_recv().is_ok() {}
+    }
+
     fn on_tick(&mut self) {
         self.shared.tick();
         self.start_gather();

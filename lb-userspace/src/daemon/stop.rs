@@ -30,6 +30,9 @@ impl Owner {
     /// Stop in the order above.
     pub async fn stop(&mut self) {
         let start = Instant::now();
+        // Requests still queued (a reload racing the stop) are answered "stopping" by their
+        // dropped reply channels, and nothing new gets in.
+        self.close_inbox();
         let forwarding = self.facts.vrrp_master.values().any(|m| *m);
         self.resign_vrrp().await;
         self.bgp.stop(BGP_DEADLINE).await;
