@@ -95,16 +95,15 @@ fn a_hung_vtysh_delays_neither_the_loop_nor_the_vip_release() {
     l.write_config(1);
     l.start(0);
     l.start(1);
-    wait_master(&l, 0);
+    // By the address, not the API: the API is what a stalled loop would not answer.
+    assert!(
+        wait_holds(&l, 0, VIP4, true),
+        "node 0 holds the VIP\n{}",
+        l.logs()
+    );
     // Longer than one vtysh timeout (10 s) and the liveness bound: the loop kept ticking.
     std::thread::sleep(Duration::from_secs(12));
-    let (code, body) = probe(&l, 0, "/healthz");
-    assert_eq!(
-        code,
-        200,
-        "/healthz while vtysh hangs: {body}\n{}",
-        l.log(0)
-    );
+    let healthz = probe(&l, 0, "/healthz");
     assert!(holds(&l, 0, VIP4), "still master\n{}", l.log(0));
 
     let sent = std::time::Instant::now();
@@ -123,6 +122,13 @@ fn a_hung_vtysh_delays_neither_the_loop_nor_the_vip_release() {
         wait_holds(&l, 1, VIP4, true),
         "the backup takes it\n{}",
         l.logs()
+    );
+    assert_eq!(
+        healthz.0,
+        200,
+        "/healthz while vtysh hangs: {}\n{}",
+        healthz.1,
+        l.log(0)
     );
     let t = tag(&l, 0);
     let exited = l
@@ -308,4 +314,113 @@ fn a_second_lbd_on_the_same_config_refuses_to_start() {
         );
         assert!(holds(&l, 0, VIP4), "{what}: the VIP stays");
     }
+}
+
+fn routes76(l: &VrrpLab, i: usize) -> String {
+    let netns = l.lab.node(&l.nodes[i]).netns.clone();
+    let out = lb_tests::lab::try_sh(&["ip", "-n", &netns, "route", "show", "proto", "76"]);
+    String::from_utf8_lossy(&out.stdout).to_string()
+}
+
+/// A node whose lbd died must not keep announcing: the guardian withdraws the BGP routes
+/// (`proto 76`, what FRR redistributes), and `lbd teardown` removes any left.
+#[test]
+fn bgp_routes_are_withdrawn_by_the_guardian_and_by_teardown() {
+    const BGP_VIP: &str = "10.78.0.120";
+    let mut l = VrrpLab::prepare(LABNODE, vec![prio(150)]);
+    // FRR's stand-in: accepts every command, has no running config.
+    let vtysh = l.lab.dir.join("vtysh-ok");
+    std::fs::write(&vtysh, "#!/bin/sh\nexit 0\n").unwrap();
+    std::fs::set_permissions(&vtysh, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let me = l.addr(&l.nodes[0].clone());
+    let cfg = l.config(0)
+        + &format!(
+            "\n[[vips]]\nname = \"bgp\"\naddress = \"{BGP_VIP}\"\nports = [8080]\nannounce = \"bgp\"\n[vips.health]\nkind = \"tcp\"\n[[vips.backends]]\naddress = \"{me}\"\n"
+        )
+        + &bgp_section(&vtysh.display().to_string());
+    std::fs::write(l.config_path(0), cfg).unwrap();
+    l.start(0);
+    wait_master(&l, 0);
+    let announced = wait_for(Duration::from_secs(10), || {
+        routes76(&l, 0).contains(BGP_VIP).then_some(())
+    });
+    assert!(
+        announced.is_some(),
+        "announced: {}\n{}",
+        routes76(&l, 0),
+        l.log(0)
+    );
+
+    // lbd dies without stopping: the guardian withdraws.
+    l.stop(0, libc::SIGKILL);
+    let withdrawn = wait_for(Duration::from_secs(5), || {
+        (!routes76(&l, 0).contains(BGP_VIP)).then_some(())
+    });
+    assert!(
+        withdrawn.is_some(),
+        "the guardian withdrew: {}\n{}",
+        routes76(&l, 0),
+        l.log(0)
+    );
+
+    // A route left behind (an older lbd, a guardian killed too): teardown removes it.
+    let netns = l.lab.node(&l.nodes[0]).netns.clone();
+    lb_tests::lab::sh(&[
+        "ip",
+        "-n",
+        &netns,
+        "route",
+        "add",
+        "blackhole",
+        "10.78.0.121/32",
+        "proto",
+        "76",
+    ]);
+    let cfg = l.config_path(0).display().to_string();
+    let out = l
+        .lab
+        .cmd(&l.nodes[0], lb_tests::bin_dir().join("lbd"))
+        .args(["--config", &cfg, "teardown"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(routes76(&l, 0).trim(), "", "no proto-76 route left");
+}
+
+/// Static VIPs live on the interface: when it is deleted and created again (an OVS bridge
+/// rebuilt), lbd puts them back on the new device, beside the VRRP VIP on the same interface.
+#[test]
+fn static_vips_come_back_on_a_recreated_interface() {
+    const STATIC_VIP: &str = "10.78.0.110";
+    let mut l = VrrpLab::prepare(LABNODE, vec![prio(150)]);
+    let me = l.addr(&l.nodes[0].clone());
+    let cfg = l.config(0)
+        + &format!(
+            "\n[[vips]]\nname = \"static\"\naddress = \"{STATIC_VIP}\"\nports = [8080]\nowned = true\n[vips.health]\nkind = \"tcp\"\n[[vips.backends]]\naddress = \"{me}\"\n"
+        );
+    std::fs::write(l.config_path(0), cfg).unwrap();
+    l.start(0);
+    wait_master(&l, 0);
+    assert!(
+        wait_holds(&l, 0, STATIC_VIP, true),
+        "the static VIP is held at start\n{}",
+        l.log(0)
+    );
+    let node = l.nodes[0].clone();
+    l.lab.delete_link(&node);
+    l.lab.create_link(&node);
+    assert!(
+        wait_holds(&l, 0, STATIC_VIP, true),
+        "the static VIP is back on the new device\n{}",
+        l.log(0)
+    );
+    assert!(
+        wait_holds(&l, 0, VIP4, true),
+        "so is the VRRP VIP\n{}",
+        l.log(0)
+    );
 }

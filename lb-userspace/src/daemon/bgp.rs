@@ -297,8 +297,7 @@ impl Worker {
                 Some(Err(e)) => {
                     tracing::debug!(error = %format!("{e:#}"), "BGP: FRR still not configured")
                 }
-                Some(Ok(())) => tracing::info!(asn = cfg.bgp[0].asn, "BGP: FRR configured"),
-                None => {}
+                Some(Ok(())) | None => {}
             }
         }
     }

@@ -356,4 +356,50 @@ mod tests {
         assert_eq!(refused(|c| c.vips[0].ports = vec![6443, 22623]), None);
         assert_eq!(refused(|c| c.vrrp.clear()), None);
     }
+
+    fn with(extra: &str) -> Config {
+        toml::from_str(&format!(
+            r#"
+            interface = "lo"
+            [[vrrp]]
+            name = "api"
+            vrid = 14
+            vips = ["192.0.2.100"]
+            {extra}
+            "#
+        ))
+        .unwrap()
+    }
+
+    #[test]
+    fn instances_are_sorted_into_in_place_restart_remove_and_start() {
+        let old = with("[[vrrp]]\nname = \"gone\"\nvrid = 15\nvips = [\"192.0.2.101\"]\n");
+        let mut new = with("[[vrrp]]\nname = \"new\"\nvrid = 16\nvips = [\"192.0.2.102\"]\n");
+        new.vrrp[0].priority = 7;
+        let c = vrrp_changes(&old.vrrp, &new.vrrp);
+        assert_eq!(c.in_place, ["api"]);
+        assert!(c.restart.is_empty());
+        assert_eq!(c.remove, ["gone"]);
+        assert_eq!(c.start, ["new"]);
+        new.vrrp[0].vrid = 20;
+        let c = vrrp_changes(&old.vrrp, &new.vrrp);
+        assert_eq!(c.restart.len(), 1, "{c:?}");
+        assert_eq!(c.restart[0].0, "api");
+        assert!(c.in_place.is_empty());
+    }
+
+    #[test]
+    fn instances_to_start_need_an_interface_of_this_node_named_by_field() {
+        let old = with("");
+        let new = with(
+            "[[vrrp]]\nname = \"x\"\nvrid = 16\ninterface = \"nosuch0\"\nvips = [\"192.0.2.102\"]\n",
+        );
+        let c = vrrp_changes(&old.vrrp, &new.vrrp);
+        let e = preflight_vrrp(&new, &c).unwrap_err().to_string();
+        assert!(e.starts_with("vrrp[1].interface:"), "{e}");
+        assert!(e.contains("nosuch0"), "{e}");
+        // Running instances are not checked again; `lo` exists everywhere.
+        let ok = with("[[vrrp]]\nname = \"x\"\nvrid = 16\nvips = [\"192.0.2.102\"]\n");
+        assert!(preflight_vrrp(&ok, &vrrp_changes(&old.vrrp, &ok.vrrp)).is_ok());
+    }
 }

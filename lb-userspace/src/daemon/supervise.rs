@@ -232,4 +232,13 @@ mod tests {
         settle().await;
         assert_eq!(s2.failure().as_deref(), Some("health monitor stopped"));
     }
+
+    #[test]
+    fn the_tick_age_is_monotonic() {
+        let s = Shared::new();
+        s.tick();
+        std::thread::sleep(Duration::from_millis(20));
+        let age = s.since_tick();
+        assert!(age >= Duration::from_millis(20), "{age:?}");
+    }
 }

@@ -54,7 +54,13 @@ impl Owner {
         let mut interfaces: Vec<String> = cfg.vrrp.iter().map(|r| interface_of(r, &cfg)).collect();
         interfaces.sort();
         interfaces.dedup();
-        let keep: Vec<IpAddr> = cfg.vrrp.iter().flat_map(|r| r.vips.clone()).collect();
+        // The static VIPs were just added on the same interface with the same label: keep them.
+        let keep: Vec<IpAddr> = cfg
+            .vrrp
+            .iter()
+            .flat_map(|r| r.vips.clone())
+            .chain(crate::static_vip::static_vips(&cfg))
+            .collect();
         for ifname in &interfaces {
             let removed =
                 crate::vrrp::announce::remove_orphans(self.netlink.handle(), ifname, &keep).await?;
