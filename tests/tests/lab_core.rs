@@ -96,11 +96,17 @@ fn a_hung_vtysh_delays_neither_the_loop_nor_the_vip_release() {
     l.start(0);
     l.start(1);
     // By the address, not the API: the API is what a stalled loop would not answer.
-    assert!(
-        wait_holds(&l, 0, VIP4, true),
-        "node 0 holds the VIP\n{}",
-        l.logs()
-    );
+    let netns = l.lab.node(&l.nodes[0]).netns.clone();
+    let held = wait_for(Duration::from_secs(30), || {
+        has_address(&netns, "eth0", VIP4).then_some(())
+    });
+    assert!(held.is_some(), "node 0 holds the VIP\n{}", l.logs());
+    // Running (its API answers), not starting: a SIGTERM before the signal handler is set
+    // kills lbd at once, and the guardian gives the VIP back.
+    let serving = wait_for(Duration::from_secs(60), || {
+        (probe(&l, 0, "/readyz").0 != 0).then_some(())
+    });
+    assert!(serving.is_some(), "the API answers\n{}", l.log(0));
     // Longer than one vtysh timeout (10 s) and the liveness bound: the loop kept ticking.
     std::thread::sleep(Duration::from_secs(12));
     let healthz = probe(&l, 0, "/healthz");
@@ -108,7 +114,6 @@ fn a_hung_vtysh_delays_neither_the_loop_nor_the_vip_release() {
 
     let sent = std::time::Instant::now();
     l.signal(0, libc::SIGTERM);
-    let netns = l.lab.node(&l.nodes[0]).netns.clone();
     let released = wait_for(TERMINATION_GRACE, || {
         (!has_address(&netns, "eth0", VIP4)).then_some(sent.elapsed())
     });
