@@ -166,7 +166,11 @@ pub async fn run(config_path: PathBuf) -> Result<()> {
             crate::api::serve_tcp(addr, front.clone()),
         ));
     }
-    let failure = owner.run().await?;
+    // Whatever ends the loop, the stop runs: VIPs and routes are given back first.
+    let failure = match owner.run().await {
+        Ok(f) => f,
+        Err(e) => Some(format!("{e:#}")),
+    };
     owner.stop().await;
     for t in tasks {
         t.abort();

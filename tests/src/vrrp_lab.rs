@@ -196,6 +196,24 @@ impl VrrpLab {
             .to_string()
     }
 
+    /// `GET path` on node `i`'s API socket: (status, body); status 0 when nothing answered.
+    pub fn get(&self, i: usize, path: &str) -> (u16, String) {
+        let out = crate::lab::try_sh(&[
+            "curl",
+            "-s",
+            "-m",
+            "15",
+            "-w",
+            "\n%{http_code}",
+            "--unix-socket",
+            &self.socket(i),
+            &format!("http://lbd{path}"),
+        ]);
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        let (body, code) = text.rsplit_once('\n').unwrap_or(("", "0"));
+        (code.trim().parse().unwrap_or(0), body.to_string())
+    }
+
     pub fn config_path(&self, i: usize) -> PathBuf {
         self.lab.dir.join(format!("{}.toml", self.nodes[i]))
     }

@@ -46,22 +46,8 @@ fn holds(l: &VrrpLab, i: usize, vip: &str) -> bool {
     has_address(&l.lab.node(&l.nodes[i]).netns, "eth0", vip)
 }
 
-/// `GET path` on node `i`'s API socket: (status, body).
 fn probe(l: &VrrpLab, i: usize, path: &str) -> (u16, String) {
-    let out = lb_tests::lab::try_sh(&[
-        "curl",
-        "-s",
-        "-m",
-        "15",
-        "-w",
-        "\n%{http_code}",
-        "--unix-socket",
-        &l.socket(i),
-        &format!("http://lbd{path}"),
-    ]);
-    let text = String::from_utf8_lossy(&out.stdout).to_string();
-    let (body, code) = text.rsplit_once('\n').unwrap_or(("", "0"));
-    (code.trim().parse().unwrap_or(0), body.to_string())
+    l.get(i, path)
 }
 
 fn reload(l: &VrrpLab, i: usize) -> (bool, String) {
@@ -426,6 +412,61 @@ fn static_vips_come_back_on_a_recreated_interface() {
     assert!(
         wait_holds(&l, 0, VIP4, true),
         "so is the VRRP VIP\n{}",
+        l.log(0)
+    );
+}
+
+/// The guardian children of `pid` (`lbd guardian`), from /proc.
+fn guardians_of(pid: u32) -> Vec<u32> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(child) = e.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{child}/stat")) else {
+            continue;
+        };
+        // The fields after the command name (in parentheses): state, ppid, ...
+        let ppid = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+            .and_then(|p| p.parse::<u32>().ok());
+        let cmdline = std::fs::read(format!("/proc/{child}/cmdline")).unwrap_or_default();
+        if ppid == Some(pid) && cmdline.ends_with(b"guardian\0") {
+            out.push(child);
+        }
+    }
+    out
+}
+
+/// A guardian that died (killed, OOM) is started again at once, not at the next reload: a crash
+/// of lbd right after still gives the VIP back.
+#[test]
+fn a_dead_guardian_is_replaced_at_once() {
+    let mut l = VrrpLab::prepare(LABNODE, vec![prio(150)]);
+    l.write_config(0);
+    l.start(0);
+    wait_master(&l, 0);
+    let lbd = l.lab.pid(&tag(&l, 0)).expect("lbd runs");
+    let first = guardians_of(lbd);
+    assert_eq!(first.len(), 1, "one guardian: {first:?}");
+    // Our lbd's own child: the test started it.
+    unsafe { libc::kill(first[0] as i32, libc::SIGKILL) };
+    let replaced = wait_for(Duration::from_secs(5), || {
+        let now = guardians_of(lbd);
+        (now.len() == 1 && now[0] != first[0]).then_some(now[0])
+    });
+    assert!(
+        replaced.is_some(),
+        "a new guardian: {:?}\n{}",
+        guardians_of(lbd),
+        l.log(0)
+    );
+    // It knows the VIPs: a crash now gives them back.
+    l.stop(0, libc::SIGKILL);
+    assert!(
+        wait_holds(&l, 0, VIP4, false),
+        "the new guardian gave the VIP back\n{}",
         l.log(0)
     );
 }

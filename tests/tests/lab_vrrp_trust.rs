@@ -338,18 +338,7 @@ fn reloading_one_instance_never_touches_another() {
 
 /// `GET path` on node `i`'s API socket: (status, body).
 fn probe(l: &VrrpLab, i: usize, path: &str) -> (u16, String) {
-    let out = lb_tests::lab::try_sh(&[
-        "curl",
-        "-s",
-        "-w",
-        "\n%{http_code}",
-        "--unix-socket",
-        &l.socket(i),
-        &format!("http://lbd{path}"),
-    ]);
-    let text = String::from_utf8_lossy(&out.stdout).to_string();
-    let (body, code) = text.rsplit_once('\n').unwrap_or(("", "0"));
-    (code.trim().parse().unwrap_or(0), body.to_string())
+    l.get(i, path)
 }
 
 #[test]

@@ -95,7 +95,7 @@ pub struct Owner {
     pub(super) conntrack: Arc<conntrack::ConntrackCount>,
     pub(super) shared: Arc<Shared>,
     pub(super) tx: mpsc::UnboundedSender<Msg>,
-    rx: mpsc::UnboundedReceiver<Msg>,
+    pub(super) rx: mpsc::UnboundedReceiver<Msg>,
     /// Held until the process exits: a second lbd with this config refuses to start.
     _lock: InstanceLock,
 }

@@ -12,11 +12,12 @@
 //! 4. The guardian is told goodbye (its VIPs are given back already).
 //!
 //! The owner runs the stop itself, after its loop: a reload is either done before it starts
-//! or never starts, so no instance outlives the stop.
+//! or never starts (requests that arrive during the stop are refused), so no instance outlives
+//! the stop.
 
 use std::time::{Duration, Instant};
 
-use super::owner::Owner;
+use super::owner::{Msg, Owner};
 
 /// The whole stop, within a 10 s termination grace with room for the process to exit.
 pub const STOP_BUDGET: Duration = Duration::from_secs(8);
@@ -30,11 +31,11 @@ impl Owner {
     /// Stop in the order above.
     pub async fn stop(&mut self) {
         let start = Instant::now();
+        let forwarding = self.facts.vrrp_master.values().any(|m| *m);
+        self.resign_vrrp().await;
         // Requests still queued (a reload racing the stop) are answered "stopping" by their
         // dropped reply channels, and nothing new gets in.
         self.close_inbox();
-        let forwarding = self.facts.vrrp_master.values().any(|m| *m);
-        self.resign_vrrp().await;
         self.bgp.stop(BGP_DEADLINE).await;
         if forwarding {
             let grace = Duration::from_millis(self.cfg.handover_grace_ms);
@@ -57,18 +58,30 @@ impl Owner {
 
     /// Step 1: every VRRP instance resigns and removes its VIPs, all at once, within
     /// [`VRRP_DEADLINE`]; VIPs of instances that did not finish are removed directly.
+    /// Meanwhile the resigning instances' ownership changes are still applied (the handover
+    /// grace decides when forwarding stops, as for any move); every other message is refused.
     async fn resign_vrrp(&mut self) {
         let handles = std::mem::take(&mut self.vrrp);
         if handles.is_empty() {
             return;
         }
+        let ids: Vec<u64> = handles.iter().map(|h| h.id).collect();
         let cfg = self.cfg.clone();
         let vips: Vec<(String, Vec<std::net::IpAddr>)> = handles
             .iter()
             .map(|h| (super::vrrp::interface_of(&h.cfg, &cfg), h.cfg.vips.clone()))
             .collect();
         let all = futures::future::join_all(handles.into_iter().map(|h| h.instance.shutdown()));
-        if tokio::time::timeout(VRRP_DEADLINE, all).await.is_ok() {
+        let deadline = tokio::time::sleep(VRRP_DEADLINE);
+        tokio::pin!(all, deadline);
+        let done = loop {
+            tokio::select! {
+                _ = &mut all => break true,
+                _ = &mut deadline => break false,
+                Some(m) = self.rx.recv() => self.while_resigning(m, &ids),
+            }
+        };
+        if done {
             return;
         }
         tracing::error!(
@@ -88,6 +101,25 @@ impl Owner {
                 }
                 Err(_) => tracing::error!(interface = %ifname, "netlink did not answer"),
             }
+        }
+    }
+
+    fn while_resigning(&mut self, m: Msg, ids: &[u64]) {
+        // Anything else is dropped: an API request is answered "lbd is stopping".
+        if let Msg::Ownership {
+            name,
+            id,
+            forward,
+            done,
+        } = m
+        {
+            if ids.contains(&id) {
+                self.facts.vrrp_master.insert(name, forward);
+                if let Err(e) = self.apply() {
+                    tracing::error!(error = %format!("{e:#}"), "applying VRRP ownership");
+                }
+            }
+            let _ = done.send(());
         }
     }
 }
