@@ -454,7 +454,7 @@ fn a_dead_guardian_is_replaced_at_once() {
     unsafe { libc::kill(first[0] as i32, libc::SIGKILL) };
     let replaced = wait_for(Duration::from_secs(5), || {
         let now = guardians_of(lbd);
-        (now.len() == 1 && now[0] != first[0]).then_some(now[0])
+        (now.len() == 1 && now[0] != first[0]).then(|| now[0])
     });
     assert!(
         replaced.is_some(),
