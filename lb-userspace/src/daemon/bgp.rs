@@ -34,6 +34,18 @@ enum Cmd {
     Stop(oneshot::Sender<()>),
 }
 
+impl Cmd {
+    /// Commands of which only the newest queued one needs running.
+    fn coalesced_kind(&self) -> Option<u8> {
+        match self {
+            Cmd::Configure(_) => Some(0),
+            Cmd::Sync { .. } => Some(1),
+            Cmd::Check => Some(2),
+            Cmd::Drain(_) | Cmd::Stop(_) => None,
+        }
+    }
+}
+
 pub struct BgpHandle {
     tx: mpsc::UnboundedSender<Cmd>,
     status: watch::Receiver<Status>,
@@ -200,15 +212,17 @@ async fn unless_stopping<F: Future>(stop: &mut watch::Receiver<bool>, f: F) -> O
 impl Worker {
     async fn run(mut self, mut rx: mpsc::UnboundedReceiver<Cmd>) {
         while let Some(first) = rx.recv().await {
-            // Everything queued meanwhile: only the newest sync matters.
+            // Everything queued meanwhile (a hung FRR makes each vtysh call take 10 s): only the
+            // newest configure, sync and check matter, so the queue never grows.
             let mut batch = vec![first];
             while let Ok(c) = rx.try_recv() {
                 batch.push(c);
             }
-            let last_sync = batch.iter().rposition(|c| matches!(c, Cmd::Sync { .. }));
+            let kinds: Vec<Option<u8>> = batch.iter().map(Cmd::coalesced_kind).collect();
             for (i, cmd) in batch.into_iter().enumerate() {
+                let superseded = kinds[i].is_some() && kinds[i + 1..].contains(&kinds[i]);
                 match cmd {
-                    Cmd::Sync { .. } if Some(i) != last_sync => {}
+                    _ if superseded => {}
                     Cmd::Stop(reply) => {
                         self.stop_now().await;
                         let _ = reply.send(());
@@ -292,13 +306,11 @@ impl Worker {
         if let Err(e) = self.a.sync(&cfg, &self.rows).await {
             tracing::error!(error = %format!("{e:#}"), "BGP: converging announcements");
         }
-        if !cfg.bgp.is_empty() && !self.a.configured() {
-            match unless_stopping(&mut self.stop, self.a.configure(&cfg)).await {
-                Some(Err(e)) => {
-                    tracing::debug!(error = %format!("{e:#}"), "BGP: FRR still not configured")
-                }
-                Some(Ok(())) | None => {}
-            }
+        if !cfg.bgp.is_empty()
+            && !self.a.configured()
+            && let Some(Err(e)) = unless_stopping(&mut self.stop, self.a.configure(&cfg)).await
+        {
+            tracing::debug!(error = %format!("{e:#}"), "BGP: FRR still not configured")
         }
     }
 
