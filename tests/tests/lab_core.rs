@@ -263,7 +263,7 @@ fn reload_and_sigterm_at_once_leave_no_instance_behind() {
 }
 
 /// A second lbd on the same config (same socket, same pins), or on the same pins with another
-/// socket, refuses to start and leaves the running one alone.
+/// socket, refuses to start and leaves the running one alone; so does `lbd teardown`.
 #[test]
 fn a_second_lbd_on_the_same_config_refuses_to_start() {
     let mut l = VrrpLab::prepare(LABNODE, vec![prio(150)]);
@@ -305,6 +305,19 @@ fn a_second_lbd_on_the_same_config_refuses_to_start() {
         );
         assert!(holds(&l, 0, VIP4), "{what}: the VIP stays");
     }
+    // `lbd teardown` would undo what the running lbd holds: refused too.
+    let cfg = l.config_path(0).display().to_string();
+    let out = l
+        .lab
+        .cmd(&node, &lbd)
+        .args(["--config", &cfg, "teardown"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(!out.status.success(), "teardown refused: {text}");
+    assert!(text.contains("another lbd"), "{text}");
+    assert!(holds(&l, 0, VIP4), "teardown removed nothing");
+    assert_eq!(l.state(0).as_deref(), Some("master"));
 }
 
 fn routes76(l: &VrrpLab, i: usize) -> String {

@@ -19,6 +19,8 @@ pub fn saved_sysctls(cfg: &Config) -> PathBuf {
 
 /// Remove everything lbd added on this node for `cfg`. Run with lbd stopped.
 pub async fn teardown(cfg: &Config) -> Result<()> {
+    // Not under a running lbd: it would put back what this removes.
+    let _lock = super::lock::InstanceLock::acquire(cfg, &load_options(cfg))?;
     Dataplane::teardown(&load_options(cfg))?;
     let nl = netlink::Netlink::new()?;
     let vips: Vec<std::net::IpAddr> = cfg.vrrp.iter().flat_map(|r| r.vips.clone()).collect();
@@ -44,6 +46,7 @@ pub async fn teardown(cfg: &Config) -> Result<()> {
     let restored = netlink::restore_arp_sysctls(&saved_sysctls(cfg))?;
     tracing::info!(?restored, "restored ARP sysctls");
     let _ = std::fs::remove_file(&cfg.api_socket);
+    let _ = std::fs::remove_file(super::lock::lock_path(cfg));
     Ok(())
 }
 
