@@ -306,13 +306,7 @@ fn a_second_lbd_on_the_same_config_refuses_to_start() {
         assert!(holds(&l, 0, VIP4), "{what}: the VIP stays");
     }
     // `lbd teardown` would undo what the running lbd holds: refused too.
-    let cfg = l.config_path(0).display().to_string();
-    let out = l
-        .lab
-        .cmd(&node, &lbd)
-        .args(["--config", &cfg, "teardown"])
-        .output()
-        .unwrap();
+    let out = l.lbd(0, &["teardown"]);
     let text = String::from_utf8_lossy(&out.stderr).to_string();
     assert!(!out.status.success(), "teardown refused: {text}");
     assert!(text.contains("another lbd"), "{text}");
@@ -380,13 +374,7 @@ fn bgp_routes_are_withdrawn_by_the_guardian_and_by_teardown() {
         "proto",
         "76",
     ]);
-    let cfg = l.config_path(0).display().to_string();
-    let out = l
-        .lab
-        .cmd(&l.nodes[0], lb_tests::bin_dir().join("lbd"))
-        .args(["--config", &cfg, "teardown"])
-        .output()
-        .unwrap();
+    let out = l.lbd(0, &["teardown"]);
     assert!(
         out.status.success(),
         "{}",

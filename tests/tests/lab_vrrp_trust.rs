@@ -558,13 +558,7 @@ fn teardown_removes_everything_lbd_added() {
     assert!(addrs(&l, 0, "eth0").contains(&VIP4.to_string()));
     // A crash leaves everything in place; the rollback then runs teardown.
     l.stop(0, libc::SIGKILL);
-    let cfg = l.config_path(0).display().to_string();
-    let out = l
-        .lab
-        .cmd(&l.nodes[0], lb_tests::bin_dir().join("lbd"))
-        .args(["--config", &cfg, "teardown"])
-        .output()
-        .unwrap();
+    let out = l.lbd(0, &["teardown"]);
     assert!(
         out.status.success(),
         "{}",
