@@ -10,7 +10,9 @@
 //! - [`health`]: backend health checks (HTTPS, HTTP, TCP) with rise/fall.
 //! - [`plan`]: from config and facts to what the data plane should do (pure).
 //! - [`render`]: every node's config from one cluster description (pure; `lbctl render`).
-//! - [`daemon`]: `lbd`'s wiring of the above.
+//! - [`daemon`]: `lbd`'s core: one owner task holding the state, and the parts around it.
+//! - [`guardian`]: gives the VRRP VIPs back (and withdraws BGP routes) if lbd dies.
+//! - [`handover`]: the grace after a VIP leaves this node (pure).
 //! - [`static_vip`]: VIPs owned without VRRP: on the interface and announced.
 //! - [`status`]: the status rows lbctl shows and metrics export.
 //! - [`metrics`]: Prometheus metrics (prometheus-client).
