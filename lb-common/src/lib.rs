@@ -295,20 +295,45 @@ const _: () = assert!(size_of::<DecapKey>() == 20);
 /// Most LB nodes a backend accepts wrapped packets from.
 pub const MAX_DECAP_PEERS: u32 = 64;
 
-/// `LB_DECAP_STATS` counters (one per-CPU entry).
+/// Most VIPs a backend unwraps packets for (`LB_DECAP_VIPS`), and most local addresses an outer
+/// header may be sent to (`LB_DECAP_LOCAL`).
+pub const MAX_DECAP_VIPS: u32 = 64;
+pub const MAX_DECAP_LOCAL: u32 = 256;
+
+/// `LB_DECAP_STATS` counters (one per-CPU entry). `lb_decap` unwraps an IP-in-IP packet only
+/// when its outer source is a known LB node (`LB_DECAP_PEERS`), its outer destination one of
+/// this host's addresses (`LB_DECAP_LOCAL`), its headers add up, and its inner destination one
+/// of the VIPs served here (`LB_DECAP_VIPS`). An LB node only ever wraps VIP traffic to its
+/// backends, so an LB node's packet that fails any of these is forged: dropped, never handed to
+/// a stack that could route its inner packet on.
 pub mod decap_stat {
     /// Unwrapped and passed to the stack.
     pub const DECAPSULATED: u32 = 0;
-    /// IP-in-IP from a source that is not a known LB node: passed unchanged (the kernel drops
-    /// it: this kernel has no ipip module).
+    /// IP-in-IP from a source that is not a known LB node: passed unchanged (another tunnel's
+    /// traffic is the kernel's business).
     pub const NOT_FROM_PEER: u32 = 1;
-    /// IP-in-IP whose headers do not add up (lengths, options, fragments): passed unchanged.
+    /// IP-in-IP from an LB node whose headers do not add up (lengths, options, fragments):
+    /// dropped.
     pub const MALFORMED: u32 = 2;
     /// Anything else: passed unchanged.
     pub const PASSED: u32 = 3;
-    pub const COUNT: u32 = 4;
-    pub const NAMES: [&str; COUNT as usize] =
-        ["decapsulated", "not_from_peer", "malformed", "passed"];
+    /// IP-in-IP from an LB node whose outer destination is not this host's: dropped.
+    pub const NOT_LOCAL: u32 = 4;
+    /// IP-in-IP from an LB node whose inner destination is not a VIP served here: dropped.
+    pub const NOT_VIP: u32 = 5;
+    /// Outer header marked CE around a packet that is not ECN-capable: dropped (RFC 6040 4.2:
+    /// the congestion signal cannot be passed on).
+    pub const ECN_DROP: u32 = 6;
+    pub const COUNT: u32 = 7;
+    pub const NAMES: [&str; COUNT as usize] = [
+        "decapsulated",
+        "not_from_peer",
+        "malformed",
+        "passed",
+        "not_local",
+        "not_vip",
+        "ecn_drop",
+    ];
 }
 
 /// The window SYNs are counted in (`LbConfig::syn_flood_rate` is scaled to it).
@@ -469,6 +494,8 @@ pub mod maps {
     pub const FLOW_CACHE: &str = "LB_FLOW_CACHE";
     pub const DECAP_PEERS: &str = "LB_DECAP_PEERS";
     pub const DECAP_STATS: &str = "LB_DECAP_STATS";
+    pub const DECAP_VIPS: &str = "LB_DECAP_VIPS";
+    pub const DECAP_LOCAL: &str = "LB_DECAP_LOCAL";
     /// The backends' decapsulation program.
     pub const DECAP_PROGRAM: &str = "lb_decap";
     /// Pins of maps earlier versions had and this one does not.

@@ -10,8 +10,8 @@ use aya_ebpf::{
 use lb_common::{
     BackendInfo, Counters, DEFAULT_CONNTRACK_SIZE, DEFAULT_TABLE_SIZE, DecapKey, FloodState,
     FlowCacheEntry, FlowKey, FlowValue, HANDSHAKE_TABLE_SIZE, LbConfig, MAX_BACKENDS,
-    MAX_DECAP_PEERS, MAX_PEERS, MAX_VIP_ADDRS, MAX_VIPS, VipInfo, VipKey, decap_stat,
-    flow_cache_slots, stat,
+    MAX_DECAP_LOCAL, MAX_DECAP_PEERS, MAX_DECAP_VIPS, MAX_PEERS, MAX_VIP_ADDRS, MAX_VIPS, VipInfo,
+    VipKey, decap_stat, flow_cache_slots, stat,
 };
 
 /// One entry: hash seed and table size.
@@ -68,6 +68,16 @@ pub static LB_HANDSHAKES: LruHashMap<FlowKey, FlowValue> =
 #[map]
 pub static LB_DECAP_PEERS: HashMap<DecapKey, u32> =
     HashMap::pinned(MAX_DECAP_PEERS, BPF_F_NO_PREALLOC);
+
+/// Backends (`lb_decap`): the VIPs an unwrapped packet may be addressed to.
+#[map]
+pub static LB_DECAP_VIPS: HashMap<DecapKey, u32> =
+    HashMap::pinned(MAX_DECAP_VIPS, BPF_F_NO_PREALLOC);
+
+/// Backends (`lb_decap`): this host's addresses, the only outer destinations unwrapped.
+#[map]
+pub static LB_DECAP_LOCAL: HashMap<DecapKey, u32> =
+    HashMap::pinned(MAX_DECAP_LOCAL, BPF_F_NO_PREALLOC);
 
 /// Backends (`lb_decap`): `lb_common::decap_stat` counters.
 #[map]

@@ -135,6 +135,8 @@ pub fn map_shapes(table_entries: u32, conntrack: u32) -> Vec<Shape> {
             Some(lb_common::HANDSHAKE_TABLE_SIZE),
         ),
         shape(maps::DECAP_PEERS, size_of::<lb_common::DecapKey>(), 4, None),
+        shape(maps::DECAP_VIPS, size_of::<lb_common::DecapKey>(), 4, None),
+        shape(maps::DECAP_LOCAL, size_of::<lb_common::DecapKey>(), 4, None),
         shape(
             maps::DECAP_STATS,
             4,
