@@ -257,9 +257,9 @@ pub struct LbConfig {
     /// The same for the source MACs in `LB_PEERS` (bit `mac_filter_bit(mac)`): most frames come
     /// from a router, whose bit is clear, and skip the loop-guard lookup.
     pub peer_filter: [u64; 4],
-    /// SYN flood mode: above this many new connections per second on one CPU, SYNs stop
-    /// writing connection-table entries (the handshake's ACK writes them) for at least
-    /// `FLOOD_HOLD_NS`. 0 = never.
+    /// Flood mode: above this many connection-table misses per second on the node (every
+    /// packet that would write an entry: SYNs, and segments or datagrams of flows without
+    /// one), no miss writes an entry for at least `FLOOD_HOLD_NS`. 0 = never.
     pub syn_flood_rate: u32,
     /// The flow cache's size and this node's secret seed part (`flow_cache_config`). Was
     /// padding: 0 means one slot and no secret, which is still correct, only slower.
@@ -267,16 +267,18 @@ pub struct LbConfig {
 }
 const _: () = assert!(size_of::<LbConfig>() == 88);
 
-/// Per-CPU SYN accounting for flood mode (`LB_FLOOD`), in `bpf_ktime_get_coarse_ns` time (with
-/// the precise clock the SYN path was clearly slower in `bench micro`; a tick does for 100 ms).
+/// The node's miss accounting for flood mode (`LB_FLOOD_NODE`, one entry shared by every CPU),
+/// in `bpf_ktime_get_coarse_ns` time (with the precise clock the SYN path was clearly slower in
+/// `bench micro`; a tick does for 100 ms).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct FloodState {
     pub window_start: u64,
-    /// SYNs to owned VIPs in the current window, and in the one before.
+    /// Misses that would write an entry (for owned VIPs) in the current window, and in the one
+    /// before.
     pub count: u32,
     pub last_count: u32,
-    /// Flood mode holds on this CPU until then.
+    /// Flood mode holds until then.
     pub flood_until: u64,
 }
 const _: () = assert!(size_of::<FloodState>() == 24);
@@ -435,9 +437,8 @@ pub mod stat {
     /// Loop guard: a VIP packet whose source MAC is another lbd node's (a VRRP peer or a
     /// backend) was already forwarded once; it goes to the local stack.
     pub const PASS_FROM_PEER: u32 = 18;
-    /// A SYN forwarded in SYN flood mode without a connection-table entry (its handshake's ACK
-    /// writes it; a SYN that skipped a slot taking no new flows is remembered in the small
-    /// handshake table instead).
+    /// A SYN forwarded in flood mode without writing a connection-table entry (a SYN that
+    /// skipped a slot taking no new flows is remembered in the small handshake table instead).
     pub const SYN_FLOOD_UNTRACKED: u32 = 19;
     /// Forwarded to a routed backend inside an outer IP header (also counted as `FORWARDED`).
     pub const ENCAPSULATED: u32 = 20;
@@ -446,7 +447,10 @@ pub mod stat {
     pub const ENCAP_TOO_BIG: u32 = 21;
     /// The frame could not be grown or shrunk for encapsulation (a driver without headroom).
     pub const DROP_ENCAP: u32 = 22;
-    pub const COUNT: u32 = 23;
+    /// A packet other than a SYN without a connection-table entry (a TCP segment or a UDP
+    /// datagram of a flow the table does not hold), forwarded in flood mode without writing one.
+    pub const FLOOD_UNTRACKED: u32 = 23;
+    pub const COUNT: u32 = 24;
 
     /// Names in index order, used by user space for `lbctl stats` and metrics.
     pub const NAMES: [&str; COUNT as usize] = [
@@ -473,6 +477,7 @@ pub mod stat {
         "encapsulated",
         "encap_too_big",
         "drop_encap",
+        "flood_untracked",
     ];
 }
 
@@ -489,7 +494,7 @@ pub mod maps {
     pub const BACKEND_STATS: &str = "LB_BACKEND_STATS";
     pub const VIP_OWNED: &str = "LB_VIP_OWNED";
     pub const PEERS: &str = "LB_PEERS";
-    pub const FLOOD: &str = "LB_FLOOD";
+    pub const FLOOD: &str = "LB_FLOOD_NODE";
     pub const HANDSHAKES: &str = "LB_HANDSHAKES";
     pub const FLOW_CACHE: &str = "LB_FLOW_CACHE";
     pub const DECAP_PEERS: &str = "LB_DECAP_PEERS";
@@ -499,7 +504,7 @@ pub mod maps {
     /// The backends' decapsulation program.
     pub const DECAP_PROGRAM: &str = "lb_decap";
     /// Pins of maps earlier versions had and this one does not.
-    pub const OBSOLETE: &[&str] = &["LB_VIP_GEN"];
+    pub const OBSOLETE: &[&str] = &["LB_VIP_GEN", "LB_FLOOD"];
     /// The XDP program's name in the object.
     pub const PROGRAM: &str = "lb_xdp";
 }

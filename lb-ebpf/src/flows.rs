@@ -9,7 +9,7 @@
 //!
 //! The rules that keep the two one table:
 //! - **A write goes to both.** Remembering a flow inserts it into the LRU hash and puts it in its
-//!   slot; forgetting one removes it from both.
+//!   slot.
 //! - **The cache is looked up first and wins.** A slot holds the last decision written for its
 //!   key; the LRU hash holds it too, unless it aged out there while the flow was served from the
 //!   cache (cache hits do not touch the LRU's recency).
@@ -17,7 +17,9 @@
 //!   writes the occupant back into the LRU hash if the occupant is still good, so a flow served
 //!   from the cache never falls back to a hash that has forgotten it. A flow found only in the
 //!   LRU hash takes its slot only if the slot is empty or its occupant is no longer good, so two
-//!   active flows on one slot do not evict each other on every packet.
+//!   active flows on one slot do not evict each other on every packet. The write-back only ever
+//!   adds a missing entry (`BPF_NOEXIST`): an entry another CPU wrote meanwhile is newer than
+//!   the slot's copy and is never replaced by it.
 //! - **Slots are read without a lock.** Another CPU may be rewriting a slot while it is read:
 //!   the check word binds the value to the key's 64-bit hash, so words of two different entries
 //!   fail it and the packet falls back to the LRU hash. Values and checks are read once.
@@ -25,6 +27,8 @@ use lb_common::{
     BACKEND_F_IN_SET, BackendInfo, FlowCacheEntry, FlowKey, FlowValue, LbConfig, flow_cache_check,
     flow_cache_hash, flow_cache_index, flow_cache_seed,
 };
+
+use aya_ebpf::bindings::BPF_NOEXIST;
 
 use crate::maps::{LB_BACKENDS, LB_CONNTRACK, LB_FLOW_CACHE};
 
@@ -166,11 +170,11 @@ fn take(e: *mut FlowCacheEntry, hash: u64, flow: &FlowKey, value: u64, cfg: &LbC
     if let Some((key, v)) = occupant(seed(cfg), e)
         && key != *flow
     {
-        // Usually still there, the same (written with it; the lookup refreshes it): a lookup
-        // costs far less than an insert into a full LRU hash.
-        let there = LB_CONNTRACK.get_ptr(&key).map(|p| unsafe { *p });
-        if there != Some(v) {
-            let _ = LB_CONNTRACK.insert(&key, v, 0);
+        // Usually still there (written with it; the lookup refreshes it): a lookup costs far
+        // less than an insert into a full LRU hash. An entry there, whatever it holds, is kept:
+        // it may be newer than this copy.
+        if LB_CONNTRACK.get_ptr(&key).is_none() {
+            let _ = LB_CONNTRACK.insert(&key, v, BPF_NOEXIST as u64);
         }
     }
     put(e, flow, unpack(value), hash);
@@ -192,20 +196,6 @@ fn take_free(e: *mut FlowCacheEntry, hash: u64, flow: &FlowKey, value: u64) {
         return;
     }
     put(e, flow, unpack(value), hash);
-}
-
-/// Forget a flow: out of the LRU hash, and its slot emptied if it holds it.
-#[inline(always)]
-pub fn forget(slot: &Slot, flow: &FlowKey) {
-    let _ = LB_CONNTRACK.remove(flow);
-    let e = slot.entry;
-    if !e.is_null() && cached(e, flow, slot.hash).is_some() {
-        // SAFETY: a map value of the array. Family 0 marks it empty; the check no longer holds.
-        unsafe {
-            core::ptr::addr_of_mut!((*e).key.family).write_volatile(0);
-            core::ptr::addr_of_mut!((*e).check).write_volatile(0);
-        }
-    }
 }
 
 /// The slot's key, copied word by word to the stack.

@@ -11,6 +11,9 @@
 //! address and answers the client itself). Everything else is passed or dropped, and counted.
 #![no_std]
 #![no_main]
+// `atomic_xadd`: the target has no atomic types; an add whose result is unused is BPF_XADD.
+#![feature(core_intrinsics)]
+#![allow(internal_features)]
 
 mod bench_progs;
 mod encap;
@@ -32,7 +35,7 @@ use lb_common::{
     addr_filter_bit_words, flow_hash, mac_halves_filter_bit, peer_key_halves, stat, table_index,
 };
 use maps::{
-    LB_BACKEND_STATS, LB_BACKENDS, LB_CONFIG, LB_FLOOD, LB_HANDSHAKES, LB_PEERS, LB_STATS,
+    LB_BACKEND_STATS, LB_BACKENDS, LB_CONFIG, LB_FLOOD_NODE, LB_HANDSHAKES, LB_PEERS, LB_STATS,
     LB_TABLES, LB_VIP_ADDRS, LB_VIP_OWNED, LB_VIPS, NONE, count, count_traffic,
 };
 use packet::{ETH_HLEN, ETH_P_IP, ETH_P_IPV6, L3, ParseError, has_ports, ptr_at};
@@ -254,10 +257,12 @@ fn backend_of(vip: &VipInfo, id: u32) -> Option<&'static BackendInfo> {
 enum Track {
     /// Look up; on a miss choose by Maglev and remember the choice.
     Yes,
-    /// A TCP SYN starts a new connection: choose by Maglev (never an old entry for a reused
-    /// 5-tuple) and remember the choice at once, so the rest of the handshake follows the SYN
-    /// even if the table changes in between (writing the entry later, at the first ACK, was
-    /// tried: a table swap during a handshake then reset the connection).
+    /// A TCP SYN: looked up like any packet, and a good entry (its pair still in the set) is
+    /// kept: a SYN never moves or deletes a live connection's entry, so a spoofed SYN with a
+    /// client's address and port cannot reset it (a real reuse of the 5-tuple goes to the same
+    /// backend, whose stack handles it, drained or not). On a miss (or a stale entry) it
+    /// starts a flow: Maglev, skipping backends that take no new flows, and remembered at once
+    /// so the rest of the handshake follows the SYN even if the table changes in between.
     NewConnection,
     /// Look up, choose by Maglev on a miss, remember nothing (ICMP errors about a flow).
     LookupOnly,
@@ -300,28 +305,39 @@ fn pick_slot(vip_id: u32, active: u32, size: u32, slot: u32, starts_flow: u32) -
     NO_BACKEND
 }
 
-/// Count a SYN on this CPU; whether flood mode holds.
+/// Count a connection-table miss that would write an entry (a SYN or not), node-wide; whether
+/// flood mode holds. One shared `FloodState` counted with atomic adds: a per-CPU count would let
+/// N CPUs take N times the rate unseen. The window roll is not atomic: two CPUs that roll it at
+/// once may lose a few counts, which an estimate of a flood's rate can afford.
 #[inline(always)]
-fn syn_flood(cfg: Option<&LbConfig>) -> bool {
+fn flooded(cfg: Option<&LbConfig>) -> bool {
     let Some(limit) = cfg.map(|c| c.syn_flood_rate / 10) else {
         return false;
     };
-    let Some(s) = LB_FLOOD.get_ptr_mut(0) else {
+    let Some(s) = LB_FLOOD_NODE.get_ptr_mut(0) else {
         return false;
     };
-    // Per-CPU value: no other writer.
-    let s = unsafe { &mut *s };
     let now = unsafe { bpf_ktime_get_coarse_ns() };
-    if now.wrapping_sub(s.window_start) >= FLOOD_WINDOW_NS {
-        s.last_count = s.count;
-        s.count = 0;
-        s.window_start = now;
+    // SAFETY: a map value of the array, shared by every CPU: fields are read and written with
+    // volatile (or atomic) accesses.
+    unsafe {
+        let start = core::ptr::addr_of_mut!((*s).window_start);
+        let count = core::ptr::addr_of_mut!((*s).count);
+        if now.wrapping_sub(start.read_volatile()) >= FLOOD_WINDOW_NS {
+            start.write_volatile(now);
+            core::ptr::addr_of_mut!((*s).last_count).write_volatile(count.read_volatile());
+            count.write_volatile(0);
+        }
+        // An atomic add whose result is not used (BPF_XADD); the total is read after it.
+        core::intrinsics::atomic_xadd::<u32, u32, { core::intrinsics::AtomicOrdering::Relaxed }>(
+            count, 1,
+        );
+        let until = core::ptr::addr_of_mut!((*s).flood_until);
+        if limit != 0 && count.read_volatile() > limit {
+            until.write_volatile(now + FLOOD_HOLD_NS);
+        }
+        now < until.read_volatile()
     }
-    s.count += 1;
-    if limit != 0 && s.count > limit {
-        s.flood_until = now + FLOOD_HOLD_NS;
-    }
-    now < s.flood_until
 }
 
 #[inline(always)]
@@ -333,8 +349,9 @@ fn vip_owned(vip_id: u32) -> bool {
 }
 
 /// For a TCP packet without a connection-table entry whose slot's backend takes no new flows:
-/// the backend its SYN chose if that SYN skipped the slot in SYN flood mode (`LB_HANDSHAKES`)
-/// and the pair still stands. Counted as a connection-table hit.
+/// the backend its SYN chose if that SYN skipped the slot in flood mode (`LB_HANDSHAKES`) and
+/// the pair still stands. The handshake entry stays until a connection-table entry replaces it
+/// (in flood mode none is written, and every packet of the connection comes here).
 #[inline(always)]
 fn handshake_of(
     track: Track,
@@ -347,8 +364,6 @@ fn handshake_of(
         return None;
     }
     let v = unsafe { *LB_HANDSHAKES.get_ptr(flow)? };
-    // Used once: this packet writes the connection-table entry.
-    let _ = LB_HANDSHAKES.remove(flow);
     let b = flows::entry_backend(&v)?;
     if b.vip_id != vip.vip_id {
         return None;
@@ -359,12 +374,8 @@ fn handshake_of(
 #[inline(always)]
 fn balance(ctx: &XdpContext, cfg: Option<&LbConfig>, flow: &FlowKey, track: Track) -> Outcome {
     let bytes = (ctx.data_end() - ctx.data()) as u64;
-    // A TCP SYN starts a new connection: it never reuses an old entry of the same 5-tuple.
     let slot = flows::slot(cfg, flow);
-    let found = match track {
-        Track::NewConnection => None,
-        _ => flows::lookup(&slot, flow),
-    };
+    let found = flows::lookup(&slot, flow);
     let cached = found.map(|(v, _)| v);
 
     // 1. Fast path for established flows: the entry's pair still exists and is in its set, and
@@ -375,7 +386,7 @@ fn balance(ctx: &XdpContext, cfg: Option<&LbConfig>, flow: &FlowKey, track: Trac
         && vip_owned(b.vip_id)
     {
         if let Some((v, flows::Found::Table)) = found
-            && track == Track::Yes
+            && track != Track::LookupOnly
         {
             flows::promote(&slot, flow, v);
         }
@@ -402,10 +413,9 @@ fn balance(ctx: &XdpContext, cfg: Option<&LbConfig>, flow: &FlowKey, track: Trac
 
     // 3. A good entry (the owned flags were mid-update), or a stale one: hash again.
     let mut ct = match (track, cached) {
-        (Track::NewConnection, _) => stat::CONNTRACK_MISS,
         (_, Some(_)) => stat::CONNTRACK_STALE,
-        (Track::Yes, None) => stat::CONNTRACK_MISS,
         (Track::LookupOnly, None) => NONE,
+        (_, None) => stat::CONNTRACK_MISS,
     };
     let mut chosen: Option<(u32, &BackendInfo)> = None;
     if let Some((id, b)) = valid
@@ -416,6 +426,7 @@ fn balance(ctx: &XdpContext, cfg: Option<&LbConfig>, flow: &FlowKey, track: Trac
     }
     let new_flow = chosen.is_none();
     let mut skipped = false;
+    let mut handshake = false;
 
     // 4. Maglev: the slot of the flow hash in the VIP's live table.
     let (id, backend) = match chosen {
@@ -430,11 +441,12 @@ fn balance(ctx: &XdpContext, cfg: Option<&LbConfig>, flow: &FlowKey, track: Trac
             let slot = flow_hash(flow, cfg.hash_seed) % cfg.table_size;
             // A packet that starts a flow skips backends that take no new flows; a mid-flow
             // packet without an entry (e.g. at a new VIP owner) goes where the table says, so
-            // established flows of a drained or failing backend stay on it.
+            // established flows of a drained or failing backend stay on it. A UDP datagram
+            // without an entry starts its flow wherever it comes, and an ICMP error about a
+            // UDP flow goes where that flow's datagrams went.
             let starts_flow = match track {
                 Track::NewConnection => true,
-                Track::Yes => flow.proto != PROTO_TCP,
-                Track::LookupOnly => false,
+                Track::Yes | Track::LookupOnly => flow.proto != PROTO_TCP,
             };
             let picked = pick_slot(
                 vip.vip_id,
@@ -456,25 +468,29 @@ fn balance(ctx: &XdpContext, cfg: Option<&LbConfig>, flow: &FlowKey, track: Trac
             // A TCP packet without an entry whose slot takes no new flows: the ACK of a
             // handshake whose SYN skipped that slot in SYN flood mode follows its SYN.
             match handshake_of(track, flow, b, &vip) {
-                Some(h) => h,
+                Some(h) => {
+                    handshake = true;
+                    h
+                }
                 None => (id, b),
             }
         }
     };
-    // SYN flood mode: a spoofed flood must not push established flows out of the LRU table, so
-    // while SYNs arrive faster than `syn_flood_rate` a SYN's choice is not remembered there; the
-    // handshake's ACK (a miss) takes the same Maglev slot and writes the entry. A SYN that
-    // skipped its slot is remembered in the small handshake table instead: its ACK must not
-    // depend on this CPU's flood state (another CPU, or the flood over by then).
+    // Flood mode: a spoofed flood (SYNs, or segments and datagrams of made-up flows) must not
+    // push established flows out of the LRU table, so every miss that would write an entry is
+    // counted, and while misses come faster than `syn_flood_rate` none writes one: the flow is
+    // forwarded by its Maglev slot, as every packet of it will be until the flood is over. A
+    // SYN that skipped its slot is remembered in the small handshake table instead: its later
+    // packets must not go to the slot's backend, whatever the flood state is by then.
     let mut remember = new_flow && track != Track::LookupOnly;
-    if track == Track::NewConnection && syn_flood(cfg) {
+    if remember && flooded(cfg) {
         remember = false;
-        ct = stat::SYN_FLOOD_UNTRACKED;
-        // An entry of an earlier connection on this 5-tuple (a client that reuses its port)
-        // would take this handshake's ACK to that connection's backend, which resets it.
-        // Removing never evicts anything else.
-        flows::forget(&slot, flow);
-        if skipped {
+        ct = if track == Track::NewConnection {
+            stat::SYN_FLOOD_UNTRACKED
+        } else {
+            stat::FLOOD_UNTRACKED
+        };
+        if skipped && track == Track::NewConnection {
             let _ = LB_HANDSHAKES.insert(
                 flow,
                 FlowValue {
@@ -491,6 +507,10 @@ fn balance(ctx: &XdpContext, cfg: Option<&LbConfig>, flow: &FlowKey, track: Trac
             epoch: backend.epoch,
         };
         flows::remember(cfg, &slot, flow, value);
+        if handshake {
+            // The connection table has it now.
+            let _ = LB_HANDSHAKES.remove(flow);
+        }
     }
 
     let counted_new = new_flow && track != Track::LookupOnly;

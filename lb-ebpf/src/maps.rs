@@ -84,9 +84,9 @@ pub static LB_DECAP_LOCAL: HashMap<DecapKey, u32> =
 pub static LB_DECAP_STATS: PerCpuArray<[u64; decap_stat::COUNT as usize]> =
     PerCpuArray::pinned(1, 0);
 
-/// SYN flood accounting, per CPU (see `lb_common::FloodState`).
+/// Flood accounting, one entry for the node (see `lb_common::FloodState`).
 #[map]
-pub static LB_FLOOD: PerCpuArray<FloodState> = PerCpuArray::pinned(1, 0);
+pub static LB_FLOOD_NODE: Array<FloodState> = Array::pinned(1, 0);
 
 /// Global counters: one per-CPU entry holding every counter, so a packet costs one lookup.
 #[map]

@@ -194,7 +194,7 @@ pub struct Dataplane {
     vip_owned: Array<MapData, u32>,
     peers: BpfHashMap<MapData, [u8; 8], u32>,
     backend_stats: PerCpuArray<MapData, Counters>,
-    flood: PerCpuArray<MapData, lb_common::FloodState>,
+    flood: Array<MapData, lb_common::FloodState>,
     tables: TableMemory,
     _tables_map: MapData,
     logger: Option<aya_log::EbpfLogger<&'static dyn log::Log>>,
