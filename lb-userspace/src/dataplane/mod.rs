@@ -11,7 +11,12 @@
 //! - identities are never reused: each pair gets an epoch from a counter kept in the pinned
 //!   config, and an entry is good only while its backend id still holds that epoch;
 //! - a slot's MAC, interface or VIP is never rewritten in place (a reader could see half of it):
-//!   such a change is a new pair (id and epoch), installed like an added backend.
+//!   such a change is a new pair (id and epoch), installed like an added backend;
+//! - a live slot is never torn: the kernel copies a map update low offsets first, so a reader on
+//!   another CPU may see part of a write. A pair is retired by clearing its flags and epoch
+//!   only (`retire`), its addressing left as it was, so whatever mix a reader sees, a frame it
+//!   still forwards goes where the pair pointed; a retired id is handed out again only after
+//!   every other free one (`alloc_backend_id`).
 
 mod counters;
 pub mod decap;
@@ -199,9 +204,10 @@ pub struct Dataplane {
     _tables_map: MapData,
     logger: Option<aya_log::EbpfLogger<&'static dyn log::Log>>,
     services: HashMap<VipKey, InstalledService>,
-    /// Backend ids handed out; ids are reused only after every never-used one is gone.
+    /// Backend ids handed out; ids are reused only after every never-used one is gone, the
+    /// longest-retired first.
     next_backend_id: u32,
-    free_backend_ids: Vec<u32>,
+    free_backend_ids: std::collections::VecDeque<u32>,
     /// Next pair epoch (persisted in `LbConfig::next_epoch` before use).
     next_epoch: u32,
     attached: Option<String>,
@@ -296,7 +302,7 @@ impl Dataplane {
             logger,
             services: HashMap::new(),
             next_backend_id: 0,
-            free_backend_ids: Vec::new(),
+            free_backend_ids: Default::default(),
             next_epoch: 1,
             attached: None,
             opts,
@@ -358,16 +364,22 @@ impl Dataplane {
             .collect();
         for id in 0..MAX_BACKENDS {
             let b = self.backends.get(&id, 0)?;
-            if b.flags == 0 && b.family == 0 {
+            if b.flags == 0 && b.epoch == 0 {
                 continue;
             }
-            let Some((key, _)) = by_id.get(&b.vip_id) else {
-                continue;
-            };
-            let Some(svc) = services.get_mut(key) else {
-                continue;
-            };
             let addr = key_addr(&b.addr, b.family);
+            // A slot no service accounts for (an lbd killed between the steps of a removal left
+            // its VIP entry gone and its pairs standing; a later service on the same VIP id
+            // would forward the old flows to them), or a second pair of one backend: retired.
+            let svc = by_id
+                .get(&b.vip_id)
+                .and_then(|(key, _)| services.get_mut(key))
+                .filter(|svc| b.epoch != 0 && !svc.backends.contains_key(&addr));
+            let Some(svc) = svc else {
+                tracing::warn!(id, vip_id = b.vip_id, %addr, "retiring a pair no service accounts for");
+                retire(&mut self.backends, id)?;
+                continue;
+            };
             used[id as usize] = true;
             max_id = max_id.max(id + 1);
             // Never hand out an epoch that a slot already holds.
@@ -396,6 +408,12 @@ impl Dataplane {
                 },
             );
         }
+        // VIP ids without a service forward for nobody.
+        for vip_id in 0..MAX_VIPS {
+            if !by_id.contains_key(&vip_id) {
+                self.set_vip_owned(vip_id, false)?;
+            }
+        }
         self.next_backend_id = max_id;
         self.free_backend_ids = (0..max_id).filter(|i| !used[*i as usize]).collect();
         if !services.is_empty() {
@@ -415,7 +433,7 @@ impl Dataplane {
             let _ = self.vip_addrs.remove(&k);
         }
         for id in 0..MAX_BACKENDS {
-            self.backends.set(id, BackendInfo::default(), 0)?;
+            retire(&mut self.backends, id)?;
         }
         for id in 0..MAX_VIPS {
             self.vip_owned.set(id, 0, 0)?;
@@ -567,7 +585,7 @@ impl Dataplane {
             return Ok(self.next_backend_id - 1);
         }
         self.free_backend_ids
-            .pop()
+            .pop_front()
             .ok_or_else(|| anyhow!("more than {MAX_BACKENDS} backends"))
     }
 
@@ -705,8 +723,8 @@ impl Dataplane {
             }
         }
         for id in retired {
-            self.backends.set(id, BackendInfo::default(), 0)?;
-            self.free_backend_ids.push(id);
+            retire(&mut self.backends, id)?;
+            self.free_backend_ids.push_back(id);
             self.carry_counters(vip_id, id)?;
         }
         Ok(())
@@ -761,8 +779,8 @@ impl Dataplane {
         let _ = self.vips.remove(key);
         self.set_vip_owned(svc.vip_id, false)?;
         for b in svc.backends.values() {
-            self.backends.set(b.id, BackendInfo::default(), 0)?;
-            self.free_backend_ids.push(b.id);
+            retire(&mut self.backends, b.id)?;
+            self.free_backend_ids.push_back(b.id);
         }
         Ok(())
     }
@@ -878,6 +896,26 @@ impl Dataplane {
     pub fn owned(&self, key: &VipKey) -> Option<bool> {
         self.services.get(key).map(|s| s.owned)
     }
+}
+
+/// Take a pair out of service: its flags and epoch cleared, nothing else. A reader on another
+/// CPU sees the old flags and epoch (and forwards where the pair always pointed) or a pair that
+/// is gone; never a valid pair with addressing half overwritten.
+fn retire(backends: &mut Array<MapData, BackendInfo>, id: u32) -> Result<()> {
+    let b = backends.get(&id, 0)?;
+    if b.flags == 0 && b.epoch == 0 {
+        return Ok(());
+    }
+    backends.set(
+        id,
+        BackendInfo {
+            flags: 0,
+            epoch: 0,
+            ..b
+        },
+        0,
+    )?;
+    Ok(())
 }
 
 fn backend_info(vip_id: u32, b: &BackendSpec, epoch: u32) -> BackendInfo {
