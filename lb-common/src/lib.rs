@@ -74,8 +74,9 @@ pub const BACKEND_F_DRAINED: u32 = 4;
 /// In the set and in the Maglev table, but takes no new flows (drained, failing its checks
 /// within its hold, its node suspected dead). It keeps its table slots so that a node without
 /// a connection-table entry (a new VIP owner) still sends the backend's established flows to
-/// it; a new connection whose slot names it takes the next slot that does not (at most
-/// `MAX_SLOT_SKIPS` further).
+/// it; a flow start whose slot names it takes the same slot of the VIP's new-flow table
+/// (`LB_NEW_TABLES`, built without such backends), which names one that takes new flows
+/// whenever one exists.
 pub const BACKEND_F_NO_NEW: u32 = 8;
 /// The backend is not on this node's segment: packets are wrapped in an outer IP header
 /// (IP-in-IP, outer family = the backend's) from `BackendInfo::encap_src` to the backend, and
@@ -84,8 +85,6 @@ pub const BACKEND_F_ENCAP: u32 = 16;
 /// Bytes the outer header adds: IPv4 and IPv6.
 pub const ENCAP_HLEN_V4: u32 = 20;
 pub const ENCAP_HLEN_V6: u32 = 40;
-/// Slots a new connection looks past `BACKEND_F_NO_NEW` backends before it is dropped.
-pub const MAX_SLOT_SKIPS: u32 = 16;
 
 /// One (VIP, backend) pair, indexed by backend id.
 #[repr(C)]
@@ -488,6 +487,7 @@ pub mod maps {
     pub const VIP_ADDRS: &str = "LB_VIP_ADDRS";
     pub const BACKENDS: &str = "LB_BACKENDS";
     pub const TABLES: &str = "LB_TABLES";
+    pub const NEW_TABLES: &str = "LB_NEW_TABLES";
     pub const CONNTRACK: &str = "LB_CONNTRACK";
     pub const STATS: &str = "LB_STATS";
     pub const VIP_STATS: &str = "LB_VIP_STATS";

@@ -31,12 +31,12 @@ use aya_ebpf::{
 use lb_common::{
     ALL_PORTS, BACKEND_F_ENCAP, BACKEND_F_IN_SET, BACKEND_F_LOCAL, BACKEND_F_NO_NEW, BackendInfo,
     CONFIG_F_ALL_PORTS, FLOOD_HOLD_NS, FLOOD_WINDOW_NS, FlowKey, FlowValue, LbConfig, MAX_BACKENDS,
-    MAX_SLOT_SKIPS, NO_BACKEND, PROTO_TCP, VIP_F_OWNED, VIP_OWNED, VipInfo, VipKey,
-    addr_filter_bit_words, flow_hash, mac_halves_filter_bit, peer_key_halves, stat, table_index,
+    NO_BACKEND, PROTO_TCP, VIP_F_OWNED, VIP_OWNED, VipInfo, VipKey, addr_filter_bit_words,
+    flow_hash, mac_halves_filter_bit, peer_key_halves, stat, table_index,
 };
 use maps::{
-    LB_BACKEND_STATS, LB_BACKENDS, LB_CONFIG, LB_FLOOD_NODE, LB_HANDSHAKES, LB_PEERS, LB_STATS,
-    LB_TABLES, LB_VIP_ADDRS, LB_VIP_OWNED, LB_VIPS, NONE, count, count_traffic,
+    LB_BACKEND_STATS, LB_BACKENDS, LB_CONFIG, LB_FLOOD_NODE, LB_HANDSHAKES, LB_NEW_TABLES,
+    LB_PEERS, LB_STATS, LB_TABLES, LB_VIP_ADDRS, LB_VIP_OWNED, LB_VIPS, NONE, count, count_traffic,
 };
 use packet::{ETH_HLEN, ETH_P_IP, ETH_P_IPV6, L3, ParseError, has_ports, ptr_at};
 
@@ -272,37 +272,44 @@ enum Track {
 const SLOT_SKIPPED: u32 = 1 << 31;
 const _: () = assert!(MAX_BACKENDS < SLOT_SKIPPED);
 
-/// The backend id at `slot` of a VIP's live table; for a packet that starts a flow, the first
-/// one from there that takes new flows (`BACKEND_F_NO_NEW` clear), at most `MAX_SLOT_SKIPS`
-/// slots on, with `SLOT_SKIPPED` set if that is not the first. `NO_BACKEND` when there is none.
-/// A function of its own (a BPF subprogram): its loop then costs the caller nothing in registers.
+/// The backend id at `slot` of a VIP's live table; for a packet that starts a flow, one that
+/// takes new flows (`BACKEND_F_NO_NEW` clear): the slot's, else the same slot's of the new-flow
+/// table (built without such backends, so it names one whenever one exists), with
+/// `SLOT_SKIPPED` set. `NO_BACKEND` when there is none (or the new-flow table is not written
+/// yet: just after an upgrade created it, until lbd's first update).
 #[inline(never)]
 fn pick_slot(vip_id: u32, active: u32, size: u32, slot: u32, starts_flow: u32) -> u32 {
-    let mut slot = slot;
-    let mut skipped = 0;
-    for _ in 0..=MAX_SLOT_SKIPS {
-        let pos = table_index(vip_id, active, size, slot);
-        let id = match LB_TABLES.get(pos >> 1) {
-            Some(pair) => pair[(pos & 1) as usize],
-            None => return NO_BACKEND,
-        };
-        if id == NO_BACKEND {
-            return NO_BACKEND;
-        }
-        if starts_flow == 0 {
-            return id;
-        }
-        match LB_BACKENDS.get(id) {
-            Some(b) if b.flags & BACKEND_F_NO_NEW != 0 => {}
-            _ => return id | skipped,
-        }
-        skipped = SLOT_SKIPPED;
-        slot += 1;
-        if slot >= size {
-            slot = 0;
-        }
+    let pos = table_index(vip_id, active, size, slot);
+    let id = match LB_TABLES.get(pos >> 1) {
+        Some(pair) => pair[(pos & 1) as usize],
+        None => return NO_BACKEND,
+    };
+    if id == NO_BACKEND || starts_flow == 0 {
+        return id;
     }
-    NO_BACKEND
+    // (A slot naming a pair outside the set is the caller's to refuse: never replaced here.)
+    match LB_BACKENDS.get(id) {
+        Some(b) if b.flags & BACKEND_F_NO_NEW != 0 => {}
+        _ => return id,
+    }
+    match LB_NEW_TABLES.get(pos >> 1) {
+        Some(pair) if takes_new_flows(vip_id, pair[(pos & 1) as usize]) => {
+            pair[(pos & 1) as usize] | SLOT_SKIPPED
+        }
+        _ => NO_BACKEND,
+    }
+}
+
+/// Pair `id` is of this VIP, in its set, and takes new flows.
+#[inline(always)]
+fn takes_new_flows(vip_id: u32, id: u32) -> bool {
+    match LB_BACKENDS.get(id) {
+        Some(b) => {
+            b.vip_id == vip_id
+                && b.flags & (BACKEND_F_IN_SET | BACKEND_F_NO_NEW) == BACKEND_F_IN_SET
+        }
+        None => false,
+    }
 }
 
 /// Count a connection-table miss that would write an entry (a SYN or not), node-wide; whether

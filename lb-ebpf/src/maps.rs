@@ -46,6 +46,13 @@ pub static LB_BACKENDS: Array<BackendInfo> = Array::pinned(MAX_BACKENDS, 0);
 pub static LB_TABLES: Array<[u32; 2]> =
     Array::pinned(MAX_VIPS * (DEFAULT_TABLE_SIZE + 1), BPF_F_MMAPABLE);
 
+/// The new-flow tables, laid out as `LB_TABLES` (same halves, flipped by the same
+/// `active_table`): each VIP's Maglev table built without the backends that take no new flows.
+/// Size at load time.
+#[map]
+pub static LB_NEW_TABLES: Array<[u32; 2]> =
+    Array::pinned(MAX_VIPS * (DEFAULT_TABLE_SIZE + 1), BPF_F_MMAPABLE);
+
 /// The connection table: 5-tuple -> backend id. Size at load time.
 #[map]
 pub static LB_CONNTRACK: LruHashMap<FlowKey, FlowValue> =

@@ -45,6 +45,7 @@ impl Decap {
             .default_map_pin_directory(&pin_dir)
             // The load balancer's maps, unused here: as small as the kernel allows.
             .map_max_entries(maps::TABLES, 2)
+            .map_max_entries(maps::NEW_TABLES, 2)
             .map_max_entries(maps::CONNTRACK, 64)
             .map_max_entries(maps::FLOW_CACHE, 64)
             .map_max_entries(maps::HANDSHAKES, 64)

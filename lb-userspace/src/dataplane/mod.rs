@@ -182,6 +182,9 @@ struct InstalledService {
     owned: bool,
     /// The live table's content (what the idle half is compared against).
     table: Vec<u32>,
+    /// The live new-flow table's (`LB_NEW_TABLES`: the same Maglev build without the backends
+    /// that take no new flows).
+    new_table: Vec<u32>,
     backends: BTreeMap<IpAddr, InstalledBackend>,
 }
 
@@ -202,6 +205,8 @@ pub struct Dataplane {
     flood: Array<MapData, lb_common::FloodState>,
     tables: TableMemory,
     _tables_map: MapData,
+    new_tables: TableMemory,
+    _new_tables_map: MapData,
     logger: Option<aya_log::EbpfLogger<&'static dyn log::Log>>,
     services: HashMap<VipKey, InstalledService>,
     /// Backend ids handed out; ids are reused only after every never-used one is gone, the
@@ -261,6 +266,7 @@ impl Dataplane {
         let mut ebpf = EbpfLoader::new()
             .default_map_pin_directory(&pin_dir)
             .map_max_entries(maps::TABLES, table_entries)
+            .map_max_entries(maps::NEW_TABLES, table_entries)
             .map_max_entries(maps::CONNTRACK, opts.conntrack_size)
             .map_max_entries(
                 maps::FLOW_CACHE,
@@ -283,6 +289,11 @@ impl Dataplane {
             _ => bail!("map {} missing or not an array", maps::TABLES),
         };
         let tables = TableMemory::map(&tables_map, table_entries * 2)?;
+        let new_tables_map: MapData = match ebpf.take_map(maps::NEW_TABLES) {
+            Some(Map::Array(m)) => m,
+            _ => bail!("map {} missing or not an array", maps::NEW_TABLES),
+        };
+        let new_tables = TableMemory::map(&new_tables_map, table_entries * 2)?;
 
         let mut dp = Dataplane {
             config: take(&mut ebpf, maps::CONFIG)?,
@@ -299,6 +310,8 @@ impl Dataplane {
             ebpf,
             tables,
             _tables_map: tables_map,
+            new_tables,
+            _new_tables_map: new_tables_map,
             logger,
             services: HashMap::new(),
             next_backend_id: 0,
@@ -350,6 +363,7 @@ impl Dataplane {
                 let size = self.opts.table_size as usize;
                 let start = table_index(v.vip_id, v.active_table, self.opts.table_size, 0) as usize;
                 let table = self.tables.slice(start, size).to_vec();
+                let new_table = self.new_tables.slice(start, size).to_vec();
                 (
                     *k,
                     InstalledService {
@@ -357,6 +371,7 @@ impl Dataplane {
                         active: v.active_table,
                         owned: v.flags & VIP_F_OWNED != 0,
                         table,
+                        new_table,
                         backends: BTreeMap::new(),
                     },
                 )
@@ -630,6 +645,7 @@ impl Dataplane {
                     // Empty: differs from any built table, so the first apply always writes one
                     // (the idle half may hold a previous VIP's slots).
                     table: Vec::new(),
+                    new_table: Vec::new(),
                     backends: BTreeMap::new(),
                 },
             );
@@ -643,6 +659,7 @@ impl Dataplane {
         // written now; flag changes that add a pair to the set are written now, those that take
         // it out wait for the table flip.
         let mut entries = Vec::new();
+        let mut new_entries = Vec::new();
         let mut after_flip: Vec<(u32, BackendInfo)> = Vec::new();
         let mut retired: Vec<u32> = Vec::new();
         for b in &spec.backends {
@@ -670,18 +687,25 @@ impl Dataplane {
             };
             // Backends that take no new flows keep their slots (flagged): see BACKEND_F_NO_NEW.
             if b.in_set() && b.weight > 0 {
-                entries.push(maglev::Entry {
+                let e = maglev::Entry {
                     addr: b.addr,
                     weight: b.weight,
                     id: installed.id,
-                });
+                };
+                if b.in_table() {
+                    new_entries.push(e.clone());
+                }
+                entries.push(e);
             }
             let svc = self.services.get_mut(&key).expect("present");
             svc.backends.insert(b.addr, installed);
         }
 
-        // Table: install into the idle half, then flip.
+        // Tables: install into the idle half, then flip. A flow start whose slot names a backend
+        // that takes no new flows takes the same slot of the new-flow table, which names one that
+        // does whenever one exists.
         let table = maglev::build(&entries, self.opts.table_size);
+        let new_table = maglev::build(&new_entries, self.opts.table_size);
         let svc = self.services.get_mut(&key).expect("present");
         let mut info = VipInfo {
             vip_id,
@@ -690,14 +714,16 @@ impl Dataplane {
             _pad: 0,
         };
         let fresh = self.vips.get(&key, 0).is_err();
-        if table != svc.table {
+        if table != svc.table || new_table != svc.new_table {
             let idle = svc.active ^ 1;
             let start = table_index(vip_id, idle, self.opts.table_size, 0) as usize;
+            self.new_tables.write(start, &new_table);
             self.tables.write(start, &table);
             info.active_table = idle;
             self.vips.insert(key, info, 0)?;
             svc.active = idle;
             svc.table = table;
+            svc.new_table = new_table;
             svc.owned = spec.owned;
         } else if fresh || svc.owned != spec.owned {
             self.vips.insert(key, info, 0)?;

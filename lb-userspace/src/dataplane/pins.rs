@@ -116,6 +116,7 @@ pub fn map_shapes(table_entries: u32, conntrack: u32) -> Vec<Shape> {
         shape(maps::PEERS, 8, 4, None),
         shape(maps::BACKENDS, 4, size_of::<BackendInfo>(), None),
         shape(maps::TABLES, 4, 8, Some(table_entries)),
+        shape(maps::NEW_TABLES, 4, 8, Some(table_entries)),
         shape(
             maps::CONNTRACK,
             size_of::<FlowKey>(),
