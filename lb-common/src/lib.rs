@@ -142,7 +142,7 @@ pub struct FlowValue {
 }
 const _: () = assert!(size_of::<FlowValue>() == 8);
 
-/// One slot of the flow cache (`LB_FLOW_CACHE`): a direct-mapped copy of connection-table
+/// One slot of the flow cache (`LB_FLOW_CACHE_V2`): a direct-mapped copy of connection-table
 /// entries in an array, which the kernel looks up inline (no hashing helper, no bucket walk), in
 /// front of the LRU hash `LB_CONNTRACK`. A slot is read without a lock while another CPU may be
 /// rewriting it: `check` binds the value to the key (`flow_cache_check`), so a reader that got
@@ -189,7 +189,8 @@ pub fn flow_cache_index(h: u64, flow_cache: u32) -> u32 {
 
 /// The seeded 64-bit hash of a flow key that places it in the flow cache
 /// (`flow_cache_index`) and, with its value, makes the slot's check word. Not the Maglev hash
-/// ([`flow_hash`]): this one never leaves the node and may change between versions.
+/// ([`flow_hash`]): this one never leaves the node and may change between versions, with the
+/// version in the cache's pin name (`maps::FLOW_CACHE`).
 /// Multiply-xorshift rounds over the key's 64-bit words, cheap in BPF (no rotates, no byte
 /// loads); an IPv4 key's words 1 and 3 (address bytes 8..16) are always zero and skipped.
 #[inline(always)]
@@ -496,7 +497,9 @@ pub mod maps {
     pub const PEERS: &str = "LB_PEERS";
     pub const FLOOD: &str = "LB_FLOOD_NODE";
     pub const HANDSHAKES: &str = "LB_HANDSHAKES";
-    pub const FLOW_CACHE: &str = "LB_FLOW_CACHE";
+    /// Versioned: a cache laid out by another `flow_cache_hash` must never be adopted (its
+    /// entries would sit in the wrong slots). Change the hash, change the version.
+    pub const FLOW_CACHE: &str = "LB_FLOW_CACHE_V2";
     pub const DECAP_PEERS: &str = "LB_DECAP_PEERS";
     pub const DECAP_STATS: &str = "LB_DECAP_STATS";
     pub const DECAP_VIPS: &str = "LB_DECAP_VIPS";
@@ -504,7 +507,7 @@ pub mod maps {
     /// The backends' decapsulation program.
     pub const DECAP_PROGRAM: &str = "lb_decap";
     /// Pins of maps earlier versions had and this one does not.
-    pub const OBSOLETE: &[&str] = &["LB_VIP_GEN", "LB_FLOOD"];
+    pub const OBSOLETE: &[&str] = &["LB_VIP_GEN", "LB_FLOOD", "LB_FLOW_CACHE"];
     /// The XDP program's name in the object.
     pub const PROGRAM: &str = "lb_xdp";
 }
@@ -667,6 +670,17 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn the_flow_cache_hash_is_the_one_its_pin_version_names() {
+        // A restarted lbd adopts a pinned cache by name: if this fails, the hash changed, and
+        // `maps::FLOW_CACHE` (and the map's name in lb-ebpf) must get a new version, the old
+        // name going to `maps::OBSOLETE`.
+        let seed = flow_cache_seed(0x1b_5eed, flow_cache_config(1 << 12, 0x123));
+        assert_eq!(maps::FLOW_CACHE, "LB_FLOW_CACHE_V2");
+        assert_eq!(flow_cache_hash(&v4_key(), seed), 0x8075_5e93_ac37_1144);
+        assert!(maps::OBSOLETE.contains(&"LB_FLOW_CACHE"));
     }
 
     #[test]

@@ -59,15 +59,19 @@ fn outer_hlen(b: &BackendInfo) -> u32 {
 }
 
 /// A packet for a routed backend: wrapped and sent to the next hop, or, too big to wrap,
-/// answered with an ICMP error. Each is a subprogram called from here, so no call chain is
-/// three frames deep (the 512-byte stack limit counts the frames of a chain together).
+/// answered with an ICMP error if `may_answer` (not itself an ICMP error), else dropped. Each
+/// is a subprogram called from here, so no call chain is three frames deep (the 512-byte stack
+/// limit counts the frames of a chain together).
 #[inline(always)]
-pub fn encapsulate(ctx: &XdpContext, b: &BackendInfo) -> Outcome {
+pub fn encapsulate(ctx: &XdpContext, b: &BackendInfo, may_answer: bool) -> Outcome {
     let Some((inner_family, len)) = inner_at(ctx, ETH_HLEN) else {
         return (XDP_PASS, stat::PASS_MALFORMED, NONE);
     };
     let outer_hlen = outer_hlen(b);
     if b.encap_mtu != 0 && len + outer_hlen > u32::from(b.encap_mtu) {
+        if !may_answer {
+            return (XDP_DROP, stat::ENCAP_TOO_BIG, NONE);
+        }
         let mtu = u32::from(b.encap_mtu) - outer_hlen;
         return if inner_family == FAMILY_V4 {
             too_big4(ctx, mtu)

@@ -2,7 +2,7 @@
 //!
 //! `LB_CONNTRACK` (an LRU hash keyed by the full 5-tuple) is where every remembered flow is
 //! written. A hash lookup costs a call, a jhash of the 40-byte key and a bucket walk: on its own
-//! more than twice the whole baseline program (`bench micro`'s floor cases). `LB_FLOW_CACHE` is
+//! more than twice the whole baseline program (`bench micro`'s floor cases). `LB_FLOW_CACHE_V2` is
 //! an array of 64-byte slots, one per cache line, indexed by `flow_cache_hash`: the kernel
 //! inlines an array lookup, so an established flow found there costs a multiply-xorshift hash,
 //! five word compares and a check word, with no call.
@@ -30,7 +30,7 @@ use lb_common::{
 
 use aya_ebpf::bindings::BPF_NOEXIST;
 
-use crate::maps::{LB_BACKENDS, LB_CONNTRACK, LB_FLOW_CACHE};
+use crate::maps::{LB_BACKENDS, LB_CONNTRACK, LB_FLOW_CACHE_V2};
 
 /// A flow's place in the cache: its slot (if the cache is there) and its key's hash.
 pub struct Slot {
@@ -45,7 +45,7 @@ pub fn slot(cfg: Option<&LbConfig>, flow: &FlowKey) -> Slot {
         Some(cfg) => {
             let hash = flow_cache_hash(flow, seed(cfg));
             Slot {
-                entry: LB_FLOW_CACHE
+                entry: LB_FLOW_CACHE_V2
                     .get_ptr_mut(flow_cache_index(hash, cfg.flow_cache))
                     .unwrap_or(core::ptr::null_mut()),
                 hash,

@@ -399,8 +399,11 @@ fn balance(ctx: &XdpContext, cfg: Option<&LbConfig>, flow: &FlowKey, track: Trac
         }
         // One per-CPU entry per forwarded packet: its pair's (a VIP's counters are the sum of
         // its pairs', added up by user space).
-        count_traffic(&LB_BACKEND_STATS, id, bytes, false);
-        let (action, reason, _) = forward(ctx, b);
+        let (action, reason, _) = forward(ctx, b, track);
+        // Only what reaches the pair is its traffic (not a too-big answer, not a drop).
+        if delivered(reason) {
+            count_traffic(&LB_BACKEND_STATS, id, bytes, false);
+        }
         // (An ICMP error is counted as such by the caller.)
         if reason == stat::FORWARDED && track != Track::LookupOnly {
             count_forwarded_hit(action);
@@ -521,9 +524,17 @@ fn balance(ctx: &XdpContext, cfg: Option<&LbConfig>, flow: &FlowKey, track: Trac
     }
 
     let counted_new = new_flow && track != Track::LookupOnly;
-    count_traffic(&LB_BACKEND_STATS, id, bytes, counted_new);
-    let (action, reason, _) = forward(ctx, backend);
+    let (action, reason, _) = forward(ctx, backend, track);
+    if delivered(reason) {
+        count_traffic(&LB_BACKEND_STATS, id, bytes, counted_new);
+    }
     (action, reason, ct)
+}
+
+/// The packet went to its pair: sent on, or to the local stack as the pair's.
+#[inline(always)]
+fn delivered(reason: u32) -> bool {
+    reason == stat::FORWARDED || reason == stat::PASS_LOCAL_BACKEND
 }
 
 /// The counters of an established flow's forwarded packet, at constant indexes (the generic
@@ -552,12 +563,14 @@ const _: () = assert!(
 
 /// L2 direct server return: only the Ethernet addresses change.
 #[inline(always)]
-fn forward(ctx: &XdpContext, backend: &BackendInfo) -> Outcome {
+fn forward(ctx: &XdpContext, backend: &BackendInfo, track: Track) -> Outcome {
     if backend.flags & BACKEND_F_LOCAL != 0 {
         return (XDP_PASS, stat::PASS_LOCAL_BACKEND, NONE);
     }
     if backend.flags & BACKEND_F_ENCAP != 0 {
-        return encap::encapsulate(ctx, backend);
+        // An ICMP error too big to wrap is dropped, never answered with another ICMP error
+        // (RFC 1122 3.2.2, RFC 4443 2.4 e).
+        return encap::encapsulate(ctx, backend, track != Track::LookupOnly);
     }
     let Ok(eth) = ptr_at::<[u32; 3]>(ctx, 0) else {
         return (XDP_PASS, stat::PASS_MALFORMED, NONE);

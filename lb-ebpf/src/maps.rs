@@ -61,7 +61,7 @@ pub static LB_CONNTRACK: LruHashMap<FlowKey, FlowValue> =
 /// The flow cache in front of `LB_CONNTRACK` (see `flows`): direct-mapped slots, looked up
 /// inline by the kernel. Size at load time (`lb_common::flow_cache_slots`).
 #[map]
-pub static LB_FLOW_CACHE: Array<FlowCacheEntry> =
+pub static LB_FLOW_CACHE_V2: Array<FlowCacheEntry> =
     Array::pinned(flow_cache_slots(DEFAULT_CONNTRACK_SIZE), 0);
 
 /// Handshakes whose SYN skipped a slot that takes no new flows in SYN flood mode: their ACK

@@ -500,3 +500,52 @@ fn an_icmp_too_big_about_a_flow_goes_wrapped_to_that_flows_routed_backend() {
     assert_eq!(&out[30..34], &backend[..], "to the flow's backend");
     assert_eq!(&out[34..], &icmp[14..], "the ICMP message unchanged inside");
 }
+
+#[test]
+fn what_is_answered_with_too_big_is_not_the_pairs_traffic() {
+    let mut t = setup(
+        IpAddr::from(VIP),
+        PROTO_UDP,
+        vec![routed("10.99.4.2", LB, 1000)],
+    );
+    let id = t.dp.installed(&vip_key(IpAddr::from(VIP), 0, PROTO_UDP))[0].id;
+    let big = ipv4_frame(CLIENT, VIP, PROTO_UDP, &udp(5000, 53, 1000 - 20 - 8));
+    for _ in 0..3 {
+        let (v, _, _) = t.dp.test_run("lb_xdp", &big, 1).unwrap();
+        assert_eq!(v, TX);
+    }
+    assert_eq!(counter(&t, stat::ENCAP_TOO_BIG), 3);
+    assert_eq!(
+        t.dp.backend_traffic(id).unwrap().packets,
+        0,
+        "answered packets never reached the backend"
+    );
+    let fits = ipv4_frame(CLIENT, VIP, PROTO_UDP, &udp(5000, 53, 100));
+    let (v, _, _) = t.dp.test_run("lb_xdp", &fits, 1).unwrap();
+    assert_eq!(v, TX);
+    let c = t.dp.backend_traffic(id).unwrap();
+    assert_eq!((c.packets, c.bytes), (1, fits.len() as u64));
+}
+
+#[test]
+fn an_icmp_error_too_big_to_wrap_is_dropped_not_answered_with_another() {
+    // The routed backend's path takes 60 bytes: the ICMP error about its flow (56 bytes of IP)
+    // does not fit once wrapped. An ICMP error is never answered with an ICMP error.
+    let mut t = setup(
+        IpAddr::from(VIP),
+        PROTO_TCP,
+        vec![routed("10.99.4.2", LB, 60)],
+    );
+    let icmp = icmp4_frag_needed([10, 88, 9, 254], VIP, CLIENT, 6443, 40600);
+    assert!(icmp.len() - 14 + 20 > 60);
+    let (v, out, _) = t.dp.test_run("lb_xdp", &icmp, 1).unwrap();
+    assert_eq!((v, out), (DROP, icmp));
+    assert_eq!(counter(&t, stat::ENCAP_TOO_BIG), 1);
+    assert_eq!(counter(&t, stat::ICMP_FORWARDED), 0);
+    // A TCP segment as big is answered (it is not an error).
+    let mut l4 = tcp(40600, 6443, ACK);
+    l4.extend_from_slice(&[0x5a; 20]);
+    let seg = ipv4_frame(CLIENT, VIP, PROTO_TCP, &l4);
+    let (v, out, _) = t.dp.test_run("lb_xdp", &seg, 1).unwrap();
+    assert_eq!((v, out[14 + 9]), (TX, 1), "answered with ICMP");
+}
