@@ -1,14 +1,17 @@
 //! The XDP load balancer. A packet's path, top to bottom:
 //!
 //! parse (Ethernet, IPv4/IPv6, TCP/UDP, ICMP too-big) -> loop guard -> connection table ->
-//! VIP lookup -> ownership gate -> Maglev table -> rewrite the MACs -> XDP_TX / redirect / local
-//! pass -> count.
+//! VIP lookup -> ownership gate -> Maglev table -> rewrite the MACs, or wrap for a routed
+//! backend -> XDP_TX / redirect / local pass -> count.
 //!
 //! The forwarding rule: a frame is forwarded only if it is a well-formed, unfragmented packet to
 //! an owned VIP service (or an ICMP too-big quoting one), judged by its own length fields as well
 //! as the frame's, and not from another lbd node; and the forwarded frame differs from the input
 //! only in its two MAC addresses (L2 direct server return: the backend holds the VIP as a local
-//! address and answers the client itself). Everything else is passed or dropped, and counted.
+//! address and answers the client itself), or, for a routed backend, is the input's IP packet
+//! unchanged behind one outer IP header (`encap`). Everything else is passed or dropped, and
+//! counted. The connection table's rules (what a SYN may change, what writes an entry) are at
+//! `Track` and `balance`.
 #![no_std]
 #![no_main]
 // `atomic_xadd`: the target has no atomic types; an add whose result is unused is BPF_XADD.
@@ -561,7 +564,8 @@ const _: () = assert!(
         && core::mem::offset_of!(BackendInfo, dst_mac) % 4 == 0
 );
 
-/// L2 direct server return: only the Ethernet addresses change.
+/// Send the packet to its backend: the MACs rewritten (L2 direct server return), wrapped for a
+/// routed backend (`encap`), or passed to the local stack when the backend is this node.
 #[inline(always)]
 fn forward(ctx: &XdpContext, backend: &BackendInfo, track: Track) -> Outcome {
     if backend.flags & BACKEND_F_LOCAL != 0 {
