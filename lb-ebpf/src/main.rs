@@ -18,7 +18,6 @@
 #![feature(core_intrinsics)]
 #![allow(internal_features)]
 
-mod bench_progs;
 mod encap;
 mod fast;
 mod flows;
@@ -599,24 +598,6 @@ fn send_to(eth: *mut u32, backend: &BackendInfo) -> u32 {
         XDP_TX
     } else {
         unsafe { bpf_redirect(backend.ifindex, 0) as u32 }
-    }
-}
-
-/// The benchmark baseline: the least an XDP forwarder can do (swap the MACs, send it back).
-#[xdp]
-pub fn lb_baseline(ctx: XdpContext) -> u32 {
-    match ptr_at::<[u8; 12]>(&ctx, 0) {
-        Ok(eth) => {
-            unsafe {
-                let eth = &mut *eth;
-                let mut dst = [0u8; 6];
-                dst.copy_from_slice(&eth[..6]);
-                eth.copy_within(6..12, 0);
-                eth[6..].copy_from_slice(&dst);
-            }
-            XDP_TX
-        }
-        Err(_) => XDP_PASS,
     }
 }
 

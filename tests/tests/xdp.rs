@@ -809,3 +809,20 @@ fn an_icmp_error_about_a_udp_flow_goes_where_the_flows_datagrams_go() {
         "flows whose slot is the drained backend's: {skipped}"
     );
 }
+
+#[test]
+fn the_production_object_holds_only_what_lbd_runs() {
+    // The benches' programs and maps live in an object of their own (lb-ebpf `bench_progs`).
+    let obj = aya_obj::Object::parse(lb_userspace::EBPF_OBJECT).expect("parse the XDP object");
+    let mut programs: Vec<&str> = obj.programs.keys().map(|k| k.as_str()).collect();
+    programs.sort();
+    assert_eq!(programs, ["lb_decap", "lb_pass", "lb_xdp"]);
+    let bench_maps: Vec<&String> = obj
+        .maps
+        .keys()
+        .filter(|m| m.to_ascii_uppercase().starts_with("BENCH"))
+        .collect();
+    assert!(bench_maps.is_empty(), "bench maps in the object: {bench_maps:?}");
+    let bench = aya_obj::Object::parse(lb_userspace::BENCH_OBJECT).expect("parse the bench object");
+    assert!(bench.programs.contains_key("lb_baseline"));
+}
