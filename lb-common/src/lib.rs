@@ -82,6 +82,22 @@ pub const BACKEND_F_NO_NEW: u32 = 8;
 /// (IP-in-IP, outer family = the backend's) from `BackendInfo::encap_src` to the backend, and
 /// sent to the next hop's MAC (`dst_mac`). The backend strips it (`lb_decap`).
 pub const BACKEND_F_ENCAP: u32 = 16;
+/// The pair moved to another slot (its addressing changed: MAC, next hop, interface, encap
+/// source or MTU): its entries, which name this slot, are followed to the slot in the flags'
+/// high bits (`moved_to`), which holds the same epoch. Only the flags of a live slot are ever
+/// rewritten, so a reader sees the old addressing or the new, never a mix.
+pub const BACKEND_F_MOVED: u32 = 32;
+/// `BackendInfo::flags` of a slot (flags `old`) whose pair moved to slot `to`. The old slot's
+/// own bits stay (a table that still names it, until its flip, forwards as it always did).
+pub const fn moved_flags(old: u32, to: u32) -> u32 {
+    (old & 0xffff) | BACKEND_F_MOVED | (to << 16)
+}
+/// The slot a moved pair's flags name.
+#[inline(always)]
+pub const fn moved_to(flags: u32) -> u32 {
+    flags >> 16
+}
+const _: () = assert!(MAX_BACKENDS <= 1 << 16);
 /// Bytes the outer header adds: IPv4 and IPv6.
 pub const ENCAP_HLEN_V4: u32 = 20;
 pub const ENCAP_HLEN_V6: u32 = 40;

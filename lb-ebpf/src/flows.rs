@@ -24,8 +24,8 @@
 //!   the check word binds the value to the key's 64-bit hash, so words of two different entries
 //!   fail it and the packet falls back to the LRU hash. Values and checks are read once.
 use lb_common::{
-    BACKEND_F_IN_SET, BackendInfo, FlowCacheEntry, FlowKey, FlowValue, LbConfig, flow_cache_check,
-    flow_cache_hash, flow_cache_index, flow_cache_seed,
+    BACKEND_F_IN_SET, BACKEND_F_MOVED, BackendInfo, FlowCacheEntry, FlowKey, FlowValue, LbConfig,
+    flow_cache_check, flow_cache_hash, flow_cache_index, flow_cache_seed, moved_to,
 };
 
 use aya_ebpf::bindings::BPF_NOEXIST;
@@ -114,14 +114,24 @@ fn cached(e: *mut FlowCacheEntry, flow: &FlowKey, hash: u64) -> Option<FlowValue
     }
 }
 
-/// The backend an entry names, if the entry is still good: the pair it was written for still
-/// exists (same epoch, never reused) and is in its VIP's set. A reference into the map: the few
-/// fields used are read where needed.
+/// The backend an entry names, and its slot, if the entry is still good: the pair it was
+/// written for still exists (same epoch, never reused) and is in its VIP's set. A pair whose
+/// addressing changed moved to another slot with the same epoch (`BACKEND_F_MOVED`): followed
+/// once (user space points every old slot of a pair at its current one). A reference into the
+/// map: the few fields used are read where needed.
 #[inline(always)]
-pub fn entry_backend(v: &FlowValue) -> Option<&'static BackendInfo> {
+pub fn entry_backend(v: &FlowValue) -> Option<(u32, &'static BackendInfo)> {
     let b = LB_BACKENDS.get(v.backend_id)?;
-    if b.epoch == v.epoch && b.epoch != 0 && b.flags & BACKEND_F_IN_SET != 0 {
-        Some(b)
+    if b.epoch != v.epoch || b.epoch == 0 || b.flags & BACKEND_F_IN_SET == 0 {
+        return None;
+    }
+    if b.flags & BACKEND_F_MOVED == 0 {
+        return Some((v.backend_id, b));
+    }
+    let id = moved_to(b.flags);
+    let m = LB_BACKENDS.get(id)?;
+    if m.epoch == v.epoch && m.flags & BACKEND_F_IN_SET != 0 {
+        Some((id, m))
     } else {
         None
     }

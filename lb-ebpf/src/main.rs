@@ -373,11 +373,11 @@ fn handshake_of(
         return None;
     }
     let v = unsafe { *LB_HANDSHAKES.get_ptr(flow)? };
-    let b = flows::entry_backend(&v)?;
+    let (id, b) = flows::entry_backend(&v)?;
     if b.vip_id != vip.vip_id {
         return None;
     }
-    Some((v.backend_id, b))
+    Some((id, b))
 }
 
 #[inline(always)]
@@ -390,7 +390,7 @@ fn balance(ctx: &XdpContext, cfg: Option<&LbConfig>, flow: &FlowKey, track: Trac
     // 1. Fast path for established flows: the entry's pair still exists and is in its set, and
     //    this node forwards for its VIP. (The 5-tuple names the VIP service, so the entry's
     //    backend belongs to it: pairs of other services have other epochs.)
-    let valid = cached.and_then(|v| flows::entry_backend(&v).map(|b| (v.backend_id, b)));
+    let valid = cached.and_then(|v| flows::entry_backend(&v));
     if let Some((id, b)) = valid
         && vip_owned(b.vip_id)
     {

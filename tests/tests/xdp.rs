@@ -822,7 +822,10 @@ fn the_production_object_holds_only_what_lbd_runs() {
         .keys()
         .filter(|m| m.to_ascii_uppercase().starts_with("BENCH"))
         .collect();
-    assert!(bench_maps.is_empty(), "bench maps in the object: {bench_maps:?}");
+    assert!(
+        bench_maps.is_empty(),
+        "bench maps in the object: {bench_maps:?}"
+    );
     let bench = aya_obj::Object::parse(lb_userspace::BENCH_OBJECT).expect("parse the bench object");
     assert!(bench.programs.contains_key("lb_baseline"));
 }

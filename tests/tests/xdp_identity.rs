@@ -439,8 +439,8 @@ fn pin_to_cpu(cpu: usize) {
 
 #[test]
 fn a_reader_on_another_cpu_never_forwards_with_a_half_retired_pair() {
-    // Pairs retired and re-created over and over while another CPU forwards established flows
-    // of them: every frame it sends goes to one of the pairs' own addresses (on-link MACs, or
+    // Pairs retired, re-created and moved over and over while another CPU forwards established
+    // flows of them: every frame it sends goes to one of the pairs' own addresses (on-link MACs, or
     // a routed backend's next hop and outer addresses), never to a zeroed MAC or 0.0.0.0.
     let cpus = std::thread::available_parallelism().unwrap().get();
     assert!(
@@ -450,10 +450,10 @@ fn a_reader_on_another_cpu_never_forwards_with_a_half_retired_pair() {
     let mut t = TestDataplane::new(251);
     let key = vip_key(IpAddr::from(vip(9)), 6443, PROTO_TCP);
     let lb_src: IpAddr = "10.66.0.250".parse().unwrap();
-    let pairs = |with: &[u8]| {
+    let pairs = |with: &[u8], ver: u8| {
         let mut backends = Vec::new();
         for a in with {
-            let mut b = be(9, *a, 0);
+            let mut b = be(9, *a, ver);
             if *a >= 20 {
                 b.encap = Some(lb_userspace::dataplane::Encap {
                     src: lb_src,
@@ -472,7 +472,7 @@ fn a_reader_on_another_cpu_never_forwards_with_a_half_retired_pair() {
         }
     };
     let all = [11u8, 12, 21, 22];
-    t.dp.apply(&pairs(&all)).unwrap();
+    t.dp.apply(&pairs(&all, 0)).unwrap();
     // A retirement clears the pair's flags and epoch and nothing else.
     let slots = || {
         let pinned =
@@ -483,7 +483,7 @@ fn a_reader_on_another_cpu_never_forwards_with_a_half_retired_pair() {
     };
     let before = slots();
     let ids: Vec<u32> = t.dp.installed(&key).iter().map(|b| b.id).collect();
-    t.dp.apply(&pairs(&[12, 22])).unwrap();
+    t.dp.apply(&pairs(&[12, 22], 0)).unwrap();
     let after = slots();
     for id in ids.iter().map(|i| *i as usize) {
         let (b, a) = (before[id], after[id]);
@@ -502,7 +502,7 @@ fn a_reader_on_another_cpu_never_forwards_with_a_half_retired_pair() {
             assert_eq!(a, b);
         }
     }
-    t.dp.apply(&pairs(&all)).unwrap();
+    t.dp.apply(&pairs(&all, 0)).unwrap();
     let frames: Vec<Vec<u8>> = (52000..52064).map(|p| ack(9, p)).collect();
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let reader = {
@@ -541,12 +541,15 @@ fn a_reader_on_another_cpu_never_forwards_with_a_half_retired_pair() {
         })
     };
     pin_to_cpu(0);
-    // Each round retires two pairs (one on-link, one routed) and brings them back as new pairs.
+    // Each round retires two pairs (one on-link, one routed) and brings them back as new
+    // pairs, and moves the other two (their MACs change: new slots, the old ones pointed at
+    // them).
     for round in 0..3000 {
         let (a, b) = if round % 2 == 0 { (11, 21) } else { (12, 22) };
         let rest: Vec<u8> = all.iter().copied().filter(|x| *x != a && *x != b).collect();
-        t.dp.apply(&pairs(&rest)).unwrap();
-        t.dp.apply(&pairs(&all)).unwrap();
+        let ver = (round % 2) as u8;
+        t.dp.apply(&pairs(&rest, ver)).unwrap();
+        t.dp.apply(&pairs(&all, ver)).unwrap();
     }
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let (runs, bad) = reader.join().unwrap();
@@ -556,4 +559,72 @@ fn a_reader_on_another_cpu_never_forwards_with_a_half_retired_pair() {
         bad.is_empty(),
         "frames sent with torn addressing: {bad:02x?}"
     );
+}
+
+#[test]
+fn an_addressing_change_keeps_the_pairs_identity_and_its_flows() {
+    // Backend 1 drained: flows whose slot is its went to another backend by a skip. Backend 2's
+    // MAC changes (twice, then lbd restarts): every flow on backend 2, those placed by the skip
+    // included, stays on it, at its new MAC. (Re-hashed, the skipped ones would go to their
+    // slot's backend, 1.)
+    let model = |drain: bool, ver: u8| {
+        let mut backends: Vec<BackendSpec> = (1..=3).map(|a| be(4, a, 0)).collect();
+        backends[0].drained = drain;
+        backends[1].mac = Some([0x02, 0xb0, 4, 2, ver, 0]);
+        HashMap::from([(
+            4,
+            Svc {
+                n: 4,
+                owned: true,
+                backends,
+            },
+        )])
+    };
+    let slot_is_1: Vec<u16> = {
+        let mut probe = TestDataplane::new(251);
+        apply(&mut probe, &model(false, 0));
+        (36000..36600u16)
+            .filter(|p| probe.dp.test_run("lb_xdp", &ack(4, *p), 1).unwrap().1[3] == 1)
+            .collect()
+    };
+    let mut t = TestDataplane::new(251);
+    apply(&mut t, &model(true, 0));
+    let mut on_2 = Vec::new();
+    let mut skipped_to_2 = 0;
+    for sport in 36000..36600u16 {
+        let syn = ipv4_frame(CLIENT, vip(4), PROTO_TCP, &tcp(sport, 6443, SYN));
+        let (v, out, _) = t.dp.test_run("lb_xdp", &syn, 1).unwrap();
+        assert_eq!(v, TX);
+        assert_ne!(out[3], 1, "a new flow went to the drained backend");
+        if out[3] == 2 {
+            on_2.push(sport);
+            skipped_to_2 += slot_is_1.contains(&sport) as usize;
+        }
+    }
+    assert!(skipped_to_2 > 10, "flows on 2 by a skip: {skipped_to_2}");
+    let key = spec(&model(true, 0)[&4]).key;
+    let epoch = |t: &TestDataplane| {
+        t.dp.installed(&key)
+            .into_iter()
+            .find(|b| b.spec.addr == be(4, 2, 0).addr)
+            .unwrap()
+            .epoch
+    };
+    let first = epoch(&t);
+    for (ver, restart) in [(1u8, false), (2, false), (2, true)] {
+        apply(&mut t, &model(true, ver));
+        if restart {
+            t.restart(251, t.opts.hash_seed);
+            apply(&mut t, &model(true, ver));
+        }
+        for sport in &on_2 {
+            let (v, out, _) = t.dp.test_run("lb_xdp", &ack(4, *sport), 1).unwrap();
+            assert_eq!(
+                (v, &out[0..6]),
+                (TX, &[0x02, 0xb0, 4, 2, ver, 0][..]),
+                "flow {sport} left backend 2 after its MAC changed to version {ver} (restart {restart})"
+            );
+        }
+        assert_eq!(epoch(&t), first, "the pair keeps its identity");
+    }
 }

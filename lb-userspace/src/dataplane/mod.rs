@@ -11,7 +11,8 @@
 //! - identities are never reused: each pair gets an epoch from a counter kept in the pinned
 //!   config, and an entry is good only while its backend id still holds that epoch;
 //! - a slot's MAC, interface or VIP is never rewritten in place (a reader could see half of it):
-//!   such a change is a new pair (id and epoch), installed like an added backend;
+//!   an addressing change moves the pair to a new slot with the same epoch, and its earlier
+//!   slots point at the new one (only their flags change), so the pair keeps its flows;
 //! - a live slot is never torn: the kernel copies a map update low offsets first, so a reader on
 //!   another CPU may see part of a write. A pair is retired by clearing its flags and epoch
 //!   only (`retire`), its addressing left as it was, so whatever mix a reader sees, a frame it
@@ -99,8 +100,9 @@ pub struct Encap {
 }
 
 impl BackendSpec {
-    /// Whether `other` can be installed over this pair in place: only the flags may differ
-    /// (health, drain, weight); addressing is written once per pair epoch.
+    /// Whether `other` can be installed over this pair's slot in place: only the flags may
+    /// differ (health, drain, weight); addressing is written once per slot (a change moves the
+    /// pair to a new slot: `Dataplane::move_pair`).
     fn same_pair(&self, other: &BackendSpec) -> bool {
         self.mac == other.mac
             && self.src_mac == other.src_mac
@@ -173,7 +175,14 @@ pub struct InstalledBackend {
     /// The pair's identity (see `lb_common::FlowValue::epoch`).
     pub epoch: u32,
     pub spec: BackendSpec,
+    /// Earlier slots of the pair (oldest first), left by addressing changes: each points at
+    /// `id` (`lb_common::BACKEND_F_MOVED`) so that the entries naming it keep their backend.
+    pub aliases: Vec<u32>,
 }
+
+/// Earlier slots a pair keeps; beyond them the oldest is retired (its flows hash again), so a
+/// flapping MAC cannot use up the backend ids.
+const MAX_ALIASES: usize = 8;
 
 #[derive(Clone, Debug)]
 struct InstalledService {
@@ -377,9 +386,14 @@ impl Dataplane {
                 )
             })
             .collect();
+        let mut moved: Vec<(u32, BackendInfo)> = Vec::new();
         for id in 0..MAX_BACKENDS {
             let b = self.backends.get(&id, 0)?;
             if b.flags == 0 && b.epoch == 0 {
+                continue;
+            }
+            if b.flags & lb_common::BACKEND_F_MOVED != 0 {
+                moved.push((id, b));
                 continue;
             }
             let addr = key_addr(&b.addr, b.family);
@@ -420,8 +434,31 @@ impl Dataplane {
                             mtu: b.encap_mtu,
                         }),
                     },
+                    aliases: Vec::new(),
                 },
             );
+        }
+        // Earlier slots of moved pairs: kept (pointed at the pair's slot again) when their pair
+        // was adopted, else retired.
+        for (id, b) in moved {
+            let addr = key_addr(&b.addr, b.family);
+            let owner = by_id
+                .get(&b.vip_id)
+                .and_then(|(key, _)| services.get_mut(key))
+                .and_then(|svc| svc.backends.get_mut(&addr))
+                .filter(|p| p.epoch == b.epoch && p.aliases.len() < MAX_ALIASES);
+            match owner {
+                Some(p) => {
+                    if lb_common::moved_to(b.flags) != p.id {
+                        let flags = lb_common::moved_flags(b.flags, p.id);
+                        self.backends.set(id, BackendInfo { flags, ..b }, 0)?;
+                    }
+                    p.aliases.push(id);
+                    used[id as usize] = true;
+                    max_id = max_id.max(id + 1);
+                }
+                None => retire(&mut self.backends, id)?,
+            }
         }
         // VIP ids without a service forward for nobody.
         for vip_id in 0..MAX_VIPS {
@@ -629,6 +666,44 @@ impl Dataplane {
             id,
             epoch,
             spec: b.clone(),
+            aliases: Vec::new(),
+        })
+    }
+
+    /// A pair whose addressing changed moves to a new slot with the same epoch, written before
+    /// anything names it; then every earlier slot is pointed at it (only their flags change, so a
+    /// reader sees the old addressing or the new). Entries name the earlier slots and follow
+    /// them: the pair keeps its flows, those placed by a skip or an older table included.
+    fn move_pair(
+        &mut self,
+        vip_id: u32,
+        old: &InstalledBackend,
+        b: &BackendSpec,
+    ) -> Result<InstalledBackend> {
+        let id = self.alloc_backend_id()?;
+        self.reset_counters(id, false)?;
+        self.backends
+            .set(id, backend_info(vip_id, b, old.epoch), 0)?;
+        let mut aliases = old.aliases.clone();
+        aliases.push(old.id);
+        while aliases.len() > MAX_ALIASES {
+            let gone = aliases.remove(0);
+            retire(&mut self.backends, gone)?;
+            self.free_backend_ids.push_back(gone);
+            self.carry_counters(vip_id, gone)?;
+        }
+        for a in &aliases {
+            let cur = self.backends.get(a, 0)?;
+            let flags = lb_common::moved_flags(cur.flags, id);
+            self.backends.set(*a, BackendInfo { flags, ..cur }, 0)?;
+        }
+        // What the pair counted so far stays with its VIP; it counts at its new slot from now.
+        self.carry_counters(vip_id, old.id)?;
+        Ok(InstalledBackend {
+            id,
+            epoch: old.epoch,
+            spec: b.clone(),
+            aliases,
         })
     }
 
@@ -679,10 +754,7 @@ impl Dataplane {
                         ..old
                     }
                 }
-                Some(old) => {
-                    retired.push(old.id);
-                    self.install_pair(vip_id, b)?
-                }
+                Some(old) => self.move_pair(vip_id, &old, b)?,
                 None => self.install_pair(vip_id, b)?,
             };
             // Backends that take no new flows keep their slots (flagged): see BACKEND_F_NO_NEW.
@@ -746,6 +818,7 @@ impl Dataplane {
         for addr in removed {
             if let Some(b) = svc.backends.remove(&addr) {
                 retired.push(b.id);
+                retired.extend(b.aliases);
             }
         }
         for id in retired {
@@ -805,8 +878,10 @@ impl Dataplane {
         let _ = self.vips.remove(key);
         self.set_vip_owned(svc.vip_id, false)?;
         for b in svc.backends.values() {
-            retire(&mut self.backends, b.id)?;
-            self.free_backend_ids.push_back(b.id);
+            for id in b.aliases.iter().chain([&b.id]) {
+                retire(&mut self.backends, *id)?;
+                self.free_backend_ids.push_back(*id);
+            }
         }
         Ok(())
     }
