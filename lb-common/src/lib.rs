@@ -117,8 +117,9 @@ pub struct BackendInfo {
     pub vip_id: u32,
     pub flags: u32,
     /// The pair's identity, never reused (see [`FlowValue::epoch`]); 0 in an empty slot.
-    /// Everything but `flags` is written once per epoch: a change of MAC, interface or VIP gets
-    /// a new id and epoch, so a reader never sees a half-written MAC.
+    /// Everything but `flags` is written once per slot: a change of addressing moves the pair
+    /// to a new slot with the same epoch (`BACKEND_F_MOVED`), so a reader never sees a
+    /// half-written MAC.
     pub epoch: u32,
     pub family: u8,
     pub _pad: u8,
