@@ -41,9 +41,9 @@ fn setup() -> L3Lab {
     setup_with(None)
 }
 
-/// The lab; with `small_hop`, the link between the routers has that MTU and the LB node's
-/// route to the backends says so (`ip route ... mtu`).
-fn setup_with(small_hop: Option<u32>) -> L3Lab {
+/// The lab; with `small_hop` (MTU, declared), the link between the routers has that MTU and,
+/// if declared, the LB node's route to the backends says so (`ip route ... mtu`).
+fn setup_with(small_hop: Option<(u32, bool)>) -> L3Lab {
     let mut lab = Lab::new("l3");
     lab.add_node("client", "10.94.0.2", "fd94::2");
     lab.add_node("lb", "10.94.0.10", "fd94::10");
@@ -70,17 +70,17 @@ fn setup_with(small_hop: Option<u32>) -> L3Lab {
     }
     match small_hop {
         None => route(&lab, "lb", &["10.96.0.0/16", "via", "10.94.0.1"]),
-        Some(mtu) => {
+        Some((mtu, declared)) => {
             let mtu = mtu.to_string();
             for (n, dev) in [("r1", "eth1"), ("r2", "eth0")] {
                 let ns = lab.node(n).netns.clone();
                 sh(&["ip", "-n", &ns, "link", "set", dev, "mtu", &mtu]);
             }
-            route(
-                &lab,
-                "lb",
-                &["10.96.0.0/16", "via", "10.94.0.1", "mtu", &mtu],
-            );
+            let mut r = vec!["10.96.0.0/16", "via", "10.94.0.1"];
+            if declared {
+                r.extend(["mtu", &mtu]);
+            }
+            route(&lab, "lb", &r);
         }
     }
     route(&lab, "r1", &["10.96.0.0/16", "via", "10.95.0.2"]);
@@ -167,7 +167,16 @@ fn a_smaller_hop_on_the_routed_path_is_honoured() {
     // The routers' link takes 1400 bytes; the LB node's route says so. Wrapped packets must fit
     // 1400, not the LB's 1500-byte link: a full-size segment gets fragmentation-needed and the
     // 20 kB echo completes (sized by the link instead, it would vanish at the routers).
-    let l = setup_with(Some(1400));
+    let l = setup_with(Some((1400, true)));
+    check_serving(&l, 1400);
+}
+
+#[test]
+fn a_smaller_hop_is_learned_from_the_routers_errors() {
+    // The same hop, declared nowhere: the first wrapped packet too big for it gets
+    // fragmentation-needed from r1; the LB node's kernel learns the backend's path MTU from it
+    // and lbd sizes wrapped packets by it within a second. The echo completes.
+    let l = setup_with(Some((1400, false)));
     check_serving(&l, 1400);
 }
 

@@ -22,6 +22,7 @@
 mod counters;
 pub mod decap;
 mod pins;
+mod pmtu;
 mod tables;
 
 use std::{
@@ -225,6 +226,8 @@ pub struct Dataplane {
     /// Next pair epoch (persisted in `LbConfig::next_epoch` before use).
     next_epoch: u32,
     attached: Option<String>,
+    /// Lets the kernel learn routed backends' path MTU from the routers' errors.
+    _pmtu: pmtu::PmtuListeners,
 }
 
 /// 27 random bits, never 0 (`LbConfig::flow_cache`).
@@ -327,6 +330,7 @@ impl Dataplane {
             free_backend_ids: Default::default(),
             next_epoch: 1,
             attached: None,
+            _pmtu: pmtu::PmtuListeners::open(),
             opts,
         };
         let old = dp.config.get(&0, 0).unwrap_or_default();
