@@ -27,10 +27,14 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::Config;
 
-/// VIPs to give back, per interface.
+/// VIPs to give back, per interface, and BGP announcements to withdraw.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Watch {
     pub interfaces: Vec<(String, Vec<IpAddr>)>,
+    /// The BGP VIPs whose announcement routes (`proto 76`) to withdraw: a node whose lbd died
+    /// must not keep drawing traffic it may not serve.
+    #[serde(default)]
+    pub bgp_routes: Vec<IpAddr>,
 }
 
 impl Watch {
@@ -45,7 +49,15 @@ impl Watch {
                 None => interfaces.push((ifname, r.vips.clone())),
             }
         }
-        Watch { interfaces }
+        let bgp_routes = if cfg.bgp.is_empty() {
+            Vec::new()
+        } else {
+            crate::bgp::bgp_addresses(cfg)
+        };
+        Watch {
+            interfaces,
+            bgp_routes,
+        }
     }
 }
 
@@ -67,12 +79,14 @@ pub fn on_eof(messages: impl IntoIterator<Item = Message>) -> Option<Watch> {
             Message::Bye => return None,
         }
     }
-    last.filter(|w| !w.interfaces.is_empty())
+    last.filter(|w| !w.interfaces.is_empty() || !w.bgp_routes.is_empty())
 }
 
 /// `lbd`'s end: the pipe to the guardian.
 pub struct Guardian {
     link: Mutex<Option<Link>>,
+    /// The last watch sent, for a guardian child started again.
+    last: Mutex<Option<Watch>>,
 }
 
 enum Link {
@@ -102,10 +116,12 @@ impl Guardian {
             let file = unsafe { <std::fs::File as std::os::fd::FromRawFd>::from_raw_fd(fd) };
             return Ok(Guardian {
                 link: Mutex::new(Some(Link::Parent(file))),
+                last: Mutex::new(None),
             });
         }
         Ok(Guardian {
             link: Mutex::new(Some(Self::child()?)),
+            last: Mutex::new(None),
         })
     }
 
@@ -131,6 +147,7 @@ impl Guardian {
     /// Tell the guardian which VIPs to give back if lbd dies. A guardian child that died is
     /// started again (and logged): without it a crash would leave the VIPs up.
     pub fn watch(&self, w: &Watch) {
+        *self.last.lock().unwrap() = Some(w.clone());
         let m = Message::Watch(w.clone());
         let mut guard = self.link.lock().unwrap();
         if let Some(link) = guard.as_mut()
@@ -153,6 +170,21 @@ impl Guardian {
             Err(e) => {
                 tracing::error!(error = %format!("{e:#}"), "no VIP guardian: a crash would leave the VIPs up")
             }
+        }
+    }
+
+    /// Called every second: a guardian child that died (killed, OOM) is started again now,
+    /// not at the next reload, and told the last watch.
+    pub fn check(&self) {
+        let dead = match self.link.lock().unwrap().as_mut() {
+            Some(Link::Child(c, _)) => !matches!(c.try_wait(), Ok(None)),
+            _ => false,
+        };
+        if dead {
+            tracing::warn!("the VIP guardian died");
+            let last = self.last.lock().unwrap().clone().unwrap_or_default();
+            // The send fails on the closed pipe: `watch` starts a new child.
+            self.watch(&last);
         }
     }
 
@@ -198,7 +230,7 @@ pub fn serve() -> Result<()> {
 
 /// Remove the watched VIPs (what a restarted lbd's instances would remove first).
 fn give_back(w: &Watch) -> Result<()> {
-    tracing::warn!(vips = ?w.interfaces, "lbd died without stopping; the guardian gives its VRRP VIPs back");
+    tracing::warn!(vips = ?w.interfaces, routes = ?w.bgp_routes, "lbd died without stopping; the guardian gives its VRRP VIPs back and withdraws its BGP routes");
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
@@ -206,6 +238,15 @@ fn give_back(w: &Watch) -> Result<()> {
         let (conn, handle, _) = rtnetlink::new_connection().context("open rtnetlink")?;
         tokio::spawn(conn);
         let mut result = Ok(());
+        for a in &w.bgp_routes {
+            match crate::bgp::routes::remove(&handle, *a).await {
+                Ok(()) => tracing::info!(prefix = %a, "guardian: BGP announcement withdrawn"),
+                Err(e) => {
+                    tracing::error!(prefix = %a, error = %format!("{e:#}"), "guardian: withdrawing failed");
+                    result = Err(e);
+                }
+            }
+        }
         for (ifname, vips) in &w.interfaces {
             match crate::vrrp::announce::remove_stale(&handle, ifname, vips).await {
                 Ok(removed) => {
@@ -219,6 +260,20 @@ fn give_back(w: &Watch) -> Result<()> {
         }
         result
     })
+}
+
+/// Reap every child until `pid` is among the dead; its wait status.
+fn reap_until(pid: i32) -> i32 {
+    loop {
+        let mut status = 0;
+        let got = unsafe { libc::waitpid(-1, &mut status, 0) };
+        if got == pid {
+            return status;
+        }
+        if got < 0 && std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
+            return 0;
+        }
+    }
 }
 
 static INIT_CHILD: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
@@ -264,18 +319,12 @@ pub fn init() -> std::process::ExitCode {
         unsafe { libc::signal(sig, forward_signal as *const () as libc::sighandler_t) };
     }
     let pipe = unsafe { <std::fs::File as std::os::fd::FromRawFd>::from_raw_fd(read_fd) };
-    let messages = read_messages(std::io::BufReader::new(pipe));
-    // Reap until our daemon is among the dead (PID 1 inherits every orphan).
-    let status = loop {
-        let mut status = 0;
-        let got = unsafe { libc::waitpid(-1, &mut status, 0) };
-        if got == pid {
-            break status;
-        }
-        if got < 0 && std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
-            break 0;
-        }
-    };
+    // The messages are read beside the reaping: PID 1 inherits every orphan of the container
+    // (vtysh, health-check helpers) and must reap them while the daemon runs, not only after.
+    let reader = std::thread::spawn(move || read_messages(std::io::BufReader::new(pipe)));
+    let status = reap_until(pid);
+    // The daemon is dead: its end of the pipe is closed, so the reader ends.
+    let messages = reader.join().unwrap_or_default();
     if let Some(w) = on_eof(messages)
         && let Err(e) = give_back(&w)
     {
@@ -299,6 +348,7 @@ mod tests {
                 "eth0".into(),
                 vips.iter().map(|v| v.parse().unwrap()).collect(),
             )],
+            bgp_routes: Vec::new(),
         }
     }
 
@@ -318,6 +368,19 @@ mod tests {
         );
         // A reload that removed every VRRP instance: nothing to give back.
         assert_eq!(on_eof([Message::Watch(Watch::default())]), None);
+        // BGP announcements alone are withdrawn too.
+        let routes = Watch {
+            bgp_routes: vec!["10.0.0.9".parse().unwrap()],
+            ..Watch::default()
+        };
+        assert_eq!(
+            on_eof([Message::Watch(routes.clone())]),
+            Some(routes.clone())
+        );
+        // An older lbd's watch (no `bgp_routes`) still reads.
+        let old: Message =
+            serde_json::from_str(r#"{"watch":{"interfaces":[["eth0",["10.0.0.1"]]]}}"#).unwrap();
+        assert_eq!(old, Message::Watch(w(&["10.0.0.1"])));
     }
 
     #[test]

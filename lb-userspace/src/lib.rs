@@ -10,7 +10,9 @@
 //! - [`health`]: backend health checks (HTTPS, HTTP, TCP) with rise/fall.
 //! - [`plan`]: from config and facts to what the data plane should do (pure).
 //! - [`render`]: every node's config from one cluster description (pure; `lbctl render`).
-//! - [`daemon`]: `lbd`'s wiring of the above.
+//! - [`daemon`]: `lbd`'s core: one owner task holding the state, and the parts around it.
+//! - [`guardian`]: gives the VRRP VIPs back (and withdraws BGP routes) if lbd dies.
+//! - [`handover`]: the grace after a VIP leaves this node (pure).
 //! - [`static_vip`]: VIPs owned without VRRP: on the interface and announced.
 //! - [`status`]: the status rows lbctl shows and metrics export.
 //! - [`metrics`]: Prometheus metrics (prometheus-client).
@@ -35,3 +37,5 @@ pub mod vrrp;
 
 /// The XDP object built by build.rs (empty when built without the eBPF toolchain).
 pub static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/lb"));
+/// The benches' programs (the baseline, the traffic generator, ...), apart from the data plane's.
+pub static BENCH_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/lb-bench"));

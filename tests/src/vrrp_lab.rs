@@ -196,6 +196,35 @@ impl VrrpLab {
             .to_string()
     }
 
+    /// `lbd --config <node i's config> ARGS` run in node `i` (e.g. `teardown`), to its end.
+    pub fn lbd(&self, i: usize, args: &[&str]) -> std::process::Output {
+        let cfg = self.config_path(i).display().to_string();
+        self.lab
+            .cmd(&self.nodes[i], bin_dir().join("lbd"))
+            .args(["--config", &cfg])
+            .args(args)
+            .output()
+            .unwrap()
+    }
+
+    /// `GET path` on node `i`'s API socket: (status, body); status 0 when nothing answered.
+    pub fn get(&self, i: usize, path: &str) -> (u16, String) {
+        let out = crate::lab::try_sh(&[
+            "curl",
+            "-s",
+            "-m",
+            "15",
+            "-w",
+            "\n%{http_code}",
+            "--unix-socket",
+            &self.socket(i),
+            &format!("http://lbd{path}"),
+        ]);
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        let (body, code) = text.rsplit_once('\n').unwrap_or(("", "0"));
+        (code.trim().parse().unwrap_or(0), body.to_string())
+    }
+
     pub fn config_path(&self, i: usize) -> PathBuf {
         self.lab.dir.join(format!("{}.toml", self.nodes[i]))
     }

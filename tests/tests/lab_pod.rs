@@ -375,3 +375,45 @@ fn pod_restart_of_the_owner_with_sigterm_resets_no_connection() {
     );
     assert!(new["ok"].as_u64().unwrap_or(0) > 0, "{new}");
 }
+
+/// As the container's PID 1 the guardian inherits every orphan in the pod, and reaps it while
+/// the daemon runs (not only after the daemon exits): a zombie would hold its pid for good.
+#[test]
+fn the_guardian_reaps_orphans_while_the_daemon_runs() {
+    let c = boot();
+    let p = pods(&c);
+    let n = CONTROL_PLANE[0];
+    let init = p.pid(n).expect("the pod's init");
+    // An orphan in the pod's pid namespace: `sh` starts `sleep` and exits, so the kernel gives
+    // `sleep` to the namespace's init; it exits a second later.
+    let out = std::process::Command::new("nsenter")
+        .args([
+            "-t",
+            &init.to_string(),
+            "-p",
+            "--",
+            "sh",
+            "-c",
+            "sleep 1 & exit 0",
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let zombies = || -> Vec<u32> {
+        children(init)
+            .into_iter()
+            .filter(|c| {
+                std::fs::read_to_string(format!("/proc/{c}/stat"))
+                    .ok()
+                    .and_then(|s| {
+                        s.rsplit_once(')')
+                            .map(|(_, rest)| rest.trim_start().starts_with('Z'))
+                    })
+                    .unwrap_or(false)
+            })
+            .collect()
+    };
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(zombies(), Vec::<u32>::new(), "the orphan was reaped");
+    assert!(c.lbctl(n, &["stats"]).is_some(), "the daemon still runs");
+}

@@ -586,18 +586,7 @@ fn reloading_one_instance_never_touches_another() {
 
 /// `GET path` on node `i`'s API socket: (status, body).
 fn probe(l: &VrrpLab, i: usize, path: &str) -> (u16, String) {
-    let out = lb_tests::lab::try_sh(&[
-        "curl",
-        "-s",
-        "-w",
-        "\n%{http_code}",
-        "--unix-socket",
-        &l.socket(i),
-        &format!("http://lbd{path}"),
-    ]);
-    let text = String::from_utf8_lossy(&out.stdout).to_string();
-    let (body, code) = text.rsplit_once('\n').unwrap_or(("", "0"));
-    (code.trim().parse().unwrap_or(0), body.to_string())
+    l.get(i, path)
 }
 
 #[test]
@@ -817,13 +806,7 @@ fn teardown_removes_everything_lbd_added() {
     assert!(addrs(&l, 0, "eth0").contains(&VIP4.to_string()));
     // A crash leaves everything in place; the rollback then runs teardown.
     l.stop(0, libc::SIGKILL);
-    let cfg = l.config_path(0).display().to_string();
-    let out = l
-        .lab
-        .cmd(&l.nodes[0], lb_tests::bin_dir().join("lbd"))
-        .args(["--config", &cfg, "teardown"])
-        .output()
-        .unwrap();
+    let out = l.lbd(0, &["teardown"]);
     assert!(
         out.status.success(),
         "{}",

@@ -22,6 +22,9 @@ pub struct NodeState {
     pub drained: bool,
     /// lbd is shutting down.
     pub stopping: bool,
+    /// The XDP program is not attached to the interface (re-attach failed, interface gone):
+    /// this node cannot serve what it would announce.
+    pub detached: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -75,6 +78,8 @@ pub fn decide(cfg: &Config, rows: &[BackendPlan], node: NodeState) -> Vec<Prefix
             .collect();
         (d.announce, d.reason) = if node.stopping {
             (false, "lbd is stopping".into())
+        } else if node.detached {
+            (false, "XDP program not attached to the interface".into())
         } else if node.drained {
             (false, "node drained by operator (lbctl bgp drain)".into())
         } else if !not_ready.is_empty() {
@@ -197,6 +202,7 @@ address = "10.0.0.21"
             NodeState {
                 drained: true,
                 stopping: false,
+                detached: false,
             },
         );
         assert!(
@@ -208,11 +214,25 @@ address = "10.0.0.21"
             NodeState {
                 drained: true,
                 stopping: true,
+                detached: true,
             },
         );
         assert!(
             d.iter()
                 .all(|d| !d.announce && d.reason == "lbd is stopping")
+        );
+        // A node whose XDP program is not attached cannot serve what it would announce.
+        let d = run(
+            &facts(),
+            NodeState {
+                detached: true,
+                ..NodeState::default()
+            },
+        );
+        assert!(
+            d.iter()
+                .all(|d| !d.announce && d.reason.contains("not attached")),
+            "{d:?}"
         );
     }
 

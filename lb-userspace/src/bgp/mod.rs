@@ -112,6 +112,11 @@ impl Announcer {
         self
     }
 
+    /// Whether the data plane is attached: a detached node withdraws every prefix.
+    pub fn set_detached(&mut self, detached: bool) {
+        self.node.detached = detached;
+    }
+
     pub fn set_stopping(&mut self) {
         self.node.stopping = true;
     }

@@ -532,11 +532,11 @@ async fn run_once(cli: Cli) -> Result<()> {
                 }
                 let f = &v["syn_flood"];
                 println!(
-                    "{:<20} {} new connections/s against {} entries (flood mode above {}/s per CPU: {})",
+                    "{:<20} {} new connections/s against {} entries (flood mode above {}/s: {})",
                     "syn_flood",
                     f["new_connections_per_s"],
                     f["conntrack_size"],
-                    f["threshold_per_cpu"],
+                    f["threshold_per_s"],
                     if f["active"] == true { "ON" } else { "off" }
                 );
                 println!();

@@ -2,13 +2,14 @@
 //! bridge such as br-ex rebuilt, a NIC re-plugged) it has a new index and no XDP program. The
 //! pinned link still points at the deleted device, so it is dropped and the program attached
 //! afresh, here while running and at start-up (so a restart never fails on a stale pin).
-//! VRRP instances follow the interface themselves (fault while gone, sockets rebound).
+//! The static VIPs are put back on the new device. VRRP instances follow the interface
+//! themselves (fault while gone, sockets rebound).
 
-use std::{path::Path, sync::atomic::Ordering::SeqCst};
+use std::path::Path;
 
 use anyhow::Result;
 
-use super::Daemon;
+use super::owner::Owner;
 use crate::{dataplane::LoadOptions, netlink::Link};
 
 /// Every this many refreshes (about seconds) the interface's XDP attachment is checked through
@@ -31,49 +32,58 @@ pub fn drop_stale_link_pin(pin: &Path, link: &Link) -> Result<bool> {
     Ok(true)
 }
 
-impl Daemon {
+impl Owner {
+    /// Whether the next gather should look the interface up through netlink: the cheap
+    /// check (same index, attached when last looked) failed, or the periodic full check is due.
+    pub(super) fn link_check_due(&mut self) -> bool {
+        self.churn_checks += 1;
+        !(crate::vrrp::io::if_index(&self.cfg.interface).ok() == Some(self.ifindex)
+            && self.attached
+            && !self.churn_checks.is_multiple_of(FULL_CHECK_EVERY))
+    }
+
     /// Compare the interface with what the data plane is attached to; re-attach after the
-    /// interface was recreated (new index) or lost its program. Called from `refresh`.
-    pub(super) async fn follow_interface(&self) -> Result<()> {
-        let (iface, ifindex) = {
-            let g = self.inner.lock().await;
-            (g.cfg.interface.clone(), g.ifindex)
-        };
-        // Cheap check first (no netlink dump): same device as before, attached when last
-        // looked. The full check runs every FULL_CHECK_EVERY refreshes or on a change.
-        let n = self.churn_checks.fetch_add(1, SeqCst);
-        if crate::vrrp::io::if_index(&iface).ok() == Some(ifindex)
-            && self.attached.load(SeqCst)
-            && !n.is_multiple_of(FULL_CHECK_EVERY)
-        {
-            return Ok(());
-        }
-        let link = match self.netlink.link(&iface).await {
+    /// interface was recreated (new index) or lost its program, and put the static VIPs back
+    /// on the new device (they went with the old one).
+    pub(super) async fn follow_interface(&mut self, link: Result<Link>) -> Result<()> {
+        let iface = self.cfg.interface.clone();
+        let link = match link {
             Ok(l) => l,
             Err(_) => {
                 // Gone: nothing to forward on; VRRP instances are in fault meanwhile.
-                if self.attached.swap(false, SeqCst) {
+                if std::mem::replace(&mut self.attached, false) {
                     tracing::warn!(interface = %iface, "interface gone; waiting for it to come back");
                 }
                 return Ok(());
             }
         };
-        let mut g = self.inner.lock().await;
-        if link.index == g.ifindex && link.xdp_attached {
-            self.attached.store(true, SeqCst);
+        if link.index == self.ifindex && link.xdp_attached {
+            self.attached = true;
             return Ok(());
         }
-        let opts = g.dp.options().clone();
+        let opts = self.dp.options().clone();
         drop_stale_link_pin(&link_pin(&opts, &iface), &link)?;
-        let mode = g.cfg.xdp_mode;
-        if let Err(e) = g.dp.attach(&iface, mode) {
-            self.attached.store(false, SeqCst);
+        if let Err(e) = self.dp.attach(&iface, self.cfg.xdp_mode) {
+            self.attached = false;
             return Err(e.context(format!("re-attach XDP to the recreated {iface}")));
         }
-        tracing::info!(interface = %iface, old = g.ifindex, new = link.index, "XDP program attached to the recreated interface");
-        g.ifindex = link.index;
-        g.facts.if_mac = link.mac;
-        self.attached.store(true, SeqCst);
-        g.apply()
+        tracing::info!(interface = %iface, old = self.ifindex, new = link.index, "XDP program attached to the recreated interface");
+        let recreated = link.index != self.ifindex;
+        self.ifindex = link.index;
+        self.facts.if_mac = link.mac;
+        self.attached = true;
+        if recreated {
+            self.readd_static_vips().await;
+        }
+        self.apply()
+    }
+
+    /// The interface was recreated: its addresses went with the old device, and the static
+    /// VIPs' announcer was bound to it. Hold them afresh.
+    async fn readd_static_vips(&mut self) {
+        self.static_vips = crate::static_vip::StaticVips::new(&self.cfg.interface);
+        if let Err(e) = self.static_vips.set(self.netlink.handle(), &self.cfg).await {
+            tracing::error!(error = %format!("{e:#}"), "static VIPs on the recreated interface");
+        }
     }
 }

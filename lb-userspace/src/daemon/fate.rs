@@ -3,38 +3,39 @@
 //! and so are the backends at its address. They take no new flows from now on instead of
 //! after their health checks fail; they come back through the normal rise count.
 
-use std::{net::IpAddr, sync::Arc};
+use std::net::IpAddr;
 
 use anyhow::Result;
 
-use super::Daemon;
+use super::owner::{Msg, Owner};
 use crate::{
     plan::{self, HealthFact},
     vrrp::Instance,
 };
 
-impl Daemon {
-    /// Follow `instance`'s reports of dead masters.
-    pub(super) fn watch_peer_failures(self: &Arc<Self>, instance: &mut Instance, name: &str) {
+impl Owner {
+    /// Pass `instance`'s reports of dead masters on to the owner.
+    pub(super) fn watch_peer_failures(&self, instance: &mut Instance, name: &str) {
         let Some(mut rx) = instance.take_peer_failures() else {
             return;
         };
-        let (d, name) = (self.clone(), name.to_string());
+        let (tx, name) = (self.tx.clone(), name.to_string());
         tokio::spawn(async move {
             while let Some(peer) = rx.recv().await {
-                if let Err(e) = d.peer_failed(&name, peer).await {
-                    tracing::error!(error = %format!("{e:#}"), %peer, "fate sharing");
+                let name = name.clone();
+                if tx.send(Msg::PeerFailed { name, peer }).is_err() {
+                    return;
                 }
             }
         });
     }
 
     /// The master `peer` of `instance` died: its backends leave every VIP's table now.
-    pub async fn peer_failed(&self, instance: &str, peer: IpAddr) -> Result<()> {
+    pub(super) fn peer_failed(&mut self, instance: &str, peer: IpAddr) -> Result<()> {
         let reason = format!(
             "VRRP master {peer} of {instance} went silent; out until its checks pass again"
         );
-        let mut g = self.inner.lock().await;
+        let g = self;
         let pairs = plan::fate_shared(&g.cfg, peer);
         if pairs.is_empty() {
             return Ok(());

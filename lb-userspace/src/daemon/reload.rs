@@ -1,14 +1,16 @@
-//! Config reloads (SIGHUP or `lbctl reload`): one at a time; every setting is either applied or
-//! the whole reload is refused naming the field; VRRP instances keep running through changes
+//! Config reloads (SIGHUP or `lbctl reload`): one at a time (the owner runs them); all or
+//! nothing: a config is validated (fields lbd cannot change while running refused by name, the
+//! VRRP instances to start checked against this node's interfaces), then applied, and rolled
+//! back to the running one if any step fails; VRRP instances keep running through changes
 //! they can take in place (priority, track weights, interval, peers, preemption), so a reload
 //! never moves a VIP it did not have to.
 
-use std::{collections::HashSet, net::IpAddr, sync::Arc};
+use std::{collections::HashSet, net::IpAddr};
 
 use anyhow::{Result, bail};
 
-use super::{Daemon, health_targets, initial_health};
-use crate::{config::Config, netlink};
+use super::{health_targets, initial_health, owner::Owner, vrrp::VrrpHandle};
+use crate::{config::Config, netlink, vrrp::InstanceConfig};
 
 /// Top-level config fields a reload applies. Any other field that changes refuses the reload
 /// (the running config stays), so no setting is ever silently ignored.
@@ -44,127 +46,262 @@ pub fn check_reloadable(old: &Config, new: &Config) -> Result<()> {
     Ok(())
 }
 
-impl Daemon {
-    /// Reload the config (see [`Daemon::reload`]) and reconcile the VRRP instances. Reloads
-    /// are serialized: a second one waits for the first to finish.
-    pub async fn reload_all(self: &Arc<Self>) -> Result<()> {
-        let _one_at_a_time = self.reload_lock.lock().await;
-        self.reload().await?;
-        let cfg = self.config().await;
-        self.static_vips
-            .lock()
-            .await
-            .set(self.netlink.handle(), &cfg)
-            .await?;
-        self.reconcile_bgp().await;
-        let result = self.reconcile_vrrp(&cfg).await;
-        if let Some(g) = self.guardian.get() {
-            g.watch(&crate::guardian::Watch::of(&cfg));
-        }
-        result
-    }
+/// What a reload does to the running VRRP instances (see [`Owner::reconcile_vrrp`]).
+#[derive(Debug, Default, PartialEq)]
+pub struct VrrpChanges {
+    /// Names of instances that keep running unchanged or take the change in place.
+    pub in_place: Vec<String>,
+    /// Instances to stop and start again (identity changed), with why.
+    pub restart: Vec<(String, String)>,
+    /// Instances to stop (no longer configured).
+    pub remove: Vec<String>,
+    /// Instances to start (new names).
+    pub start: Vec<String>,
+}
 
-    /// Bring the running VRRP instances in line with `new`: unchanged ones are left alone,
-    /// in-place changes are handed to the running instance (no resignation), and only
-    /// instances whose identity changed (VRID, version, VIPs, interface...) or that were
-    /// removed are stopped; new and restarted ones are started.
-    async fn reconcile_vrrp(self: &Arc<Self>, new: &Config) -> Result<()> {
-        let mut keep = Vec::new();
-        let old = std::mem::take(&mut *self.vrrp.lock().await);
-        for mut h in old {
-            let wanted = new.vrrp.iter().find(|r| r.name == h.cfg.name);
-            match wanted {
-                Some(r) if *r == h.cfg => keep.push(h),
-                Some(r) if h.cfg.restart_needed(r).is_none() => {
-                    h.instance.reconfigure(r.clone()).await;
-                    h.cfg = r.clone();
-                    keep.push(h);
-                }
-                _ => {
-                    let why = wanted
-                        .and_then(|r| h.cfg.restart_needed(r))
-                        .map_or("removed".to_string(), |f| format!("{f} changed"));
-                    tracing::info!(instance = %h.cfg.name, why, "VRRP instance restarts");
-                    let name = h.cfg.name.clone();
-                    h.instance.shutdown().await;
-                    let _ = self
-                        .update_facts(|f| {
-                            f.vrrp_master.remove(&name);
-                        })
-                        .await;
-                }
-            }
+/// Sort the instances of `old` and `new` into [`VrrpChanges`]. Pure.
+pub fn vrrp_changes(old: &[InstanceConfig], new: &[InstanceConfig]) -> VrrpChanges {
+    let mut c = VrrpChanges::default();
+    for o in old {
+        match new.iter().find(|r| r.name == o.name) {
+            Some(r) => match o.restart_needed(r) {
+                None => c.in_place.push(o.name.clone()),
+                Some(f) => c.restart.push((o.name.clone(), format!("{f} changed"))),
+            },
+            None => c.remove.push(o.name.clone()),
         }
-        let running: Vec<String> = keep.iter().map(|h| h.cfg.name.clone()).collect();
-        self.vrrp.lock().await.extend(keep);
-        for r in &new.vrrp {
-            if !running.contains(&r.name) {
-                if new.dsr_backend {
-                    for vip in &r.vips {
-                        netlink::ensure_local_vip(self.netlink.handle(), *vip).await?;
-                    }
-                }
-                self.spawn_instance(r.clone(), &new.interface).await?;
-            }
-        }
-        self.sync_tracking().await;
-        Ok(())
     }
+    for r in new {
+        if !old.iter().any(|o| o.name == r.name) {
+            c.start.push(r.name.clone());
+        }
+    }
+    c
+}
 
-    /// Re-read the config file; an invalid config is refused and the running one kept.
-    pub async fn reload(&self) -> Result<()> {
-        let mut g = self.inner.lock().await;
-        let path = g.config_path.clone();
-        let result = Config::load(&path)
-            .map_err(anyhow::Error::from)
-            .and_then(|new| {
-                check_reloadable(&g.cfg, &new)?;
-                Ok(new)
-            });
-        match result {
-            Ok(new) => {
-                let old = std::mem::replace(&mut g.cfg, new);
-                if let Err(e) = g.apply() {
-                    // The data plane refused it (e.g. limits): put the old config back.
-                    g.cfg = old;
-                    g.apply()?;
-                    g.reload_failures += 1;
-                    g.last_reload_error = Some(format!("{e:#}"));
-                    return Err(
-                        e.context("new config refused by the data plane; kept the running one")
-                    );
-                }
-                g.reloads += 1;
-                g.last_reload_error = None;
-                // Pairs that are up now stay up across the reload; new ones wait for a check.
-                let up: HashSet<(String, IpAddr)> = g
-                    .facts
-                    .health
-                    .iter()
-                    .filter(|(_, h)| h.healthy)
-                    .map(|(k, _)| k.clone())
-                    .collect();
-                let targets = health_targets(&g.cfg, &up);
-                g.health.set_targets(targets);
-                let mut fresh = initial_health(&g.cfg, &up);
-                for (k, v) in g.facts.health.drain() {
-                    if fresh.contains_key(&k) {
-                        fresh.insert(k, v);
-                    }
-                }
-                g.facts.health = fresh;
-                g.apply()?;
+/// Check what starting the instances of `new` that are not running unchanged needs and can be
+/// known before touching anything: a valid instance config, an interface that exists. The
+/// error names the field.
+pub fn preflight_vrrp(new: &Config, changes: &VrrpChanges) -> Result<()> {
+    let starting = changes
+        .start
+        .iter()
+        .chain(changes.restart.iter().map(|(n, _)| n));
+    for name in starting {
+        let Some((i, r)) = new.vrrp.iter().enumerate().find(|(_, r)| r.name == *name) else {
+            continue;
+        };
+        r.validate_at(i).map_err(anyhow::Error::from)?;
+        let ifname = super::vrrp::interface_of(r, new);
+        if crate::vrrp::io::if_index(&ifname).is_err() {
+            let field = if r.interface.is_some() {
+                format!("vrrp[{i}].interface")
+            } else {
+                "interface".into()
+            };
+            bail!("{field}: no interface {ifname:?} on this node (VRRP instance {name})");
+        }
+    }
+    Ok(())
+}
+
+/// What a reload replaced, to put it back if a later step fails.
+struct Undo {
+    cfg: Config,
+    health: std::collections::HashMap<(String, IpAddr), crate::plan::HealthFact>,
+}
+
+impl Owner {
+    /// Reload the config file (SIGHUP, `lbctl reload`): all or nothing. The new config is
+    /// validated, then applied step by step (data plane, static VIPs, VRRP instances); if a
+    /// step fails, the steps already done are undone and the running config stays. Either way
+    /// the outcome is counted and logged, and a failure is shown in `lbctl stats`.
+    pub(super) async fn reload(&mut self) -> Result<()> {
+        let path = self.config_path.clone();
+        match self.try_reload().await {
+            Ok(()) => {
+                self.reloads += 1;
+                self.last_reload_error = None;
                 tracing::info!(path = %path.display(), "config reloaded");
-                drop(g);
-                self.refresh().await
+                Ok(())
             }
             Err(e) => {
-                g.reload_failures += 1;
-                g.last_reload_error = Some(format!("{e:#}"));
+                self.reload_failures += 1;
+                self.last_reload_error = Some(format!("{e:#}"));
                 tracing::error!(error = %format!("{e:#}"), "config refused; the running config stays");
                 Err(e)
             }
         }
+    }
+
+    async fn try_reload(&mut self) -> Result<()> {
+        let new = Config::load(&self.config_path)?;
+        check_reloadable(&self.cfg, &new)?;
+        let running: Vec<InstanceConfig> = self.vrrp.iter().map(|h| h.cfg.clone()).collect();
+        let changes = vrrp_changes(&running, &new.vrrp);
+        preflight_vrrp(&new, &changes)?;
+
+        // Pairs that are up now stay up across the reload; new ones wait for a check.
+        let up: HashSet<(String, IpAddr)> = self
+            .facts
+            .health
+            .iter()
+            .filter(|(_, h)| h.healthy)
+            .map(|(k, _)| k.clone())
+            .collect();
+        let mut fresh = initial_health(&new, &up);
+        for (k, v) in &self.facts.health {
+            if fresh.contains_key(k) {
+                fresh.insert(k.clone(), v.clone());
+            }
+        }
+        let undo = Undo {
+            cfg: std::mem::replace(&mut self.cfg, new),
+            health: std::mem::replace(&mut self.facts.health, fresh),
+        };
+        if let Err(e) = self.apply() {
+            // The data plane refused it (e.g. limits).
+            self.undo(undo, false).await;
+            return Err(e.context("new config refused by the data plane; kept the running one"));
+        }
+        let cfg = self.cfg.clone();
+        if let Err(e) = self.static_vips.set(self.netlink.handle(), &cfg).await {
+            self.undo(undo, true).await;
+            return Err(e.context("static VIPs; kept the running config"));
+        }
+        if let Err(e) = self.reconcile_vrrp(&changes).await {
+            self.undo(undo, true).await;
+            return Err(e.context("VRRP instances; kept the running config"));
+        }
+        // Committed: what cannot fail (or is retried on its own) follows the new config.
+        self.health.set_targets(health_targets(&self.cfg, &up));
+        self.configure_bgp();
+        if let Some(g) = &self.guardian {
+            g.watch(&crate::guardian::Watch::of(&self.cfg));
+        }
+        self.sync_tracking().await;
+        self.start_gather();
+        Ok(())
+    }
+
+    /// Put the running config back after a failed step (`static_vips`: that step ran).
+    async fn undo(&mut self, undo: Undo, static_vips: bool) {
+        self.cfg = undo.cfg;
+        self.facts.health = undo.health;
+        if let Err(e) = self.apply() {
+            tracing::error!(error = %format!("{e:#}"), "reload: putting the running config back in the data plane");
+        }
+        if static_vips {
+            let cfg = self.cfg.clone();
+            if let Err(e) = self.static_vips.set(self.netlink.handle(), &cfg).await {
+                tracing::error!(error = %format!("{e:#}"), "reload: putting the static VIPs back");
+            }
+        }
+    }
+
+    /// Bring the running VRRP instances in line with `self.cfg` (the new config): unchanged
+    /// ones are left alone, in-place changes are handed to the running instance (no
+    /// resignation), and only instances whose identity changed (VRID, version, VIPs,
+    /// interface...) or that were removed are stopped. New instances start first and
+    /// restarted ones next; if one fails to start, what this call did is undone (the new ones
+    /// stop, the restarted ones run their old config again) before the error is returned, and
+    /// nothing was reconfigured or removed yet.
+    async fn reconcile_vrrp(&mut self, changes: &VrrpChanges) -> Result<()> {
+        let new = self.cfg.clone();
+        let wanted = |name: &str| new.vrrp.iter().find(|r| r.name == name).cloned();
+        // 1. New instances, beside the running ones.
+        let mut started = Vec::new();
+        for name in &changes.start {
+            let Some(r) = wanted(name) else { continue };
+            match self.start_instance(&new, r).await {
+                Ok(h) => started.push(h),
+                Err(e) => {
+                    for h in started {
+                        h.instance.shutdown().await;
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        // 2. Restarts: the old incarnation stops, the new one starts.
+        let mut replaced: Vec<InstanceConfig> = Vec::new();
+        let mut failure = None;
+        for (name, why) in &changes.restart {
+            let Some(r) = wanted(name) else { continue };
+            let Some(pos) = self.vrrp.iter().position(|h| h.cfg.name == *name) else {
+                continue;
+            };
+            tracing::info!(instance = %name, why, "VRRP instance restarts");
+            let old = self.vrrp.remove(pos);
+            let old_cfg = old.cfg.clone();
+            old.instance.shutdown().await;
+            self.facts.vrrp_master.remove(name);
+            match self.start_instance(&new, r).await {
+                Ok(h) => {
+                    self.vrrp.push(h);
+                    replaced.push(old_cfg);
+                }
+                Err(e) => {
+                    replaced.push(old_cfg);
+                    failure = Some(e);
+                    break;
+                }
+            }
+        }
+        if let Some(e) = failure {
+            for h in started {
+                h.instance.shutdown().await;
+            }
+            for old_cfg in replaced {
+                if let Some(pos) = self.vrrp.iter().position(|h| h.cfg.name == old_cfg.name) {
+                    let h = self.vrrp.remove(pos);
+                    h.instance.shutdown().await;
+                    self.facts.vrrp_master.remove(&old_cfg.name);
+                }
+                let name = old_cfg.name.clone();
+                match self.spawn_instance(old_cfg).await {
+                    Ok(h) => self.vrrp.push(h),
+                    Err(e) => {
+                        tracing::error!(instance = %name, error = %format!("{e:#}"), "reload: restarting the running instance failed")
+                    }
+                }
+            }
+            let _ = self.apply();
+            return Err(e);
+        }
+        self.vrrp.extend(started);
+        // 3. In-place changes, then removals: nothing can fail from here.
+        for h in self.vrrp.iter_mut() {
+            if let Some(r) = new.vrrp.iter().find(|r| r.name == h.cfg.name)
+                && changes.in_place.contains(&h.cfg.name)
+                && *r != h.cfg
+            {
+                h.instance.reconfigure(r.clone()).await;
+                h.cfg = r.clone();
+            }
+        }
+        for name in &changes.remove {
+            if let Some(pos) = self.vrrp.iter().position(|h| h.cfg.name == *name) {
+                tracing::info!(instance = %name, why = "removed", "VRRP instance restarts");
+                let h = self.vrrp.remove(pos);
+                h.instance.shutdown().await;
+                self.facts.vrrp_master.remove(name);
+            }
+        }
+        if let Err(e) = self.apply() {
+            tracing::error!(error = %format!("{e:#}"), "applying VRRP ownership");
+        }
+        Ok(())
+    }
+
+    /// A DSR backend holds the instance's VIPs on `lo` first; then the instance starts.
+    async fn start_instance(&mut self, new: &Config, r: InstanceConfig) -> Result<VrrpHandle> {
+        if new.dsr_backend {
+            for vip in &r.vips {
+                netlink::ensure_local_vip(self.netlink.handle(), *vip).await?;
+            }
+        }
+        self.spawn_instance(r).await
     }
 }
 
@@ -240,5 +377,51 @@ mod tests {
             .map(|e| e.contains("v2_compat = true")),
             Some(true)
         );
+    }
+
+    fn with(extra: &str) -> Config {
+        toml::from_str(&format!(
+            r#"
+            interface = "lo"
+            [[vrrp]]
+            name = "api"
+            vrid = 14
+            vips = ["192.0.2.100"]
+            {extra}
+            "#
+        ))
+        .unwrap()
+    }
+
+    #[test]
+    fn instances_are_sorted_into_in_place_restart_remove_and_start() {
+        let old = with("[[vrrp]]\nname = \"gone\"\nvrid = 15\nvips = [\"192.0.2.101\"]\n");
+        let mut new = with("[[vrrp]]\nname = \"new\"\nvrid = 16\nvips = [\"192.0.2.102\"]\n");
+        new.vrrp[0].priority = 7;
+        let c = vrrp_changes(&old.vrrp, &new.vrrp);
+        assert_eq!(c.in_place, ["api"]);
+        assert!(c.restart.is_empty());
+        assert_eq!(c.remove, ["gone"]);
+        assert_eq!(c.start, ["new"]);
+        new.vrrp[0].vrid = 20;
+        let c = vrrp_changes(&old.vrrp, &new.vrrp);
+        assert_eq!(c.restart.len(), 1, "{c:?}");
+        assert_eq!(c.restart[0].0, "api");
+        assert!(c.in_place.is_empty());
+    }
+
+    #[test]
+    fn instances_to_start_need_an_interface_of_this_node_named_by_field() {
+        let old = with("");
+        let new = with(
+            "[[vrrp]]\nname = \"x\"\nvrid = 16\ninterface = \"nosuch0\"\nvips = [\"192.0.2.102\"]\n",
+        );
+        let c = vrrp_changes(&old.vrrp, &new.vrrp);
+        let e = preflight_vrrp(&new, &c).unwrap_err().to_string();
+        assert!(e.starts_with("vrrp[1].interface:"), "{e}");
+        assert!(e.contains("nosuch0"), "{e}");
+        // Running instances are not checked again; `lo` exists everywhere.
+        let ok = with("[[vrrp]]\nname = \"x\"\nvrid = 16\nvips = [\"192.0.2.102\"]\n");
+        assert!(preflight_vrrp(&ok, &vrrp_changes(&old.vrrp, &ok.vrrp)).is_ok());
     }
 }

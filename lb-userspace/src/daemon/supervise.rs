@@ -2,13 +2,20 @@
 //! (VRRP instance, health monitor, API listener, netlink watcher) is recorded as the daemon's
 //! failure; `/healthz` then fails and `run` cleans up and exits non-zero, so kubelet restarts
 //! lbd instead of it running half-dead. `/readyz` is true only with the data plane attached
-//! and every configured VRRP instance running.
+//! and every configured VRRP instance running; `/healthz` also fails when the owner's loop
+//! has not ticked for [`super::owner::LIVENESS_STALE`].
 
-use std::{future::Future, sync::Arc};
+use std::{
+    future::Future,
+    sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering::Relaxed},
+    },
+};
 
 use anyhow::Result;
 
-use super::Daemon;
+use super::owner::Owner;
 
 /// Records the first failure of any supervised task and lets the main loop wait for it.
 pub struct Supervisor {
@@ -93,71 +100,75 @@ impl Supervisor {
     }
 }
 
-impl Daemon {
-    pub fn fail(&self, what: String) {
-        self.supervisor.fail(what)
+/// What the owner and the API's front share without a message: the first failure and the
+/// loop's last tick, on the monotonic clock (a wall-clock step must not make a wedged loop
+/// look live, nor a live one wedged).
+pub struct Shared {
+    pub supervisor: Arc<Supervisor>,
+    started: std::time::Instant,
+    /// When the owner's loop last ticked, in ms since `started`.
+    last_tick_ms: AtomicU64,
+}
+
+impl Shared {
+    pub fn new() -> Self {
+        Shared {
+            supervisor: Arc::default(),
+            started: std::time::Instant::now(),
+            last_tick_ms: AtomicU64::new(0),
+        }
     }
 
-    pub fn failure(&self) -> Option<String> {
-        self.supervisor.failure()
+    fn elapsed_ms(&self) -> u64 {
+        self.started.elapsed().as_millis() as u64
     }
 
-    pub async fn failed(&self) -> String {
-        self.supervisor.failed().await
+    /// The owner's loop is alive: called on every tick.
+    pub fn tick(&self) {
+        self.last_tick_ms.store(self.elapsed_ms(), Relaxed);
     }
 
-    pub fn supervise<F>(&self, name: &'static str, task: F) -> tokio::task::AbortHandle
-    where
-        F: Future<Output = Result<()>> + Send + 'static,
-    {
-        self.supervisor.supervise(name, task)
+    /// Time since the owner's loop last ticked.
+    pub fn since_tick(&self) -> std::time::Duration {
+        std::time::Duration::from_millis(
+            self.elapsed_ms()
+                .saturating_sub(self.last_tick_ms.load(Relaxed)),
+        )
     }
 
-    pub fn healthz(&self) -> (u16, String) {
-        self.supervisor.healthz()
+    pub fn uptime(&self) -> std::time::Duration {
+        self.started.elapsed()
     }
+}
 
+impl Owner {
     /// VRRP instances whose task ended (a panic: they only end on shutdown otherwise).
-    pub async fn check_vrrp_tasks(&self) {
-        let dead: Vec<String> = self
-            .vrrp
-            .lock()
-            .await
-            .iter()
-            .filter(|h| !h.instance.is_running())
-            .map(|h| h.cfg.name.clone())
-            .collect();
-        if let Some(name) = dead.first() {
-            self.fail(format!("VRRP instance {name} stopped unexpectedly"));
+    pub(super) fn check_vrrp_tasks(&self) {
+        if let Some(h) = self.vrrp.iter().find(|h| !h.instance.is_running()) {
+            self.shared
+                .supervisor
+                .fail(format!("VRRP instance {} stopped unexpectedly", h.cfg.name));
         }
     }
 
     /// `/readyz`: started, data plane attached to the interface, every configured VRRP
     /// instance running, nothing failed.
-    pub async fn readyz(&self) -> (u16, String) {
-        use std::sync::atomic::Ordering::SeqCst;
-        if let Some(f) = self.failure() {
+    pub(super) fn readyz(&self) -> (u16, String) {
+        if let Some(f) = self.shared.supervisor.failure() {
             return (503, format!("failed: {f}\n"));
         }
-        if !self.ready.load(SeqCst) {
+        if !self.ready {
             return (503, "starting\n".into());
         }
-        if !self.attached.load(SeqCst) {
+        if !self.attached {
             return (503, "data plane not attached to the interface\n".into());
         }
-        let wanted: Vec<String> = self
-            .config()
-            .await
-            .vrrp
-            .iter()
-            .map(|r| r.name.clone())
-            .collect();
-        let handles = self.vrrp.lock().await;
-        for name in &wanted {
-            match handles.iter().find(|h| h.cfg.name == *name) {
+        for r in &self.cfg.vrrp {
+            let name = &r.name;
+            match self.vrrp.iter().find(|h| h.cfg.name == *name) {
                 Some(h) if h.instance.is_running() => {}
                 Some(_) => return (503, format!("VRRP instance {name} is not running\n")),
-                None if self.vrrp_started.load(SeqCst) => {
+                None if self.vrrp_started => {
                     return (503, format!("VRRP instance {name} is not running\n"));
                 }
                 None => return (503, "VRRP not started yet\n".into()),
@@ -220,5 +231,14 @@ mod tests {
         s2.supervise("health monitor", async { Ok(()) });
         settle().await;
         assert_eq!(s2.failure().as_deref(), Some("health monitor stopped"));
+    }
+
+    #[test]
+    fn the_tick_age_is_monotonic() {
+        let s = Shared::new();
+        s.tick();
+        std::thread::sleep(Duration::from_millis(20));
+        let age = s.since_tick();
+        assert!(age >= Duration::from_millis(20), "{age:?}");
     }
 }

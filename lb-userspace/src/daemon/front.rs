@@ -1,0 +1,96 @@
+//! The API's side of the owner: each request becomes a [`Msg`] with a reply channel and a
+//! deadline, so a slow owner shows as a clear error instead of a hung client. `/healthz` is
+//! answered here, from the owner's last tick and the supervisor, without a round trip: it must
+//! say "wedged" precisely when the owner cannot answer.
+
+use std::{future::Future, sync::Arc, time::Duration};
+
+use anyhow::Result;
+use tokio::sync::{mpsc, oneshot};
+
+use super::{
+    owner::{LIVENESS_STALE, Msg},
+    supervise::Shared,
+};
+use crate::api::{self, Request, Response};
+
+/// How long a request may wait for the owner. A reload can restart VRRP instances and apply
+/// the data plane twice; everything else is a read or a map update.
+const QUERY_DEADLINE: Duration = Duration::from_secs(10);
+const RELOAD_DEADLINE: Duration = Duration::from_secs(60);
+
+pub struct Front {
+    tx: mpsc::UnboundedSender<Msg>,
+    shared: Arc<Shared>,
+}
+
+impl Front {
+    pub(super) fn new(tx: mpsc::UnboundedSender<Msg>, shared: Arc<Shared>) -> Self {
+        Front { tx, shared }
+    }
+
+    /// Run `task` (meant to run until lbd stops); its end is a failure (see `supervise`).
+    pub fn supervise<F>(&self, name: &'static str, task: F) -> tokio::task::AbortHandle
+    where
+        F: Future<Output = Result<()>> + Send + 'static,
+    {
+        self.shared.supervisor.supervise(name, task)
+    }
+
+    /// Ask the owner; `None` when it is gone (stopping) or missed the deadline.
+    async fn ask<T>(
+        &self,
+        make: impl FnOnce(oneshot::Sender<T>) -> Msg,
+        deadline: Duration,
+    ) -> Result<T, Response> {
+        let (reply, rx) = oneshot::channel();
+        if self.tx.send(make(reply)).is_err() {
+            return Err(Response::error(503, "lbd is stopping"));
+        }
+        match tokio::time::timeout(deadline, rx).await {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(_)) => Err(Response::error(503, "lbd is stopping")),
+            Err(_) => Err(Response::error(
+                503,
+                format!("lbd's main loop did not answer within {deadline:?}"),
+            )),
+        }
+    }
+
+    fn healthz(&self) -> Response {
+        let age = self.shared.since_tick();
+        if age > LIVENESS_STALE {
+            return Response::text(503, format!("main loop stalled for {age:?}\n"));
+        }
+        let (status, text) = self.shared.supervisor.healthz();
+        Response::text(status, text)
+    }
+
+    async fn bgp(&self) -> Response {
+        let (cfg, mut status) = match self.ask(Msg::BgpView, QUERY_DEADLINE).await {
+            Ok(v) => v,
+            Err(r) => return r,
+        };
+        // vtysh, beside the owner: a hung FRR delays only this answer.
+        (status.sessions, status.sessions_error) = crate::bgp::sessions(&cfg).await;
+        Response::json(&status)
+    }
+}
+
+impl api::Handler for Front {
+    async fn handle(self: &Arc<Self>, req: Request) -> Response {
+        match req {
+            Request::Healthz => self.healthz(),
+            Request::Bgp => self.bgp().await,
+            req => {
+                let deadline = match req {
+                    Request::Reload => RELOAD_DEADLINE,
+                    _ => QUERY_DEADLINE,
+                };
+                self.ask(|reply| Msg::Api(req, reply), deadline)
+                    .await
+                    .unwrap_or_else(|r| r)
+            }
+        }
+    }
+}

@@ -1,0 +1,437 @@
+//! The owner: the one task that holds lbd's state and changes it. Inputs arrive as [`Msg`]s
+//! (API requests, VRRP ownership, dead peers, facts gathered beside it, reload requests) or
+//! from streams it selects on (health events, netlink notifications, signals, timers). Every
+//! handler is short: anything that can block (netlink dumps, vtysh) runs in a task beside the
+//! owner and reports back as a message, with a deadline, so a stuck FRR or kernel call never
+//! delays a stop, a health change or a VIP move.
+
+use std::{
+    collections::{HashMap, HashSet},
+    net::IpAddr,
+    path::PathBuf,
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context, Result, bail};
+use tokio::sync::{mpsc, oneshot};
+
+use super::{
+    adopt, bgp::BgpHandle, churn, conntrack, front::Front, health_targets, initial_health,
+    load_options, lock::InstanceLock, refresh::Gathered, supervise::Shared, vrrp::VrrpHandle,
+};
+use crate::{
+    api::{Request, Response},
+    config::Config,
+    dataplane::Dataplane,
+    health::{Health, HealthEvent, HealthMonitor},
+    netlink::{self, Netlink},
+    plan::{self, BackendPlan, Facts, HealthFact},
+};
+
+/// What reaches the owner from other tasks.
+pub enum Msg {
+    /// An API request; the answer goes back on the channel.
+    Api(Request, oneshot::Sender<Response>),
+    /// `lbctl bgp status`: the config and the BGP worker's last status (the sessions are read
+    /// beside the owner, through vtysh).
+    BgpView(oneshot::Sender<(Config, crate::bgp::Status)>),
+    /// A VRRP instance's forwarding changed (through the handover grace). `id` names the
+    /// instance's incarnation: a message from one a reload replaced is ignored. `done` is
+    /// answered once the data plane forwards accordingly.
+    Ownership {
+        name: String,
+        id: u64,
+        forward: bool,
+        done: oneshot::Sender<()>,
+    },
+    /// A VRRP instance took over because its master `peer` went silent (see `fate`).
+    PeerFailed { name: String, peer: IpAddr },
+    /// Kernel facts gathered beside the owner (see `refresh`).
+    Gathered(Box<Result<Gathered>>),
+}
+
+/// The main loop ticks every second; this long without a tick means lbd is wedged.
+pub const LIVENESS_STALE: Duration = Duration::from_secs(10);
+
+/// The owner's state. Only the owner task touches it.
+pub struct Owner {
+    pub(super) cfg: Config,
+    pub(super) config_path: PathBuf,
+    pub(super) dp: Dataplane,
+    pub(super) facts: Facts,
+    pub(super) rows: Vec<BackendPlan>,
+    pub(super) ifindex: u32,
+    pub(super) reloads: u64,
+    pub(super) reload_failures: u64,
+    pub(super) last_reload_error: Option<String>,
+    pub(super) health: HealthMonitor,
+    health_events: Option<mpsc::UnboundedReceiver<HealthEvent>>,
+    /// The last apply succeeded: the maps say what `cfg` and `facts` ask for.
+    pub(super) in_sync: bool,
+    pub(super) vrrp: Vec<VrrpHandle>,
+    /// Incarnation numbers of VRRP instances (see [`Msg::Ownership`]).
+    pub(super) next_instance_id: u64,
+    /// Tracked checks by name: passing or not.
+    pub(super) tracks: HashMap<String, bool>,
+    pub(super) netlink: Netlink,
+    pub(super) ready: bool,
+    /// The XDP program is attached to the interface as it is now.
+    pub(super) attached: bool,
+    /// `start_vrrp` has run: every configured instance should be running.
+    pub(super) vrrp_started: bool,
+    /// VRRP instances whose VIPs the previous lbd was forwarding (adopted pinned state).
+    pub(super) adopted_master: HashSet<String>,
+    /// VIPs owned without VRRP, held on the interface and announced.
+    pub(super) static_vips: crate::static_vip::StaticVips,
+    pub(super) bgp: BgpHandle,
+    /// Interface checks so far (see `churn.rs`).
+    pub(super) churn_checks: u64,
+    /// A gather runs beside the owner; `gather_again`: another was asked for meanwhile.
+    pub(super) gathering: bool,
+    pub(super) gather_again: bool,
+    /// Gives the VRRP VIPs back if this process dies without stopping (`lbd run` only).
+    pub(super) guardian: Option<crate::guardian::Guardian>,
+    pub(super) conntrack: Arc<conntrack::ConntrackCount>,
+    pub(super) shared: Arc<Shared>,
+    pub(super) tx: mpsc::UnboundedSender<Msg>,
+    pub(super) rx: mpsc::UnboundedReceiver<Msg>,
+    /// Held until the process exits: a second lbd with this config refuses to start.
+    _lock: InstanceLock,
+}
+
+impl Owner {
+    /// Load the program, adopt or create pinned state, attach, and apply the config once.
+    pub async fn start(
+        config_path: PathBuf,
+        cfg: Config,
+        lock: InstanceLock,
+    ) -> Result<(Owner, Arc<Front>)> {
+        let netlink = Netlink::new()?;
+        let link = netlink.link(&cfg.interface).await?;
+        // A link pinned to a device that was deleted since (the interface was recreated) must
+        // not make every start fail: drop it and attach afresh.
+        churn::drop_stale_link_pin(&churn::link_pin(&load_options(&cfg), &cfg.interface), &link)?;
+        let mut dp = Dataplane::load(load_options(&cfg))?;
+        let lock = lock.with_pins(&load_options(&cfg))?;
+        dp.attach(&cfg.interface, cfg.xdp_mode)?;
+        if cfg.socket_lb
+            && let Err(e) = dp.attach_sock()
+        {
+            tracing::error!(error = %format!("{e:#}"), "socket load balancing is off: this node's own connections to a VIP go to its local stack");
+        }
+        dp.spawn_log_reader()?;
+        let conntrack = conntrack::spawn_counter(
+            load_options(&cfg)
+                .pin_dir()
+                .join(lb_common::maps::CONNTRACK),
+        );
+        let up = adopt::adopted_up(&cfg, &dp);
+        let drained = adopt::adopted_drained(&cfg, &dp);
+        let vrrp_master = adopt::adopted_ownership(&cfg, &dp);
+        let (health, events) = HealthMonitor::start(health_targets(&cfg, &up));
+        let facts = Facts {
+            if_mac: link.mac,
+            health: initial_health(&cfg, &up),
+            drained,
+            vrrp_master: vrrp_master.clone(),
+            ..Default::default()
+        };
+        let bgp = BgpHandle::spawn(
+            netlink.handle().clone(),
+            crate::bgp::drain_marker(&cfg).exists(),
+        );
+        let (tx, rx) = mpsc::unbounded_channel();
+        let shared = Arc::new(Shared::new());
+        let mut owner = Owner {
+            static_vips: crate::static_vip::StaticVips::new(&cfg.interface),
+            cfg,
+            config_path,
+            dp,
+            facts,
+            rows: Vec::new(),
+            ifindex: link.index,
+            reloads: 0,
+            reload_failures: 0,
+            last_reload_error: None,
+            health,
+            health_events: Some(events),
+            in_sync: false,
+            vrrp: Vec::new(),
+            next_instance_id: 0,
+            tracks: HashMap::new(),
+            netlink,
+            ready: false,
+            attached: true,
+            vrrp_started: false,
+            adopted_master: vrrp_master.into_keys().collect(),
+            bgp,
+            churn_checks: 0,
+            gathering: false,
+            gather_again: false,
+            guardian: None,
+            conntrack,
+            shared: shared.clone(),
+            tx: tx.clone(),
+            rx,
+            _lock: lock,
+        };
+        // The first facts before anything is announced (start-up may wait for them).
+        owner.churn_checks = 1;
+        let input = owner.gather_input(true);
+        let got = super::refresh::gather(owner.netlink.clone(), input).await;
+        owner.gathered(got).await?;
+        owner.ready = true;
+        owner.shared.tick();
+        Ok((owner, Arc::new(Front::new(tx, shared))))
+    }
+
+    /// Start the VIP guardian and tell it what to give back.
+    pub fn start_guardian(&mut self) {
+        match crate::guardian::Guardian::spawn() {
+            Ok(g) => {
+                g.watch(&crate::guardian::Watch::of(&self.cfg));
+                self.guardian = Some(g);
+            }
+            Err(e) => {
+                tracing::error!(error = %format!("{e:#}"), "no VIP guardian: a crash would leave the VIPs up")
+            }
+        }
+    }
+
+    /// The loop: until SIGTERM/SIGINT (`Ok(None)`) or a task failure (`Ok(Some(why))`).
+    pub async fn run(&mut self) -> Result<Option<String>> {
+        let mut events = self.health_events.take().context("the loop runs once")?;
+        let mut neigh = netlink::neighbour_changes()?;
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        let mut frr_check = tokio::time::interval(Duration::from_secs(5));
+        use tokio::signal::unix::{SignalKind, signal};
+        let mut hup = signal(SignalKind::hangup())?;
+        let mut term = signal(SignalKind::terminate())?;
+        let mut int = signal(SignalKind::interrupt())?;
+        let mut last_neigh = Instant::now() - Duration::from_secs(1);
+        let shared = self.shared.clone();
+        loop {
+            // Biased: a stop is seen before any other work that is ready at the same time.
+            tokio::select! {
+                biased;
+                _ = term.recv() => return Ok(None),
+                _ = int.recv() => return Ok(None),
+                f = shared.supervisor.failed() => return Ok(Some(f)),
+                _ = tick.tick() => self.on_tick(),
+                m = self.rx.recv() => match m {
+                    Some(m) => self.handle(m).await,
+                    None => return Ok(Some("the owner's channel closed".into())),
+                },
+                e = events.recv() => match e {
+                    Some(e) => {
+                        if let Err(err) = self.health_event(e).await {
+                            tracing::error!(error = %format!("{err:#}"), "applying a health change");
+                        }
+                    }
+                    None => {
+                        self.shared.supervisor.fail("health monitor failed: its event channel closed".into());
+                    }
+                },
+                n = neigh.recv() => {
+                    if n.is_none() {
+                        self.shared.supervisor.fail("netlink watcher stopped".into());
+                        continue;
+                    }
+                    // Coalesce bursts of notifications.
+                    if last_neigh.elapsed() > Duration::from_millis(20) {
+                        last_neigh = Instant::now();
+                        self.start_gather();
+                    }
+                }
+                _ = frr_check.tick() => self.bgp.check(),
+                _ = hup.recv() => { let _ = self.reload().await; }
+            }
+        }
+    }
+
+    /// Refuse further messages and drop the queued ones (see `stop`).
+    pub(super) fn close_inbox(&mut self) {
+        self.rx.close();
+        while self.rx.try_recv().is_ok() {}
+    }
+
+    fn on_tick(&mut self) {
+        self.shared.tick();
+        self.start_gather();
+        self.check_vrrp_tasks();
+        if let Some(g) = &self.guardian {
+            g.check();
+        }
+    }
+
+    async fn handle(&mut self, m: Msg) {
+        match m {
+            Msg::Api(req, reply) => {
+                let resp = self.api(req).await;
+                let _ = reply.send(resp);
+            }
+            Msg::BgpView(reply) => {
+                let _ = reply.send((self.cfg.clone(), self.bgp.status()));
+            }
+            Msg::Ownership {
+                name,
+                id,
+                forward,
+                done,
+            } => {
+                self.ownership(&name, id, forward).await;
+                let _ = done.send(());
+            }
+            Msg::PeerFailed { name, peer } => {
+                if let Err(e) = self.peer_failed(&name, peer) {
+                    tracing::error!(error = %format!("{e:#}"), %peer, "fate sharing");
+                }
+                self.after_apply().await;
+            }
+            Msg::Gathered(got) => {
+                if let Err(e) = self.gathered(*got).await {
+                    tracing::warn!(error = %format!("{e:#}"), "refresh");
+                }
+            }
+        }
+    }
+
+    async fn api(&mut self, req: Request) -> Response {
+        let result: Result<Response> = async {
+            Ok(match req {
+                Request::Backends => Response::json(&self.backends()?),
+                Request::Vips => Response::json(&self.vips()?),
+                Request::Stats => Response::json(&self.stats()?),
+                Request::Vrrp => Response::json(&self.vrrp_status()),
+                // Answered by the front (its sessions come from vtysh, beside the owner).
+                Request::Bgp => Response::error(500, "BGP status is answered by the front"),
+                Request::BgpDrain(drained) => Response::json(&self.set_node_drained(drained)?),
+                Request::Drain(d) => {
+                    self.set_drained(&d.vip, d.backend, true)?;
+                    self.after_apply().await;
+                    Response::json(&serde_json::json!({"drained": d.backend, "vip": d.vip}))
+                }
+                Request::Undrain(d) => {
+                    self.set_drained(&d.vip, d.backend, false)?;
+                    self.after_apply().await;
+                    Response::json(&serde_json::json!({"undrained": d.backend, "vip": d.vip}))
+                }
+                Request::Reload => match self.reload().await {
+                    Ok(()) => Response::json(&serde_json::json!({"reloaded": true})),
+                    Err(e) => Response::error(422, format!("{e:#}")),
+                },
+                // Answered by the front from the loop's tick.
+                Request::Healthz => Response::text(200, "ok\n".into()),
+                Request::Readyz => {
+                    let (status, text) = self.readyz();
+                    Response::text(status, text)
+                }
+                Request::Metrics => Response::openmetrics(self.metrics()?),
+            })
+        }
+        .await;
+        result.unwrap_or_else(|e| Response::error(400, format!("{e:#}")))
+    }
+
+    /// Rebuild the plan from config and facts and write it to the data plane.
+    pub(super) fn apply(&mut self) -> Result<()> {
+        let now = Instant::now();
+        self.facts.now = Some(now);
+        // Holds that ended: their backends' flows move now (and the refresh stops asking).
+        for h in self.facts.health.values_mut() {
+            if h.hold_until.is_some_and(|t| t <= now) {
+                h.hold_until = None;
+            }
+        }
+        let (desired, rows) = plan::plan(&self.cfg, &self.facts);
+        self.in_sync = false;
+        self.dp.apply(&desired).context("apply to the data plane")?;
+        self.in_sync = true;
+        self.rows = rows;
+        Ok(())
+    }
+
+    /// What follows a change of the plan: tracked weights and BGP announcements.
+    pub(super) async fn after_apply(&mut self) {
+        self.sync_tracking().await;
+        self.sync_bgp();
+    }
+
+    /// A VRRP instance's forwarding changed: apply it (unless the instance was replaced).
+    async fn ownership(&mut self, name: &str, id: u64, forward: bool) {
+        if !self.vrrp.iter().any(|h| h.id == id && h.cfg.name == name) {
+            return;
+        }
+        self.facts.vrrp_master.insert(name.to_string(), forward);
+        if let Err(e) = self.apply() {
+            tracing::error!(error = %format!("{e:#}"), "applying VRRP ownership");
+        }
+        self.after_apply().await;
+    }
+
+    /// A backend's health changed: rebuild that VIP's table (the plan does the rest).
+    async fn health_event(&mut self, e: HealthEvent) -> Result<()> {
+        if let Some(track) = e.id.strip_prefix(super::TRACK_PREFIX) {
+            tracing::info!(track, passing = e.healthy, reason = %e.reason, "tracked check changed");
+            self.tracks.insert(track.to_string(), e.healthy);
+            self.sync_tracking().await;
+            return Ok(());
+        }
+        let Some((vip, addr)) = e.id.rsplit_once('/') else {
+            return Ok(());
+        };
+        let Ok(addr) = addr.parse::<IpAddr>() else {
+            return Ok(());
+        };
+        tracing::info!(vip, backend = %addr, healthy = e.healthy, reason = %e.reason, "backend health changed");
+        let pair = (vip.to_string(), addr);
+        let hold = Duration::from_millis(self.cfg.failed_backend_hold_ms);
+        let fact = match self.facts.health.get(&pair) {
+            _ if e.healthy => HealthFact {
+                healthy: true,
+                reason: e.reason.clone(),
+                hold_until: None,
+            },
+            // Already failing (e.g. taken out by fate sharing): its hold runs on.
+            Some(old) if !old.healthy => HealthFact {
+                reason: e.reason.clone(),
+                ..old.clone()
+            },
+            // Up until now: it may hold established flows.
+            Some(_) if e.previous == Health::Up => {
+                HealthFact::failed(e.reason.clone(), Instant::now(), hold)
+            }
+            _ => HealthFact {
+                healthy: false,
+                reason: e.reason.clone(),
+                hold_until: None,
+            },
+        };
+        self.facts.health.insert(pair, fact);
+        let r = self.apply();
+        self.after_apply().await;
+        r
+    }
+
+    fn set_drained(&mut self, vip: &str, backend: IpAddr, drained: bool) -> Result<()> {
+        let Some(v) = self
+            .cfg
+            .vips
+            .iter()
+            .find(|v| v.name == vip || v.address.to_string() == vip)
+        else {
+            bail!("no VIP named {vip:?}");
+        };
+        if !v.backends.iter().any(|b| b.address == backend) {
+            bail!("{backend} is not a backend of VIP {}", v.name);
+        }
+        let pair = (v.name.clone(), backend);
+        if drained {
+            self.facts.drained.insert(pair);
+        } else {
+            self.facts.drained.remove(&pair);
+        }
+        self.apply()
+    }
+}

@@ -1,0 +1,127 @@
+//! The status rows (`lbctl vips`, `backends`, `stats`) and the metrics, read from the owner's
+//! state (and the data plane's counters) without changing anything.
+
+use anyhow::Result;
+
+use super::{BackendRow, CheckRow, VipRow, format_mac, owner::Owner};
+use crate::{
+    dataplane::vip_key,
+    metrics,
+    plan::{self, BackendPlan},
+};
+
+impl Owner {
+    pub(super) fn backends(&self) -> Result<Vec<BackendRow>> {
+        let g = self;
+        let checks = g.health.status();
+        let mut out = Vec::new();
+        for (i, port) in g.cfg.services() {
+            let v = &g.cfg.vips[i];
+            let key = vip_key(v.address, port, v.protocol.number());
+            let installed = g.dp.installed(&key);
+            for r in g.rows.iter().filter(|r| r.vip == v.name) {
+                let traffic = installed
+                    .iter()
+                    .find(|b| b.spec.addr == r.addr)
+                    .map(|b| g.dp.backend_traffic(b.id))
+                    .transpose()?
+                    .unwrap_or_default();
+                let pair = (v.name.clone(), r.addr);
+                let check = checks
+                    .iter()
+                    .find(|c| c.id == format!("{}/{}", v.name, r.addr))
+                    .map(|c| CheckRow {
+                        result: c.last_result.clone(),
+                        duration_ms: c.last_duration_ms,
+                        at_unix_ms: c.last_check_unix_ms,
+                        checks_run: c.checks_run,
+                        checks_failed: c.checks_failed,
+                    });
+                out.push(BackendRow {
+                    healthy: g.facts.health.get(&pair).map(|h| h.healthy).unwrap_or(true),
+                    drained: g.facts.drained.contains(&pair),
+                    check,
+                    vip_name: v.name.clone(),
+                    vip: v.address,
+                    port,
+                    protocol: v.protocol.name(),
+                    backend: r.addr,
+                    mac: if r.local {
+                        "local".into()
+                    } else {
+                        r.mac.map(|m| format_mac(&m)).unwrap_or_default()
+                    },
+                    weight: r.weight,
+                    state: r.state.as_str(),
+                    reason: r.reason.clone(),
+                    local: r.local,
+                    packets: traffic.packets,
+                    bytes: traffic.bytes,
+                    new_flows: traffic.new_flows,
+                });
+            }
+        }
+        Ok(out)
+    }
+
+    pub(super) fn vips(&self) -> Result<Vec<VipRow>> {
+        let g = self;
+        let mut out = Vec::new();
+        for (i, port) in g.cfg.services() {
+            let v = &g.cfg.vips[i];
+            let key = vip_key(v.address, port, v.protocol.number());
+            let traffic = match g.dp.vip_id(&key) {
+                Some(id) => g.dp.vip_traffic(id)?,
+                None => Default::default(),
+            };
+            let rows: Vec<&BackendPlan> = g.rows.iter().filter(|r| r.vip == v.name).collect();
+            out.push(VipRow {
+                name: v.name.clone(),
+                vip: v.address,
+                port,
+                protocol: v.protocol.name(),
+                owned: plan::owned(&g.cfg, i, &g.facts),
+                vrrp: v.vrrp.clone(),
+                backends_active: rows
+                    .iter()
+                    .filter(|r| r.state == plan::BackendState::Active)
+                    .count(),
+                backends_total: rows.len(),
+                packets: traffic.packets,
+                bytes: traffic.bytes,
+                new_flows: traffic.new_flows,
+            });
+        }
+        Ok(out)
+    }
+
+    pub(super) fn stats(&self) -> Result<serde_json::Value> {
+        let g = self;
+        let counters: serde_json::Map<String, serde_json::Value> =
+            g.dp.global_stats()?
+                .into_iter()
+                .map(|(k, v)| (k.to_string(), v.into()))
+                .collect();
+        Ok(serde_json::json!({
+            "interface": g.cfg.interface,
+            "uptime_s": self.shared.uptime().as_secs(),
+            "conntrack_entries": self.conntrack.entries(),
+            "conntrack_count": self.conntrack.snapshot(),
+            "conntrack_size": g.cfg.conntrack_size,
+            "syn_flood": g.dp.flood_status()?,
+            "table_size": g.cfg.table_size,
+            "reloads": g.reloads,
+            "reload_failures": g.reload_failures,
+            "last_reload_error": g.last_reload_error,
+            "counters": counters,
+        }))
+    }
+
+    pub(super) fn metrics(&self) -> Result<String> {
+        let stats = self.stats()?;
+        let backends = self.backends()?;
+        let vips = self.vips()?;
+        let vrrp = self.vrrp_status();
+        Ok(metrics::render(&stats, &vips, &backends, &vrrp))
+    }
+}

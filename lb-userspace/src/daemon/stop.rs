@@ -1,0 +1,125 @@
+//! The stop (SIGTERM, SIGINT, or a task failure), in the order that keeps every VIP on exactly
+//! one node, each step with a deadline so the whole fits a 10 s termination grace (kubelet's
+//! default is 30 s; OpenShift's static pods often run with less):
+//!
+//! 1. VRRP: every instance resigns at once (priority-0 advert: a backup takes over after its
+//!    skew) and removes its VIPs. An instance that does not finish in time has its VIPs
+//!    removed directly, as the guardian would.
+//! 2. BGP: every prefix is withdrawn (the worker abandons a vtysh call in progress; routes are
+//!    removed directly if it still does not answer).
+//! 3. The handover grace: the data plane keeps forwarding for clients that still send here
+//!    while the new owner's announcement spreads, then stops forwarding the VRRP VIPs.
+//! 4. The guardian is told goodbye (its VIPs are given back already).
+//!
+//! The owner runs the stop itself, after its loop: a reload is either done before it starts
+//! or never starts (requests that arrive during the stop are refused), so no instance outlives
+//! the stop.
+
+use std::time::{Duration, Instant};
+
+use super::owner::{Msg, Owner};
+
+/// The whole stop, within a 10 s termination grace with room for the process to exit.
+pub const STOP_BUDGET: Duration = Duration::from_secs(8);
+/// Step 1's share: priority-0 adverts and address removal are one packet and one netlink
+/// message per VIP.
+const VRRP_DEADLINE: Duration = Duration::from_secs(3);
+/// Step 2's share.
+const BGP_DEADLINE: Duration = Duration::from_secs(2);
+
+impl Owner {
+    /// Stop in the order above.
+    pub async fn stop(&mut self) {
+        let start = Instant::now();
+        let forwarding = self.facts.vrrp_master.values().any(|m| *m);
+        self.resign_vrrp().await;
+        // Requests still queued (a reload racing the stop) are answered "stopping" by their
+        // dropped reply channels, and nothing new gets in.
+        self.close_inbox();
+        self.bgp.stop(BGP_DEADLINE).await;
+        if forwarding {
+            let grace = Duration::from_millis(self.cfg.handover_grace_ms);
+            let left = STOP_BUDGET.saturating_sub(start.elapsed());
+            let grace = grace.min(left);
+            tracing::info!(
+                ?grace,
+                "handover: forwarding for the new owner's clients until the grace ends"
+            );
+            tokio::time::sleep(grace).await;
+        }
+        self.facts.vrrp_master.clear();
+        if let Err(e) = self.apply() {
+            tracing::error!(error = %format!("{e:#}"), "stop: applying the end of VRRP ownership");
+        }
+        if let Some(g) = self.guardian.take() {
+            g.bye();
+        }
+    }
+
+    /// Step 1: every VRRP instance resigns and removes its VIPs, all at once, within
+    /// [`VRRP_DEADLINE`]; VIPs of instances that did not finish are removed directly.
+    /// Meanwhile the resigning instances' ownership changes are still applied (the handover
+    /// grace decides when forwarding stops, as for any move); every other message is refused.
+    async fn resign_vrrp(&mut self) {
+        let handles = std::mem::take(&mut self.vrrp);
+        if handles.is_empty() {
+            return;
+        }
+        let ids: Vec<u64> = handles.iter().map(|h| h.id).collect();
+        let cfg = self.cfg.clone();
+        let vips: Vec<(String, Vec<std::net::IpAddr>)> = handles
+            .iter()
+            .map(|h| (super::vrrp::interface_of(&h.cfg, &cfg), h.cfg.vips.clone()))
+            .collect();
+        let all = futures::future::join_all(handles.into_iter().map(|h| h.instance.shutdown()));
+        let deadline = tokio::time::sleep(VRRP_DEADLINE);
+        tokio::pin!(all, deadline);
+        let done = loop {
+            tokio::select! {
+                _ = &mut all => break true,
+                _ = &mut deadline => break false,
+                Some(m) = self.rx.recv() => self.while_resigning(m, &ids),
+            }
+        };
+        if done {
+            return;
+        }
+        tracing::error!(
+            ?VRRP_DEADLINE,
+            "VRRP instances did not stop in time; removing their VIPs directly"
+        );
+        for (ifname, vips) in vips {
+            let removed = tokio::time::timeout(
+                Duration::from_secs(1),
+                crate::vrrp::announce::remove_stale(self.netlink.handle(), &ifname, &vips),
+            )
+            .await;
+            match removed {
+                Ok(Ok(r)) => tracing::info!(interface = %ifname, removed = ?r, "VIPs removed"),
+                Ok(Err(e)) => {
+                    tracing::error!(interface = %ifname, error = %format!("{e:#}"), "removing VIPs")
+                }
+                Err(_) => tracing::error!(interface = %ifname, "netlink did not answer"),
+            }
+        }
+    }
+
+    fn while_resigning(&mut self, m: Msg, ids: &[u64]) {
+        // Anything else is dropped: an API request is answered "lbd is stopping".
+        if let Msg::Ownership {
+            name,
+            id,
+            forward,
+            done,
+        } = m
+        {
+            if ids.contains(&id) {
+                self.facts.vrrp_master.insert(name, forward);
+                if let Err(e) = self.apply() {
+                    tracing::error!(error = %format!("{e:#}"), "applying VRRP ownership");
+                }
+            }
+            let _ = done.send(());
+        }
+    }
+}

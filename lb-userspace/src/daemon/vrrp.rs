@@ -1,0 +1,229 @@
+//! The owner's VRRP instances: starting them, their tracked weights, their status. Each
+//! instance runs its own task (see [`crate::vrrp::Instance`]); its ownership reaches the owner
+//! as [`Msg::Ownership`] through a small watcher that runs the handover grace.
+
+use std::{
+    net::IpAddr,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context, Result};
+
+use super::owner::{Msg, Owner};
+use crate::{
+    config::Config,
+    handover::Handover,
+    netlink, plan,
+    vrrp::{Instance, InstanceConfig},
+};
+
+/// A running VRRP instance and what its tracked checks last added to its priority.
+pub struct VrrpHandle {
+    pub cfg: InstanceConfig,
+    pub instance: Instance,
+    /// What its tracked checks last added to its priority, and whether one holds it in FAULT.
+    pub weight: crate::vrrp::track::Tracking,
+    /// This incarnation (see [`Msg::Ownership`]).
+    pub id: u64,
+}
+
+/// The interface an instance runs on.
+pub fn interface_of(r: &InstanceConfig, cfg: &Config) -> String {
+    r.interface.clone().unwrap_or_else(|| cfg.interface.clone())
+}
+
+impl Owner {
+    /// Hold the static VIPs, prepare this node as a DSR backend of its VRRP VIPs, then start
+    /// the VRRP instances; each instance's master state drives the ownership of its VIPs in
+    /// the data plane.
+    pub async fn start_vrrp(&mut self) -> Result<()> {
+        let cfg = self.cfg.clone();
+        self.static_vips.set(self.netlink.handle(), &cfg).await?;
+        if cfg.vrrp.is_empty() {
+            return Ok(());
+        }
+        if cfg.dsr_backend {
+            netlink::set_arp_sysctls(&cfg.interface, &super::rollback::saved_sysctls(&cfg))?;
+            for r in &cfg.vrrp {
+                for vip in &r.vips {
+                    netlink::ensure_local_vip(self.netlink.handle(), *vip).await?;
+                }
+            }
+        }
+        // VIPs an earlier configuration left (our label, no instance owns them now). Each
+        // instance removes its own stale VIPs itself when it starts, and only those.
+        let mut interfaces: Vec<String> = cfg.vrrp.iter().map(|r| interface_of(r, &cfg)).collect();
+        interfaces.sort();
+        interfaces.dedup();
+        // The static VIPs were just added on the same interface with the same label: keep them.
+        let keep: Vec<IpAddr> = crate::static_vip::configured_vips(&cfg);
+        for ifname in &interfaces {
+            let removed =
+                crate::vrrp::announce::remove_orphans(self.netlink.handle(), ifname, &keep).await?;
+            if !removed.is_empty() {
+                tracing::info!(interface = %ifname, ?removed, "removed VIPs of an earlier configuration");
+            }
+        }
+        for r in &cfg.vrrp {
+            let h = self.spawn_instance(r.clone()).await?;
+            self.vrrp.push(h);
+        }
+        self.vrrp_started = true;
+        self.sync_tracking().await;
+        Ok(())
+    }
+
+    /// Start one instance and the watcher that turns its mastership into forwarding.
+    pub(super) async fn spawn_instance(&mut self, r: InstanceConfig) -> Result<VrrpHandle> {
+        let mut instance = Instance::spawn(
+            r.clone(),
+            &self.cfg.interface,
+            self.netlink.handle().clone(),
+        )
+        .await
+        .with_context(|| format!("start VRRP instance {}", r.name))?;
+        self.next_instance_id += 1;
+        let id = self.next_instance_id;
+        self.watch_peer_failures(&mut instance, &r.name);
+        let mut owned = instance.ownership();
+        let forwarding = instance.forwarding_ack();
+        let (tx, name) = (self.tx.clone(), r.name.clone());
+        let grace = Duration::from_millis(self.cfg.handover_grace_ms);
+        // After a crash and a quick restart, clients may still send to this node (their ARP/ND
+        // caches) until another node has taken over and announced it. Keep forwarding with the
+        // adopted table until the new master can have done so, instead of answering from the
+        // local stack with resets: the instance's master-down interval plus a second.
+        let hold = if self.adopted_master.contains(&r.name) {
+            let interval = Duration::from_millis(u64::from(r.interval_ms()));
+            crate::vrrp::state::master_down_interval(r.priority, interval) + Duration::from_secs(1)
+        } else {
+            Duration::ZERO
+        };
+        tokio::spawn(async move {
+            // Mastership drives forwarding, through the handover grace (see `handover`).
+            let mut handover = Handover::adopted(grace, hold, Instant::now());
+            let mut f = handover.observe(*owned.borrow_and_update(), Instant::now());
+            loop {
+                tracing::info!(instance = %name, master = *owned.borrow(), forward = f.forward, grace_until = ?f.until, "VRRP ownership");
+                let (done, applied) = tokio::sync::oneshot::channel();
+                let msg = Msg::Ownership {
+                    name: name.clone(),
+                    id,
+                    forward: f.forward,
+                    done,
+                };
+                // The owner is gone: lbd is stopping, and the stop owns forwarding now.
+                if tx.send(msg).is_err() || applied.await.is_err() {
+                    break;
+                }
+                // The instance announces its VIPs only once the data plane forwards them.
+                if let Some(ack) = &forwarding {
+                    let _ = ack.send(f.forward);
+                }
+                // When the instance is gone (lbd stopping, or a reload replacing it) this
+                // watcher stops without another write: the stop runs the grace, and a
+                // replacing instance's watcher owns the fact from then on.
+                f = match f.until {
+                    Some(until) => tokio::select! {
+                        r = owned.changed() => {
+                            if r.is_err() {
+                                break;
+                            }
+                            handover.observe(*owned.borrow_and_update(), Instant::now())
+                        }
+                        _ = tokio::time::sleep_until(until.into()) => handover.at(Instant::now()),
+                    },
+                    None => {
+                        if owned.changed().await.is_err() {
+                            break;
+                        }
+                        handover.observe(*owned.borrow_and_update(), Instant::now())
+                    }
+                };
+            }
+        });
+        Ok(VrrpHandle {
+            cfg: r,
+            instance,
+            weight: Default::default(),
+            id,
+        })
+    }
+
+    /// Push each instance's tracked weight (checks passing, load balancer ready) if it changed.
+    pub(super) async fn sync_tracking(&mut self) {
+        let weights: Vec<(String, crate::vrrp::track::Tracking)> = self
+            .cfg
+            .vrrp
+            .iter()
+            .map(|r| {
+                (
+                    r.name.clone(),
+                    plan::track_weight(&self.cfg, &r.name, &self.tracks, &self.rows),
+                )
+            })
+            .collect();
+        for h in self.vrrp.iter_mut() {
+            let w = weights
+                .iter()
+                .find(|(n, _)| *n == h.cfg.name)
+                .map(|(_, w)| *w)
+                .unwrap_or_default();
+            if w != h.weight {
+                tracing::info!(instance = %h.cfg.name, weight = w.weight, fault = w.fault, "tracked weight changed");
+                h.instance.set_track_weight(w).await;
+                h.weight = w;
+            }
+        }
+    }
+
+    /// Addresses of the other VRRP speakers: configured unicast peers and each instance's
+    /// current master (for the loop guard).
+    pub(super) fn vrrp_peers(&self) -> Vec<IpAddr> {
+        let mut peers: Vec<IpAddr> = self
+            .vrrp
+            .iter()
+            .flat_map(|h| {
+                let status = h.instance.status();
+                let master = status.master.filter(|m| *m != status.primary_addr);
+                h.cfg.unicast_peers.iter().copied().chain(master)
+            })
+            .collect();
+        peers.sort();
+        peers.dedup();
+        peers
+    }
+
+    pub(super) fn vrrp_status(&self) -> serde_json::Value {
+        let list: Vec<serde_json::Value> = self
+            .vrrp
+            .iter()
+            .map(|h| {
+                let ready = plan::lb_ready(&self.cfg, &h.cfg.name, &self.rows);
+                let mut v = serde_json::to_value(h.instance.status()).unwrap_or_default();
+                let tracks: Vec<serde_json::Value> = self
+                    .cfg
+                    .track
+                    .iter()
+                    .filter(|t| t.instance == h.cfg.name)
+                    .map(|t| {
+                        serde_json::json!({
+                            "name": t.name,
+                            "weight": t.weight,
+                            "check": t.address.map(|a| a.to_string()).unwrap_or_else(|| "load balancer ready".into()),
+                            "passing": match t.address {
+                                Some(_) => self.tracks.get(&t.name).copied().unwrap_or(false),
+                                None => ready,
+                            },
+                        })
+                    })
+                    .collect();
+                v["tracks"] = tracks.into();
+                v["track_weight"] = h.weight.weight.into();
+                v["track_fault"] = h.weight.fault.into();
+                v
+            })
+            .collect();
+        list.into()
+    }
+}

@@ -1,0 +1,473 @@
+//! lbd's core as one owner: a stop that keeps the VIP single whatever FRR does, reloads that
+//! are all or nothing, a reload racing a stop, and one lbd per config. lbd nodes in network
+//! namespaces (`VrrpLab`). Needs root; `cargo xtask test`.
+
+use std::time::Duration;
+
+use lb_tests::{
+    lab::{has_address, wait_for},
+    vrrp_lab::{NodeOpts, VIP4, VrrpLab},
+};
+use serde_json::Value;
+
+const LABNODE: &str = env!("CARGO_BIN_EXE_labnode");
+/// kubelet's termination grace the stop must fit (OpenShift static pods).
+const TERMINATION_GRACE: Duration = Duration::from_secs(10);
+
+fn prio(priority: u8) -> NodeOpts {
+    NodeOpts {
+        priority,
+        ..Default::default()
+    }
+}
+
+fn tag(l: &VrrpLab, i: usize) -> String {
+    format!("lbd-{}", l.nodes[i])
+}
+
+fn wait_master(l: &VrrpLab, i: usize) {
+    assert!(
+        l.wait_master(i, Duration::from_secs(15)) && wait_holds(l, i, VIP4, true),
+        "node {i} becomes master and holds the VIP\n{}",
+        l.logs()
+    );
+}
+
+/// Wait up to 10 s for node `i`'s eth0 to hold `vip` (or not).
+fn wait_holds(l: &VrrpLab, i: usize, vip: &str, held: bool) -> bool {
+    let netns = l.lab.node(&l.nodes[i]).netns.clone();
+    wait_for(Duration::from_secs(10), || {
+        (has_address(&netns, "eth0", vip) == held).then_some(())
+    })
+    .is_some()
+}
+
+fn holds(l: &VrrpLab, i: usize, vip: &str) -> bool {
+    has_address(&l.lab.node(&l.nodes[i]).netns, "eth0", vip)
+}
+
+fn probe(l: &VrrpLab, i: usize, path: &str) -> (u16, String) {
+    l.get(i, path)
+}
+
+fn reload(l: &VrrpLab, i: usize) -> (bool, String) {
+    let out = lb_tests::lbctl_output(&l.socket(i), &["reload"]);
+    let text =
+        String::from_utf8_lossy(&out.stderr).to_string() + &String::from_utf8_lossy(&out.stdout);
+    (out.status.success(), text)
+}
+
+fn stats(l: &VrrpLab, i: usize) -> Value {
+    l.lbctl(i, &["stats"]).expect("lbctl stats")
+}
+
+/// A `[[bgp]]` section whose vtysh is `vtysh` (the peer is never reached: FRR is not there).
+fn bgp_section(vtysh: &str) -> String {
+    format!(
+        "\n[[bgp]]\nasn = 65001\nvtysh = \"{vtysh}\"\n[[bgp.peers]]\naddress = \"10.78.0.254\"\nasn = 65000\n"
+    )
+}
+
+/// A hung bgpd (vtysh answers nothing for 30 s) must delay neither the loop (`/healthz`) nor the
+/// stop: SIGTERM releases the VIP, and a backup takes it, within the termination grace.
+#[test]
+fn a_hung_vtysh_delays_neither_the_loop_nor_the_vip_release() {
+    let mut l = VrrpLab::prepare(LABNODE, vec![prio(150), prio(100)]);
+    let vtysh = l.lab.dir.join("vtysh-hung");
+    std::fs::write(&vtysh, "#!/bin/sh\nexec sleep 30\n").unwrap();
+    std::fs::set_permissions(&vtysh, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let cfg = l.config(0) + &bgp_section(&vtysh.display().to_string());
+    std::fs::write(l.config_path(0), cfg).unwrap();
+    l.write_config(1);
+    l.start(0);
+    l.start(1);
+    // By the address, not the API: the API is what a stalled loop would not answer.
+    let netns = l.lab.node(&l.nodes[0]).netns.clone();
+    let held = wait_for(Duration::from_secs(30), || {
+        has_address(&netns, "eth0", VIP4).then_some(())
+    });
+    assert!(held.is_some(), "node 0 holds the VIP\n{}", l.logs());
+    // Running (its API answers), not starting: a SIGTERM before the signal handler is set
+    // kills lbd at once, and the guardian gives the VIP back.
+    let serving = wait_for(Duration::from_secs(60), || {
+        (probe(&l, 0, "/readyz").0 != 0).then_some(())
+    });
+    assert!(serving.is_some(), "the API answers\n{}", l.log(0));
+    // Longer than one vtysh timeout (10 s) and the liveness bound: the loop kept ticking.
+    std::thread::sleep(Duration::from_secs(12));
+    let healthz = probe(&l, 0, "/healthz");
+    assert!(holds(&l, 0, VIP4), "still master\n{}", l.log(0));
+
+    let sent = std::time::Instant::now();
+    l.signal(0, libc::SIGTERM);
+    let released = wait_for(TERMINATION_GRACE, || {
+        (!has_address(&netns, "eth0", VIP4)).then_some(sent.elapsed())
+    });
+    println!("SIGTERM with a hung vtysh: VIP released after {released:?}");
+    assert!(
+        released.is_some(),
+        "the VIP is released within the {TERMINATION_GRACE:?} grace\n{}",
+        l.log(0)
+    );
+    assert!(
+        wait_holds(&l, 1, VIP4, true),
+        "the backup takes it\n{}",
+        l.logs()
+    );
+    assert_eq!(
+        healthz.0,
+        200,
+        "/healthz while vtysh hangs: {}\n{}",
+        healthz.1,
+        l.log(0)
+    );
+    let t = tag(&l, 0);
+    let exited = l
+        .lab
+        .wait(&t, TERMINATION_GRACE.saturating_sub(sent.elapsed()));
+    assert!(
+        exited.is_some_and(|s| s.success()),
+        "lbd exits cleanly within the grace: {exited:?}\n{}",
+        l.log(0)
+    );
+}
+
+/// Two new VRRP instances, the second on an interface this node does not have.
+fn with_bad_interface(base: &str) -> String {
+    base.to_string()
+        + "\n[[vips]]\nname = \"good\"\naddress = \"10.78.0.103\"\nports = [8080]\nvrrp = \"good\"\n[[vips.backends]]\naddress = \"10.78.0.1\"\n"
+        + "\n[[vips]]\nname = \"bad\"\naddress = \"10.78.0.102\"\nports = [8080]\nvrrp = \"bad\"\n[[vips.backends]]\naddress = \"10.78.0.1\"\n"
+        + "\n[[vrrp]]\nname = \"good\"\nvrid = 54\npriority = 150\nvips = [\"10.78.0.103\"]\n"
+        + "\n[[vrrp]]\nname = \"bad\"\nvrid = 53\npriority = 150\ninterface = \"nosuch0\"\nvips = [\"10.78.0.102\"]\n"
+}
+
+/// A reload that cannot be applied in full is applied not at all: no VIP, no instance, the
+/// error in the log and in `lbctl stats`, by the API and by SIGHUP alike.
+#[test]
+fn a_reload_with_a_missing_interface_applies_nothing_and_says_why() {
+    let mut l = VrrpLab::prepare(LABNODE, vec![prio(150)]);
+    l.write_config(0);
+    let base = l.config(0);
+    l.start(0);
+    wait_master(&l, 0);
+    let vips_before = l.lbctl(0, &["vips", "list"]).expect("vips");
+
+    std::fs::write(l.config_path(0), with_bad_interface(&base)).unwrap();
+    let (ok, text) = reload(&l, 0);
+    assert!(!ok, "refused: {text}");
+    assert!(text.contains("nosuch0"), "names the interface: {text}");
+    let unchanged = |l: &VrrpLab, what: &str| {
+        assert_eq!(
+            l.lbctl(0, &["vips", "list"]).expect("vips"),
+            vips_before,
+            "{what}: the data plane keeps the running config"
+        );
+        let vrrp = l.lbctl(0, &["vrrp", "status"]).expect("vrrp");
+        let names: Vec<&str> = vrrp
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s["name"].as_str().unwrap())
+            .collect();
+        assert_eq!(names, ["api"], "{what}: no instance started");
+        // The good instance would be master at once (priority 150, alone): give it time.
+        std::thread::sleep(Duration::from_secs(1));
+        assert!(!holds(l, 0, "10.78.0.103"), "{what}: no VIP added");
+        assert!(holds(l, 0, VIP4), "{what}: the running VIP stays");
+    };
+    unchanged(&l, "API reload");
+    let s = stats(&l, 0);
+    assert_eq!(s["reload_failures"], 1, "{s}");
+    assert_eq!(s["reloads"], 0, "{s}");
+    assert!(
+        s["last_reload_error"]
+            .as_str()
+            .unwrap_or("")
+            .contains("nosuch0"),
+        "{s}"
+    );
+    let refused = |l: &VrrpLab| {
+        l.log(0)
+            .lines()
+            .filter(|x| x.contains("config refused") && x.contains("nosuch0"))
+            .count()
+    };
+    assert_eq!(refused(&l), 1, "logged\n{}", l.log(0));
+
+    // SIGHUP: the same, and logged too.
+    l.signal(0, libc::SIGHUP);
+    let counted = wait_for(Duration::from_secs(10), || {
+        (stats(&l, 0)["reload_failures"] == 2).then_some(())
+    });
+    assert!(counted.is_some(), "SIGHUP reload counted\n{}", l.log(0));
+    unchanged(&l, "SIGHUP reload");
+    assert_eq!(refused(&l), 2, "the SIGHUP failure is logged\n{}", l.log(0));
+
+    // The running config still reloads.
+    std::fs::write(l.config_path(0), &base).unwrap();
+    let (ok, text) = reload(&l, 0);
+    assert!(ok, "{text}");
+    let s = stats(&l, 0);
+    assert_eq!(s["reloads"], 1, "{s}");
+    assert!(s["last_reload_error"].is_null(), "{s}");
+}
+
+fn late_instance(base: &str) -> String {
+    base.to_string()
+        + "\n[[vrrp]]\nname = \"late\"\nvrid = 55\npriority = 150\nadvert_interval_ms = 100\nvips = [\"10.78.0.104\"]\n"
+}
+
+/// A reload and a SIGTERM at once: whichever comes first, no VRRP instance outlives the stop
+/// (its VIP would stay on the interface with nobody to give it back).
+#[test]
+fn reload_and_sigterm_at_once_leave_no_instance_behind() {
+    let opts = NodeOpts {
+        // A stop that takes a while (the handover grace): a window for the reload.
+        top: "handover_grace_ms = 3000\n".into(),
+        ..prio(150)
+    };
+    let mut l = VrrpLab::prepare(LABNODE, vec![opts]);
+    l.write_config(0);
+    let base = l.config(0);
+    for (round, reload_after) in [(1, Duration::from_millis(300)), (2, Duration::ZERO)] {
+        std::fs::write(l.config_path(0), &base).unwrap();
+        l.start(0);
+        wait_master(&l, 0);
+        std::fs::write(l.config_path(0), late_instance(&base)).unwrap();
+        let socket = l.socket(0);
+        std::thread::scope(|s| {
+            let r = s.spawn(|| {
+                std::thread::sleep(reload_after);
+                lb_tests::lbctl_output(&socket, &["reload"])
+            });
+            l.signal(0, libc::SIGTERM);
+            let _ = r.join();
+        });
+        let t = tag(&l, 0);
+        let exited = l.lab.wait(&t, Duration::from_secs(20));
+        assert!(
+            exited.is_some_and(|s| s.success()),
+            "round {round}: lbd stops: {exited:?}\n{}",
+            l.log(0)
+        );
+        // An instance that survived the stop would hold its VIP now (priority 150, alone).
+        std::thread::sleep(Duration::from_secs(1));
+        for vip in [VIP4, "10.78.0.104"] {
+            assert!(
+                !holds(&l, 0, vip),
+                "round {round}: {vip} given back at the stop\n{}",
+                l.log(0)
+            );
+        }
+    }
+}
+
+/// A second lbd on the same config (same socket, same pins), or on the same pins with another
+/// socket, refuses to start and leaves the running one alone; so does `lbd teardown`.
+#[test]
+fn a_second_lbd_on_the_same_config_refuses_to_start() {
+    let mut l = VrrpLab::prepare(LABNODE, vec![prio(150)]);
+    l.write_config(0);
+    l.start(0);
+    wait_master(&l, 0);
+    let node = l.nodes[0].clone();
+    let lbd = lb_tests::bin_dir().join("lbd");
+    let other_socket = l.lab.dir.join("other.sock").display().to_string();
+    let same_pins = l.config(0).replace(&l.socket(0), &other_socket);
+    let same_pins_path = l.lab.dir.join("same-pins.toml");
+    std::fs::write(&same_pins_path, same_pins).unwrap();
+    for (what, path, want) in [
+        ("same config", l.config_path(0), "another lbd"),
+        ("same pins", same_pins_path, "pinned maps"),
+    ] {
+        let t = format!("second-{}", what.replace(' ', "-"));
+        let path = path.display().to_string();
+        l.lab.spawn(&node, &t, &lbd, &["--config", &path]);
+        let status = l.lab.wait(&t, Duration::from_secs(10));
+        let log = l.lab.log(&t);
+        assert!(
+            status.is_some_and(|s| !s.success()),
+            "{what}: the second lbd exits with an error: {status:?}\n{log}"
+        );
+        assert!(log.contains(want), "{what}: says why\n{log}");
+        assert!(
+            !std::path::Path::new(&other_socket).exists(),
+            "{what}: no second socket"
+        );
+        // The first one is untouched.
+        let (code, body) = probe(&l, 0, "/healthz");
+        assert_eq!(code, 200, "{what}: {body}");
+        assert_eq!(
+            l.state(0).as_deref(),
+            Some("master"),
+            "{what}\n{}",
+            l.log(0)
+        );
+        assert!(holds(&l, 0, VIP4), "{what}: the VIP stays");
+    }
+    // `lbd teardown` would undo what the running lbd holds: refused too.
+    let out = l.lbd(0, &["teardown"]);
+    let text = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(!out.status.success(), "teardown refused: {text}");
+    assert!(text.contains("another lbd"), "{text}");
+    assert!(holds(&l, 0, VIP4), "teardown removed nothing");
+    assert_eq!(l.state(0).as_deref(), Some("master"));
+}
+
+fn routes76(l: &VrrpLab, i: usize) -> String {
+    let netns = l.lab.node(&l.nodes[i]).netns.clone();
+    let out = lb_tests::lab::try_sh(&["ip", "-n", &netns, "route", "show", "proto", "76"]);
+    String::from_utf8_lossy(&out.stdout).to_string()
+}
+
+/// A node whose lbd died must not keep announcing: the guardian withdraws the BGP routes
+/// (`proto 76`, what FRR redistributes), and `lbd teardown` removes any left.
+#[test]
+fn bgp_routes_are_withdrawn_by_the_guardian_and_by_teardown() {
+    const BGP_VIP: &str = "10.78.0.120";
+    let mut l = VrrpLab::prepare(LABNODE, vec![prio(150)]);
+    // FRR's stand-in: accepts every command, has no running config.
+    let vtysh = l.lab.dir.join("vtysh-ok");
+    std::fs::write(&vtysh, "#!/bin/sh\nexit 0\n").unwrap();
+    std::fs::set_permissions(&vtysh, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let me = l.addr(&l.nodes[0].clone());
+    let cfg = l.config(0)
+        + &format!(
+            "\n[[vips]]\nname = \"bgp\"\naddress = \"{BGP_VIP}\"\nports = [8080]\nannounce = \"bgp\"\n[vips.health]\nkind = \"tcp\"\n[[vips.backends]]\naddress = \"{me}\"\n"
+        )
+        + &bgp_section(&vtysh.display().to_string());
+    std::fs::write(l.config_path(0), cfg).unwrap();
+    l.start(0);
+    wait_master(&l, 0);
+    let announced = wait_for(Duration::from_secs(10), || {
+        routes76(&l, 0).contains(BGP_VIP).then_some(())
+    });
+    assert!(
+        announced.is_some(),
+        "announced: {}\n{}",
+        routes76(&l, 0),
+        l.log(0)
+    );
+
+    // lbd dies without stopping: the guardian withdraws.
+    l.stop(0, libc::SIGKILL);
+    let withdrawn = wait_for(Duration::from_secs(5), || {
+        (!routes76(&l, 0).contains(BGP_VIP)).then_some(())
+    });
+    assert!(
+        withdrawn.is_some(),
+        "the guardian withdrew: {}\n{}",
+        routes76(&l, 0),
+        l.log(0)
+    );
+
+    // A route left behind (an older lbd, a guardian killed too): teardown removes it.
+    let netns = l.lab.node(&l.nodes[0]).netns.clone();
+    lb_tests::lab::sh(&[
+        "ip",
+        "-n",
+        &netns,
+        "route",
+        "add",
+        "blackhole",
+        "10.78.0.121/32",
+        "proto",
+        "76",
+    ]);
+    let out = l.lbd(0, &["teardown"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(routes76(&l, 0).trim(), "", "no proto-76 route left");
+}
+
+/// Static VIPs live on the interface: when it is deleted and created again (an OVS bridge
+/// rebuilt), lbd puts them back on the new device, beside the VRRP VIP on the same interface.
+#[test]
+fn static_vips_come_back_on_a_recreated_interface() {
+    const STATIC_VIP: &str = "10.78.0.110";
+    let mut l = VrrpLab::prepare(LABNODE, vec![prio(150)]);
+    let me = l.addr(&l.nodes[0].clone());
+    let cfg = l.config(0)
+        + &format!(
+            "\n[[vips]]\nname = \"static\"\naddress = \"{STATIC_VIP}\"\nports = [8080]\nowned = true\n[vips.health]\nkind = \"tcp\"\n[[vips.backends]]\naddress = \"{me}\"\n"
+        );
+    std::fs::write(l.config_path(0), cfg).unwrap();
+    l.start(0);
+    wait_master(&l, 0);
+    assert!(
+        wait_holds(&l, 0, STATIC_VIP, true),
+        "the static VIP is held at start\n{}",
+        l.log(0)
+    );
+    let node = l.nodes[0].clone();
+    l.lab.delete_link(&node);
+    l.lab.create_link(&node);
+    assert!(
+        wait_holds(&l, 0, STATIC_VIP, true),
+        "the static VIP is back on the new device\n{}",
+        l.log(0)
+    );
+    assert!(
+        wait_holds(&l, 0, VIP4, true),
+        "so is the VRRP VIP\n{}",
+        l.log(0)
+    );
+}
+
+/// The guardian children of `pid` (`lbd guardian`), from /proc.
+fn guardians_of(pid: u32) -> Vec<u32> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(child) = e.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{child}/stat")) else {
+            continue;
+        };
+        // The fields after the command name (in parentheses): state, ppid, ...
+        let ppid = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+            .and_then(|p| p.parse::<u32>().ok());
+        let cmdline = std::fs::read(format!("/proc/{child}/cmdline")).unwrap_or_default();
+        if ppid == Some(pid) && cmdline.ends_with(b"guardian\0") {
+            out.push(child);
+        }
+    }
+    out
+}
+
+/// A guardian that died (killed, OOM) is started again at once, not at the next reload: a crash
+/// of lbd right after still gives the VIP back.
+#[test]
+fn a_dead_guardian_is_replaced_at_once() {
+    let mut l = VrrpLab::prepare(LABNODE, vec![prio(150)]);
+    l.write_config(0);
+    l.start(0);
+    wait_master(&l, 0);
+    let lbd = l.lab.pid(&tag(&l, 0)).expect("lbd runs");
+    let first = guardians_of(lbd);
+    assert_eq!(first.len(), 1, "one guardian: {first:?}");
+    // Our lbd's own child: the test started it.
+    unsafe { libc::kill(first[0] as i32, libc::SIGKILL) };
+    let replaced = wait_for(Duration::from_secs(5), || {
+        let now = guardians_of(lbd);
+        (now.len() == 1 && now[0] != first[0]).then(|| now[0])
+    });
+    assert!(
+        replaced.is_some(),
+        "a new guardian: {:?}\n{}",
+        guardians_of(lbd),
+        l.log(0)
+    );
+    // It knows the VIPs: a crash now gives them back.
+    l.stop(0, libc::SIGKILL);
+    assert!(
+        wait_holds(&l, 0, VIP4, false),
+        "the new guardian gave the VIP back\n{}",
+        l.log(0)
+    );
+}
