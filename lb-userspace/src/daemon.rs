@@ -151,7 +151,12 @@ pub async fn run(config_path: PathBuf) -> Result<()> {
         Config::load(&config_path).with_context(|| format!("config {}", config_path.display()))?;
     // Before anything touches the interface, the pins or the socket: one lbd per config.
     let lock = lock::InstanceLock::acquire(&cfg, &load_options(&cfg))?;
-    let (mut owner, front) = owner::Owner::start(config_path, cfg.clone(), lock).await?;
+    let (mut owner, front) = owner::Owner::start(config_path.clone(), cfg.clone(), lock).await?;
+    // A change of the file reloads it (the MCO writes rendered configs; no `lbctl reload`).
+    let tx = owner.tx.clone();
+    let watcher = tokio::spawn(crate::config_watch::watch_file(config_path, move || {
+        tx.send(owner::Msg::ConfigChanged).is_ok()
+    }));
     owner.start_guardian();
     owner.start_vrrp().await?;
     owner.start_bgp();
@@ -172,6 +177,7 @@ pub async fn run(config_path: PathBuf) -> Result<()> {
         Err(e) => Some(format!("{e:#}")),
     };
     owner.stop().await;
+    watcher.abort();
     for t in tasks {
         t.abort();
     }

@@ -10,6 +10,7 @@
 //! - [`health`]: backend health checks (HTTPS, HTTP, TCP) with rise/fall.
 //! - [`plan`]: from config and facts to what the data plane should do (pure).
 //! - [`render`]: every node's config from one cluster description (pure; `lbctl render`).
+//! - [`config_watch`]: reload on a config file change; wait for a node's config to appear.
 //! - [`daemon`]: `lbd`'s core: one owner task holding the state, and the parts around it.
 //! - [`guardian`]: gives the VRRP VIPs back (and withdraws BGP routes) if lbd dies.
 //! - [`handover`]: the grace after a VIP leaves this node (pure).
@@ -21,6 +22,7 @@
 pub mod api;
 pub mod bgp;
 pub mod config;
+pub mod config_watch;
 pub mod daemon;
 pub mod dataplane;
 pub mod guardian;

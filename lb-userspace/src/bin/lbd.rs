@@ -86,8 +86,14 @@ const DEFAULT_LOG_FILTER: &str = "info,netlink_packet_route::link::buffer_tool=e
 
 fn main() -> std::process::ExitCode {
     let mut cli = Cli::parse();
+    // A directory of rendered configs without this node's: `lbd run` waits for it (up, not
+    // ready, saying why) instead of exiting into a crash loop.
+    let mut waiting_for_config = None;
     match lb_userspace::render::node_config_path(&cli.config) {
         Ok(p) => cli.config = p,
+        Err(e) if cli.config.is_dir() && matches!(cli.command, None | Some(Command::Run)) => {
+            waiting_for_config = Some(e.to_string());
+        }
         Err(e) => {
             eprintln!("lbd: {e}");
             return std::process::ExitCode::FAILURE;
@@ -151,7 +157,21 @@ fn main() -> std::process::ExitCode {
         }
         Command::Run => tokio::runtime::Runtime::new()
             .map_err(anyhow::Error::from)
-            .and_then(|rt| rt.block_on(lb_userspace::daemon::run(cli.config.clone()))),
+            .and_then(|rt| {
+                rt.block_on(async {
+                    let config = match waiting_for_config {
+                        Some(why) => {
+                            lb_userspace::config_watch::wait_for_node_config(
+                                cli.config.clone(),
+                                why,
+                            )
+                            .await
+                        }
+                        None => cli.config.clone(),
+                    };
+                    lb_userspace::daemon::run(config).await
+                })
+            }),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

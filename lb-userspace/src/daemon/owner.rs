@@ -49,6 +49,8 @@ pub enum Msg {
     PeerFailed { name: String, peer: IpAddr },
     /// Kernel facts gathered beside the owner (see `refresh`).
     Gathered(Box<Result<Gathered>>),
+    /// The config file's contents changed (see `config_watch`): reload, as on SIGHUP.
+    ConfigChanged,
 }
 
 /// The main loop ticks every second; this long without a tick means lbd is wedged.
@@ -293,6 +295,9 @@ impl Owner {
                 if let Err(e) = self.gathered(*got).await {
                     tracing::warn!(error = %format!("{e:#}"), "refresh");
                 }
+            }
+            Msg::ConfigChanged => {
+                let _ = self.reload().await;
             }
         }
     }
