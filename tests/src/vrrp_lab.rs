@@ -350,6 +350,11 @@ impl VrrpLab {
         c
     }
 
+    /// Write node `i`'s keepalived.conf from its options (a node going back to keepalived).
+    pub fn write_keepalived_config(&self, i: usize) {
+        std::fs::write(self.keepalived_conf_path(i), self.keepalived_config(i)).unwrap();
+    }
+
     pub fn write_config(&self, i: usize) {
         std::fs::write(self.config_path(i), self.config(i)).unwrap();
     }
