@@ -11,6 +11,7 @@ pub mod insns;
 mod interp;
 mod live;
 pub mod micro;
+pub mod migrate;
 pub mod scale;
 pub mod sock;
 pub mod table;

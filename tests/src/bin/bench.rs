@@ -14,6 +14,7 @@ fn main() {
         ("scale", bench::scale::run),
         ("chaos", bench::chaos::run),
         ("sock", bench::sock::run),
+        ("migrate", bench::migrate::run),
     ];
     let chosen: Vec<&(&str, fn())> = parts
         .iter()
