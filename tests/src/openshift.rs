@@ -30,11 +30,10 @@ pub struct Checks {
     pub default_ingress: String,
 }
 
-/// (name, command, interval s, weight, rise, fall) of OpenShift's vrrp_scripts.
-fn scripts(
-    c: &Checks,
-    control_plane: bool,
-) -> Vec<(&'static str, &str, u32, Option<i32>, u32, u32)> {
+/// (name, command, interval s, weight, rise, fall) of one of OpenShift's vrrp_scripts.
+type Script<'a> = (&'static str, &'a str, u32, Option<i32>, u32, u32);
+
+fn scripts(c: &Checks, control_plane: bool) -> Vec<Script<'_>> {
     let mut v = Vec::new();
     if control_plane {
         v.push(("chk_ocp_lb", c.ocp_lb.as_str(), 2, Some(20), 3, 3));

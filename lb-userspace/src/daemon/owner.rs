@@ -67,6 +67,9 @@ pub struct Owner {
     pub(super) reloads: u64,
     pub(super) reload_failures: u64,
     pub(super) last_reload_error: Option<String>,
+    /// The config file's bytes at the last load or reload attempt: a file change with the same
+    /// bytes (a reload already read them) is not reloaded again (see `config_watch`).
+    pub(super) config_bytes: Option<Vec<u8>>,
     pub(super) health: HealthMonitor,
     health_events: Option<mpsc::UnboundedReceiver<HealthEvent>>,
     /// The last apply succeeded: the maps say what `cfg` and `facts` ask for.
@@ -145,6 +148,7 @@ impl Owner {
         );
         let (tx, rx) = mpsc::unbounded_channel();
         let shared = Arc::new(Shared::new());
+        let config_bytes = std::fs::read(&config_path).ok();
         let mut owner = Owner {
             static_vips: crate::static_vip::StaticVips::new(&cfg.interface),
             cfg,
@@ -156,6 +160,7 @@ impl Owner {
             reloads: 0,
             reload_failures: 0,
             last_reload_error: None,
+            config_bytes,
             health,
             health_events: Some(events),
             in_sync: false,
@@ -297,7 +302,10 @@ impl Owner {
                 }
             }
             Msg::ConfigChanged => {
-                let _ = self.reload().await;
+                let now = std::fs::read(&self.config_path).ok();
+                if crate::config_watch::reload_due(&self.config_bytes, &now) {
+                    let _ = self.reload().await;
+                }
             }
         }
     }

@@ -118,6 +118,7 @@ impl Owner {
     /// the outcome is counted and logged, and a failure is shown in `lbctl stats`.
     pub(super) async fn reload(&mut self) -> Result<()> {
         let path = self.config_path.clone();
+        self.config_bytes = std::fs::read(&path).ok();
         match self.try_reload().await {
             Ok(()) => {
                 self.reloads += 1;

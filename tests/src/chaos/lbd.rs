@@ -132,6 +132,9 @@ impl Flavor for LbdFlavor {
                 match state.as_str() {
                     "master" => *masters.entry(i["name"].to_string()).or_default() += 1,
                     "backup" => {}
+                    // As on OpenShift, every node is in the ingress election and a node
+                    // without a router is in FAULT there (chk_ingress, weight 0).
+                    "fault" if i["name"] == "ingress" && !self.cluster.routers().contains(n) => {}
                     _ => return Err(format!("{n}: instance {} is {state}", i["name"])),
                 }
             }
