@@ -368,6 +368,26 @@ impl Config {
         Ok(cfg)
     }
 
+    /// Whether this node holds `vip` of VRRP instance `r` on `lo` as a DSR backend (with
+    /// `dsr_backend`): unless the VIP's `[[vips]]` entries list backends and none of them is
+    /// this node (the instance's `unicast_src`). A node that only takes part in the election
+    /// (OpenShift's masters in the ingress instance, without a router) must not: `lo` would
+    /// swallow its own traffic to the VIP. Without `unicast_src` or a `[[vips]]` entry, it does.
+    pub fn backend_here(&self, r: &crate::vrrp::InstanceConfig, vip: IpAddr) -> bool {
+        let Some(me) = r.unicast_src else {
+            return true;
+        };
+        let entries: Vec<&VipConfig> = self
+            .vips
+            .iter()
+            .filter(|v| v.address == vip && !v.backends.is_empty())
+            .collect();
+        entries.is_empty()
+            || entries
+                .iter()
+                .any(|v| v.backends.iter().any(|b| b.address == me))
+    }
+
     /// Every VIP service (address, port, protocol) this config defines, in config order.
     pub fn services(&self) -> Vec<(usize, u16)> {
         let mut out = Vec::new();

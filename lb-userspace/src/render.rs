@@ -1014,7 +1014,16 @@ roles = ["worker"]
             ips(&["192.168.111.21", "192.168.111.30", "192.168.111.31"])
         );
         assert_eq!(m0.vips[1].backends.len(), 2);
+        // A DSR backend of the API VIP, not of the ingress VIP (no router here): lbd holds
+        // only the former on lo.
+        let lo: Vec<bool> = m0
+            .vrrp
+            .iter()
+            .map(|r| m0.backend_here(r, r.vips[0]))
+            .collect();
+        assert_eq!(lo, [true, false]);
         let w1 = &out[3].config;
+        assert!(w1.backend_here(&w1.vrrp[0], w1.vrrp[0].vips[0]));
         assert_eq!(w1.vips.len(), 1);
         assert_eq!(w1.vips[0].name, "ingress");
         assert_eq!(w1.vrrp[0].vrid, 93);

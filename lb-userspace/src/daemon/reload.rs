@@ -298,7 +298,7 @@ impl Owner {
     /// A DSR backend holds the instance's VIPs on `lo` first; then the instance starts.
     async fn start_instance(&mut self, new: &Config, r: InstanceConfig) -> Result<VrrpHandle> {
         if new.dsr_backend {
-            for vip in &r.vips {
+            for vip in r.vips.iter().filter(|v| new.backend_here(&r, **v)) {
                 netlink::ensure_local_vip(self.netlink.handle(), *vip).await?;
             }
         }

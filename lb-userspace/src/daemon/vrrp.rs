@@ -45,7 +45,7 @@ impl Owner {
         if cfg.dsr_backend {
             netlink::set_arp_sysctls(&cfg.interface, &super::rollback::saved_sysctls(&cfg))?;
             for r in &cfg.vrrp {
-                for vip in &r.vips {
+                for vip in r.vips.iter().filter(|v| cfg.backend_here(r, **v)) {
                     netlink::ensure_local_vip(self.netlink.handle(), *vip).await?;
                 }
             }
