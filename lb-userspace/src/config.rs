@@ -116,7 +116,8 @@ pub struct Config {
     #[serde(default)]
     pub track: Vec<TrackConfig>,
     /// This node also serves the VIPs of its VRRP instances as a DSR backend: lbd holds each such
-    /// VIP on `lo` (never announced) and sets `arp_ignore=1`, `arp_announce=2`.
+    /// VIP on `lo` (never announced; only where this node is a backend, see
+    /// [`Config::backend_here`]) and sets `arp_ignore=1`, `arp_announce=2`.
     #[serde(default = "default_true")]
     pub dsr_backend: bool,
     /// After this node stops being a VIP's VRRP master (lbd stopping, a tracked check failing,
