@@ -816,7 +816,23 @@ fn the_production_object_holds_only_what_lbd_runs() {
     let obj = aya_obj::Object::parse(lb_userspace::EBPF_OBJECT).expect("parse the XDP object");
     let mut programs: Vec<&str> = obj.programs.keys().map(|k| k.as_str()).collect();
     programs.sort();
-    assert_eq!(programs, ["lb_decap", "lb_pass", "lb_xdp"]);
+    assert_eq!(
+        programs,
+        [
+            "lb_decap",
+            "lb_pass",
+            // Socket load balancing (lbd attaches them to the cgroup v2 root).
+            "lb_sock_connect4",
+            "lb_sock_connect6",
+            "lb_sock_getpeername4",
+            "lb_sock_getpeername6",
+            "lb_sock_recvmsg4",
+            "lb_sock_recvmsg6",
+            "lb_sock_sendmsg4",
+            "lb_sock_sendmsg6",
+            "lb_xdp"
+        ]
+    );
     let bench_maps: Vec<&String> = obj
         .maps
         .keys()

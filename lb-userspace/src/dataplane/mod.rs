@@ -746,8 +746,10 @@ impl Dataplane {
         let vip_id = self.services[&key].vip_id;
 
         // Backends. New pairs, and pairs whose addressing changed (a replacement pair), are
-        // written now; flag changes that add a pair to the set are written now, those that take
-        // it out wait for the table flip.
+        // written now; flag changes that add a pair to the set or let it take new flows are
+        // written now, those that take it out of either wait for the table flip: until then the
+        // live new-flow table still names it, and a flow start on its slot would find no
+        // backend (dropped) if its flags already said "no new flows".
         let mut entries = Vec::new();
         let mut new_entries = Vec::new();
         let mut after_flip: Vec<(u32, BackendInfo)> = Vec::new();
@@ -758,7 +760,9 @@ impl Dataplane {
                 Some(old) if old.spec.same_pair(b) => {
                     if old.spec != *b {
                         let info = backend_info(vip_id, b, old.epoch);
-                        if old.spec.in_set() && !b.in_set() {
+                        if (old.spec.in_set() && !b.in_set())
+                            || (old.spec.in_table() && !b.in_table())
+                        {
                             after_flip.push((old.id, info));
                         } else {
                             self.backends.set(old.id, info, 0)?;
