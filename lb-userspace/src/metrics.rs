@@ -24,7 +24,7 @@ use prometheus_client::{
     registry::{Registry, Unit},
 };
 
-use crate::status::{BackendRow, VipRow};
+use crate::status::{BackendRow, StatsRow, VipRow, VrrpCounters, VrrpRow, VrrpState};
 
 type Labels = Vec<(String, String)>;
 
@@ -108,16 +108,12 @@ fn gauge_family(
     register(r, name, help, unit, f)
 }
 
-fn n(v: &serde_json::Value) -> u64 {
-    v.as_u64().unwrap_or(0)
-}
-
-/// The exposition. `stats` is the JSON of `/v1/stats`; `vrrp` the JSON array of `/v1/vrrp`.
+/// The exposition, from the rows `/v1/stats`, `/v1/vips`, `/v1/backends` and `/v1/vrrp` serve.
 pub fn render(
-    stats: &serde_json::Value,
+    stats: &StatsRow,
     vips: &[VipRow],
     backends: &[BackendRow],
-    vrrp: &serde_json::Value,
+    vrrp: &[VrrpRow],
 ) -> String {
     let mut r = Registry::with_prefix("lb");
     gauge_family(
@@ -132,67 +128,59 @@ pub fn render(
         "uptime",
         "Time since this lbd started.",
         Some(Unit::Seconds),
-        [(Labels::new(), n(&stats["uptime_s"]) as i64)],
+        [(Labels::new(), stats.uptime_s as i64)],
     );
-    let counters = stats["counters"].as_object().cloned().unwrap_or_default();
     counter_family(
         &mut r,
         "xdp_packets",
         "Packets seen by the XDP program, by verdict or reason.",
         None,
-        counters
+        stats
+            .counters
             .iter()
-            .map(|(k, v)| (labels(&[("reason", k.clone())]), n(v))),
+            .map(|(k, v)| (labels(&[("reason", k.clone())]), *v)),
     );
     gauge_family(
         &mut r,
         "conntrack_entries",
         "Entries in the connection table.",
         None,
-        [(Labels::new(), n(&stats["conntrack_entries"]) as i64)],
+        [(Labels::new(), stats.conntrack_entries as i64)],
     );
     gauge_family(
         &mut r,
         "conntrack_capacity_entries",
         "Capacity of the connection table.",
         None,
-        [(Labels::new(), n(&stats["conntrack_size"]) as i64)],
+        [(Labels::new(), i64::from(stats.conntrack_size))],
     );
     counter_family(
         &mut r,
         "config_reloads",
         "Config reloads applied.",
         None,
-        [(Labels::new(), n(&stats["reloads"]))],
+        [(Labels::new(), stats.reloads)],
     );
     gauge_family(
         &mut r,
         "new_connections_per_second",
         "SYNs to owned VIPs per second (last 100 ms window, all CPUs): a SYN flood shows here.",
         None,
-        [(
-            Labels::new(),
-            stats["syn_flood"]["new_connections_per_s"]
-                .as_u64()
-                .unwrap_or(0) as i64,
-        )],
+        [(Labels::new(), stats.syn_flood.new_connections_per_s as i64)],
     );
     gauge_family(
         &mut r,
         "syn_flood_mode",
         "1 while SYN flood mode holds on some CPU (SYNs write no connection-table entry).",
         None,
-        [(
-            Labels::new(),
-            i64::from(stats["syn_flood"]["active"] == true),
-        )],
+        [(Labels::new(), i64::from(stats.syn_flood.active))],
     );
     counter_family(
         &mut r,
         "config_reload_failures",
         "Config reloads refused (the running config stayed).",
         None,
-        [(Labels::new(), n(&stats["reload_failures"]))],
+        [(Labels::new(), stats.reload_failures)],
     );
 
     let vip_labels = |v: &VipRow| {
@@ -200,7 +188,7 @@ pub fn render(
             ("vip", v.name.clone()),
             ("address", v.vip.to_string()),
             ("port", v.port_label()),
-            ("protocol", v.protocol.into()),
+            ("protocol", v.protocol.clone()),
         ])
     };
     gauge_family(
@@ -326,31 +314,32 @@ pub fn render(
         HEALTH_CHECK_SECONDS.clone(),
     );
 
-    if let Some(instances) = vrrp.as_array() {
-        render_vrrp(&mut r, instances);
-    }
+    render_vrrp(&mut r, vrrp);
     let mut out = String::new();
     // Writing into a String cannot fail.
     let _ = encode(&mut out, &r);
     out
 }
 
-fn render_vrrp(r: &mut Registry, instances: &[serde_json::Value]) {
-    let inst =
-        |i: &serde_json::Value| labels(&[("instance", i["name"].as_str().unwrap_or("").into())]);
+fn render_vrrp(r: &mut Registry, instances: &[VrrpRow]) {
+    let inst = |i: &VrrpRow| labels(&[("instance", i.instance.name.clone())]);
     // A state set: every state is always present with 0 or 1, so series never appear or vanish.
-    let states = ["initialize", "backup", "master", "fault"];
+    let states = [
+        VrrpState::Initialize,
+        VrrpState::Backup,
+        VrrpState::Master,
+        VrrpState::Fault,
+    ];
     gauge_family(
         r,
         "vrrp_state",
         "1 for the instance's current state, 0 for the others.",
         None,
         instances.iter().flat_map(|i| {
-            let state = i["state"].as_str().unwrap_or("").to_lowercase();
             states.iter().map(move |s| {
                 let mut l = inst(i);
-                l.push(("state".into(), s.to_string()));
-                (l, (state == *s) as i64)
+                l.push(("state".into(), s.as_str().to_lowercase()));
+                (l, (i.instance.state == *s) as i64)
             })
         }),
     );
@@ -361,7 +350,7 @@ fn render_vrrp(r: &mut Registry, instances: &[serde_json::Value]) {
         None,
         instances
             .iter()
-            .map(|i| (inst(i), n(&i["base_priority"]) as i64)),
+            .map(|i| (inst(i), i64::from(i.instance.base_priority))),
     );
     gauge_family(
         r,
@@ -370,37 +359,39 @@ fn render_vrrp(r: &mut Registry, instances: &[serde_json::Value]) {
         None,
         instances
             .iter()
-            .map(|i| (inst(i), n(&i["effective_priority"]) as i64)),
+            .map(|i| (inst(i), i64::from(i.instance.effective_priority))),
     );
-    for (metric, field, help) in [
-        ("vrrp_transitions", "transitions", "State transitions."),
+    type Field = fn(&VrrpCounters) -> u64;
+    let fields: [(&str, Field, &str); 7] = [
+        ("vrrp_transitions", |c| c.transitions, "State transitions."),
         (
             "vrrp_became_master",
-            "became_master",
+            |c| c.became_master,
             "Transitions to master.",
         ),
-        ("vrrp_adverts_sent", "adverts_sent", "Adverts sent."),
+        ("vrrp_adverts_sent", |c| c.adverts_sent, "Adverts sent."),
         (
             "vrrp_adverts_received",
-            "adverts_received",
+            |c| c.adverts_received,
             "Valid adverts received.",
         ),
         (
             "vrrp_send_errors",
-            "send_errors",
+            |c| c.send_errors,
             "Adverts that could not be sent (socket errors).",
         ),
         (
             "vrrp_split_brain",
-            "split_brain",
+            |c| c.split_brain,
             "Other masters seen while master.",
         ),
         (
             "vrrp_vip_errors",
-            "vip_errors",
+            |c| c.vip_errors,
             "Failures adding, removing or announcing a VIP.",
         ),
-    ] {
+    ];
+    for (metric, field, help) in fields {
         counter_family(
             r,
             metric,
@@ -408,7 +399,7 @@ fn render_vrrp(r: &mut Registry, instances: &[serde_json::Value]) {
             None,
             instances
                 .iter()
-                .map(|i| (inst(i), n(&i["counters"][field]))),
+                .map(|i| (inst(i), field(&i.instance.counters))),
         );
     }
     counter_family(
@@ -417,16 +408,11 @@ fn render_vrrp(r: &mut Registry, instances: &[serde_json::Value]) {
         "Adverts dropped, by reason.",
         None,
         instances.iter().flat_map(|i| {
-            i["counters"]["drops"]
-                .as_object()
-                .cloned()
-                .unwrap_or_default()
-                .into_iter()
-                .map(move |(reason, v)| {
-                    let mut l = inst(i);
-                    l.push(("reason".into(), reason));
-                    (l, n(&v))
-                })
+            i.instance.counters.drops.iter().map(move |(reason, v)| {
+                let mut l = inst(i);
+                l.push(("reason".into(), reason.to_string()));
+                (l, *v)
+            })
         }),
     );
     counter_family(
@@ -434,15 +420,9 @@ fn render_vrrp(r: &mut Registry, instances: &[serde_json::Value]) {
         "vrrp_collisions",
         "Adverts on our VRID whose VIP set or authentication differ from ours.",
         None,
-        instances.iter().map(|i| {
-            let c = &i["collisions"];
-            let total: u64 = c["peers"]
-                .as_object()
-                .map(|p| p.values().map(|x| n(&x["count"])).sum())
-                .unwrap_or(0)
-                + n(&c["untracked"]);
-            (inst(i), total)
-        }),
+        instances
+            .iter()
+            .map(|i| (inst(i), i.instance.collisions.total())),
     );
 }
 
@@ -456,7 +436,7 @@ mod tests {
             name: "api".into(),
             vip: "192.168.111.5".parse().unwrap(),
             port: 6443,
-            protocol: "tcp",
+            protocol: "tcp".into(),
             owned: true,
             vrrp: Some("api".into()),
             backends_active: 1,
@@ -465,15 +445,15 @@ mod tests {
             bytes: 1500,
             new_flows: 3,
         };
-        let be = |addr: &str, state: &'static str, healthy: bool| BackendRow {
+        let be = |addr: &str, state: &str, healthy: bool| BackendRow {
             vip_name: "api".into(),
             vip: "192.168.111.5".parse().unwrap(),
             port: 6443,
-            protocol: "tcp",
+            protocol: "tcp".into(),
             backend: addr.parse().unwrap(),
             mac: "02:00:00:00:00:01".into(),
             weight: 1,
-            state,
+            state: state.into(),
             reason: "x".into(),
             local: false,
             healthy,
@@ -526,17 +506,30 @@ mod tests {
             "https",
             std::time::Duration::from_millis(3),
         );
-        let stats = serde_json::json!({
-            "uptime_s": 5, "conntrack_entries": 2, "conntrack_size": 1024,
-            "reloads": 1, "reload_failures": 0, "counters": {"tx": 9, "pass": 1},
-        });
-        let vrrp = serde_json::json!([{
-            "name": "api", "state": "Master", "base_priority": 40, "effective_priority": 65,
+        let stats = StatsRow {
+            uptime_s: 5,
+            conntrack_entries: 2,
+            conntrack_size: 1024,
+            reloads: 1,
+            counters: [("tx".to_string(), 9), ("pass".to_string(), 1)].into(),
+            ..Default::default()
+        };
+        let vrrp: Vec<VrrpRow> = serde_json::from_value(serde_json::json!([{
+            "name": "api", "interface": "eth0", "vrid": 5, "version": 3, "state": "master",
+            "base_priority": 40, "effective_priority": 65, "primary_addr": "192.168.111.2",
+            "master": "192.168.111.2", "advert_interval_ms": 1000,
+            "master_advert_interval_ms": 1000, "vips": ["192.168.111.5"], "unicast_peers": [],
+            "owned": true, "last_transition": null, "last_split_brain": null,
+            "last_send_error": null,
             "counters": {"transitions": 2, "became_master": 1, "adverts_sent": 100,
                          "adverts_received": 5, "send_errors": 3, "split_brain": 0,
+                         "announcements": 0, "rebinds": 0, "mac_changes": 0,
+                         "unconfirmed_link_down": 0,
                          "vip_errors": 0, "drops": {"bad_ttl": 1}},
             "collisions": {"peers": {}, "untracked": 0},
-        }]);
+            "tracks": [], "track_weight": 25, "track_fault": false,
+        }]))
+        .unwrap();
         let text = render(&stats, &vips, &backends, &vrrp);
         let s = scrape(&text);
         assert_eq!(

@@ -81,6 +81,7 @@ impl api::Handler for Front {
     async fn handle(self: &Arc<Self>, req: Request) -> Response {
         match req {
             Request::Healthz => self.healthz(),
+            Request::Version => Response::json(&crate::status::VersionRow::this()),
             Request::Bgp => self.bgp().await,
             req => {
                 let deadline = match req {

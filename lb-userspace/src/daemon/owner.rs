@@ -323,6 +323,7 @@ impl Owner {
                 },
                 // Answered by the front from the loop's tick.
                 Request::Healthz => Response::text(200, "ok\n".into()),
+                Request::Version => Response::json(&crate::status::VersionRow::this()),
                 Request::Readyz => {
                     let (status, text) = self.readyz();
                     Response::text(status, text)
