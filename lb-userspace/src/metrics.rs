@@ -35,17 +35,37 @@ fn labels(pairs: &[(&str, String)]) -> Labels {
         .collect()
 }
 
-/// Health-check durations by target (`<vip>/<backend>` or `track/<name>`) and check kind.
+/// Every lbd metric starts with this (then `_`): `lb_` alone could collide with other exporters.
+pub const PREFIX: &str = "lbd";
+
+/// Health-check durations by VIP and backend (a tracked check: `track` = its name, `vip` and
+/// `backend` empty) and check kind.
 static HEALTH_CHECK_SECONDS: LazyLock<Family<Labels, Histogram>> = LazyLock::new(|| {
     // 1 ms to ~16 s: a local TCP connect to a hanging backend's full timeout.
     Family::new_with_constructor(|| Histogram::new(exponential_buckets(0.001, 2.0, 15)))
 });
 
 /// Record one health check's duration (called by the health monitor after every probe).
+/// `target` is the check's id: `<vip>/<backend>` or `track/<name>`.
 pub fn observe_health_check(target: &str, kind: &str, took: std::time::Duration) {
     HEALTH_CHECK_SECONDS
-        .get_or_create(&labels(&[("target", target.into()), ("kind", kind.into())]))
+        .get_or_create(&check_target_labels(target, kind))
         .observe(took.as_secs_f64());
+}
+
+/// The label scheme's `vip`, `backend` (or `track`) and `kind` of a health-check id.
+fn check_target_labels(target: &str, kind: &str) -> Labels {
+    let (vip, backend, track) = match target.split_once('/') {
+        Some(("track", name)) => ("", "", name),
+        Some((vip, backend)) => (vip, backend, ""),
+        None => ("", "", target),
+    };
+    labels(&[
+        ("vip", vip.into()),
+        ("backend", backend.into()),
+        ("track", track.into()),
+        ("kind", kind.into()),
+    ])
 }
 
 fn register(
@@ -108,30 +128,33 @@ fn gauge_family(
     register(r, name, help, unit, f)
 }
 
-/// The exposition, from the rows `/v1/stats`, `/v1/vips`, `/v1/backends` and `/v1/vrrp` serve.
+/// The exposition, from the rows `/v1/stats`, `/v1/vips`, `/v1/backends` and `/v1/vrrp` serve,
+/// with the `process_*` metrics of this process.
 pub fn render(
     stats: &StatsRow,
     vips: &[VipRow],
     backends: &[BackendRow],
     vrrp: &[VrrpRow],
 ) -> String {
-    let mut r = Registry::with_prefix("lb");
+    let mut root = Registry::default();
+    process::register(&mut root, stats.uptime_s);
+    let r = root.sub_registry_with_prefix(PREFIX);
     gauge_family(
-        &mut r,
+        r,
         "build_info",
         "Always 1; the labels say which lbd this is.",
         None,
         [(labels(&[("version", env!("CARGO_PKG_VERSION").into())]), 1)],
     );
     gauge_family(
-        &mut r,
-        "uptime",
-        "Time since this lbd started.",
-        Some(Unit::Seconds),
-        [(Labels::new(), stats.uptime_s as i64)],
+        r,
+        "ready",
+        "1 when lbd is ready (/readyz answers 200: data plane attached, config applied, VRRP running).",
+        None,
+        [(Labels::new(), i64::from(stats.ready))],
     );
     counter_family(
-        &mut r,
+        r,
         "xdp_packets",
         "Packets seen by the XDP program, by verdict or reason.",
         None,
@@ -141,87 +164,95 @@ pub fn render(
             .map(|(k, v)| (labels(&[("reason", k.clone())]), *v)),
     );
     gauge_family(
-        &mut r,
+        r,
         "conntrack_entries",
-        "Entries in the connection table.",
+        "Entries in the connection table (background count).",
         None,
         [(Labels::new(), stats.conntrack_entries as i64)],
     );
     gauge_family(
-        &mut r,
+        r,
         "conntrack_capacity_entries",
         "Capacity of the connection table.",
         None,
         [(Labels::new(), i64::from(stats.conntrack_size))],
     );
     counter_family(
-        &mut r,
+        r,
         "config_reloads",
         "Config reloads applied.",
         None,
         [(Labels::new(), stats.reloads)],
     );
-    gauge_family(
-        &mut r,
-        "new_connections_per_second",
-        "SYNs to owned VIPs per second (last 100 ms window, all CPUs): a SYN flood shows here.",
-        None,
-        [(Labels::new(), stats.syn_flood.new_connections_per_s as i64)],
-    );
-    gauge_family(
-        &mut r,
-        "syn_flood_mode",
-        "1 while SYN flood mode holds on some CPU (SYNs write no connection-table entry).",
-        None,
-        [(Labels::new(), i64::from(stats.syn_flood.active))],
-    );
     counter_family(
-        &mut r,
+        r,
         "config_reload_failures",
         "Config reloads refused (the running config stayed).",
         None,
         [(Labels::new(), stats.reload_failures)],
     );
+    gauge_family(
+        r,
+        "config_last_reload_successful",
+        "0 while the last reload failed (the running config is older than the file), else 1.",
+        None,
+        [(Labels::new(), i64::from(stats.last_reload_error.is_none()))],
+    );
+    gauge_family(
+        r,
+        "syn_flood_mode",
+        "1 while SYN flood mode holds on some CPU (SYNs write no connection-table entry).",
+        None,
+        [(Labels::new(), i64::from(stats.syn_flood.active))],
+    );
 
     let vip_labels = |v: &VipRow| {
         labels(&[
             ("vip", v.name.clone()),
-            ("address", v.vip.to_string()),
             ("port", v.port_label()),
             ("protocol", v.protocol.clone()),
+            ("address", v.vip.to_string()),
         ])
     };
     gauge_family(
-        &mut r,
+        r,
         "vip_owned",
         "1 if this node forwards the VIP service.",
         None,
         vips.iter().map(|v| (vip_labels(v), v.owned as i64)),
     );
     gauge_family(
-        &mut r,
+        r,
         "vip_backends_active",
         "Backends of the VIP service receiving new flows.",
         None,
         vips.iter()
             .map(|v| (vip_labels(v), v.backends_active as i64)),
     );
+    gauge_family(
+        r,
+        "vip_backends",
+        "Backends of the VIP service, in any state.",
+        None,
+        vips.iter()
+            .map(|v| (vip_labels(v), v.backends_total as i64)),
+    );
     counter_family(
-        &mut r,
+        r,
         "vip_packets",
         "Packets forwarded for the VIP service.",
         None,
         vips.iter().map(|v| (vip_labels(v), v.packets)),
     );
     counter_family(
-        &mut r,
+        r,
         "vip",
         "Bytes forwarded for the VIP service.",
         Some(Unit::Bytes),
         vips.iter().map(|v| (vip_labels(v), v.bytes)),
     );
     counter_family(
-        &mut r,
+        r,
         "vip_new_flows",
         "New flows of the VIP service.",
         None,
@@ -236,7 +267,7 @@ pub fn render(
         ])
     };
     gauge_family(
-        &mut r,
+        r,
         "backend_up",
         "1 if the backend receives new flows (state active); the state itself is in lbctl.",
         None,
@@ -245,35 +276,35 @@ pub fn render(
             .map(|b| (be_labels(b), (b.state == "active") as i64)),
     );
     gauge_family(
-        &mut r,
+        r,
         "backend_healthy",
         "1 if the backend's last health verdict is up (or it is not checked).",
         None,
         backends.iter().map(|b| (be_labels(b), b.healthy as i64)),
     );
     gauge_family(
-        &mut r,
+        r,
         "backend_drained",
         "1 if an operator drained the backend.",
         None,
         backends.iter().map(|b| (be_labels(b), b.drained as i64)),
     );
     counter_family(
-        &mut r,
+        r,
         "backend_packets",
         "Packets sent to the backend.",
         None,
         backends.iter().map(|b| (be_labels(b), b.packets)),
     );
     counter_family(
-        &mut r,
+        r,
         "backend",
         "Bytes sent to the backend.",
         Some(Unit::Bytes),
         backends.iter().map(|b| (be_labels(b), b.bytes)),
     );
     counter_family(
-        &mut r,
+        r,
         "backend_new_flows",
         "New flows sent to the backend.",
         None,
@@ -292,14 +323,14 @@ pub fn render(
     let check_labels =
         |(vip, be): &(String, String)| labels(&[("vip", vip.clone()), ("backend", be.clone())]);
     counter_family(
-        &mut r,
+        r,
         "health_checks",
         "Health checks run against the backend.",
         None,
         checked.iter().map(|(k, (run, _))| (check_labels(k), *run)),
     );
     counter_family(
-        &mut r,
+        r,
         "health_check_failures",
         "Health checks of the backend that failed.",
         None,
@@ -309,20 +340,21 @@ pub fn render(
     );
     r.register_with_unit(
         "health_check_duration",
-        "Duration of health checks, by target and kind",
+        "Duration of health checks, by VIP and backend (or tracked check) and kind",
         Unit::Seconds,
         HEALTH_CHECK_SECONDS.clone(),
     );
 
-    render_vrrp(&mut r, vrrp);
+    render_vrrp(r, vrrp);
     let mut out = String::new();
     // Writing into a String cannot fail.
-    let _ = encode(&mut out, &r);
+    let _ = encode(&mut out, &root);
     out
 }
 
 fn render_vrrp(r: &mut Registry, instances: &[VrrpRow]) {
-    let inst = |i: &VrrpRow| labels(&[("instance", i.instance.name.clone())]);
+    // Not `instance`: Prometheus sets that label to the scrape target's address.
+    let inst = |i: &VrrpRow| labels(&[("vrrp", i.instance.name.clone())]);
     // A state set: every state is always present with 0 or 1, so series never appear or vanish.
     let states = [
         VrrpState::Initialize,
@@ -426,6 +458,124 @@ fn render_vrrp(r: &mut Registry, instances: &[VrrpRow]) {
     );
 }
 
+/// The standard `process_*` metrics (Prometheus client conventions), from /proc/self. Parsing
+/// is pure; reading /proc fails quietly (the metric is left out, never invented).
+mod process {
+    use prometheus_client::{
+        metrics::{counter::ConstCounter, gauge::ConstGauge},
+        registry::Registry,
+    };
+
+    /// CPU seconds (user + system) from /proc/self/stat's text, given the clock tick rate.
+    pub fn cpu_seconds(stat: &str, ticks_per_s: u64) -> Option<f64> {
+        // The command name (field 2) is in parentheses and may hold spaces: skip past it.
+        let rest = stat.rsplit_once(')')?.1;
+        let f: Vec<&str> = rest.split_whitespace().collect();
+        // After the name: state is field 3, so utime (14) and stime (15) are at 11 and 12.
+        let utime: u64 = f.get(11)?.parse().ok()?;
+        let stime: u64 = f.get(12)?.parse().ok()?;
+        (ticks_per_s > 0).then(|| (utime + stime) as f64 / ticks_per_s as f64)
+    }
+
+    /// A `Vm...: N kB` line of /proc/self/status, in bytes.
+    pub fn status_bytes(status: &str, key: &str) -> Option<u64> {
+        let line = status.lines().find(|l| l.starts_with(key))?;
+        let kb: u64 = line[key.len()..]
+            .trim_start_matches(':')
+            .split_whitespace()
+            .next()?
+            .parse()
+            .ok()?;
+        Some(kb * 1024)
+    }
+
+    /// The soft limit of "Max open files" in /proc/self/limits.
+    pub fn max_fds(limits: &str) -> Option<u64> {
+        let line = limits.lines().find(|l| l.starts_with("Max open files"))?;
+        line["Max open files".len()..]
+            .split_whitespace()
+            .next()?
+            .parse()
+            .ok()
+    }
+
+    fn ticks_per_s() -> u64 {
+        // SAFETY: sysconf reads a constant of the C library; no memory is passed.
+        let t = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+        u64::try_from(t).unwrap_or(100)
+    }
+
+    pub fn register(r: &mut Registry, uptime_s: u64) {
+        let read = |p: &str| std::fs::read_to_string(p).ok();
+        if let Some(cpu) = read("/proc/self/stat").and_then(|s| cpu_seconds(&s, ticks_per_s())) {
+            r.register(
+                "process_cpu_seconds",
+                "Total user and system CPU time spent in seconds",
+                ConstCounter::new(cpu),
+            );
+        }
+        if let Some(status) = read("/proc/self/status") {
+            for (name, key, help) in [
+                (
+                    "process_resident_memory_bytes",
+                    "VmRSS",
+                    "Resident memory size in bytes",
+                ),
+                (
+                    "process_virtual_memory_bytes",
+                    "VmSize",
+                    "Virtual memory size in bytes",
+                ),
+            ] {
+                if let Some(b) = status_bytes(&status, key) {
+                    r.register(name, help, ConstGauge::new(b as i64));
+                }
+            }
+        }
+        if let Ok(fds) = std::fs::read_dir("/proc/self/fd") {
+            r.register(
+                "process_open_fds",
+                "Number of open file descriptors",
+                ConstGauge::new(fds.count() as i64),
+            );
+        }
+        if let Some(max) = read("/proc/self/limits").and_then(|l| max_fds(&l)) {
+            r.register(
+                "process_max_fds",
+                "Maximum number of open file descriptors",
+                ConstGauge::new(max as i64),
+            );
+        }
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0);
+        r.register(
+            "process_start_time_seconds",
+            "Start time of the process since unix epoch in seconds",
+            ConstGauge::new(now.saturating_sub(uptime_s) as i64),
+        );
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        #[test]
+        fn proc_files_parse() {
+            let stat =
+                "1234 (lb d) S 1 1234 1234 0 -1 4194560 500 0 0 0 250 50 0 0 20 0 4 0 100 1000 200";
+            assert_eq!(cpu_seconds(stat, 100), Some(3.0));
+            assert_eq!(cpu_seconds("garbage", 100), None);
+            let status = "Name:\tlbd\nVmSize:\t  2048 kB\nVmRSS:\t   512 kB\n";
+            assert_eq!(status_bytes(status, "VmRSS"), Some(512 * 1024));
+            assert_eq!(status_bytes(status, "VmSize"), Some(2048 * 1024));
+            let limits = "Limit                     Soft Limit           Hard Limit           Units\nMax open files            1024                 524288               files\n";
+            assert_eq!(max_fds(limits), Some(1024));
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -478,6 +628,82 @@ mod tests {
         )
     }
 
+    /// Every family of the exposition (`# TYPE` lines) is in docs/metrics.md, under its full
+    /// name (`_total` for counters).
+    #[test]
+    fn every_metric_is_documented() {
+        let (vips, backends) = rows();
+        observe_health_check("track/api-up", "tcp", std::time::Duration::from_millis(1));
+        let stats = StatsRow {
+            counters: [("forwarded".to_string(), 1)].into(),
+            ..Default::default()
+        };
+        let text = render(&stats, &vips, &backends, &vrrp_rows());
+        let doc = include_str!("../../docs/metrics.md");
+        let mut missing = Vec::new();
+        for line in text.lines() {
+            let Some(rest) = line.strip_prefix("# TYPE ") else {
+                continue;
+            };
+            let mut it = rest.split_whitespace();
+            let (Some(name), Some(kind)) = (it.next(), it.next()) else {
+                continue;
+            };
+            let shown = if kind == "counter" {
+                format!("{name}_total")
+            } else {
+                name.to_string()
+            };
+            if !doc.contains(&format!("`{shown}`")) {
+                missing.push(shown);
+            }
+        }
+        assert!(
+            missing.is_empty(),
+            "undocumented in docs/metrics.md: {missing:?}"
+        );
+        // And the reverse: a documented name the exposition does not have is stale.
+        let families: Vec<&str> = text
+            .lines()
+            .filter_map(|l| l.strip_prefix("# TYPE ")?.split_whitespace().next())
+            .collect();
+        for word in doc.split('`').skip(1).step_by(2) {
+            if !(word.starts_with("lbd_") || word.starts_with("process_"))
+                || word.ends_with('_')
+                || word.contains(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            {
+                continue;
+            }
+            let mut name = word;
+            for suffix in ["_total", "_bucket", "_sum", "_count"] {
+                name = name.strip_suffix(suffix).unwrap_or(name);
+            }
+            assert!(
+                families.contains(&name),
+                "docs/metrics.md names {word}, which lbd does not export"
+            );
+        }
+    }
+
+    fn vrrp_rows() -> Vec<VrrpRow> {
+        serde_json::from_value(serde_json::json!([{
+            "name": "api", "interface": "eth0", "vrid": 5, "version": 3, "state": "master",
+            "base_priority": 40, "effective_priority": 65, "primary_addr": "192.168.111.2",
+            "master": "192.168.111.2", "advert_interval_ms": 1000,
+            "master_advert_interval_ms": 1000, "vips": ["192.168.111.5"], "unicast_peers": [],
+            "owned": true, "last_transition": null, "last_split_brain": null,
+            "last_send_error": null,
+            "counters": {"transitions": 2, "became_master": 1, "adverts_sent": 100,
+                         "adverts_received": 5, "send_errors": 3, "split_brain": 0,
+                         "announcements": 0, "rebinds": 0, "mac_changes": 0,
+                         "unconfirmed_link_down": 0,
+                         "vip_errors": 0, "drops": {"bad_ttl": 1}},
+            "collisions": {"peers": {}, "untracked": 0},
+            "tracks": [], "track_weight": 25, "track_fault": false,
+        }]))
+        .unwrap()
+    }
+
     fn scrape(text: &str) -> prometheus_parse::Scrape {
         prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_string()))).unwrap()
     }
@@ -514,64 +740,58 @@ mod tests {
             counters: [("tx".to_string(), 9), ("pass".to_string(), 1)].into(),
             ..Default::default()
         };
-        let vrrp: Vec<VrrpRow> = serde_json::from_value(serde_json::json!([{
-            "name": "api", "interface": "eth0", "vrid": 5, "version": 3, "state": "master",
-            "base_priority": 40, "effective_priority": 65, "primary_addr": "192.168.111.2",
-            "master": "192.168.111.2", "advert_interval_ms": 1000,
-            "master_advert_interval_ms": 1000, "vips": ["192.168.111.5"], "unicast_peers": [],
-            "owned": true, "last_transition": null, "last_split_brain": null,
-            "last_send_error": null,
-            "counters": {"transitions": 2, "became_master": 1, "adverts_sent": 100,
-                         "adverts_received": 5, "send_errors": 3, "split_brain": 0,
-                         "announcements": 0, "rebinds": 0, "mac_changes": 0,
-                         "unconfirmed_link_down": 0,
-                         "vip_errors": 0, "drops": {"bad_ttl": 1}},
-            "collisions": {"peers": {}, "untracked": 0},
-            "tracks": [], "track_weight": 25, "track_fault": false,
-        }]))
-        .unwrap();
+        let vrrp = vrrp_rows();
         let text = render(&stats, &vips, &backends, &vrrp);
         let s = scrape(&text);
         assert_eq!(
-            value(&s, "lb_build_info", ("version", env!("CARGO_PKG_VERSION"))),
+            value(&s, "lbd_build_info", ("version", env!("CARGO_PKG_VERSION"))),
             1.0
         );
-        assert_eq!(value(&s, "lb_xdp_packets_total", ("reason", "tx")), 9.0);
-        assert_eq!(value(&s, "lb_vip_bytes_total", ("vip", "api")), 1500.0);
+        assert_eq!(value(&s, "lbd_xdp_packets_total", ("reason", "tx")), 9.0);
+        assert_eq!(value(&s, "lbd_vip_bytes_total", ("vip", "api")), 1500.0);
         assert_eq!(
-            value(&s, "lb_backend_up", ("backend", "192.168.111.20")),
+            value(&s, "lbd_backend_up", ("backend", "192.168.111.20")),
             1.0
         );
         assert_eq!(
-            value(&s, "lb_backend_up", ("backend", "192.168.111.21")),
+            value(&s, "lbd_backend_up", ("backend", "192.168.111.21")),
             0.0
         );
         assert_eq!(
-            value(&s, "lb_backend_bytes_total", ("backend", "192.168.111.21")),
+            value(&s, "lbd_backend_bytes_total", ("backend", "192.168.111.21")),
             700.0
         );
         assert_eq!(
             value(
                 &s,
-                "lb_health_check_failures_total",
+                "lbd_health_check_failures_total",
                 ("backend", "192.168.111.21")
             ),
             4.0
         );
         assert_eq!(
-            value(&s, "lb_vrrp_send_errors_total", ("instance", "api")),
+            value(&s, "lbd_vrrp_send_errors_total", ("vrrp", "api")),
             3.0
         );
-        assert_eq!(value(&s, "lb_vrrp_state", ("state", "master")), 1.0);
-        assert_eq!(value(&s, "lb_vrrp_state", ("state", "backup")), 0.0);
-        assert_eq!(value(&s, "lb_uptime_seconds", ("", "")), 5.0);
+        assert_eq!(value(&s, "lbd_vrrp_state", ("state", "master")), 1.0);
+        assert_eq!(value(&s, "lbd_vrrp_state", ("state", "backup")), 0.0);
+        assert_eq!(value(&s, "lbd_ready", ("", "")), 0.0);
+        assert_eq!(
+            value(&s, "lbd_config_last_reload_successful", ("", "")),
+            1.0
+        );
+        // The process metrics of this very process.
+        assert!(value(&s, "process_start_time_seconds", ("", "")) > 0.0);
+        assert!(value(&s, "process_resident_memory_bytes", ("", "")) > 0.0);
+        assert!(value(&s, "process_open_fds", ("", "")) >= 1.0);
         // The histogram: buckets by `le`, with the observation counted.
         let h = s
             .samples
             .iter()
             .find(|x| {
-                x.metric == "lb_health_check_duration_seconds"
-                    && x.labels.get("target") == Some("api/192.168.111.20")
+                x.metric == "lbd_health_check_duration_seconds"
+                    && x.labels.get("vip") == Some("api")
+                    && x.labels.get("backend") == Some("192.168.111.20")
             })
             .expect("health-check duration histogram");
         match &h.value {
@@ -585,24 +805,33 @@ mod tests {
             }
             other => panic!("not a histogram: {other:?}"),
         }
-        // No label carries state: the backend's series are the same whatever it is doing.
         for x in &s.samples {
+            // No label carries state: the backend's series are the same whatever it is doing.
             assert!(
-                x.labels.get("state").is_none() || x.metric == "lb_vrrp_state",
+                x.labels.get("state").is_none() || x.metric == "lbd_vrrp_state",
                 "{}: {:?}",
                 x.metric,
                 x.labels
             );
-            if let Some(help) = s.docs.get(x.metric.trim_end_matches("_total")) {
-                assert!(!help.is_empty());
+            // One prefix, and never the label Prometheus reserves for the scrape target.
+            assert!(
+                x.metric.starts_with("lbd_") || x.metric.starts_with("process_"),
+                "{}",
+                x.metric
+            );
+            assert!(x.labels.get("instance").is_none(), "{}", x.metric);
+            // The one label scheme: a VIP is `vip`, a backend `backend`, a port `port`.
+            for l in ["target", "address_port", "be", "service"] {
+                assert!(x.labels.get(l).is_none(), "{}: {l}", x.metric);
             }
         }
         // Counters are named `_total`, and every family has help text.
         for family in [
-            "lb_xdp_packets",
-            "lb_vip_packets",
-            "lb_backend_new_flows",
-            "lb_vrrp_adverts_sent",
+            "lbd_xdp_packets",
+            "lbd_vip_packets",
+            "lbd_backend_new_flows",
+            "lbd_vrrp_adverts_sent",
+            "process_cpu_seconds",
         ] {
             assert!(s.docs.contains_key(family), "{family} documented");
             assert!(

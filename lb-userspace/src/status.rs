@@ -125,6 +125,8 @@ pub struct ConntrackCountRow {
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StatsRow {
     pub interface: String,
+    /// `/readyz` would answer 200.
+    pub ready: bool,
     pub uptime_s: u64,
     pub conntrack_entries: u64,
     pub conntrack_count: ConntrackCountRow,

@@ -101,6 +101,7 @@ impl Owner {
         let flood = g.dp.flood_status()?;
         Ok(StatsRow {
             interface: g.cfg.interface.clone(),
+            ready: self.readyz().0 == 200,
             uptime_s: self.shared.uptime().as_secs(),
             conntrack_entries: self.conntrack.entries(),
             conntrack_count: self.conntrack.snapshot(),
