@@ -704,6 +704,80 @@ mod tests {
         .unwrap()
     }
 
+    /// The families of a full exposition (every metric present).
+    fn families() -> Vec<String> {
+        let (vips, backends) = rows();
+        observe_health_check("api/192.168.111.20", "tcp", std::time::Duration::from_millis(1));
+        let stats = StatsRow {
+            counters: [("forwarded".to_string(), 1)].into(),
+            ..Default::default()
+        };
+        render(&stats, &vips, &backends, &vrrp_rows())
+            .lines()
+            .filter_map(|l| Some(l.strip_prefix("# TYPE ")?.split_whitespace().next()?.to_string()))
+            .collect()
+    }
+
+    /// The metric names an expression reads.
+    fn metric_names(expr: &str) -> Vec<String> {
+        expr.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .filter(|w| w.starts_with("lbd_") || w.starts_with("process_"))
+            .map(|w| {
+                let mut n = w;
+                for suffix in ["_total", "_bucket", "_sum", "_count"] {
+                    n = n.strip_suffix(suffix).unwrap_or(n);
+                }
+                n.to_string()
+            })
+            .collect()
+    }
+
+    /// The alerts and the dashboard read metrics lbd exports, and the alerts the operator's
+    /// issue asks for are all there.
+    #[test]
+    fn alerts_and_dashboard_read_exported_metrics() {
+        let families = families();
+        let rule: serde_json::Value =
+            serde_norway::from_str(include_str!("../../deploy/monitoring/prometheus-rule.yaml"))
+                .unwrap();
+        let mut alerts = Vec::new();
+        for g in rule["spec"]["groups"].as_array().unwrap() {
+            for r in g["rules"].as_array().unwrap() {
+                let expr = r["expr"].as_str().unwrap();
+                alerts.push(r["alert"].as_str().unwrap().to_string());
+                for n in metric_names(expr) {
+                    assert!(families.contains(&n), "{}: {n} is not exported", r["alert"]);
+                }
+                assert!(r["annotations"]["description"].is_string(), "{r:?}");
+            }
+        }
+        for want in [
+            "LbVipWithoutHolder",
+            "LbVipWithTwoHolders",
+            "LbVrrpFlapping",
+            "LbVrrpVridCollision",
+            "LbVipNoHealthyBackend",
+            "LbBackendDown",
+            "LbReloadFailing",
+            "LbSynFloodMode",
+            "LbNotReady",
+        ] {
+            assert!(alerts.iter().any(|a| a == want), "{want} missing");
+        }
+        let dash: serde_json::Value =
+            serde_json::from_str(include_str!("../../deploy/monitoring/dashboard.json")).unwrap();
+        let mut read = 0;
+        for p in dash["panels"].as_array().unwrap() {
+            for t in p["targets"].as_array().unwrap() {
+                for n in metric_names(t["expr"].as_str().unwrap()) {
+                    assert!(families.contains(&n), "dashboard {}: {n}", p["title"]);
+                    read += 1;
+                }
+            }
+        }
+        assert!(read > 10);
+    }
+
     fn scrape(text: &str) -> prometheus_parse::Scrape {
         prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_string()))).unwrap()
     }
