@@ -707,14 +707,25 @@ mod tests {
     /// The families of a full exposition (every metric present).
     fn families() -> Vec<String> {
         let (vips, backends) = rows();
-        observe_health_check("api/192.168.111.20", "tcp", std::time::Duration::from_millis(1));
+        observe_health_check(
+            "api/192.168.111.20",
+            "tcp",
+            std::time::Duration::from_millis(1),
+        );
         let stats = StatsRow {
             counters: [("forwarded".to_string(), 1)].into(),
             ..Default::default()
         };
         render(&stats, &vips, &backends, &vrrp_rows())
             .lines()
-            .filter_map(|l| Some(l.strip_prefix("# TYPE ")?.split_whitespace().next()?.to_string()))
+            .filter_map(|l| {
+                Some(
+                    l.strip_prefix("# TYPE ")?
+                        .split_whitespace()
+                        .next()?
+                        .to_string(),
+                )
+            })
             .collect()
     }
 

@@ -155,3 +155,210 @@ fn lbctl_formats_filters_version_watch_and_exit_codes() {
         assert!(docs.iter().all(|d| d.interface == "eth0"));
     }
 }
+
+/// Sum of the samples of `name` whose labels include every `k="v"` of `labels`, or None when
+/// the exposition has none.
+fn metric(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    let mut found = None;
+    for line in text.lines().filter(|l| !l.starts_with('#')) {
+        let (series, value) = match line.rsplit_once(' ') {
+            Some(x) => x,
+            None => continue,
+        };
+        let (n, l) = series.split_once('{').unwrap_or((series, ""));
+        if n != name {
+            continue;
+        }
+        if labels
+            .iter()
+            .all(|(k, v)| l.contains(&format!("{k}=\"{v}\"")))
+        {
+            *found.get_or_insert(0.0) += value.parse::<f64>().unwrap_or(f64::NAN);
+        }
+    }
+    found
+}
+
+fn nft(netns: &str, args: &[&str]) {
+    let mut a = vec!["ip", "netns", "exec", netns, "nft"];
+    a.extend_from_slice(args);
+    lb_tests::lab::sh(&a);
+}
+
+/// Each alert of deploy/monitoring/prometheus-rule.yaml, caused with real lbds in a VRRP lab
+/// (n1 priority 150, n2 100, and n3 on the same VRID with another VIP: a VRID collision),
+/// and read from the metric the alert fires on, summed over the nodes as Prometheus would.
+#[test]
+fn each_alert_condition_shows_in_its_metric() {
+    use lb_tests::vrrp_lab::{NodeOpts, VrrpLab};
+    // A low flood threshold, so that the client's connections turn flood mode on.
+    let top = "syn_flood_rate = 10\n".to_string();
+    let l = VrrpLab::new(
+        LABNODE,
+        vec![
+            NodeOpts {
+                priority: 150,
+                top: top.clone(),
+                ..Default::default()
+            },
+            NodeOpts {
+                priority: 100,
+                top: top.clone(),
+                ..Default::default()
+            },
+            NodeOpts {
+                priority: 200,
+                vip: Some("10.78.0.200"),
+                ..Default::default()
+            },
+        ],
+    );
+    let pair = [0usize, 1];
+    assert_eq!(
+        l.wait_one_master(&pair, Duration::from_secs(15)),
+        Some(0),
+        "{}",
+        l.logs()
+    );
+    let scrape = |i: usize| {
+        let (status, body) = l.get(i, "/metrics");
+        assert_eq!(status, 200, "{body}");
+        body
+    };
+    // sum by (vip) (lbd_vip_owned) over the two nodes that share the VIP.
+    let holders = || -> f64 {
+        pair.iter()
+            .map(|i| metric(&scrape(*i), "lbd_vip_owned", &[("vip", "api")]).unwrap())
+            .sum()
+    };
+    let wait_metric = |what: &str, f: &dyn Fn() -> bool| {
+        let ok = lb_tests::lab::wait_for(Duration::from_secs(20), || f().then_some(()));
+        assert!(ok.is_some(), "{what}\n{}", l.logs());
+    };
+    wait_metric("one holder", &|| holders() == 1.0);
+    let ready = metric(&scrape(0), "lbd_ready", &[]).unwrap();
+    assert_eq!(ready, 1.0, "LbNotReady stays quiet on a ready lbd");
+
+    // LbVrrpVridCollision: n3's adverts carry our VRID with another VIP.
+    wait_metric("collisions counted", &|| {
+        (0..3)
+            .map(|i| metric(&scrape(i), "lbd_vrrp_collisions_total", &[("vrrp", "api")]).unwrap())
+            .sum::<f64>()
+            > 0.0
+    });
+
+    // LbVipWithTwoHolders, and LbVrrpFlapping: n2 stops hearing n1 (adverts dropped on input),
+    // takes the VIP as well, and gives it back when it hears n1 again; three times.
+    let netns = l.lab.node(&l.nodes[1]).netns.clone();
+    let table = format!("{}_ops", l.lab.prefix.replace('-', "_"));
+    let before = metric(&scrape(1), "lbd_vrrp_transitions_total", &[("vrrp", "api")]).unwrap();
+    for round in 0..3 {
+        nft(&netns, &["add", "table", "inet", &table]);
+        nft(
+            &netns,
+            &[
+                "add",
+                "chain",
+                "inet",
+                &table,
+                "in",
+                "{ type filter hook input priority 0 ; }",
+            ],
+        );
+        nft(
+            &netns,
+            &[
+                "add", "rule", "inet", &table, "in", "meta", "l4proto", "112", "drop",
+            ],
+        );
+        wait_metric(&format!("two holders (round {round})"), &|| {
+            holders() == 2.0
+        });
+        nft(&netns, &["delete", "table", "inet", &table]);
+        wait_metric(&format!("one holder again (round {round})"), &|| {
+            holders() == 1.0
+        });
+    }
+    let after = metric(&scrape(1), "lbd_vrrp_transitions_total", &[("vrrp", "api")]).unwrap();
+    assert!(
+        after - before > 4.0,
+        "LbVrrpFlapping's increase > 4: {before} -> {after}"
+    );
+
+    // LbVipWithoutHolder: both nodes' links down (FAULT): nobody holds the VIP.
+    l.set_link(0, false);
+    l.set_link(1, false);
+    wait_metric("no holder", &|| holders() == 0.0);
+    l.set_link(0, true);
+    l.set_link(1, true);
+    wait_metric("a holder again", &|| holders() == 1.0);
+
+    // LbSynFloodMode: short connections through the VIP, above 10 new connections/s.
+    let flood = std::thread::scope(|s| {
+        let traffic = s.spawn(|| l.probe_for(4, 300));
+        let seen = lb_tests::lab::wait_for(Duration::from_secs(4), || {
+            (metric(&scrape(0), "lbd_syn_flood_mode", &[]).unwrap() == 1.0).then_some(())
+        });
+        let _ = traffic.join();
+        seen
+    });
+    assert!(flood.is_some(), "flood mode never showed\n{}", l.log(0));
+
+    // LbBackendDown, then LbVipNoHealthyBackend: the backends' servers stop, one by one.
+    let mut lab = l;
+    let n2 = lab.addr(&lab.nodes[1].clone());
+    lab.lab.stop("server-n2", libc::SIGKILL);
+    let down = |lab: &VrrpLab, be: &str| {
+        let text = {
+            let (_, b) = lab.get(0, "/metrics");
+            b
+        };
+        metric(&text, "lbd_backend_up", &[("vip", "api"), ("backend", be)]) == Some(0.0)
+            && metric(
+                &text,
+                "lbd_backend_drained",
+                &[("vip", "api"), ("backend", be)],
+            ) == Some(0.0)
+    };
+    let ok = lb_tests::lab::wait_for(Duration::from_secs(20), || down(&lab, &n2).then_some(()));
+    assert!(ok.is_some(), "backend down\n{}", lab.logs());
+    let nodes = lab.nodes.clone();
+    for n in &nodes {
+        lab.lab.stop(&format!("server-{n}"), libc::SIGKILL);
+    }
+    let ok = lb_tests::lab::wait_for(Duration::from_secs(20), || {
+        let (_, text) = lab.get(0, "/metrics");
+        (metric(&text, "lbd_vip_backends_active", &[("vip", "api")]) == Some(0.0)
+            && metric(&text, "lbd_vip_owned", &[("vip", "api")]) == Some(1.0))
+        .then_some(())
+    });
+    assert!(
+        ok.is_some(),
+        "no healthy backend on the owner\n{}",
+        lab.logs()
+    );
+
+    // LbReloadFailing: a config lbd refuses, then the good one again.
+    let path = lab.config_path(0);
+    let good = std::fs::read_to_string(&path).unwrap();
+    std::fs::write(
+        &path,
+        good.replace("[[vrrp]]", "[[vrrp]]\nno_such_field = 1"),
+    )
+    .unwrap();
+    let out = lbctl_output(&lab.socket(0), &["reload"]);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let (_, text) = lab.get(0, "/metrics");
+    assert_eq!(
+        metric(&text, "lbd_config_last_reload_successful", &[]),
+        Some(0.0)
+    );
+    std::fs::write(&path, good).unwrap();
+    let out = lbctl_output(&lab.socket(0), &["reload"]);
+    assert!(out.status.success(), "{out:?}");
+    let (_, text) = lab.get(0, "/metrics");
+    assert_eq!(
+        metric(&text, "lbd_config_last_reload_successful", &[]),
+        Some(1.0)
+    );
+}
