@@ -15,6 +15,7 @@ fn main() -> anyhow::Result<()> {
             "cargo:warning=bpf-linker not found (or LB_SKIP_EBPF set): building lbd without the XDP program; run `cargo xtask setup`"
         );
         fs::write(&out, b"")?;
+        fs::write(out.with_file_name("lb-bench"), b"")?;
         println!("cargo:rerun-if-changed=../lb-ebpf/src");
         // Build again once setup has installed the linker.
         let home = env::var_os("CARGO_HOME")

@@ -74,18 +74,33 @@ pub const BACKEND_F_DRAINED: u32 = 4;
 /// In the set and in the Maglev table, but takes no new flows (drained, failing its checks
 /// within its hold, its node suspected dead). It keeps its table slots so that a node without
 /// a connection-table entry (a new VIP owner) still sends the backend's established flows to
-/// it; a new connection whose slot names it takes the next slot that does not (at most
-/// `MAX_SLOT_SKIPS` further).
+/// it; a flow start whose slot names it takes the same slot of the VIP's new-flow table
+/// (`LB_NEW_TABLES`, built without such backends), which names one that takes new flows
+/// whenever one exists.
 pub const BACKEND_F_NO_NEW: u32 = 8;
 /// The backend is not on this node's segment: packets are wrapped in an outer IP header
 /// (IP-in-IP, outer family = the backend's) from `BackendInfo::encap_src` to the backend, and
 /// sent to the next hop's MAC (`dst_mac`). The backend strips it (`lb_decap`).
 pub const BACKEND_F_ENCAP: u32 = 16;
+/// The pair moved to another slot (its addressing changed: MAC, next hop, interface, encap
+/// source or MTU): its entries, which name this slot, are followed to the slot in the flags'
+/// high bits (`moved_to`), which holds the same epoch. Only the flags of a live slot are ever
+/// rewritten, so a reader sees the old addressing or the new, never a mix.
+pub const BACKEND_F_MOVED: u32 = 32;
+/// `BackendInfo::flags` of a slot (flags `old`) whose pair moved to slot `to`. The old slot's
+/// own bits stay (a table that still names it, until its flip, forwards as it always did).
+pub const fn moved_flags(old: u32, to: u32) -> u32 {
+    (old & 0xffff) | BACKEND_F_MOVED | (to << 16)
+}
+/// The slot a moved pair's flags name.
+#[inline(always)]
+pub const fn moved_to(flags: u32) -> u32 {
+    flags >> 16
+}
+const _: () = assert!(MAX_BACKENDS <= 1 << 16);
 /// Bytes the outer header adds: IPv4 and IPv6.
 pub const ENCAP_HLEN_V4: u32 = 20;
 pub const ENCAP_HLEN_V6: u32 = 40;
-/// Slots a new connection looks past `BACKEND_F_NO_NEW` backends before it is dropped.
-pub const MAX_SLOT_SKIPS: u32 = 16;
 
 /// One (VIP, backend) pair, indexed by backend id.
 #[repr(C)]
@@ -102,8 +117,9 @@ pub struct BackendInfo {
     pub vip_id: u32,
     pub flags: u32,
     /// The pair's identity, never reused (see [`FlowValue::epoch`]); 0 in an empty slot.
-    /// Everything but `flags` is written once per epoch: a change of MAC, interface or VIP gets
-    /// a new id and epoch, so a reader never sees a half-written MAC.
+    /// Everything but `flags` is written once per slot: a change of addressing moves the pair
+    /// to a new slot with the same epoch (`BACKEND_F_MOVED`), so a reader never sees a
+    /// half-written MAC.
     pub epoch: u32,
     pub family: u8,
     pub _pad: u8,
@@ -143,7 +159,7 @@ pub struct FlowValue {
 }
 const _: () = assert!(size_of::<FlowValue>() == 8);
 
-/// One slot of the flow cache (`LB_FLOW_CACHE`): a direct-mapped copy of connection-table
+/// One slot of the flow cache (`LB_FLOW_CACHE_V2`): a direct-mapped copy of connection-table
 /// entries in an array, which the kernel looks up inline (no hashing helper, no bucket walk), in
 /// front of the LRU hash `LB_CONNTRACK`. A slot is read without a lock while another CPU may be
 /// rewriting it: `check` binds the value to the key (`flow_cache_check`), so a reader that got
@@ -190,7 +206,8 @@ pub fn flow_cache_index(h: u64, flow_cache: u32) -> u32 {
 
 /// The seeded 64-bit hash of a flow key that places it in the flow cache
 /// (`flow_cache_index`) and, with its value, makes the slot's check word. Not the Maglev hash
-/// ([`flow_hash`]): this one never leaves the node and may change between versions.
+/// ([`flow_hash`]): this one never leaves the node and may change between versions, with the
+/// version in the cache's pin name (`maps::FLOW_CACHE`).
 /// Multiply-xorshift rounds over the key's 64-bit words, cheap in BPF (no rotates, no byte
 /// loads); an IPv4 key's words 1 and 3 (address bytes 8..16) are always zero and skipped.
 #[inline(always)]
@@ -257,9 +274,9 @@ pub struct LbConfig {
     /// The same for the source MACs in `LB_PEERS` (bit `mac_filter_bit(mac)`): most frames come
     /// from a router, whose bit is clear, and skip the loop-guard lookup.
     pub peer_filter: [u64; 4],
-    /// SYN flood mode: above this many new connections per second on one CPU, SYNs stop
-    /// writing connection-table entries (the handshake's ACK writes them) for at least
-    /// `FLOOD_HOLD_NS`. 0 = never.
+    /// Flood mode: above this many connection-table misses per second on the node (every
+    /// packet that would write an entry: SYNs, and segments or datagrams of flows without
+    /// one), no miss writes an entry for at least `FLOOD_HOLD_NS`. 0 = never.
     pub syn_flood_rate: u32,
     /// The flow cache's size and this node's secret seed part (`flow_cache_config`). Was
     /// padding: 0 means one slot and no secret, which is still correct, only slower.
@@ -267,16 +284,18 @@ pub struct LbConfig {
 }
 const _: () = assert!(size_of::<LbConfig>() == 88);
 
-/// Per-CPU SYN accounting for flood mode (`LB_FLOOD`), in `bpf_ktime_get_coarse_ns` time (with
-/// the precise clock the SYN path was clearly slower in `bench micro`; a tick does for 100 ms).
+/// The node's miss accounting for flood mode (`LB_FLOOD_NODE`, one entry shared by every CPU),
+/// in `bpf_ktime_get_coarse_ns` time (with the precise clock the SYN path was clearly slower in
+/// `bench micro`; a tick does for 100 ms).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct FloodState {
     pub window_start: u64,
-    /// SYNs to owned VIPs in the current window, and in the one before.
+    /// Misses that would write an entry (for owned VIPs) in the current window, and in the one
+    /// before.
     pub count: u32,
     pub last_count: u32,
-    /// Flood mode holds on this CPU until then.
+    /// Flood mode holds until then.
     pub flood_until: u64,
 }
 const _: () = assert!(size_of::<FloodState>() == 24);
@@ -295,20 +314,45 @@ const _: () = assert!(size_of::<DecapKey>() == 20);
 /// Most LB nodes a backend accepts wrapped packets from.
 pub const MAX_DECAP_PEERS: u32 = 64;
 
-/// `LB_DECAP_STATS` counters (one per-CPU entry).
+/// Most VIPs a backend unwraps packets for (`LB_DECAP_VIPS`), and most local addresses an outer
+/// header may be sent to (`LB_DECAP_LOCAL`).
+pub const MAX_DECAP_VIPS: u32 = 64;
+pub const MAX_DECAP_LOCAL: u32 = 256;
+
+/// `LB_DECAP_STATS` counters (one per-CPU entry). `lb_decap` unwraps an IP-in-IP packet only
+/// when its outer source is a known LB node (`LB_DECAP_PEERS`), its outer destination one of
+/// this host's addresses (`LB_DECAP_LOCAL`), its headers add up, and its inner destination one
+/// of the VIPs served here (`LB_DECAP_VIPS`). An LB node only ever wraps VIP traffic to its
+/// backends, so an LB node's packet that fails any of these is forged: dropped, never handed to
+/// a stack that could route its inner packet on.
 pub mod decap_stat {
     /// Unwrapped and passed to the stack.
     pub const DECAPSULATED: u32 = 0;
-    /// IP-in-IP from a source that is not a known LB node: passed unchanged (the kernel drops
-    /// it: this kernel has no ipip module).
+    /// IP-in-IP from a source that is not a known LB node: passed unchanged (another tunnel's
+    /// traffic is the kernel's business).
     pub const NOT_FROM_PEER: u32 = 1;
-    /// IP-in-IP whose headers do not add up (lengths, options, fragments): passed unchanged.
+    /// IP-in-IP from an LB node whose headers do not add up (lengths, options, fragments):
+    /// dropped.
     pub const MALFORMED: u32 = 2;
     /// Anything else: passed unchanged.
     pub const PASSED: u32 = 3;
-    pub const COUNT: u32 = 4;
-    pub const NAMES: [&str; COUNT as usize] =
-        ["decapsulated", "not_from_peer", "malformed", "passed"];
+    /// IP-in-IP from an LB node whose outer destination is not this host's: dropped.
+    pub const NOT_LOCAL: u32 = 4;
+    /// IP-in-IP from an LB node whose inner destination is not a VIP served here: dropped.
+    pub const NOT_VIP: u32 = 5;
+    /// Outer header marked CE around a packet that is not ECN-capable: dropped (RFC 6040 4.2:
+    /// the congestion signal cannot be passed on).
+    pub const ECN_DROP: u32 = 6;
+    pub const COUNT: u32 = 7;
+    pub const NAMES: [&str; COUNT as usize] = [
+        "decapsulated",
+        "not_from_peer",
+        "malformed",
+        "passed",
+        "not_local",
+        "not_vip",
+        "ecn_drop",
+    ];
 }
 
 /// Socket load balancing: what the cgroup hooks of `lb-ebpf/src/sock.rs` read (one entry of
@@ -475,9 +519,8 @@ pub mod stat {
     /// Loop guard: a VIP packet whose source MAC is another lbd node's (a VRRP peer or a
     /// backend) was already forwarded once; it goes to the local stack.
     pub const PASS_FROM_PEER: u32 = 18;
-    /// A SYN forwarded in SYN flood mode without a connection-table entry (its handshake's ACK
-    /// writes it; a SYN that skipped a slot taking no new flows is remembered in the small
-    /// handshake table instead).
+    /// A SYN forwarded in flood mode without writing a connection-table entry (a SYN that
+    /// skipped a slot taking no new flows is remembered in the small handshake table instead).
     pub const SYN_FLOOD_UNTRACKED: u32 = 19;
     /// Forwarded to a routed backend inside an outer IP header (also counted as `FORWARDED`).
     pub const ENCAPSULATED: u32 = 20;
@@ -486,7 +529,10 @@ pub mod stat {
     pub const ENCAP_TOO_BIG: u32 = 21;
     /// The frame could not be grown or shrunk for encapsulation (a driver without headroom).
     pub const DROP_ENCAP: u32 = 22;
-    pub const COUNT: u32 = 23;
+    /// A packet other than a SYN without a connection-table entry (a TCP segment or a UDP
+    /// datagram of a flow the table does not hold), forwarded in flood mode without writing one.
+    pub const FLOOD_UNTRACKED: u32 = 23;
+    pub const COUNT: u32 = 24;
 
     /// Names in index order, used by user space for `lbctl stats` and metrics.
     pub const NAMES: [&str; COUNT as usize] = [
@@ -513,6 +559,7 @@ pub mod stat {
         "encapsulated",
         "encap_too_big",
         "drop_encap",
+        "flood_untracked",
     ];
 }
 
@@ -523,21 +570,26 @@ pub mod maps {
     pub const VIP_ADDRS: &str = "LB_VIP_ADDRS";
     pub const BACKENDS: &str = "LB_BACKENDS";
     pub const TABLES: &str = "LB_TABLES";
+    pub const NEW_TABLES: &str = "LB_NEW_TABLES";
     pub const CONNTRACK: &str = "LB_CONNTRACK";
     pub const STATS: &str = "LB_STATS";
     pub const VIP_STATS: &str = "LB_VIP_STATS";
     pub const BACKEND_STATS: &str = "LB_BACKEND_STATS";
     pub const VIP_OWNED: &str = "LB_VIP_OWNED";
     pub const PEERS: &str = "LB_PEERS";
-    pub const FLOOD: &str = "LB_FLOOD";
+    pub const FLOOD: &str = "LB_FLOOD_NODE";
     pub const HANDSHAKES: &str = "LB_HANDSHAKES";
-    pub const FLOW_CACHE: &str = "LB_FLOW_CACHE";
+    /// Versioned: a cache laid out by another `flow_cache_hash` must never be adopted (its
+    /// entries would sit in the wrong slots). Change the hash, change the version.
+    pub const FLOW_CACHE: &str = "LB_FLOW_CACHE_V2";
     pub const DECAP_PEERS: &str = "LB_DECAP_PEERS";
     pub const DECAP_STATS: &str = "LB_DECAP_STATS";
+    pub const DECAP_VIPS: &str = "LB_DECAP_VIPS";
+    pub const DECAP_LOCAL: &str = "LB_DECAP_LOCAL";
     /// The backends' decapsulation program.
     pub const DECAP_PROGRAM: &str = "lb_decap";
     /// Pins of maps earlier versions had and this one does not.
-    pub const OBSOLETE: &[&str] = &["LB_VIP_GEN"];
+    pub const OBSOLETE: &[&str] = &["LB_VIP_GEN", "LB_FLOOD", "LB_FLOW_CACHE"];
     /// The XDP program's name in the object.
     pub const PROGRAM: &str = "lb_xdp";
     /// Socket load balancing (see `SockConfig`).
@@ -718,6 +770,17 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn the_flow_cache_hash_is_the_one_its_pin_version_names() {
+        // A restarted lbd adopts a pinned cache by name: if this fails, the hash changed, and
+        // `maps::FLOW_CACHE` (and the map's name in lb-ebpf) must get a new version, the old
+        // name going to `maps::OBSOLETE`.
+        let seed = flow_cache_seed(0x1b_5eed, flow_cache_config(1 << 12, 0x123));
+        assert_eq!(maps::FLOW_CACHE, "LB_FLOW_CACHE_V2");
+        assert_eq!(flow_cache_hash(&v4_key(), seed), 0x8075_5e93_ac37_1144);
+        assert!(maps::OBSOLETE.contains(&"LB_FLOW_CACHE"));
     }
 
     #[test]

@@ -1,7 +1,13 @@
-//! Programs for the benches, never attached by lbd: for `bench throughput` a traffic generator
+//! Programs for the benches, in an object of their own (`lb-bench`: never in the one lbd
+//! loads): the baseline every bench compares with; for `bench throughput` a traffic generator
 //! run with BPF_PROG_TEST_RUN in live-frames mode and a sink that counts and drops what the load
 //! balancer sends back; for `bench micro` the floor of an established flow's path (one
 //! connection-table lookup). Their maps are small, unpinned, and not shared with the data plane.
+#![no_std]
+#![no_main]
+
+#[allow(dead_code)]
+mod packet;
 
 use aya_ebpf::{
     bindings::xdp_action::{XDP_DROP, XDP_PASS, XDP_TX},
@@ -11,6 +17,24 @@ use aya_ebpf::{
 };
 
 use crate::packet::{ptr_at, swap_macs};
+
+/// The benchmark baseline: the least an XDP forwarder can do (swap the MACs, send it back).
+#[xdp]
+pub fn lb_baseline(ctx: XdpContext) -> u32 {
+    match ptr_at::<[u8; 12]>(&ctx, 0) {
+        Ok(eth) => {
+            unsafe {
+                let eth = &mut *eth;
+                let mut dst = [0u8; 6];
+                dst.copy_from_slice(&eth[..6]);
+                eth.copy_within(6..12, 0);
+                eth[6..].copy_from_slice(&dst);
+            }
+            XDP_TX
+        }
+        Err(_) => XDP_PASS,
+    }
+}
 
 /// The generator's per-CPU state: `[flows, step, next, _]`. With `flows` > 1 every frame gets
 /// the source address 10.x.y.z of flow `next` (x.y.z = the flow number + 1), and `next` moves
@@ -135,3 +159,13 @@ pub fn bench_lru_insert40(ctx: XdpContext) -> u32 {
         None => XDP_PASS,
     }
 }
+
+#[cfg(not(test))]
+#[panic_handler]
+fn panic(_info: &core::panic::PanicInfo) -> ! {
+    loop {}
+}
+
+#[unsafe(link_section = "license")]
+#[unsafe(no_mangle)]
+static LICENSE: [u8; 4] = *b"GPL\0";

@@ -19,7 +19,7 @@ use lb_common::{
 
 use crate::{
     Outcome,
-    maps::{LB_DECAP_PEERS, LB_DECAP_STATS, NONE, count},
+    maps::{LB_DECAP_LOCAL, LB_DECAP_PEERS, LB_DECAP_STATS, LB_DECAP_VIPS, NONE, count},
     packet::{ETH_HLEN, ETH_P_IP, ETH_P_IPV6, ptr_at, swap_macs},
 };
 
@@ -59,15 +59,19 @@ fn outer_hlen(b: &BackendInfo) -> u32 {
 }
 
 /// A packet for a routed backend: wrapped and sent to the next hop, or, too big to wrap,
-/// answered with an ICMP error. Each is a subprogram called from here, so no call chain is
-/// three frames deep (the 512-byte stack limit counts the frames of a chain together).
+/// answered with an ICMP error if `may_answer` (not itself an ICMP error), else dropped. Each
+/// is a subprogram called from here, so no call chain is three frames deep (the 512-byte stack
+/// limit counts the frames of a chain together).
 #[inline(always)]
-pub fn encapsulate(ctx: &XdpContext, b: &BackendInfo) -> Outcome {
+pub fn encapsulate(ctx: &XdpContext, b: &BackendInfo, may_answer: bool) -> Outcome {
     let Some((inner_family, len)) = inner_at(ctx, ETH_HLEN) else {
         return (XDP_PASS, stat::PASS_MALFORMED, NONE);
     };
     let outer_hlen = outer_hlen(b);
     if b.encap_mtu != 0 && len + outer_hlen > u32::from(b.encap_mtu) {
+        if !may_answer {
+            return (XDP_DROP, stat::ENCAP_TOO_BIG, NONE);
+        }
         let mtu = u32::from(b.encap_mtu) - outer_hlen;
         return if inner_family == FAMILY_V4 {
             too_big4(ctx, mtu)
@@ -281,13 +285,29 @@ fn decap_count(i: u32) {
     }
 }
 
-/// The backends' program: unwrap IP-in-IP from a known LB node (`LB_DECAP_PEERS`) and pass the
-/// client's packet to the stack; everything else passes unchanged.
+/// The backends' program: unwrap IP-in-IP from a known LB node (`LB_DECAP_PEERS`) to this host
+/// (`LB_DECAP_LOCAL`) whose inner packet is for a VIP served here (`LB_DECAP_VIPS`), and pass the
+/// client's packet to the stack. An LB node's packet that fails a check is dropped; IP-in-IP
+/// from anyone else, and everything that is not IP-in-IP, passes unchanged (see `decap_stat`).
 #[xdp]
 pub fn lb_decap(ctx: XdpContext) -> u32 {
     let r = try_decap(&ctx);
     decap_count(r);
-    XDP_PASS
+    match r {
+        decap_stat::DECAPSULATED | decap_stat::NOT_FROM_PEER | decap_stat::PASSED => XDP_PASS,
+        _ => XDP_DROP,
+    }
+}
+
+/// An address read from a header, as a `DecapKey`.
+#[inline(always)]
+fn decap_key<const N: usize>(family: u8, addr: &[u8; N]) -> DecapKey {
+    let mut key = DecapKey {
+        family,
+        ..Default::default()
+    };
+    key.addr[0..N].copy_from_slice(addr);
+    key
 }
 
 #[inline(always)]
@@ -296,9 +316,9 @@ fn try_decap(ctx: &XdpContext) -> u32 {
         return decap_stat::PASSED;
     };
     let ethertype = u16::from_be_bytes(unsafe { *t });
-    // The outer header's length, the inner protocol, the outer source and the inner length it
-    // claims.
-    let (hlen, proto, key, claimed) = match ethertype {
+    // From a known LB node: the outer header's length, the inner protocol, the outer
+    // destination, the inner length it claims, and the outer ECN field.
+    let (hlen, proto, dst, claimed, ecn) = match ethertype {
         ETH_P_IP => {
             let Ok(h) = ptr_at::<[u8; 20]>(ctx, ETH_HLEN) else {
                 return decap_stat::PASSED;
@@ -307,45 +327,52 @@ fn try_decap(ctx: &XdpContext) -> u32 {
             if h[9] != IPPROTO_IPIP && h[9] != IPPROTO_IPV6 {
                 return decap_stat::PASSED;
             }
+            let src = decap_key::<4>(FAMILY_V4, &[h[12], h[13], h[14], h[15]]);
+            let dst = decap_key::<4>(FAMILY_V4, &[h[16], h[17], h[18], h[19]]);
+            if LB_DECAP_PEERS.get_ptr(&src).is_none() {
+                return decap_stat::NOT_FROM_PEER;
+            }
             // No options, not a fragment (MF or an offset).
             if h[0] != 0x45 || (h[6] & 0x3f) != 0 || h[7] != 0 {
                 return decap_stat::MALFORMED;
             }
-            let mut key = DecapKey {
-                family: FAMILY_V4,
-                ..Default::default()
-            };
-            key.addr[0..4].copy_from_slice(&h[12..16]);
             let total = u32::from(u16::from_be_bytes([h[2], h[3]]));
-            (20usize, h[9], key, total.wrapping_sub(20))
+            (20usize, h[9], dst, total.wrapping_sub(20), h[1] & 3)
         }
         ETH_P_IPV6 => {
             let Ok(h) = ptr_at::<[u8; 40]>(ctx, ETH_HLEN) else {
                 return decap_stat::PASSED;
             };
-            let h = unsafe { *h };
+            let h = unsafe { &*h };
             if h[6] != IPPROTO_IPIP && h[6] != IPPROTO_IPV6 {
                 return decap_stat::PASSED;
             }
-            let mut key = DecapKey {
+            let mut src = DecapKey {
                 family: FAMILY_V6,
                 ..Default::default()
             };
-            key.addr.copy_from_slice(&h[8..24]);
+            src.addr.copy_from_slice(&h[8..24]);
+            if LB_DECAP_PEERS.get_ptr(&src).is_none() {
+                return decap_stat::NOT_FROM_PEER;
+            }
+            let mut dst = src;
+            dst.addr.copy_from_slice(&h[24..40]);
             (
                 40usize,
                 h[6],
-                key,
+                dst,
                 u32::from(u16::from_be_bytes([h[4], h[5]])),
+                (h[1] >> 4) & 3,
             )
         }
         _ => return decap_stat::PASSED,
     };
-    if LB_DECAP_PEERS.get_ptr(&key).is_none() {
-        return decap_stat::NOT_FROM_PEER;
+    if LB_DECAP_LOCAL.get_ptr(&dst).is_none() {
+        return decap_stat::NOT_LOCAL;
     }
     // The inner header must be what the outer one says, and fit in the frame.
-    let Some((family, len)) = inner_at(ctx, ETH_HLEN + hlen) else {
+    let inner = ETH_HLEN + hlen;
+    let Some((family, len)) = inner_at(ctx, inner) else {
         return decap_stat::MALFORMED;
     };
     let frame = (ctx.data_end() - ctx.data()) as u32;
@@ -354,8 +381,16 @@ fn try_decap(ctx: &XdpContext) -> u32 {
     } else {
         FAMILY_V6
     };
-    if family != want_family || len != claimed || ETH_HLEN as u32 + hlen as u32 + len > frame {
+    if family != want_family || len != claimed || inner as u32 + len > frame {
         return decap_stat::MALFORMED;
+    }
+    let r = if family == FAMILY_V4 {
+        inner4(ctx, inner, ecn)
+    } else {
+        inner6(ctx, inner, ecn)
+    };
+    if r != decap_stat::DECAPSULATED {
+        return r;
     }
     // Move the Ethernet header up against the inner packet, with the inner ethertype, then
     // drop the outer header.
@@ -376,6 +411,80 @@ fn try_decap(ctx: &XdpContext) -> u32 {
     if unsafe { bpf_xdp_adjust_head(ctx.ctx, hlen as i32) } != 0 {
         return decap_stat::MALFORMED;
     }
+    decap_stat::DECAPSULATED
+}
+
+/// ECN codepoints (the two low bits of the TOS byte / traffic class).
+const ECN_NOT_ECT: u8 = 0;
+const ECN_ECT1: u8 = 1;
+const ECN_ECT0: u8 = 2;
+const ECN_CE: u8 = 3;
+
+/// The inner packet's ECN field after unwrapping (RFC 6040 4.2, figure 4): a CE mark on the
+/// outer header is carried to an ECN-capable inner packet, ECT(1) outside turns ECT(0) inside
+/// into ECT(1); `None` when the outer CE meets a Not-ECT inner packet (drop).
+#[inline(always)]
+fn decap_ecn(outer: u8, inner: u8) -> Option<u8> {
+    match (outer, inner) {
+        (ECN_CE, ECN_NOT_ECT) => None,
+        (ECN_CE, _) => Some(ECN_CE),
+        (ECN_ECT1, ECN_ECT0) => Some(ECN_ECT1),
+        _ => Some(inner),
+    }
+}
+
+/// An IPv4 inner packet at `off`: for a VIP served here, its ECN field updated from the outer
+/// one's (`decap_ecn`) with the header checksum adjusted to match.
+#[inline(always)]
+fn inner4(ctx: &XdpContext, off: usize, outer_ecn: u8) -> u32 {
+    let Ok(h) = ptr_at::<[u8; 20]>(ctx, off) else {
+        return decap_stat::MALFORMED;
+    };
+    let h = unsafe { &mut *h };
+    if LB_DECAP_VIPS
+        .get_ptr(&decap_key::<4>(FAMILY_V4, &[h[16], h[17], h[18], h[19]]))
+        .is_none()
+    {
+        return decap_stat::NOT_VIP;
+    }
+    let old = h[1];
+    let Some(ecn) = decap_ecn(outer_ecn, old & 3) else {
+        return decap_stat::ECN_DROP;
+    };
+    let new = (old & !3) | ecn;
+    if new != old {
+        // RFC 1624: HC' = ~(~HC + ~m + m'), m the 16-bit word holding the TOS byte.
+        let m = u16::from_be_bytes([h[0], old]);
+        let m2 = u16::from_be_bytes([h[0], new]);
+        let hc = u16::from_be_bytes([h[10], h[11]]);
+        let sum = u32::from(!hc) + u32::from(!m) + u32::from(m2);
+        h[1] = new;
+        h[10..12].copy_from_slice(&(!fold(sum)).to_be_bytes());
+    }
+    decap_stat::DECAPSULATED
+}
+
+/// An IPv6 inner packet at `off`: for a VIP served here, its ECN field updated (no header
+/// checksum in IPv6; the transport checksums do not cover the traffic class).
+#[inline(always)]
+fn inner6(ctx: &XdpContext, off: usize, outer_ecn: u8) -> u32 {
+    let Ok(h) = ptr_at::<[u8; 40]>(ctx, off) else {
+        return decap_stat::MALFORMED;
+    };
+    let h = unsafe { &mut *h };
+    let mut key = DecapKey {
+        family: FAMILY_V6,
+        ..Default::default()
+    };
+    key.addr.copy_from_slice(&h[24..40]);
+    if LB_DECAP_VIPS.get_ptr(&key).is_none() {
+        return decap_stat::NOT_VIP;
+    }
+    let old = (h[1] >> 4) & 3;
+    let Some(ecn) = decap_ecn(outer_ecn, old) else {
+        return decap_stat::ECN_DROP;
+    };
+    h[1] = (h[1] & !0x30) | (ecn << 4);
     decap_stat::DECAPSULATED
 }
 

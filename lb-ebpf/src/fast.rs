@@ -53,11 +53,11 @@ pub fn established(ctx: &XdpContext, cfg: &LbConfig) -> Option<Outcome> {
     }
     let slot = flows::slot(Some(cfg), &flow);
     let v = flows::cached_only(&slot, &flow)?;
-    let b = flows::entry_backend(&v)?;
+    let (id, b) = flows::entry_backend(&v)?;
     if !vip_owned(b.vip_id) || b.flags & (BACKEND_F_LOCAL | BACKEND_F_ENCAP) != 0 {
         return None;
     }
-    count_traffic(&LB_BACKEND_STATS, v.backend_id, frame as u64, false);
+    count_traffic(&LB_BACKEND_STATS, id, frame as u64, false);
     // The Ethernet header is inside the checked bytes.
     let action = send_to(p as *mut u32, b);
     count_forwarded_hit(action);

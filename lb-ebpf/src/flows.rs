@@ -2,14 +2,14 @@
 //!
 //! `LB_CONNTRACK` (an LRU hash keyed by the full 5-tuple) is where every remembered flow is
 //! written. A hash lookup costs a call, a jhash of the 40-byte key and a bucket walk: on its own
-//! more than twice the whole baseline program (`bench micro`'s floor cases). `LB_FLOW_CACHE` is
+//! more than twice the whole baseline program (`bench micro`'s floor cases). `LB_FLOW_CACHE_V2` is
 //! an array of 64-byte slots, one per cache line, indexed by `flow_cache_hash`: the kernel
 //! inlines an array lookup, so an established flow found there costs a multiply-xorshift hash,
 //! five word compares and a check word, with no call.
 //!
 //! The rules that keep the two one table:
 //! - **A write goes to both.** Remembering a flow inserts it into the LRU hash and puts it in its
-//!   slot; forgetting one removes it from both.
+//!   slot.
 //! - **The cache is looked up first and wins.** A slot holds the last decision written for its
 //!   key; the LRU hash holds it too, unless it aged out there while the flow was served from the
 //!   cache (cache hits do not touch the LRU's recency).
@@ -17,16 +17,20 @@
 //!   writes the occupant back into the LRU hash if the occupant is still good, so a flow served
 //!   from the cache never falls back to a hash that has forgotten it. A flow found only in the
 //!   LRU hash takes its slot only if the slot is empty or its occupant is no longer good, so two
-//!   active flows on one slot do not evict each other on every packet.
+//!   active flows on one slot do not evict each other on every packet. The write-back only ever
+//!   adds a missing entry (`BPF_NOEXIST`): an entry another CPU wrote meanwhile is newer than
+//!   the slot's copy and is never replaced by it.
 //! - **Slots are read without a lock.** Another CPU may be rewriting a slot while it is read:
 //!   the check word binds the value to the key's 64-bit hash, so words of two different entries
 //!   fail it and the packet falls back to the LRU hash. Values and checks are read once.
 use lb_common::{
-    BACKEND_F_IN_SET, BackendInfo, FlowCacheEntry, FlowKey, FlowValue, LbConfig, flow_cache_check,
-    flow_cache_hash, flow_cache_index, flow_cache_seed,
+    BACKEND_F_IN_SET, BACKEND_F_MOVED, BackendInfo, FlowCacheEntry, FlowKey, FlowValue, LbConfig,
+    flow_cache_check, flow_cache_hash, flow_cache_index, flow_cache_seed, moved_to,
 };
 
-use crate::maps::{LB_BACKENDS, LB_CONNTRACK, LB_FLOW_CACHE};
+use aya_ebpf::bindings::BPF_NOEXIST;
+
+use crate::maps::{LB_BACKENDS, LB_CONNTRACK, LB_FLOW_CACHE_V2};
 
 /// A flow's place in the cache: its slot (if the cache is there) and its key's hash.
 pub struct Slot {
@@ -41,7 +45,7 @@ pub fn slot(cfg: Option<&LbConfig>, flow: &FlowKey) -> Slot {
         Some(cfg) => {
             let hash = flow_cache_hash(flow, seed(cfg));
             Slot {
-                entry: LB_FLOW_CACHE
+                entry: LB_FLOW_CACHE_V2
                     .get_ptr_mut(flow_cache_index(hash, cfg.flow_cache))
                     .unwrap_or(core::ptr::null_mut()),
                 hash,
@@ -110,14 +114,24 @@ fn cached(e: *mut FlowCacheEntry, flow: &FlowKey, hash: u64) -> Option<FlowValue
     }
 }
 
-/// The backend an entry names, if the entry is still good: the pair it was written for still
-/// exists (same epoch, never reused) and is in its VIP's set. A reference into the map: the few
-/// fields used are read where needed.
+/// The backend an entry names, and its slot, if the entry is still good: the pair it was
+/// written for still exists (same epoch, never reused) and is in its VIP's set. A pair whose
+/// addressing changed moved to another slot with the same epoch (`BACKEND_F_MOVED`): followed
+/// once (user space points every old slot of a pair at its current one). A reference into the
+/// map: the few fields used are read where needed.
 #[inline(always)]
-pub fn entry_backend(v: &FlowValue) -> Option<&'static BackendInfo> {
+pub fn entry_backend(v: &FlowValue) -> Option<(u32, &'static BackendInfo)> {
     let b = LB_BACKENDS.get(v.backend_id)?;
-    if b.epoch == v.epoch && b.epoch != 0 && b.flags & BACKEND_F_IN_SET != 0 {
-        Some(b)
+    if b.epoch != v.epoch || b.epoch == 0 || b.flags & BACKEND_F_IN_SET == 0 {
+        return None;
+    }
+    if b.flags & BACKEND_F_MOVED == 0 {
+        return Some((v.backend_id, b));
+    }
+    let id = moved_to(b.flags);
+    let m = LB_BACKENDS.get(id)?;
+    if m.epoch == v.epoch && m.flags & BACKEND_F_IN_SET != 0 {
+        Some((id, m))
     } else {
         None
     }
@@ -166,11 +180,11 @@ fn take(e: *mut FlowCacheEntry, hash: u64, flow: &FlowKey, value: u64, cfg: &LbC
     if let Some((key, v)) = occupant(seed(cfg), e)
         && key != *flow
     {
-        // Usually still there, the same (written with it; the lookup refreshes it): a lookup
-        // costs far less than an insert into a full LRU hash.
-        let there = LB_CONNTRACK.get_ptr(&key).map(|p| unsafe { *p });
-        if there != Some(v) {
-            let _ = LB_CONNTRACK.insert(&key, v, 0);
+        // Usually still there (written with it; the lookup refreshes it): a lookup costs far
+        // less than an insert into a full LRU hash. An entry there, whatever it holds, is kept:
+        // it may be newer than this copy.
+        if LB_CONNTRACK.get_ptr(&key).is_none() {
+            let _ = LB_CONNTRACK.insert(&key, v, BPF_NOEXIST as u64);
         }
     }
     put(e, flow, unpack(value), hash);
@@ -192,20 +206,6 @@ fn take_free(e: *mut FlowCacheEntry, hash: u64, flow: &FlowKey, value: u64) {
         return;
     }
     put(e, flow, unpack(value), hash);
-}
-
-/// Forget a flow: out of the LRU hash, and its slot emptied if it holds it.
-#[inline(always)]
-pub fn forget(slot: &Slot, flow: &FlowKey) {
-    let _ = LB_CONNTRACK.remove(flow);
-    let e = slot.entry;
-    if !e.is_null() && cached(e, flow, slot.hash).is_some() {
-        // SAFETY: a map value of the array. Family 0 marks it empty; the check no longer holds.
-        unsafe {
-            core::ptr::addr_of_mut!((*e).key.family).write_volatile(0);
-            core::ptr::addr_of_mut!((*e).check).write_volatile(0);
-        }
-    }
 }
 
 /// The slot's key, copied word by word to the stack.

@@ -1,18 +1,23 @@
 //! The XDP load balancer. A packet's path, top to bottom:
 //!
 //! parse (Ethernet, IPv4/IPv6, TCP/UDP, ICMP too-big) -> loop guard -> connection table ->
-//! VIP lookup -> ownership gate -> Maglev table -> rewrite the MACs -> XDP_TX / redirect / local
-//! pass -> count.
+//! VIP lookup -> ownership gate -> Maglev table -> rewrite the MACs, or wrap for a routed
+//! backend -> XDP_TX / redirect / local pass -> count.
 //!
 //! The forwarding rule: a frame is forwarded only if it is a well-formed, unfragmented packet to
 //! an owned VIP service (or an ICMP too-big quoting one), judged by its own length fields as well
 //! as the frame's, and not from another lbd node; and the forwarded frame differs from the input
 //! only in its two MAC addresses (L2 direct server return: the backend holds the VIP as a local
-//! address and answers the client itself). Everything else is passed or dropped, and counted.
+//! address and answers the client itself), or, for a routed backend, is the input's IP packet
+//! unchanged behind one outer IP header (`encap`). Everything else is passed or dropped, and
+//! counted. The connection table's rules (what a SYN may change, what writes an entry) are at
+//! `Track` and `balance`.
 #![no_std]
 #![no_main]
+// `atomic_xadd`: the target has no atomic types; an add whose result is unused is BPF_XADD.
+#![feature(core_intrinsics)]
+#![allow(internal_features)]
 
-mod bench_progs;
 mod encap;
 mod fast;
 mod flows;
@@ -29,12 +34,12 @@ use aya_ebpf::{
 use lb_common::{
     ALL_PORTS, BACKEND_F_ENCAP, BACKEND_F_IN_SET, BACKEND_F_LOCAL, BACKEND_F_NO_NEW, BackendInfo,
     CONFIG_F_ALL_PORTS, FLOOD_HOLD_NS, FLOOD_WINDOW_NS, FlowKey, FlowValue, LbConfig, MAX_BACKENDS,
-    MAX_SLOT_SKIPS, NO_BACKEND, PROTO_TCP, VIP_F_OWNED, VIP_OWNED, VipInfo, VipKey,
-    addr_filter_bit_words, flow_hash, mac_halves_filter_bit, peer_key_halves, stat, table_index,
+    NO_BACKEND, PROTO_TCP, VIP_F_OWNED, VIP_OWNED, VipInfo, VipKey, addr_filter_bit_words,
+    flow_hash, mac_halves_filter_bit, peer_key_halves, stat, table_index,
 };
 use maps::{
-    LB_BACKEND_STATS, LB_BACKENDS, LB_CONFIG, LB_FLOOD, LB_HANDSHAKES, LB_PEERS, LB_STATS,
-    LB_TABLES, LB_VIP_ADDRS, LB_VIP_OWNED, LB_VIPS, NONE, count, count_traffic,
+    LB_BACKEND_STATS, LB_BACKENDS, LB_CONFIG, LB_FLOOD_NODE, LB_HANDSHAKES, LB_NEW_TABLES,
+    LB_PEERS, LB_STATS, LB_TABLES, LB_VIP_ADDRS, LB_VIP_OWNED, LB_VIPS, NONE, count, count_traffic,
 };
 use packet::{ETH_HLEN, ETH_P_IP, ETH_P_IPV6, L3, ParseError, has_ports, ptr_at};
 
@@ -255,10 +260,12 @@ fn backend_of(vip: &VipInfo, id: u32) -> Option<&'static BackendInfo> {
 enum Track {
     /// Look up; on a miss choose by Maglev and remember the choice.
     Yes,
-    /// A TCP SYN starts a new connection: choose by Maglev (never an old entry for a reused
-    /// 5-tuple) and remember the choice at once, so the rest of the handshake follows the SYN
-    /// even if the table changes in between (writing the entry later, at the first ACK, was
-    /// tried: a table swap during a handshake then reset the connection).
+    /// A TCP SYN: looked up like any packet, and a good entry (its pair still in the set) is
+    /// kept: a SYN never moves or deletes a live connection's entry, so a spoofed SYN with a
+    /// client's address and port cannot reset it (a real reuse of the 5-tuple goes to the same
+    /// backend, whose stack handles it, drained or not). On a miss (or a stale entry) it
+    /// starts a flow: Maglev, skipping backends that take no new flows, and remembered at once
+    /// so the rest of the handshake follows the SYN even if the table changes in between.
     NewConnection,
     /// Look up, choose by Maglev on a miss, remember nothing (ICMP errors about a flow).
     LookupOnly,
@@ -268,61 +275,79 @@ enum Track {
 const SLOT_SKIPPED: u32 = 1 << 31;
 const _: () = assert!(MAX_BACKENDS < SLOT_SKIPPED);
 
-/// The backend id at `slot` of a VIP's live table; for a packet that starts a flow, the first
-/// one from there that takes new flows (`BACKEND_F_NO_NEW` clear), at most `MAX_SLOT_SKIPS`
-/// slots on, with `SLOT_SKIPPED` set if that is not the first. `NO_BACKEND` when there is none.
-/// A function of its own (a BPF subprogram): its loop then costs the caller nothing in registers.
+/// The backend id at `slot` of a VIP's live table; for a packet that starts a flow, one that
+/// takes new flows (`BACKEND_F_NO_NEW` clear): the slot's, else the same slot's of the new-flow
+/// table (built without such backends, so it names one whenever one exists), with
+/// `SLOT_SKIPPED` set. `NO_BACKEND` when there is none (or the new-flow table is not written
+/// yet: just after an upgrade created it, until lbd's first update).
 #[inline(never)]
 fn pick_slot(vip_id: u32, active: u32, size: u32, slot: u32, starts_flow: u32) -> u32 {
-    let mut slot = slot;
-    let mut skipped = 0;
-    for _ in 0..=MAX_SLOT_SKIPS {
-        let pos = table_index(vip_id, active, size, slot);
-        let id = match LB_TABLES.get(pos >> 1) {
-            Some(pair) => pair[(pos & 1) as usize],
-            None => return NO_BACKEND,
-        };
-        if id == NO_BACKEND {
-            return NO_BACKEND;
-        }
-        if starts_flow == 0 {
-            return id;
-        }
-        match LB_BACKENDS.get(id) {
-            Some(b) if b.flags & BACKEND_F_NO_NEW != 0 => {}
-            _ => return id | skipped,
-        }
-        skipped = SLOT_SKIPPED;
-        slot += 1;
-        if slot >= size {
-            slot = 0;
-        }
+    let pos = table_index(vip_id, active, size, slot);
+    let id = match LB_TABLES.get(pos >> 1) {
+        Some(pair) => pair[(pos & 1) as usize],
+        None => return NO_BACKEND,
+    };
+    if id == NO_BACKEND || starts_flow == 0 {
+        return id;
     }
-    NO_BACKEND
+    // (A slot naming a pair outside the set is the caller's to refuse: never replaced here.)
+    match LB_BACKENDS.get(id) {
+        Some(b) if b.flags & BACKEND_F_NO_NEW != 0 => {}
+        _ => return id,
+    }
+    match LB_NEW_TABLES.get(pos >> 1) {
+        Some(pair) if takes_new_flows(vip_id, pair[(pos & 1) as usize]) => {
+            pair[(pos & 1) as usize] | SLOT_SKIPPED
+        }
+        _ => NO_BACKEND,
+    }
 }
 
-/// Count a SYN on this CPU; whether flood mode holds.
+/// Pair `id` is of this VIP, in its set, and takes new flows.
 #[inline(always)]
-fn syn_flood(cfg: Option<&LbConfig>) -> bool {
+fn takes_new_flows(vip_id: u32, id: u32) -> bool {
+    match LB_BACKENDS.get(id) {
+        Some(b) => {
+            b.vip_id == vip_id
+                && b.flags & (BACKEND_F_IN_SET | BACKEND_F_NO_NEW) == BACKEND_F_IN_SET
+        }
+        None => false,
+    }
+}
+
+/// Count a connection-table miss that would write an entry (a SYN or not), node-wide; whether
+/// flood mode holds. One shared `FloodState` counted with atomic adds: a per-CPU count would let
+/// N CPUs take N times the rate unseen. The window roll is not atomic: two CPUs that roll it at
+/// once may lose a few counts, which an estimate of a flood's rate can afford.
+#[inline(always)]
+fn flooded(cfg: Option<&LbConfig>) -> bool {
     let Some(limit) = cfg.map(|c| c.syn_flood_rate / 10) else {
         return false;
     };
-    let Some(s) = LB_FLOOD.get_ptr_mut(0) else {
+    let Some(s) = LB_FLOOD_NODE.get_ptr_mut(0) else {
         return false;
     };
-    // Per-CPU value: no other writer.
-    let s = unsafe { &mut *s };
     let now = unsafe { bpf_ktime_get_coarse_ns() };
-    if now.wrapping_sub(s.window_start) >= FLOOD_WINDOW_NS {
-        s.last_count = s.count;
-        s.count = 0;
-        s.window_start = now;
+    // SAFETY: a map value of the array, shared by every CPU: fields are read and written with
+    // volatile (or atomic) accesses.
+    unsafe {
+        let start = core::ptr::addr_of_mut!((*s).window_start);
+        let count = core::ptr::addr_of_mut!((*s).count);
+        if now.wrapping_sub(start.read_volatile()) >= FLOOD_WINDOW_NS {
+            start.write_volatile(now);
+            core::ptr::addr_of_mut!((*s).last_count).write_volatile(count.read_volatile());
+            count.write_volatile(0);
+        }
+        // An atomic add whose result is not used (BPF_XADD); the total is read after it.
+        core::intrinsics::atomic_xadd::<u32, u32, { core::intrinsics::AtomicOrdering::Relaxed }>(
+            count, 1,
+        );
+        let until = core::ptr::addr_of_mut!((*s).flood_until);
+        if limit != 0 && count.read_volatile() > limit {
+            until.write_volatile(now + FLOOD_HOLD_NS);
+        }
+        now < until.read_volatile()
     }
-    s.count += 1;
-    if limit != 0 && s.count > limit {
-        s.flood_until = now + FLOOD_HOLD_NS;
-    }
-    now < s.flood_until
 }
 
 #[inline(always)]
@@ -334,8 +359,9 @@ fn vip_owned(vip_id: u32) -> bool {
 }
 
 /// For a TCP packet without a connection-table entry whose slot's backend takes no new flows:
-/// the backend its SYN chose if that SYN skipped the slot in SYN flood mode (`LB_HANDSHAKES`)
-/// and the pair still stands. Counted as a connection-table hit.
+/// the backend its SYN chose if that SYN skipped the slot in flood mode (`LB_HANDSHAKES`) and
+/// the pair still stands. The handshake entry stays until a connection-table entry replaces it
+/// (in flood mode none is written, and every packet of the connection comes here).
 #[inline(always)]
 fn handshake_of(
     track: Track,
@@ -348,42 +374,39 @@ fn handshake_of(
         return None;
     }
     let v = unsafe { *LB_HANDSHAKES.get_ptr(flow)? };
-    // Used once: this packet writes the connection-table entry.
-    let _ = LB_HANDSHAKES.remove(flow);
-    let b = flows::entry_backend(&v)?;
+    let (id, b) = flows::entry_backend(&v)?;
     if b.vip_id != vip.vip_id {
         return None;
     }
-    Some((v.backend_id, b))
+    Some((id, b))
 }
 
 #[inline(always)]
 fn balance(ctx: &XdpContext, cfg: Option<&LbConfig>, flow: &FlowKey, track: Track) -> Outcome {
     let bytes = (ctx.data_end() - ctx.data()) as u64;
-    // A TCP SYN starts a new connection: it never reuses an old entry of the same 5-tuple.
     let slot = flows::slot(cfg, flow);
-    let found = match track {
-        Track::NewConnection => None,
-        _ => flows::lookup(&slot, flow),
-    };
+    let found = flows::lookup(&slot, flow);
     let cached = found.map(|(v, _)| v);
 
     // 1. Fast path for established flows: the entry's pair still exists and is in its set, and
     //    this node forwards for its VIP. (The 5-tuple names the VIP service, so the entry's
     //    backend belongs to it: pairs of other services have other epochs.)
-    let valid = cached.and_then(|v| flows::entry_backend(&v).map(|b| (v.backend_id, b)));
+    let valid = cached.and_then(|v| flows::entry_backend(&v));
     if let Some((id, b)) = valid
         && vip_owned(b.vip_id)
     {
         if let Some((v, flows::Found::Table)) = found
-            && track == Track::Yes
+            && track != Track::LookupOnly
         {
             flows::promote(&slot, flow, v);
         }
         // One per-CPU entry per forwarded packet: its pair's (a VIP's counters are the sum of
         // its pairs', added up by user space).
-        count_traffic(&LB_BACKEND_STATS, id, bytes, false);
-        let (action, reason, _) = forward(ctx, b);
+        let (action, reason, _) = forward(ctx, b, track);
+        // Only what reaches the pair is its traffic (not a too-big answer, not a drop).
+        if delivered(reason) {
+            count_traffic(&LB_BACKEND_STATS, id, bytes, false);
+        }
         // (An ICMP error is counted as such by the caller.)
         if reason == stat::FORWARDED && track != Track::LookupOnly {
             count_forwarded_hit(action);
@@ -403,10 +426,9 @@ fn balance(ctx: &XdpContext, cfg: Option<&LbConfig>, flow: &FlowKey, track: Trac
 
     // 3. A good entry (the owned flags were mid-update), or a stale one: hash again.
     let mut ct = match (track, cached) {
-        (Track::NewConnection, _) => stat::CONNTRACK_MISS,
         (_, Some(_)) => stat::CONNTRACK_STALE,
-        (Track::Yes, None) => stat::CONNTRACK_MISS,
         (Track::LookupOnly, None) => NONE,
+        (_, None) => stat::CONNTRACK_MISS,
     };
     let mut chosen: Option<(u32, &BackendInfo)> = None;
     if let Some((id, b)) = valid
@@ -417,6 +439,7 @@ fn balance(ctx: &XdpContext, cfg: Option<&LbConfig>, flow: &FlowKey, track: Trac
     }
     let new_flow = chosen.is_none();
     let mut skipped = false;
+    let mut handshake = false;
 
     // 4. Maglev: the slot of the flow hash in the VIP's live table.
     let (id, backend) = match chosen {
@@ -431,11 +454,12 @@ fn balance(ctx: &XdpContext, cfg: Option<&LbConfig>, flow: &FlowKey, track: Trac
             let slot = flow_hash(flow, cfg.hash_seed) % cfg.table_size;
             // A packet that starts a flow skips backends that take no new flows; a mid-flow
             // packet without an entry (e.g. at a new VIP owner) goes where the table says, so
-            // established flows of a drained or failing backend stay on it.
+            // established flows of a drained or failing backend stay on it. A UDP datagram
+            // without an entry starts its flow wherever it comes, and an ICMP error about a
+            // UDP flow goes where that flow's datagrams went.
             let starts_flow = match track {
                 Track::NewConnection => true,
-                Track::Yes => flow.proto != PROTO_TCP,
-                Track::LookupOnly => false,
+                Track::Yes | Track::LookupOnly => flow.proto != PROTO_TCP,
             };
             let picked = pick_slot(
                 vip.vip_id,
@@ -457,25 +481,29 @@ fn balance(ctx: &XdpContext, cfg: Option<&LbConfig>, flow: &FlowKey, track: Trac
             // A TCP packet without an entry whose slot takes no new flows: the ACK of a
             // handshake whose SYN skipped that slot in SYN flood mode follows its SYN.
             match handshake_of(track, flow, b, &vip) {
-                Some(h) => h,
+                Some(h) => {
+                    handshake = true;
+                    h
+                }
                 None => (id, b),
             }
         }
     };
-    // SYN flood mode: a spoofed flood must not push established flows out of the LRU table, so
-    // while SYNs arrive faster than `syn_flood_rate` a SYN's choice is not remembered there; the
-    // handshake's ACK (a miss) takes the same Maglev slot and writes the entry. A SYN that
-    // skipped its slot is remembered in the small handshake table instead: its ACK must not
-    // depend on this CPU's flood state (another CPU, or the flood over by then).
+    // Flood mode: a spoofed flood (SYNs, or segments and datagrams of made-up flows) must not
+    // push established flows out of the LRU table, so every miss that would write an entry is
+    // counted, and while misses come faster than `syn_flood_rate` none writes one: the flow is
+    // forwarded by its Maglev slot, as every packet of it will be until the flood is over. A
+    // SYN that skipped its slot is remembered in the small handshake table instead: its later
+    // packets must not go to the slot's backend, whatever the flood state is by then.
     let mut remember = new_flow && track != Track::LookupOnly;
-    if track == Track::NewConnection && syn_flood(cfg) {
+    if remember && flooded(cfg) {
         remember = false;
-        ct = stat::SYN_FLOOD_UNTRACKED;
-        // An entry of an earlier connection on this 5-tuple (a client that reuses its port)
-        // would take this handshake's ACK to that connection's backend, which resets it.
-        // Removing never evicts anything else.
-        flows::forget(&slot, flow);
-        if skipped {
+        ct = if track == Track::NewConnection {
+            stat::SYN_FLOOD_UNTRACKED
+        } else {
+            stat::FLOOD_UNTRACKED
+        };
+        if skipped && track == Track::NewConnection {
             let _ = LB_HANDSHAKES.insert(
                 flow,
                 FlowValue {
@@ -492,12 +520,24 @@ fn balance(ctx: &XdpContext, cfg: Option<&LbConfig>, flow: &FlowKey, track: Trac
             epoch: backend.epoch,
         };
         flows::remember(cfg, &slot, flow, value);
+        if handshake {
+            // The connection table has it now.
+            let _ = LB_HANDSHAKES.remove(flow);
+        }
     }
 
     let counted_new = new_flow && track != Track::LookupOnly;
-    count_traffic(&LB_BACKEND_STATS, id, bytes, counted_new);
-    let (action, reason, _) = forward(ctx, backend);
+    let (action, reason, _) = forward(ctx, backend, track);
+    if delivered(reason) {
+        count_traffic(&LB_BACKEND_STATS, id, bytes, counted_new);
+    }
     (action, reason, ct)
+}
+
+/// The packet went to its pair: sent on, or to the local stack as the pair's.
+#[inline(always)]
+fn delivered(reason: u32) -> bool {
+    reason == stat::FORWARDED || reason == stat::PASS_LOCAL_BACKEND
 }
 
 /// The counters of an established flow's forwarded packet, at constant indexes (the generic
@@ -524,14 +564,17 @@ const _: () = assert!(
         && core::mem::offset_of!(BackendInfo, dst_mac) % 4 == 0
 );
 
-/// L2 direct server return: only the Ethernet addresses change.
+/// Send the packet to its backend: the MACs rewritten (L2 direct server return), wrapped for a
+/// routed backend (`encap`), or passed to the local stack when the backend is this node.
 #[inline(always)]
-fn forward(ctx: &XdpContext, backend: &BackendInfo) -> Outcome {
+fn forward(ctx: &XdpContext, backend: &BackendInfo, track: Track) -> Outcome {
     if backend.flags & BACKEND_F_LOCAL != 0 {
         return (XDP_PASS, stat::PASS_LOCAL_BACKEND, NONE);
     }
     if backend.flags & BACKEND_F_ENCAP != 0 {
-        return encap::encapsulate(ctx, backend);
+        // An ICMP error too big to wrap is dropped, never answered with another ICMP error
+        // (RFC 1122 3.2.2, RFC 4443 2.4 e).
+        return encap::encapsulate(ctx, backend, track != Track::LookupOnly);
     }
     let Ok(eth) = ptr_at::<[u32; 3]>(ctx, 0) else {
         return (XDP_PASS, stat::PASS_MALFORMED, NONE);
@@ -556,24 +599,6 @@ fn send_to(eth: *mut u32, backend: &BackendInfo) -> u32 {
         XDP_TX
     } else {
         unsafe { bpf_redirect(backend.ifindex, 0) as u32 }
-    }
-}
-
-/// The benchmark baseline: the least an XDP forwarder can do (swap the MACs, send it back).
-#[xdp]
-pub fn lb_baseline(ctx: XdpContext) -> u32 {
-    match ptr_at::<[u8; 12]>(&ctx, 0) {
-        Ok(eth) => {
-            unsafe {
-                let eth = &mut *eth;
-                let mut dst = [0u8; 6];
-                dst.copy_from_slice(&eth[..6]);
-                eth.copy_within(6..12, 0);
-                eth[6..].copy_from_slice(&dst);
-            }
-            XDP_TX
-        }
-        Err(_) => XDP_PASS,
     }
 }
 

@@ -10,8 +10,8 @@ use aya_ebpf::{
 use lb_common::{
     BackendInfo, Counters, DEFAULT_CONNTRACK_SIZE, DEFAULT_TABLE_SIZE, DecapKey, FloodState,
     FlowCacheEntry, FlowKey, FlowValue, HANDSHAKE_TABLE_SIZE, LbConfig, MAX_BACKENDS,
-    MAX_DECAP_PEERS, MAX_PEERS, MAX_VIP_ADDRS, MAX_VIPS, VipInfo, VipKey, decap_stat,
-    flow_cache_slots, stat,
+    MAX_DECAP_LOCAL, MAX_DECAP_PEERS, MAX_DECAP_VIPS, MAX_PEERS, MAX_VIP_ADDRS, MAX_VIPS, VipInfo,
+    VipKey, decap_stat, flow_cache_slots, stat,
 };
 
 /// One entry: hash seed and table size.
@@ -46,6 +46,13 @@ pub static LB_BACKENDS: Array<BackendInfo> = Array::pinned(MAX_BACKENDS, 0);
 pub static LB_TABLES: Array<[u32; 2]> =
     Array::pinned(MAX_VIPS * (DEFAULT_TABLE_SIZE + 1), BPF_F_MMAPABLE);
 
+/// The new-flow tables, laid out as `LB_TABLES` (same halves, flipped by the same
+/// `active_table`): each VIP's Maglev table built without the backends that take no new flows.
+/// Size at load time.
+#[map]
+pub static LB_NEW_TABLES: Array<[u32; 2]> =
+    Array::pinned(MAX_VIPS * (DEFAULT_TABLE_SIZE + 1), BPF_F_MMAPABLE);
+
 /// The connection table: 5-tuple -> backend id. Size at load time.
 #[map]
 pub static LB_CONNTRACK: LruHashMap<FlowKey, FlowValue> =
@@ -54,7 +61,7 @@ pub static LB_CONNTRACK: LruHashMap<FlowKey, FlowValue> =
 /// The flow cache in front of `LB_CONNTRACK` (see `flows`): direct-mapped slots, looked up
 /// inline by the kernel. Size at load time (`lb_common::flow_cache_slots`).
 #[map]
-pub static LB_FLOW_CACHE: Array<FlowCacheEntry> =
+pub static LB_FLOW_CACHE_V2: Array<FlowCacheEntry> =
     Array::pinned(flow_cache_slots(DEFAULT_CONNTRACK_SIZE), 0);
 
 /// Handshakes whose SYN skipped a slot that takes no new flows in SYN flood mode: their ACK
@@ -69,14 +76,24 @@ pub static LB_HANDSHAKES: LruHashMap<FlowKey, FlowValue> =
 pub static LB_DECAP_PEERS: HashMap<DecapKey, u32> =
     HashMap::pinned(MAX_DECAP_PEERS, BPF_F_NO_PREALLOC);
 
+/// Backends (`lb_decap`): the VIPs an unwrapped packet may be addressed to.
+#[map]
+pub static LB_DECAP_VIPS: HashMap<DecapKey, u32> =
+    HashMap::pinned(MAX_DECAP_VIPS, BPF_F_NO_PREALLOC);
+
+/// Backends (`lb_decap`): this host's addresses, the only outer destinations unwrapped.
+#[map]
+pub static LB_DECAP_LOCAL: HashMap<DecapKey, u32> =
+    HashMap::pinned(MAX_DECAP_LOCAL, BPF_F_NO_PREALLOC);
+
 /// Backends (`lb_decap`): `lb_common::decap_stat` counters.
 #[map]
 pub static LB_DECAP_STATS: PerCpuArray<[u64; decap_stat::COUNT as usize]> =
     PerCpuArray::pinned(1, 0);
 
-/// SYN flood accounting, per CPU (see `lb_common::FloodState`).
+/// Flood accounting, one entry for the node (see `lb_common::FloodState`).
 #[map]
-pub static LB_FLOOD: PerCpuArray<FloodState> = PerCpuArray::pinned(1, 0);
+pub static LB_FLOOD_NODE: Array<FloodState> = Array::pinned(1, 0);
 
 /// Global counters: one per-CPU entry holding every counter, so a packet costs one lookup.
 #[map]

@@ -214,7 +214,7 @@ fn choose(
         count(sock_stat::NO_BACKEND);
         return None;
     };
-    // `pick_slot` gives up after `MAX_SLOT_SKIPS` slots with the last one it looked at.
+    // A slot of a backend out of rotation whose new-flow table is not written yet.
     if b.flags & BACKEND_F_NO_NEW != 0 {
         count(sock_stat::NO_BACKEND);
         return None;

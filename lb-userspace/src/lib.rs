@@ -37,3 +37,5 @@ pub mod vrrp;
 
 /// The XDP object built by build.rs (empty when built without the eBPF toolchain).
 pub static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/lb"));
+/// The benches' programs (the baseline, the traffic generator, ...), apart from the data plane's.
+pub static BENCH_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/lb-bench"));

@@ -201,7 +201,7 @@ pub fn render(
     gauge_family(
         r,
         "syn_flood_mode",
-        "1 while SYN flood mode holds on some CPU (SYNs write no connection-table entry).",
+        "1 while flood mode holds (new connections write no connection-table entry).",
         None,
         [(Labels::new(), i64::from(stats.syn_flood.active))],
     );

@@ -174,12 +174,23 @@ impl Netlink {
             RouteAddress::Inet6(v) => Some(IpAddr::V6(v)),
             _ => None,
         };
-        let (mut gateway, mut oif, mut src) = (None, None, None);
+        let (mut gateway, mut oif, mut src, mut route_mtu) = (None, None, None, None);
         for a in route.attributes {
             match a {
                 RouteAttribute::Gateway(g) => gateway = as_ip(g),
                 RouteAttribute::Oif(i) => oif = Some(i),
                 RouteAttribute::PrefSource(p) => src = as_ip(p),
+                // The route's MTU, or the path MTU the kernel learned for this destination (a
+                // cached exception): both below the link's when a smaller hop is on the way.
+                RouteAttribute::Metrics(m) => {
+                    for metric in m {
+                        if let rtnetlink::packet_route::route::RouteMetric::Mtu(v) = metric
+                            && v != 0
+                        {
+                            route_mtu = Some(v);
+                        }
+                    }
+                }
                 _ => {}
             }
         }
@@ -197,7 +208,7 @@ impl Netlink {
             next_hop: gateway.unwrap_or(dst),
             oif,
             src,
-            mtu,
+            mtu: route_mtu.map_or(mtu, |r| r.min(mtu)),
         })
     }
 
@@ -224,6 +235,8 @@ pub struct RoutePath {
     pub next_hop: IpAddr,
     pub oif: u32,
     pub src: Option<IpAddr>,
+    /// The path's MTU: the out interface's, or the route's (its `mtu` metric, or a path MTU the
+    /// kernel learned for the destination) when smaller.
     pub mtu: u32,
 }
 

@@ -101,14 +101,15 @@ impl VipRow {
     }
 }
 
-/// The SYN flood view of `GET /v1/stats`.
+/// The flood view of `GET /v1/stats`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SynFloodRow {
-    /// SYNs to owned VIPs per second, summed over CPUs, last 100 ms window.
+    /// Misses that would write a connection-table entry, per second, node-wide.
     pub new_connections_per_s: u64,
     pub conntrack_size: u32,
-    pub threshold_per_cpu: u32,
-    /// Flood mode holds on some CPU: SYNs do not write entries.
+    /// `syn_flood_rate`: the node-wide rate above which flood mode starts.
+    pub threshold_per_s: u32,
+    /// Flood mode holds: no miss writes an entry.
     pub active: bool,
 }
 

@@ -339,7 +339,10 @@ impl BgpLab {
             "nft",
             "add table netdev lbdead ; add chain netdev lbdead in { type filter hook ingress device eth0 priority -500 ; policy drop ; } ; add table inet lbdead ; add chain inet lbdead out { type filter hook output priority -500 ; policy drop ; }",
         ]);
-        // Generic XDP runs before the ingress hook: remove the program (unpinning its link).
+        // Generic XDP runs before the ingress hook: remove the program (unpinning its link),
+        // once lbd is gone (teardown refuses to run beside a live lbd). Whatever lbd's guardian
+        // does meanwhile stays on the node: the filters drop everything it sends.
+        self.lab.stop(&format!("lbd-{node}"), libc::SIGKILL);
         let cfg = self.config_path(node).display().to_string();
         sh(&[
             bin_dir().join("lbd").to_str().unwrap(),
@@ -347,7 +350,6 @@ impl BgpLab {
             &cfg,
             "teardown",
         ]);
-        self.lab.stop(&format!("lbd-{node}"), libc::SIGKILL);
         for d in FRR_DAEMONS {
             self.lab.stop(&format!("{d}-{node}"), libc::SIGKILL);
         }

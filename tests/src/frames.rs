@@ -145,8 +145,24 @@ pub fn icmp4_frag_needed(
     vport: u16,
     cport: u16,
 ) -> Vec<u8> {
-    let quoted_l4 = tcp(vport, cport, ACK);
-    let mut quoted = ipv4_header(vip, client, 6, &[], 1400, 0x4000);
+    icmp4_frag_needed_proto(router, vip, client, vport, cport, 6)
+}
+
+/// The same, quoting a TCP (6) or UDP (17) packet.
+pub fn icmp4_frag_needed_proto(
+    router: [u8; 4],
+    vip: [u8; 4],
+    client: [u8; 4],
+    vport: u16,
+    cport: u16,
+    proto: u8,
+) -> Vec<u8> {
+    let quoted_l4 = if proto == 17 {
+        udp(vport, cport, 1372)
+    } else {
+        tcp(vport, cport, ACK)
+    };
+    let mut quoted = ipv4_header(vip, client, proto, &[], 1400, 0x4000);
     quoted.extend_from_slice(&quoted_l4[..8]);
     let mut icmp = vec![3u8, 4, 0, 0, 0, 0, 0x05, 0x78];
     icmp.extend(quoted);

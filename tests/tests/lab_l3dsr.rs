@@ -38,6 +38,12 @@ fn route(lab: &Lab, node: &str, args: &[&str]) {
 }
 
 fn setup() -> L3Lab {
+    setup_with(None)
+}
+
+/// The lab; with `small_hop` (MTU, declared), the link between the routers has that MTU and,
+/// if declared, the LB node's route to the backends says so (`ip route ... mtu`).
+fn setup_with(small_hop: Option<(u32, bool)>) -> L3Lab {
     let mut lab = Lab::new("l3");
     lab.add_node("client", "10.94.0.2", "fd94::2");
     lab.add_node("lb", "10.94.0.10", "fd94::10");
@@ -62,7 +68,21 @@ fn setup() -> L3Lab {
             lab.sysctl(&ns, k, "0");
         }
     }
-    route(&lab, "lb", &["10.96.0.0/16", "via", "10.94.0.1"]);
+    match small_hop {
+        None => route(&lab, "lb", &["10.96.0.0/16", "via", "10.94.0.1"]),
+        Some((mtu, declared)) => {
+            let mtu = mtu.to_string();
+            for (n, dev) in [("r1", "eth1"), ("r2", "eth0")] {
+                let ns = lab.node(n).netns.clone();
+                sh(&["ip", "-n", &ns, "link", "set", dev, "mtu", &mtu]);
+            }
+            let mut r = vec!["10.96.0.0/16", "via", "10.94.0.1"];
+            if declared {
+                r.extend(["mtu", &mtu]);
+            }
+            route(&lab, "lb", &r);
+        }
+    }
     route(&lab, "r1", &["10.96.0.0/16", "via", "10.95.0.2"]);
     route(&lab, "r2", &["default", "via", "10.95.0.1"]);
     route(&lab, "b1", &["default", "via", "10.96.1.1"]);
@@ -139,6 +159,29 @@ impl L3Lab {
 #[test]
 fn backends_two_routed_hops_away_serve_the_vip_and_answer_directly() {
     let l = setup();
+    check_serving(&l, 1500);
+}
+
+#[test]
+fn a_smaller_hop_on_the_routed_path_is_honoured() {
+    // The routers' link takes 1400 bytes; the LB node's route says so. Wrapped packets must fit
+    // 1400, not the LB's 1500-byte link: a full-size segment gets fragmentation-needed and the
+    // 20 kB echo completes (sized by the link instead, it would vanish at the routers).
+    let l = setup_with(Some((1400, true)));
+    check_serving(&l, 1400);
+}
+
+#[test]
+fn a_smaller_hop_is_learned_from_the_routers_errors() {
+    // The same hop, declared nowhere: the first wrapped packet too big for it gets
+    // fragmentation-needed from r1; the LB node's kernel learns the backend's path MTU from it
+    // and lbd sizes wrapped packets by it within a second. The echo completes.
+    let l = setup_with(Some((1400, false)));
+    check_serving(&l, 1400);
+}
+
+/// Connections through the VIP, and a 20 kB echo through a path of `mtu` bytes.
+fn check_serving(l: &L3Lab, mtu: u32) {
     let rows = l.lbctl(&["backends", "list"]).unwrap();
     println!("{}", serde_json::to_string_pretty(&rows).unwrap());
 
@@ -170,7 +213,7 @@ fn backends_two_routed_hops_away_serve_the_vip_and_answer_directly() {
     let forwarded = l.stat("forwarded");
     assert_eq!(forwarded, wrapped, "every forwarded packet was wrapped");
 
-    // A client that sends full-size segments: wrapped they would exceed the 1500-byte path,
+    // A client that sends full-size segments: wrapped they would exceed the path,
     // so the LB answers the first with "fragmentation needed" and the client's stack lowers its
     // path MTU for the VIP and sends smaller ones; the echo completes.
     let too_big_before = l.stat("encap_too_big");
@@ -191,7 +234,7 @@ fn backends_two_routed_hops_away_serve_the_vip_and_answer_directly() {
     let too_big = l.stat("encap_too_big") - too_big_before;
     assert!(too_big >= 1, "the LB sent fragmentation-needed: {too_big}");
     println!(
-        "400 connections over {by_id:?}; {wrapped} packets wrapped; a 20 kB echo through {} after {too_big} ICMP fragmentation-needed",
+        "400 connections over {by_id:?}; {wrapped} packets wrapped; a 20 kB echo through {} after {too_big} ICMP fragmentation-needed (path MTU {mtu})",
         echoed.0
     );
 }

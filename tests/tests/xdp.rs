@@ -291,7 +291,8 @@ fn established_flows_stick_while_their_backend_stays_in_the_set() {
         "the test must include flows the new table maps elsewhere ({would_move})"
     );
     assert!(counter(&t, stat::CONNTRACK_HIT) >= 400);
-    // A SYN for a reused 5-tuple is a new connection: it follows the new table.
+    // A SYN on a 5-tuple whose entry's backend is still in the set (a reuse, or a spoofed SYN)
+    // stays on that backend, not where the new table would put a new flow.
     let moved = (41000..41400u16)
         .find(|p| {
             expected_mac(&t, &flow4(*p, 6443, PROTO_TCP), &grown)[..]
@@ -302,10 +303,7 @@ fn established_flows_stick_while_their_backend_stays_in_the_set() {
         &mut t,
         &ipv4_frame(CLIENT, VIP, PROTO_TCP, &tcp(moved, 6443, SYN)),
     );
-    assert_eq!(
-        out[0..6],
-        expected_mac(&t, &flow4(moved, 6443, PROTO_TCP), &grown)
-    );
+    assert_eq!(out[0..6], first[(moved - 41000) as usize][..]);
     // New flows do use the fourth backend.
     let macs: std::collections::HashSet<Vec<u8>> = (42000..42100u16)
         .map(|sport| {
@@ -701,4 +699,149 @@ fn a_table_slot_naming_a_backend_outside_the_set_is_dropped_not_forwarded() {
     let (v, out) = run(&mut t, &f);
     assert_eq!((v, out), (DROP, f));
     assert_eq!(counter(&t, stat::DROP_BAD_BACKEND), 1);
+}
+
+#[test]
+fn a_new_flow_always_finds_a_backend_that_takes_new_flows_when_one_exists() {
+    // Weights 9:1 and the heavy backend failing (within its hold: it keeps its slots for its
+    // established flows, takes no new ones): nine slots in ten name it, yet every new
+    // connection and every new UDP flow goes to the light one. Not one is dropped.
+    let mut heavy = backend("10.77.0.11", 11);
+    heavy.weight = 9;
+    let light = backend("10.77.0.12", 12);
+    let svcs = |failing: bool| {
+        let mut h = heavy.clone();
+        h.failing = failing;
+        vec![
+            service(
+                IpAddr::from(VIP),
+                6443,
+                PROTO_TCP,
+                vec![h.clone(), light.clone()],
+            ),
+            service(IpAddr::from(VIP), 53, PROTO_UDP, vec![h, light.clone()]),
+        ]
+    };
+    let mut t = setup(svcs(false));
+    t.dp.apply(&Desired {
+        services: svcs(true),
+        ..Default::default()
+    })
+    .unwrap();
+    let flows = 3000u16;
+    for sport in 20000..20000 + flows {
+        for f in [
+            ipv4_frame(CLIENT, VIP, PROTO_TCP, &tcp(sport, 6443, SYN)),
+            ipv4_frame(CLIENT, VIP, PROTO_UDP, &udp(sport, 53, 16)),
+        ] {
+            let (v, out) = run(&mut t, &f);
+            assert_eq!(
+                (v, out.get(5).copied()),
+                (TX, Some(12)),
+                "new flow from port {sport} (proto {}) not sent to the backend that takes new flows",
+                f[23]
+            );
+        }
+    }
+    assert_eq!(counter(&t, stat::DROP_NO_BACKEND), 0);
+    // Established flows of the failing backend (no entry here: another node opened them) stay
+    // on it: a mid-flow TCP segment goes where its slot says.
+    let on_heavy = (30000..30200u16)
+        .filter(|sport| {
+            let (_, out) = run(
+                &mut t,
+                &ipv4_frame(CLIENT, VIP, PROTO_TCP, &tcp(*sport, 6443, ACK)),
+            );
+            out[5] == 11
+        })
+        .count();
+    assert!(
+        on_heavy > 150,
+        "mid-flow segments on the failing backend: {on_heavy}"
+    );
+}
+
+#[test]
+fn an_icmp_error_about_a_udp_flow_goes_where_the_flows_datagrams_go() {
+    // Backend 11 drained: a UDP flow whose slot names it goes elsewhere. An ICMP "fragmentation
+    // needed" about that flow (here before any of its datagrams, as at a node without its entry)
+    // goes where the flow's datagrams go, not to the slot's drained backend.
+    let mut b = three();
+    b[0].drained = true;
+    let mut t = setup(vec![service(IpAddr::from(VIP), 53, PROTO_UDP, b)]);
+    let mut skipped = 0;
+    for sport in 21000..21300u16 {
+        let icmp = icmp4_frag_needed_proto([10, 77, 9, 254], VIP, CLIENT, 53, sport, PROTO_UDP);
+        let (v, err_out) = run(&mut t, &icmp);
+        assert_eq!(v, TX);
+        let (v, dgram_out) = run(
+            &mut t,
+            &ipv4_frame(CLIENT, VIP, PROTO_UDP, &udp(sport, 53, 8)),
+        );
+        assert_eq!(v, TX);
+        assert_ne!(
+            dgram_out[5], 11,
+            "a new UDP flow went to the drained backend"
+        );
+        assert_eq!(
+            err_out[0..6],
+            dgram_out[0..6],
+            "the ICMP error about UDP port {sport} went to another backend than the flow"
+        );
+        // The slot's backend, by the table with every backend of the set (the drained one too).
+        let installed = t.dp.installed(&vip_key(IpAddr::from(VIP), 53, PROTO_UDP));
+        let entries: Vec<maglev::Entry> = installed
+            .iter()
+            .map(|b| maglev::Entry {
+                addr: b.spec.addr,
+                weight: b.spec.weight,
+                id: b.id,
+            })
+            .collect();
+        let table = maglev::build(&entries, SIZE);
+        let id = table[(flow_hash(&flow4(sport, 53, PROTO_UDP), 0x1b_5eed) % SIZE) as usize];
+        if installed.iter().find(|b| b.id == id).unwrap().spec.addr == ip("10.77.0.11") {
+            skipped += 1;
+        }
+    }
+    assert!(
+        skipped > 50,
+        "flows whose slot is the drained backend's: {skipped}"
+    );
+}
+
+#[test]
+fn the_production_object_holds_only_what_lbd_runs() {
+    // The benches' programs and maps live in an object of their own (lb-ebpf `bench_progs`).
+    let obj = aya_obj::Object::parse(lb_userspace::EBPF_OBJECT).expect("parse the XDP object");
+    let mut programs: Vec<&str> = obj.programs.keys().map(|k| k.as_str()).collect();
+    programs.sort();
+    assert_eq!(
+        programs,
+        [
+            "lb_decap",
+            "lb_pass",
+            // Socket load balancing (lbd attaches them to the cgroup v2 root).
+            "lb_sock_connect4",
+            "lb_sock_connect6",
+            "lb_sock_getpeername4",
+            "lb_sock_getpeername6",
+            "lb_sock_recvmsg4",
+            "lb_sock_recvmsg6",
+            "lb_sock_sendmsg4",
+            "lb_sock_sendmsg6",
+            "lb_xdp"
+        ]
+    );
+    let bench_maps: Vec<&String> = obj
+        .maps
+        .keys()
+        .filter(|m| m.to_ascii_uppercase().starts_with("BENCH"))
+        .collect();
+    assert!(
+        bench_maps.is_empty(),
+        "bench maps in the object: {bench_maps:?}"
+    );
+    let bench = aya_obj::Object::parse(lb_userspace::BENCH_OBJECT).expect("parse the bench object");
+    assert!(bench.programs.contains_key("lb_baseline"));
 }

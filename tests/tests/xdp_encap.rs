@@ -18,6 +18,10 @@ const NEXT_HOP: [u8; 6] = [0x02, 0x4e, 0x48, 0, 0, 1];
 const VIP6: &str = "fd88::100";
 const CLIENT6: &str = "fd88:9::1";
 const LB6: &str = "fd88::10";
+/// The routed backend's addresses (the outer destination of what the LB node wraps).
+const BACKEND: &str = "10.99.4.2";
+const BACKEND6: &str = "fd99:4::2";
+const DROP: u32 = 1;
 
 fn routed(addr: &str, src: &str, mtu: u16) -> BackendSpec {
     let mut b = backend(addr, 0);
@@ -225,14 +229,158 @@ fn an_on_link_backend_next_to_a_routed_one_keeps_plain_mac_rewriting() {
 }
 
 fn wrapped4(outer_src: [u8; 4], inner: &[u8]) -> Vec<u8> {
+    wrapped4_to(outer_src, [10, 99, 4, 2], 0, inner)
+}
+
+/// `inner` (an IPv4 or IPv6 frame) in IPv4 from `src` to `dst`, outer TOS `tos`.
+fn wrapped4_to(src: [u8; 4], dst: [u8; 4], tos: u8, inner: &[u8]) -> Vec<u8> {
     let mut f = Vec::new();
     f.extend_from_slice(&[0x02, 0xbe, 0, 0, 0, 2]);
     f.extend_from_slice(&NEXT_HOP);
     f.extend_from_slice(&[0x08, 0x00]);
-    let h = ipv4_header(outer_src, [10, 99, 4, 2], 4, &[], inner.len() - 14, 0x4000);
+    let proto = if inner[14] >> 4 == 4 { 4 } else { 41 };
+    let mut h = ipv4_header(src, dst, proto, &[], inner.len() - 14, 0x4000);
+    if tos != 0 {
+        h[1] = tos;
+        h[10] = 0;
+        h[11] = 0;
+        let c = checksum(&h);
+        h[10..12].copy_from_slice(&c.to_be_bytes());
+    }
     f.extend_from_slice(&h);
     f.extend_from_slice(&inner[14..]);
     f
+}
+
+/// A backend unwrapping for `VIP` and `VIP6`, from `LB`, at `BACKEND`.
+fn decap() -> Decap {
+    let mut d = Decap::load(
+        &lb_tests::unique("dcp"),
+        std::path::Path::new("/sys/fs/bpf"),
+    )
+    .expect("load lb_decap (needs root)");
+    d.set_peers(&[LB.parse().unwrap(), LB6.parse().unwrap()])
+        .unwrap();
+    d.set_vips(&[IpAddr::from(VIP), VIP6.parse().unwrap()])
+        .unwrap();
+    d.set_local(&[BACKEND.parse().unwrap(), BACKEND6.parse().unwrap()])
+        .unwrap();
+    d
+}
+
+fn decap_count(d: &Decap, index: u32) -> u64 {
+    let stats: std::collections::HashMap<_, _> = d.stats().unwrap().into_iter().collect();
+    stats[decap_stat::NAMES[index as usize]]
+}
+
+#[test]
+fn an_lb_nodes_packet_is_unwrapped_only_to_this_host_and_only_for_its_vips() {
+    // Who can forge an LB node's address must not get packets into the backend's stack for
+    // anything but its VIPs (with forwarding on, they would be routed on to hosts behind it).
+    let mut d = decap();
+    let lb = [10, 88, 0, 10];
+    let host_behind = [10, 99, 7, 7];
+    for (inner, why) in [
+        (
+            ipv4_frame(CLIENT, host_behind, PROTO_TCP, &tcp(40000, 22, SYN)),
+            "TCP to a host behind the backend",
+        ),
+        (
+            ipv4_frame(CLIENT, [10, 99, 4, 2], PROTO_UDP, &udp(5000, 53, 8)),
+            "UDP to the backend's own address",
+        ),
+        (
+            ipv6_frame(
+                v6(CLIENT6.parse().unwrap()),
+                v6("fd99:7::7".parse().unwrap()),
+                PROTO_TCP,
+                &tcp(40000, 22, SYN),
+            ),
+            "IPv6 to a host behind the backend",
+        ),
+    ] {
+        let (v, _) = d.test_run(&wrapped4(lb, &inner)).unwrap();
+        assert_eq!(v, DROP, "{why}");
+    }
+    assert_eq!(decap_count(&d, decap_stat::NOT_VIP), 3);
+    // For a VIP, but sent to an address that is not this host's (someone else's traffic): not
+    // unwrapped here.
+    let vip_inner = ipv4_frame(CLIENT, VIP, PROTO_TCP, &tcp(40001, 6443, SYN));
+    let other = wrapped4_to(lb, [10, 99, 4, 3], 0, &vip_inner);
+    let (v, _) = d.test_run(&other).unwrap();
+    assert_eq!(v, DROP);
+    assert_eq!(decap_count(&d, decap_stat::NOT_LOCAL), 1);
+    // The same to this host: unwrapped.
+    let (v, out) = d.test_run(&wrapped4(lb, &vip_inner)).unwrap();
+    assert_eq!((v, &out[14..]), (PASS, &vip_inner[14..]));
+    // The VIP set follows `set_vips`: a VIP taken away is no longer unwrapped.
+    d.set_vips(&[VIP6.parse().unwrap()]).unwrap();
+    let (v, _) = d.test_run(&wrapped4(lb, &vip_inner)).unwrap();
+    assert_eq!(v, DROP);
+    assert_eq!(decap_count(&d, decap_stat::NOT_VIP), 4);
+    assert_eq!(decap_count(&d, decap_stat::DECAPSULATED), 1);
+}
+
+#[test]
+fn unwrapping_carries_a_congestion_mark_to_the_inner_header_rfc_6040() {
+    let mut d = decap();
+    let lb = [10, 88, 0, 10];
+    // (outer ECN, inner ECN, inner ECN after, or None: dropped)
+    let cases: [(u8, u8, Option<u8>); 8] = [
+        (3, 2, Some(3)),
+        (3, 1, Some(3)),
+        (3, 3, Some(3)),
+        (3, 0, None),
+        (1, 2, Some(1)),
+        (2, 0, Some(0)),
+        (0, 2, Some(2)),
+        (2, 1, Some(1)),
+    ];
+    for (outer, inner_ecn, after) in cases {
+        let mut inner = ipv4_frame(CLIENT, VIP, PROTO_TCP, &tcp(40000, 6443, ACK));
+        // DSCP AF21 and the inner ECN; checksum made valid for it.
+        inner[15] = (18 << 2) | inner_ecn;
+        inner[24] = 0;
+        inner[25] = 0;
+        let c = checksum(&inner[14..34]);
+        inner[24..26].copy_from_slice(&c.to_be_bytes());
+        let (v, out) = d
+            .test_run(&wrapped4_to(lb, [10, 99, 4, 2], 0x10 | outer, &inner))
+            .unwrap();
+        let case = format!("outer {outer}, inner {inner_ecn}");
+        match after {
+            None => assert_eq!(v, DROP, "{case}"),
+            Some(e) => {
+                assert_eq!(v, PASS, "{case}");
+                assert_eq!(out[15], (18 << 2) | e, "{case}: DSCP kept, ECN {e}");
+                assert_eq!(checksum(&out[14..34]), 0, "{case}: inner checksum");
+                assert_eq!(&out[16..24], &inner[16..24], "{case}");
+                assert_eq!(&out[26..], &inner[26..], "{case}");
+            }
+        }
+        // The same around IPv6.
+        let mut inner6 = ipv6_frame(
+            v6(CLIENT6.parse().unwrap()),
+            v6(VIP6.parse().unwrap()),
+            PROTO_UDP,
+            &udp(5000, 53, 16),
+        );
+        inner6[14] = 0x60 | (18 >> 2);
+        inner6[15] = ((18 & 3) << 6) | (inner_ecn << 4) | (inner6[15] & 0x0f);
+        let (v, out) = d
+            .test_run(&wrapped4_to(lb, [10, 99, 4, 2], outer, &inner6))
+            .unwrap();
+        match after {
+            None => assert_eq!(v, DROP, "v6 {case}"),
+            Some(e) => {
+                assert_eq!(v, PASS, "v6 {case}");
+                assert_eq!(out[14], inner6[14], "v6 {case}");
+                assert_eq!(out[15], (inner6[15] & !0x30) | (e << 4), "v6 {case}");
+                assert_eq!(&out[16..], &inner6[16..], "v6 {case}");
+            }
+        }
+    }
+    assert_eq!(decap_count(&d, decap_stat::ECN_DROP), 2);
 }
 
 #[test]
@@ -243,6 +391,10 @@ fn a_backend_unwraps_what_a_known_lb_node_sent_and_nothing_else() {
     )
     .expect("load lb_decap (needs root)");
     d.set_peers(&[LB.parse().unwrap(), LB6.parse().unwrap()])
+        .unwrap();
+    d.set_vips(&[IpAddr::from(VIP), VIP6.parse().unwrap()])
+        .unwrap();
+    d.set_local(&[BACKEND.parse().unwrap(), BACKEND6.parse().unwrap()])
         .unwrap();
     let inner = ipv4_frame(CLIENT, VIP, PROTO_TCP, &tcp(40000, 6443, SYN));
     let (v, out) = d.test_run(&wrapped4([10, 88, 0, 10], &inner)).unwrap();
@@ -261,11 +413,11 @@ fn a_backend_unwraps_what_a_known_lb_node_sent_and_nothing_else() {
     let stranger = wrapped4([10, 88, 0, 66], &inner);
     let (v, out) = d.test_run(&stranger).unwrap();
     assert_eq!((v, out), (PASS, stranger));
-    // Lengths that do not add up: left alone.
+    // An LB node's packet whose lengths do not add up: dropped.
     let mut short = wrapped4([10, 88, 0, 10], &inner);
     short.truncate(short.len() - 4);
-    let (v, out) = d.test_run(&short).unwrap();
-    assert_eq!((v, out), (PASS, short));
+    let (v, _) = d.test_run(&short).unwrap();
+    assert_eq!(v, DROP);
     // Ordinary traffic: untouched.
     let (v, out) = d.test_run(&inner).unwrap();
     assert_eq!((v, out), (PASS, inner.clone()));
@@ -284,7 +436,7 @@ fn a_backend_unwraps_what_a_known_lb_node_sent_and_nothing_else() {
     h.extend_from_slice(&((inner6.len() - 14) as u16).to_be_bytes());
     h.extend_from_slice(&[41, 64]);
     h.extend_from_slice(&v6(LB6.parse().unwrap()));
-    h.extend_from_slice(&v6("fd99:4::2".parse().unwrap()));
+    h.extend_from_slice(&v6(BACKEND6.parse().unwrap()));
     f.extend_from_slice(&h);
     f.extend_from_slice(&inner6[14..]);
     let (v, out) = d.test_run(&f).unwrap();
@@ -314,6 +466,8 @@ fn what_lb_xdp_wraps_lb_decap_unwraps_to_the_original() {
     )
     .unwrap();
     d.set_peers(&[LB.parse().unwrap()]).unwrap();
+    d.set_vips(&[IpAddr::from(VIP)]).unwrap();
+    d.set_local(&[BACKEND.parse().unwrap()]).unwrap();
     for (sport, len) in [(40001u16, 0usize), (40002, 1), (40003, 700)] {
         let mut l4 = tcp(sport, 6443, ACK);
         l4.extend(std::iter::repeat_n(0xab, len));
@@ -345,4 +499,53 @@ fn an_icmp_too_big_about_a_flow_goes_wrapped_to_that_flows_routed_backend() {
     assert_eq!(out.len(), icmp.len() + 20);
     assert_eq!(&out[30..34], &backend[..], "to the flow's backend");
     assert_eq!(&out[34..], &icmp[14..], "the ICMP message unchanged inside");
+}
+
+#[test]
+fn what_is_answered_with_too_big_is_not_the_pairs_traffic() {
+    let mut t = setup(
+        IpAddr::from(VIP),
+        PROTO_UDP,
+        vec![routed("10.99.4.2", LB, 1000)],
+    );
+    let id = t.dp.installed(&vip_key(IpAddr::from(VIP), 0, PROTO_UDP))[0].id;
+    let big = ipv4_frame(CLIENT, VIP, PROTO_UDP, &udp(5000, 53, 1000 - 20 - 8));
+    for _ in 0..3 {
+        let (v, _, _) = t.dp.test_run("lb_xdp", &big, 1).unwrap();
+        assert_eq!(v, TX);
+    }
+    assert_eq!(counter(&t, stat::ENCAP_TOO_BIG), 3);
+    assert_eq!(
+        t.dp.backend_traffic(id).unwrap().packets,
+        0,
+        "answered packets never reached the backend"
+    );
+    let fits = ipv4_frame(CLIENT, VIP, PROTO_UDP, &udp(5000, 53, 100));
+    let (v, _, _) = t.dp.test_run("lb_xdp", &fits, 1).unwrap();
+    assert_eq!(v, TX);
+    let c = t.dp.backend_traffic(id).unwrap();
+    assert_eq!((c.packets, c.bytes), (1, fits.len() as u64));
+}
+
+#[test]
+fn an_icmp_error_too_big_to_wrap_is_dropped_not_answered_with_another() {
+    // The routed backend's path takes 60 bytes: the ICMP error about its flow (56 bytes of IP)
+    // does not fit once wrapped. An ICMP error is never answered with an ICMP error.
+    let mut t = setup(
+        IpAddr::from(VIP),
+        PROTO_TCP,
+        vec![routed("10.99.4.2", LB, 60)],
+    );
+    let icmp = icmp4_frag_needed([10, 88, 9, 254], VIP, CLIENT, 6443, 40600);
+    assert!(icmp.len() - 14 + 20 > 60);
+    let (v, out, _) = t.dp.test_run("lb_xdp", &icmp, 1).unwrap();
+    assert_eq!((v, out), (DROP, icmp));
+    assert_eq!(counter(&t, stat::ENCAP_TOO_BIG), 1);
+    assert_eq!(counter(&t, stat::ICMP_FORWARDED), 0);
+    // A TCP segment as big is answered (it is not an error).
+    let mut l4 = tcp(40600, 6443, ACK);
+    l4.extend_from_slice(&[0x5a; 20]);
+    let seg = ipv4_frame(CLIENT, VIP, PROTO_TCP, &l4);
+    let (v, out, _) = t.dp.test_run("lb_xdp", &seg, 1).unwrap();
+    assert_eq!((v, out[14 + 9]), (TX, 1), "answered with ICMP");
 }

@@ -1,13 +1,15 @@
-//! A spoofed SYN flood against the connection table (the real XDP program and the kernel's LRU
-//! hash, through BPF_PROG_TEST_RUN): long-lived connections that are idle during a flood of
-//! spoofed SYNs totalling 10x the table keep their entries, and so their backend, even the
-//! connections of a backend drained before the flood (a lost entry would move them to another
-//! backend, which resets them); real new connections made during the flood complete on one
-//! backend. See docs/architecture.md ("SYN floods"). Needs root; `cargo xtask test`.
+//! Spoofed floods against the connection table (the real XDP program and the kernel's LRU hash,
+//! through BPF_PROG_TEST_RUN): long-lived connections that are idle during a flood of spoofed
+//! SYNs, or of spoofed ACKs of made-up connections, totalling 10x the table keep their entries,
+//! and so their backend, even the connections of a backend drained before the flood (a lost
+//! entry would move them to another backend, which resets them); the flood leaves the table as
+//! it found it; real new connections made during the flood complete on one backend. Flood mode
+//! counts misses node-wide, not per CPU. And a spoofed SYN never moves an established
+//! connection. See docs/architecture.md ("Floods"). Needs root; `cargo xtask test`.
 
 use std::net::IpAddr;
 
-use lb_common::{PROTO_TCP, stat};
+use lb_common::{PROTO_TCP, PROTO_UDP, stat};
 use lb_tests::{TestDataplane, backend, frames::*, xdp_fuzz::Rng};
 use lb_userspace::dataplane::{Desired, ServiceSpec, vip_key};
 
@@ -53,12 +55,17 @@ struct Flood {
     lost: u64,
     real_ok: u64,
     real: u64,
+    /// `syn_flood_untracked` and `flood_untracked`.
     untracked: u64,
+    untracked_other: u64,
+    /// Connection-table entries after the flood.
+    fill: usize,
 }
 
 /// Long-lived flows, a drain, the flood with real connections in it, then the long-lived flows'
-/// next packets. `syn_flood_rate` 0 turns flood mode off.
-fn flood_run(syn_flood_rate: u32) -> Flood {
+/// next packets. `syn_flood_rate` 0 turns flood mode off. The flood's packets are SYNs, or ACKs
+/// of connections nobody opened (`flood_flags`).
+fn flood_run(syn_flood_rate: u32, flood_flags: u8) -> Flood {
     let mut t = TestDataplane::new(251);
     t.opts.syn_flood_rate = syn_flood_rate;
     t.restart(251, t.opts.hash_seed);
@@ -95,7 +102,7 @@ fn flood_run(syn_flood_rate: u32) -> Flood {
         ];
         t.dp.test_run(
             "lb_xdp",
-            &frame(src, 1024 + rng.below(60000) as u16, SYN),
+            &frame(src, 1024 + rng.below(60000) as u16, flood_flags),
             1,
         )
         .unwrap();
@@ -126,8 +133,13 @@ fn flood_run(syn_flood_rate: u32) -> Flood {
         .count();
     let lost = counter(&t, stat::CONNTRACK_MISS) - miss_before + counter(&t, stat::CONNTRACK_STALE)
         - stale_before;
+    let fill = t.dp.conntrack_entries();
     println!(
-        "syn_flood_rate {syn_flood_rate}: {flood} spoofed SYNs ({:.0} per second through BPF_PROG_TEST_RUN) against a {TABLE}-entry table: {survived}/{LONG_LIVED} idle long-lived flows kept their backend ({on_drained} on the drained one), {lost} entries lost; {real_ok}/{real} real connections completed",
+        "syn_flood_rate {syn_flood_rate}: {flood} spoofed {} ({fill} table entries after)",
+        if flood_flags == SYN { "SYNs" } else { "ACKs" }
+    );
+    println!(
+        "syn_flood_rate {syn_flood_rate}: {flood} spoofed segments ({:.0} per second through BPF_PROG_TEST_RUN) against a {TABLE}-entry table: {survived}/{LONG_LIVED} idle long-lived flows kept their backend ({on_drained} on the drained one), {lost} entries lost; {real_ok}/{real} real connections completed",
         flood as f64 / flood_secs
     );
     Flood {
@@ -136,12 +148,14 @@ fn flood_run(syn_flood_rate: u32) -> Flood {
         real_ok,
         real,
         untracked: counter(&t, stat::SYN_FLOOD_UNTRACKED),
+        untracked_other: counter(&t, stat::FLOOD_UNTRACKED),
+        fill,
     }
 }
 
 #[test]
 fn idle_established_flows_survive_a_spoofed_syn_flood_of_ten_times_the_table() {
-    let f = flood_run(lb_common::DEFAULT_SYN_FLOOD_RATE);
+    let f = flood_run(lb_common::DEFAULT_SYN_FLOOD_RATE, SYN);
     assert_eq!(
         (f.survived, f.lost),
         (LONG_LIVED as usize, 0),
@@ -156,6 +170,37 @@ fn idle_established_flows_survive_a_spoofed_syn_flood_of_ten_times_the_table() {
         "flood mode took the flood's SYNs out of the table: {}",
         f.untracked
     );
+    // The flood wrote entries only until flood mode started (a second's worth at the rate).
+    assert!(
+        f.fill < (TABLE / 2) as usize,
+        "the flood filled the table: {} entries",
+        f.fill
+    );
+}
+
+#[test]
+fn idle_established_flows_survive_a_spoofed_ack_flood_that_leaves_the_table_empty() {
+    // ACKs of connections nobody opened are misses too: each would write an entry.
+    let f = flood_run(lb_common::DEFAULT_SYN_FLOOD_RATE, ACK);
+    assert_eq!(
+        (f.survived, f.lost),
+        (LONG_LIVED as usize, 0),
+        "idle established flows keep their entries"
+    );
+    assert_eq!(
+        f.real_ok, f.real,
+        "real connections complete during the flood"
+    );
+    assert!(
+        f.untracked_other > TABLE * 10 / 2,
+        "flood mode took the flood's ACKs out of the table: {}",
+        f.untracked_other
+    );
+    assert!(
+        f.fill < (TABLE / 2) as usize,
+        "the flood filled the table: {} entries",
+        f.fill
+    );
 }
 
 #[test]
@@ -163,7 +208,7 @@ fn without_flood_mode_the_flood_evicts_established_flows() {
     // The control: the kernel's LRU alone does not keep idle established entries through a
     // flood of 10x the table (why flood mode exists; if this ever stops losing entries, the
     // test above proves less than it claims).
-    let f = flood_run(0);
+    let f = flood_run(0, SYN);
     assert!(f.lost > 0, "entries lost without flood mode");
     assert_eq!(f.untracked, 0);
 }
@@ -250,47 +295,232 @@ fn a_handshake_whose_syn_skipped_a_drained_slot_in_flood_mode_completes_after_th
     }
 }
 
+/// Run this thread on `cpu` (BPF_PROG_TEST_RUN runs the program on the caller's CPU).
+fn pin_to_cpu(cpu: usize) {
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        assert_eq!(
+            libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set),
+            0,
+            "pin to CPU {cpu}"
+        );
+    }
+}
+
+/// Like `frame`, a UDP datagram to the VIP's UDP service.
+fn udp_frame(src: [u8; 4], sport: u16) -> Vec<u8> {
+    ipv4_frame(src, VIP, PROTO_UDP, &udp(sport, 6443, 32))
+}
+
 #[test]
-fn a_reused_port_in_flood_mode_follows_its_new_syn_not_the_old_connections_entry() {
-    // Entries that differ from the table: flows whose slot is backend 11 opened while it was
-    // drained went to other backends, and their entries stay after it takes new flows again.
+fn flood_mode_counts_misses_of_every_cpu_together() {
+    // 10 misses per 100 ms window is the limit; each of two CPUs sees 8, of every shape that
+    // writes an entry (SYN, a mid-flow ACK, a UDP datagram). Counted per CPU, neither would be
+    // over it.
+    let cpus = std::thread::available_parallelism().unwrap().get();
+    assert!(
+        cpus >= 2,
+        "this test needs two CPUs, the machine has {cpus}"
+    );
     let mut t = TestDataplane::new(251);
-    t.opts.syn_flood_rate = 10;
+    t.opts.syn_flood_rate = 100;
     t.restart(251, t.opts.hash_seed);
-    t.dp.apply(&desired(false)).unwrap();
-    let client = [10, 67, 4, 4];
-    let on_11: Vec<u16> = (31000..31300u16)
-        .filter(|sport| {
-            // A mid-flow packet without an entry goes to its slot (and writes the entry, which
-            // the SYN below replaces).
-            backend_of(&mut t, &frame(client, *sport, ACK)) == 11
+    let mut d = desired(false);
+    d.services.push(ServiceSpec {
+        key: vip_key(IpAddr::from(VIP), 6443, PROTO_UDP),
+        owned: true,
+        backends: d.services[0].backends.clone(),
+    });
+    t.dp.apply(&d).unwrap();
+    let mut active = false;
+    let mut sport = 1000u16;
+    // A window may roll between the two CPUs' misses: a few tries.
+    for _ in 0..5 {
+        for cpu in [0, 1] {
+            pin_to_cpu(cpu);
+            for n in 0..8u8 {
+                sport += 1;
+                let src = [100, cpu as u8, n, 1];
+                let f = match n % 3 {
+                    0 => frame(src, sport, SYN),
+                    1 => frame(src, sport, ACK),
+                    _ => udp_frame(src, sport),
+                };
+                assert_eq!(t.dp.test_run("lb_xdp", &f, 1).unwrap().0, TX);
+            }
+        }
+        if t.dp.flood_status().unwrap().active {
+            active = true;
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(250));
+    }
+    assert!(
+        active,
+        "16 misses in a window over two CPUs start flood mode: {:?}",
+        t.dp.flood_status().unwrap()
+    );
+    // Now no miss writes an entry, whatever its shape and CPU; each is still forwarded.
+    let before = t.dp.conntrack_entries();
+    let (untracked, other) = (
+        counter(&t, stat::SYN_FLOOD_UNTRACKED),
+        counter(&t, stat::FLOOD_UNTRACKED),
+    );
+    for cpu in [0, 1] {
+        pin_to_cpu(cpu);
+        for n in 0..3u8 {
+            sport += 1;
+            let src = [101, cpu as u8, n, 1];
+            for f in [
+                frame(src, sport, SYN),
+                frame(src, sport + 1000, ACK),
+                udp_frame(src, sport),
+            ] {
+                assert_eq!(t.dp.test_run("lb_xdp", &f, 1).unwrap().0, TX);
+            }
+        }
+    }
+    assert_eq!(
+        t.dp.conntrack_entries(),
+        before,
+        "entries written in flood mode"
+    );
+    assert_eq!(counter(&t, stat::SYN_FLOOD_UNTRACKED) - untracked, 6);
+    assert_eq!(counter(&t, stat::FLOOD_UNTRACKED) - other, 12);
+}
+
+/// Flows of `client` whose entries name a backend other than their slot's: opened while
+/// backend 11 was drained, on slots of 11 (they went to the next slot's backend). Returns their
+/// ports and backends, with 11 taking new flows again.
+fn flows_off_their_slot(
+    t: &mut TestDataplane,
+    client: [u8; 4],
+    ports: std::ops::Range<u16>,
+) -> Vec<(u16, u8)> {
+    let on_11: Vec<u16> = {
+        let mut probe = TestDataplane::new(251);
+        probe.dp.apply(&desired(false)).unwrap();
+        ports
+            .filter(|sport| backend_of(&mut probe, &frame(client, *sport, ACK)) == 11)
+            .collect()
+    };
+    assert!(on_11.len() > 20, "flows on backend 11: {}", on_11.len());
+    t.dp.apply(&desired(true)).unwrap();
+    let opened: Vec<(u16, u8)> = on_11
+        .iter()
+        .map(|sport| {
+            let b = backend_of(t, &frame(client, *sport, SYN));
+            assert_ne!(b, 11);
+            assert_eq!(backend_of(t, &frame(client, *sport, ACK)), b);
+            (*sport, b)
         })
         .collect();
-    assert!(on_11.len() > 40, "flows on backend 11: {}", on_11.len());
-    std::thread::sleep(std::time::Duration::from_millis(
-        lb_common::FLOOD_HOLD_NS / 1_000_000 + 300,
-    ));
-    t.dp.apply(&desired(true)).unwrap();
-    let reused = &on_11[..12];
-    for sport in reused {
-        // One SYN per 100 ms window: below the flood threshold, so the SYN writes its entry.
-        assert_ne!(backend_of(&mut t, &frame(client, *sport, SYN)), 11);
-        assert!(!t.dp.flood_status().unwrap().active);
-        std::thread::sleep(std::time::Duration::from_millis(105));
-    }
     t.dp.apply(&desired(false)).unwrap();
-    // Flood mode, and the client reuses those ports: each new SYN goes to the slot's backend
-    // (11 again) without an entry, and its ACK must follow it, not the old entry.
+    opened
+}
+
+/// Flood mode from now on: lbd restarted with a limit of one miss per window, then a few
+/// spoofed SYNs.
+fn flood_mode_on(t: &mut TestDataplane) {
+    t.opts.syn_flood_rate = 10;
+    t.restart(251, t.opts.hash_seed);
     for n in 0..5u16 {
-        backend_of(&mut t, &frame([100, 1, 1, 1], 1000 + n, SYN));
+        backend_of(t, &frame([100, 1, 1, 1], 1000 + n, SYN));
     }
     assert!(t.dp.flood_status().unwrap().active, "flood mode is on");
-    for sport in reused {
-        assert_eq!(backend_of(&mut t, &frame(client, *sport, SYN)), 11);
-        assert_eq!(
-            backend_of(&mut t, &frame(client, *sport, ACK)),
-            11,
-            "the new connection's ACK went to the old connection's backend"
-        );
+}
+
+/// A data plane whose flood mode is off until `flood_mode_on`.
+fn no_flood_yet() -> TestDataplane {
+    let mut t = TestDataplane::new(251);
+    t.opts.syn_flood_rate = 0;
+    t.restart(251, t.opts.hash_seed);
+    t
+}
+
+#[test]
+fn a_spoofed_syn_does_not_move_an_established_connection_in_flood_mode_or_out_of_it() {
+    for flood in [false, true] {
+        let mut t = no_flood_yet();
+        let client = [10, 67, 5, 5];
+        // Connections off their slot's first choice: placed by a skip, and (below) on a drained
+        // backend, and opened under an older table.
+        let mut conns = flows_off_their_slot(&mut t, client, 32000..32300);
+        for sport in 33000..33100u16 {
+            let b = backend_of(&mut t, &frame(client, sport, SYN));
+            backend_of(&mut t, &frame(client, sport, ACK));
+            conns.push((sport, b));
+        }
+        // Backend 11 drained, and a fourth backend: the table changes under every connection.
+        let mut d = desired(true);
+        d.services[0].backends.push(backend("10.67.0.14", 14));
+        t.dp.apply(&d).unwrap();
+        if flood {
+            flood_mode_on(&mut t);
+        }
+        // The attacker's SYN, with each client's address and port: then the client's next
+        // segments. Each stays where it was.
+        for (sport, b) in &conns {
+            assert_eq!(
+                backend_of(&mut t, &frame(client, *sport, SYN)),
+                *b,
+                "flood {flood}: the spoofed SYN moved port {sport}"
+            );
+            assert_eq!(
+                backend_of(&mut t, &frame(client, *sport, ACK)),
+                *b,
+                "flood {flood}: port {sport} left its backend after a spoofed SYN"
+            );
+        }
+        // A connection whose backend left the set is not live: a SYN on its 5-tuple starts
+        // anew, and its ACK follows it.
+        let gone: Vec<&(u16, u8)> = conns.iter().filter(|(_, b)| *b == 12).collect();
+        assert!(gone.len() > 10);
+        let mut d = desired(false);
+        d.services[0].backends.remove(1);
+        t.dp.apply(&d).unwrap();
+        for (sport, _) in gone {
+            let b = backend_of(&mut t, &frame(client, *sport, SYN));
+            assert_ne!(b, 12);
+            assert_eq!(backend_of(&mut t, &frame(client, *sport, ACK)), b);
+        }
+    }
+}
+
+#[test]
+fn a_reused_port_follows_its_new_syn_in_flood_mode_and_out_of_it() {
+    // A client reusing a 5-tuple whose entry is still good (the old connection's backend is in
+    // the set) reaches that backend again, SYN and ACK alike, in flood mode or not: its stack
+    // accepts the reuse (from TIME_WAIT) or answers as RFC 5961 says, never a reset by a move.
+    for flood in [false, true] {
+        let mut t = no_flood_yet();
+        let client = [10, 67, 4, 4];
+        let reused = flows_off_their_slot(&mut t, client, 31000..31300);
+        // Connections on backend 11, which is drained next: a reuse of a 5-tuple whose entry
+        // names it goes to it (the drain refuses new 5-tuples, not a connection's own).
+        let on_11: Vec<u16> = (34000..34200u16)
+            .filter(|sport| {
+                backend_of(&mut t, &frame(client, *sport, SYN)) == 11
+                    && backend_of(&mut t, &frame(client, *sport, ACK)) == 11
+            })
+            .collect();
+        assert!(on_11.len() > 20);
+        t.dp.apply(&desired(true)).unwrap();
+        if flood {
+            flood_mode_on(&mut t);
+        }
+        for (sport, b) in &reused {
+            assert_eq!(backend_of(&mut t, &frame(client, *sport, SYN)), *b);
+            assert_eq!(
+                backend_of(&mut t, &frame(client, *sport, ACK)),
+                *b,
+                "flood {flood}: the new connection's ACK left its SYN's backend"
+            );
+        }
+        for sport in &on_11 {
+            assert_eq!(backend_of(&mut t, &frame(client, *sport, SYN)), 11);
+            assert_eq!(backend_of(&mut t, &frame(client, *sport, ACK)), 11);
+        }
     }
 }

@@ -1,5 +1,5 @@
-//! The flow cache in front of the connection table (`LB_FLOW_CACHE`, lb-ebpf `flows.rs`), with
-//! the real XDP program through BPF_PROG_TEST_RUN and the real maps read and written through
+//! The flow cache in front of the connection table (`LB_FLOW_CACHE_V2`, lb-ebpf `flows.rs`),
+//! with the real XDP program through BPF_PROG_TEST_RUN and the real maps read and written through
 //! their pins:
 //! - a flow served from the cache keeps its backend after its LRU entry aged out and the table
 //!   changed, and still keeps it when another flow takes its slot (it is written back);
@@ -425,4 +425,55 @@ fn the_ipv6_fast_path_leaves_extension_headers_fragments_and_bad_lengths_to_the_
     assert_eq!(t.dp.test_run("lb_xdp", &f, 1).unwrap().0, 2);
     assert_eq!(counter(&t, stat::PASS_MALFORMED), 3);
     assert_eq!(send(&mut t, &ack), b);
+}
+
+#[test]
+fn a_write_back_never_replaces_an_entry_written_since() {
+    // Flow f is in its slot; its LRU entry is rewritten (as by another CPU since the slot was
+    // written: a newer decision for the 5-tuple). Then flow g takes the slot: the write-back of
+    // f's slot copy must not replace the newer entry, and f's next packet follows the newer one.
+    let vip = IpAddr::from(VIP4);
+    let client = IpAddr::from([10, 68, 2, 2]);
+    let mut t = TestDataplane::new(251);
+    t.dp.apply(&desired(vip, 3)).unwrap();
+    let mut m = Maps::open(&t);
+    let installed = t.dp.installed(&vip_key(vip, PORT, PROTO_TCP));
+    let mut checked = 0;
+    let mut used = std::collections::HashSet::new();
+    for f in 12000..12040u16 {
+        // Each pair (f, g) on a slot of its own: no flow seen before.
+        let s = m.slot(&key(client, vip, f));
+        if !used.insert(s) {
+            continue;
+        }
+        let Some(g) = (20000..u16::MAX).find(|g| m.slot(&key(client, vip, *g)) == s) else {
+            continue;
+        };
+        let b = send(&mut t, &frame(client, vip, f, SYN));
+        let k = key(client, vip, f);
+        assert_eq!(m.entry(&k).key, k);
+        // The newer entry: another backend of the service.
+        let other = installed
+            .iter()
+            .find(|i| i.spec.mac.unwrap()[5] != b)
+            .unwrap();
+        let newer = FlowValue {
+            backend_id: other.id,
+            epoch: other.epoch,
+        };
+        m.conntrack.insert(k, newer, 0).unwrap();
+        send(&mut t, &frame(client, vip, g, SYN));
+        assert_eq!(m.entry(&key(client, vip, g)).key, key(client, vip, g));
+        assert_eq!(
+            m.conntrack.get(&k, 0).unwrap(),
+            newer,
+            "the write-back replaced a newer entry"
+        );
+        assert_eq!(
+            send(&mut t, &frame(client, vip, f, ACK)),
+            other.spec.mac.unwrap()[5]
+        );
+        checked += 1;
+    }
+    assert!(checked > 30, "{checked} flows checked");
 }

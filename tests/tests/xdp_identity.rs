@@ -356,3 +356,275 @@ fn a_syn_crosses_two_nodes_whose_tables_disagree_at_most_once() {
     let fresh = ipv4_frame(CLIENT, vip(9), PROTO_TCP, &tcp(33001, 6443, SYN));
     assert_eq!(b.dp.test_run("lb_xdp", &fresh, 1).unwrap().0, TX);
 }
+
+#[test]
+fn adoption_retires_pairs_of_a_service_whose_removal_a_crash_cut_short() {
+    // Two services; service 2 has an open flow. lbd is killed in the middle of removing
+    // service 2: its VIP entry is gone, its ownership and pairs are not. The next lbd adopts
+    // what is pinned and then creates service 3, which gets service 2's VIP id. The old flow's
+    // packets (to service 2's VIP, which no longer exists) are not a VIP's: passed, never sent
+    // to service 2's old backend.
+    let mut t = TestDataplane::new(251);
+    let mut model: HashMap<u8, Svc> = HashMap::new();
+    for n in [1, 2] {
+        model.insert(
+            n,
+            Svc {
+                n,
+                owned: true,
+                backends: vec![be(n, 11, 0), be(n, 12, 0), be(n, 13, 0)],
+            },
+        );
+    }
+    apply(&mut t, &model);
+    let old_id =
+        t.dp.vip_id(&spec(&model[&2]).key)
+            .expect("service 2 installed");
+    let flows: Vec<u16> = (50000..50020).collect();
+    for sport in &flows {
+        let (v, _, _) = t.dp.test_run("lb_xdp", &ack(2, *sport), 1).unwrap();
+        assert_eq!(v, TX);
+    }
+    // The crash: only the first step of `remove_service` happened.
+    {
+        let pinned =
+            aya::maps::MapData::from_pin(t.opts.pin_dir().join(lb_common::maps::VIPS)).unwrap();
+        let mut vips: aya::maps::HashMap<_, lb_common::VipKey, lb_common::VipInfo> =
+            aya::maps::HashMap::try_from(aya::maps::Map::HashMap(pinned)).unwrap();
+        vips.remove(&spec(&model[&2]).key).unwrap();
+    }
+    t.restart(251, t.opts.hash_seed);
+    model.remove(&2);
+    // Service 3: another port of the same address (so the address stays a VIP's).
+    let key3 = vip_key(IpAddr::from(vip(2)), 6444, PROTO_TCP);
+    t.dp.apply(&Desired {
+        services: vec![
+            spec(&model[&1]),
+            ServiceSpec {
+                key: key3,
+                owned: true,
+                backends: vec![be(3, 21, 0)],
+            },
+        ],
+        ..Default::default()
+    })
+    .unwrap();
+    assert_eq!(
+        t.dp.vip_id(&key3),
+        Some(old_id),
+        "the test needs service 3 on service 2's old VIP id"
+    );
+    for sport in &flows {
+        let (v, out, _) = t.dp.test_run("lb_xdp", &ack(2, *sport), 1).unwrap();
+        assert_eq!(
+            (v, &out[0..6]),
+            (PASS, &ack(2, *sport)[0..6]),
+            "a flow of the removed service 2 was forwarded"
+        );
+    }
+    assert!(counter(&t, stat::PASS_NOT_VIP) >= flows.len() as u64);
+}
+
+/// Run this thread on `cpu` (BPF_PROG_TEST_RUN runs the program on the caller's CPU).
+fn pin_to_cpu(cpu: usize) {
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        assert_eq!(
+            libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set),
+            0
+        );
+    }
+}
+
+#[test]
+fn a_reader_on_another_cpu_never_forwards_with_a_half_retired_pair() {
+    // Pairs retired, re-created and moved over and over while another CPU forwards established
+    // flows of them: every frame it sends goes to one of the pairs' own addresses (on-link MACs, or
+    // a routed backend's next hop and outer addresses), never to a zeroed MAC or 0.0.0.0.
+    let cpus = std::thread::available_parallelism().unwrap().get();
+    assert!(
+        cpus >= 2,
+        "this test needs two CPUs, the machine has {cpus}"
+    );
+    let mut t = TestDataplane::new(251);
+    let key = vip_key(IpAddr::from(vip(9)), 6443, PROTO_TCP);
+    let lb_src: IpAddr = "10.66.0.250".parse().unwrap();
+    let pairs = |with: &[u8], ver: u8| {
+        let mut backends = Vec::new();
+        for a in with {
+            let mut b = be(9, *a, ver);
+            if *a >= 20 {
+                b.encap = Some(lb_userspace::dataplane::Encap {
+                    src: lb_src,
+                    mtu: 1500,
+                });
+            }
+            backends.push(b);
+        }
+        Desired {
+            services: vec![ServiceSpec {
+                key,
+                owned: true,
+                backends,
+            }],
+            ..Default::default()
+        }
+    };
+    let all = [11u8, 12, 21, 22];
+    t.dp.apply(&pairs(&all, 0)).unwrap();
+    // A retirement clears the pair's flags and epoch and nothing else.
+    let slots = || {
+        let pinned =
+            aya::maps::MapData::from_pin(t.opts.pin_dir().join(lb_common::maps::BACKENDS)).unwrap();
+        let a: aya::maps::Array<_, lb_common::BackendInfo> =
+            aya::maps::Array::try_from(aya::maps::Map::Array(pinned)).unwrap();
+        (0..16).map(|i| a.get(&i, 0).unwrap()).collect::<Vec<_>>()
+    };
+    let before = slots();
+    let ids: Vec<u32> = t.dp.installed(&key).iter().map(|b| b.id).collect();
+    t.dp.apply(&pairs(&[12, 22], 0)).unwrap();
+    let after = slots();
+    for id in ids.iter().map(|i| *i as usize) {
+        let (b, a) = (before[id], after[id]);
+        if [11, 21].contains(&b.addr[3]) {
+            assert_eq!((a.flags, a.epoch), (0, 0), "retired");
+            assert_eq!(
+                lb_common::BackendInfo {
+                    flags: b.flags,
+                    epoch: b.epoch,
+                    ..a
+                },
+                b,
+                "a retirement changed the addressing of pair {id}"
+            );
+        } else {
+            assert_eq!(a, b);
+        }
+    }
+    t.dp.apply(&pairs(&all, 0)).unwrap();
+    let frames: Vec<Vec<u8>> = (52000..52064).map(|p| ack(9, p)).collect();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let reader = {
+        let mut dp = t.second_instance();
+        let stop = stop.clone();
+        let frames = frames.clone();
+        std::thread::spawn(move || {
+            pin_to_cpu(1);
+            let (mut runs, mut bad) = (0u64, Vec::new());
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                for f in &frames {
+                    let (v, out, _) = dp.test_run("lb_xdp", f, 1).unwrap();
+                    runs += 1;
+                    if v != TX {
+                        continue;
+                    }
+                    let ok = if out.len() == f.len() {
+                        // On-link: 02:b0:09:<addr>:00:00 from the LB's MAC.
+                        out[0..4] == [0x02, 0xb0, 9, out[3]]
+                            && [11, 12].contains(&out[3])
+                            && out[6..12] == LB_MAC
+                    } else {
+                        // Routed: to the next hop of 21 or 22, outer 10.66.0.250 -> 10.66.9.x.
+                        out.len() == f.len() + 20
+                            && [21, 22].contains(&out[3])
+                            && out[0..4] == [0x02, 0xb0, 9, out[3]]
+                            && out[26..30] == [10, 66, 0, 250]
+                            && out[30..34] == [10, 66, 9, out[3]]
+                    };
+                    if !ok && bad.len() < 5 {
+                        bad.push(out[0..34.min(out.len())].to_vec());
+                    }
+                }
+            }
+            (runs, bad)
+        })
+    };
+    pin_to_cpu(0);
+    // Each round retires two pairs (one on-link, one routed) and brings them back as new
+    // pairs, and moves the other two (their MACs change: new slots, the old ones pointed at
+    // them).
+    for round in 0..3000 {
+        let (a, b) = if round % 2 == 0 { (11, 21) } else { (12, 22) };
+        let rest: Vec<u8> = all.iter().copied().filter(|x| *x != a && *x != b).collect();
+        let ver = (round % 2) as u8;
+        t.dp.apply(&pairs(&rest, ver)).unwrap();
+        t.dp.apply(&pairs(&all, ver)).unwrap();
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (runs, bad) = reader.join().unwrap();
+    println!("{runs} packets forwarded on CPU 1 during 6000 retirements on CPU 0");
+    assert!(runs > 10_000, "the reader ran: {runs}");
+    assert!(
+        bad.is_empty(),
+        "frames sent with torn addressing: {bad:02x?}"
+    );
+}
+
+#[test]
+fn an_addressing_change_keeps_the_pairs_identity_and_its_flows() {
+    // Backend 1 drained: flows whose slot is its went to another backend by a skip. Backend 2's
+    // MAC changes (twice, then lbd restarts): every flow on backend 2, those placed by the skip
+    // included, stays on it, at its new MAC. (Re-hashed, the skipped ones would go to their
+    // slot's backend, 1.)
+    let model = |drain: bool, ver: u8| {
+        let mut backends: Vec<BackendSpec> = (1..=3).map(|a| be(4, a, 0)).collect();
+        backends[0].drained = drain;
+        backends[1].mac = Some([0x02, 0xb0, 4, 2, ver, 0]);
+        HashMap::from([(
+            4,
+            Svc {
+                n: 4,
+                owned: true,
+                backends,
+            },
+        )])
+    };
+    let slot_is_1: Vec<u16> = {
+        let mut probe = TestDataplane::new(251);
+        apply(&mut probe, &model(false, 0));
+        (36000..36600u16)
+            .filter(|p| probe.dp.test_run("lb_xdp", &ack(4, *p), 1).unwrap().1[3] == 1)
+            .collect()
+    };
+    let mut t = TestDataplane::new(251);
+    apply(&mut t, &model(true, 0));
+    let mut on_2 = Vec::new();
+    let mut skipped_to_2 = 0;
+    for sport in 36000..36600u16 {
+        let syn = ipv4_frame(CLIENT, vip(4), PROTO_TCP, &tcp(sport, 6443, SYN));
+        let (v, out, _) = t.dp.test_run("lb_xdp", &syn, 1).unwrap();
+        assert_eq!(v, TX);
+        assert_ne!(out[3], 1, "a new flow went to the drained backend");
+        if out[3] == 2 {
+            on_2.push(sport);
+            skipped_to_2 += slot_is_1.contains(&sport) as usize;
+        }
+    }
+    assert!(skipped_to_2 > 10, "flows on 2 by a skip: {skipped_to_2}");
+    let key = spec(&model(true, 0)[&4]).key;
+    let epoch = |t: &TestDataplane| {
+        t.dp.installed(&key)
+            .into_iter()
+            .find(|b| b.spec.addr == be(4, 2, 0).addr)
+            .unwrap()
+            .epoch
+    };
+    let first = epoch(&t);
+    for (ver, restart) in [(1u8, false), (2, false), (2, true)] {
+        apply(&mut t, &model(true, ver));
+        if restart {
+            t.restart(251, t.opts.hash_seed);
+            apply(&mut t, &model(true, ver));
+        }
+        for sport in &on_2 {
+            let (v, out, _) = t.dp.test_run("lb_xdp", &ack(4, *sport), 1).unwrap();
+            assert_eq!(
+                (v, &out[0..6]),
+                (TX, &[0x02, 0xb0, 4, 2, ver, 0][..]),
+                "flow {sport} left backend 2 after its MAC changed to version {ver} (restart {restart})"
+            );
+        }
+        assert_eq!(epoch(&t), first, "the pair keeps its identity");
+    }
+}

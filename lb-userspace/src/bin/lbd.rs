@@ -51,8 +51,10 @@ enum Command {
         /// IP-in-IP from any other source is left to the kernel, which drops it.
         #[arg(long = "lb-node", required = true)]
         lb_nodes: Vec<std::net::IpAddr>,
-        /// A VIP to serve (repeat): held on `lo`, never answered for in ARP/ND.
-        #[arg(long = "vip")]
+        /// A VIP to serve (repeat): held on `lo`, never answered for in ARP/ND. Only wrapped
+        /// packets for these VIPs (sent to one of this host's addresses) are unwrapped; an LB
+        /// node's packet for anything else is dropped.
+        #[arg(long = "vip", required = true)]
         vips: Vec<std::net::IpAddr>,
         #[arg(long, value_enum, default_value = "auto")]
         xdp_mode: XdpModeArg,

@@ -109,7 +109,7 @@ impl Owner {
             syn_flood: SynFloodRow {
                 new_connections_per_s: flood.new_connections_per_s,
                 conntrack_size: flood.conntrack_size,
-                threshold_per_cpu: flood.threshold_per_cpu,
+                threshold_per_s: flood.threshold_per_s,
                 active: flood.active,
             },
             table_size: g.cfg.table_size,

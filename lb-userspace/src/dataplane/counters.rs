@@ -1,4 +1,4 @@
-//! What the data plane reports: counters, the SYN flood view, the connection table's fill, and
+//! What the data plane reports: counters, the flood view, the connection table's fill, and
 //! BPF_PROG_TEST_RUN for tests and benchmarks. Reads only; `mod.rs` writes.
 
 use anyhow::{Context, Result, anyhow};
@@ -10,13 +10,15 @@ use lb_common::{Counters, stat};
 
 use super::Dataplane;
 
-/// The SYN flood view of `lbctl stats`.
+/// The flood view of `lbctl stats`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct FloodStatus {
+    /// Misses that would write a connection-table entry, per second, node-wide.
     pub new_connections_per_s: u64,
     pub conntrack_size: u32,
-    pub threshold_per_cpu: u32,
-    /// Flood mode holds on some CPU: SYNs do not write entries.
+    /// `syn_flood_rate`: the node-wide rate above which flood mode starts.
+    pub threshold_per_s: u32,
+    /// Flood mode holds: no miss writes an entry.
     pub active: bool,
 }
 
@@ -67,34 +69,28 @@ impl Dataplane {
         Self::sum(&self.backend_stats, backend_id)
     }
 
-    /// New connections per second (SYNs to owned VIPs, summed over CPUs, from the last full
-    /// 100 ms window) against the connection table's size, and whether flood mode holds on any
-    /// CPU now.
+    /// Connection-table misses per second that would write an entry (new flows, real or
+    /// spoofed, to owned VIPs: node-wide, from the last full 100 ms window) against the
+    /// connection table's size, and whether flood mode holds now.
     pub fn flood_status(&self) -> Result<FloodStatus> {
-        let per_cpu = self.flood.get(&0, 0)?;
+        let s = self.flood.get(&0, 0)?;
         let mut ts: libc::timespec = unsafe { std::mem::zeroed() };
         // The program uses bpf_ktime_get_coarse_ns: CLOCK_MONOTONIC, at tick resolution.
         unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
         let now = ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64;
         let window = lb_common::FLOOD_WINDOW_NS;
-        let mut rate = 0u64;
-        let mut flooding = false;
-        for s in per_cpu.iter() {
-            let age = now.saturating_sub(s.window_start);
-            // A window is only current if it started within the last two windows.
-            let n = match age {
-                a if a < window => s.last_count,
-                a if a < 2 * window => s.count,
-                _ => 0,
-            };
-            rate += n as u64 * (1_000_000_000 / window);
-            flooding |= now < s.flood_until;
-        }
+        let age = now.saturating_sub(s.window_start);
+        // A window is only current if it started within the last two windows.
+        let n = match age {
+            a if a < window => s.last_count,
+            a if a < 2 * window => s.count,
+            _ => 0,
+        };
         Ok(FloodStatus {
-            new_connections_per_s: rate,
+            new_connections_per_s: n as u64 * (1_000_000_000 / window),
             conntrack_size: self.opts.conntrack_size,
-            threshold_per_cpu: self.opts.syn_flood_rate,
-            active: flooding,
+            threshold_per_s: self.opts.syn_flood_rate,
+            active: now < s.flood_until,
         })
     }
 

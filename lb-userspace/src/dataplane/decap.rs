@@ -1,5 +1,6 @@
 //! The backend side of L3 direct server return: `lb_decap` on a backend's interface unwraps the
-//! IP-in-IP packets of the LB nodes it knows (`LB_DECAP_PEERS`) and hands the client's packet to
+//! IP-in-IP packets of the LB nodes it knows (`LB_DECAP_PEERS`) sent to this host
+//! (`LB_DECAP_LOCAL`) for the VIPs it serves (`LB_DECAP_VIPS`), and hands the client's packet to
 //! the stack, where the VIP lives on `lo`. `lbd decap` runs it (see docs/architecture.md).
 //!
 //! The same BPF object as the load balancer, loaded with its big maps shrunk (a backend needs
@@ -22,6 +23,8 @@ type DecapStats = [u64; decap_stat::COUNT as usize];
 pub struct Decap {
     ebpf: Ebpf,
     peers: BpfHashMap<MapData, DecapKey, u32>,
+    vips: BpfHashMap<MapData, DecapKey, u32>,
+    local: BpfHashMap<MapData, DecapKey, u32>,
     stats: PerCpuArray<MapData, DecapStats>,
     pin_dir: PathBuf,
 }
@@ -42,6 +45,7 @@ impl Decap {
             .default_map_pin_directory(&pin_dir)
             // The load balancer's maps, unused here: as small as the kernel allows.
             .map_max_entries(maps::TABLES, 2)
+            .map_max_entries(maps::NEW_TABLES, 2)
             .map_max_entries(maps::CONNTRACK, 64)
             .map_max_entries(maps::FLOW_CACHE, 64)
             .map_max_entries(maps::HANDSHAKES, 64)
@@ -53,10 +57,13 @@ impl Decap {
             .try_into()?;
         prog.load()
             .with_context(|| format!("verify and load {}", maps::DECAP_PROGRAM))?;
-        let peers = BpfHashMap::try_from(
-            ebpf.take_map(maps::DECAP_PEERS)
-                .ok_or_else(|| anyhow!("map {} missing", maps::DECAP_PEERS))?,
-        )?;
+        let mut take = |name: &str| {
+            ebpf.take_map(name)
+                .ok_or_else(|| anyhow!("map {name} missing"))
+        };
+        let peers = BpfHashMap::try_from(take(maps::DECAP_PEERS)?)?;
+        let vips = BpfHashMap::try_from(take(maps::DECAP_VIPS)?)?;
+        let local = BpfHashMap::try_from(take(maps::DECAP_LOCAL)?)?;
         let stats = PerCpuArray::try_from(
             ebpf.take_map(maps::DECAP_STATS)
                 .ok_or_else(|| anyhow!("map {} missing", maps::DECAP_STATS))?,
@@ -64,6 +71,8 @@ impl Decap {
         Ok(Decap {
             ebpf,
             peers,
+            vips,
+            local,
             stats,
             pin_dir,
         })
@@ -71,22 +80,28 @@ impl Decap {
 
     /// Accept wrapped packets from exactly these LB node addresses.
     pub fn set_peers(&mut self, peers: &[IpAddr]) -> Result<()> {
-        let want: Vec<DecapKey> = peers.iter().map(|p| decap_key(*p)).collect();
-        if want.len() > lb_common::MAX_DECAP_PEERS as usize {
-            anyhow::bail!(
-                "at most {} LB nodes, got {}",
-                lb_common::MAX_DECAP_PEERS,
-                want.len()
-            );
-        }
-        let old: Vec<DecapKey> = self.peers.keys().filter_map(|k| k.ok()).collect();
-        for k in &want {
-            self.peers.insert(k, 1, 0)?;
-        }
-        for k in old.iter().filter(|k| !want.contains(k)) {
-            self.peers.remove(k)?;
-        }
-        Ok(())
+        sync(
+            &mut self.peers,
+            "lb_nodes",
+            peers,
+            lb_common::MAX_DECAP_PEERS,
+        )
+    }
+
+    /// Unwrap only packets whose inner destination is one of these VIPs.
+    pub fn set_vips(&mut self, vips: &[IpAddr]) -> Result<()> {
+        sync(&mut self.vips, "vips", vips, lb_common::MAX_DECAP_VIPS)
+    }
+
+    /// Unwrap only packets whose outer destination is one of these addresses (this host's:
+    /// `serve` keeps them in step with `local_addrs`).
+    pub fn set_local(&mut self, addrs: &[IpAddr]) -> Result<()> {
+        sync(
+            &mut self.local,
+            "local addresses",
+            addrs,
+            lb_common::MAX_DECAP_LOCAL,
+        )
     }
 
     /// Attach to `interface` (detached when this value is dropped).
@@ -134,6 +149,62 @@ impl Drop for Decap {
     }
 }
 
+/// Make `map` hold exactly `addrs`: new ones added before old ones go, so an address in both
+/// is never missing.
+fn sync(
+    map: &mut BpfHashMap<MapData, DecapKey, u32>,
+    what: &str,
+    addrs: &[IpAddr],
+    max: u32,
+) -> Result<()> {
+    let want: Vec<DecapKey> = addrs.iter().map(|p| decap_key(*p)).collect();
+    if want.len() > max as usize {
+        anyhow::bail!("{what}: at most {max}, got {}", want.len());
+    }
+    let old: Vec<DecapKey> = map.keys().filter_map(|k| k.ok()).collect();
+    for k in &want {
+        if !old.contains(k) {
+            map.insert(k, 1, 0)?;
+        }
+    }
+    for k in old.iter().filter(|k| !want.contains(k)) {
+        map.remove(k)?;
+    }
+    Ok(())
+}
+
+/// Every address of this host's interfaces (IPv4 and IPv6).
+pub fn local_addrs() -> Result<Vec<IpAddr>> {
+    let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
+    if unsafe { libc::getifaddrs(&mut head) } != 0 {
+        return Err(std::io::Error::last_os_error()).context("getifaddrs");
+    }
+    let mut out = Vec::new();
+    let mut p = head;
+    while !p.is_null() {
+        // SAFETY: a list getifaddrs returned, freed below.
+        let ifa = unsafe { &*p };
+        if !ifa.ifa_addr.is_null() {
+            match i32::from(unsafe { (*ifa.ifa_addr).sa_family }) {
+                libc::AF_INET => {
+                    let a = unsafe { &*(ifa.ifa_addr as *const libc::sockaddr_in) };
+                    out.push(IpAddr::from(u32::from_be(a.sin_addr.s_addr).to_be_bytes()));
+                }
+                libc::AF_INET6 => {
+                    let a = unsafe { &*(ifa.ifa_addr as *const libc::sockaddr_in6) };
+                    out.push(IpAddr::from(a.sin6_addr.s6_addr));
+                }
+                _ => {}
+            }
+        }
+        p = ifa.ifa_next;
+    }
+    unsafe { libc::freeifaddrs(head) };
+    out.sort();
+    out.dedup();
+    Ok(out)
+}
+
 fn decap_key(addr: IpAddr) -> DecapKey {
     let (addr, family) = addr_bytes(addr);
     DecapKey {
@@ -166,8 +237,12 @@ pub async fn serve(o: DecapOptions) -> Result<()> {
     if o.lb_nodes.is_empty() {
         anyhow::bail!("lb_nodes: name at least one LB node (--lb-node)");
     }
+    if o.vips.is_empty() {
+        anyhow::bail!("vips: name at least one VIP (--vip): only packets for them are unwrapped");
+    }
     let mut d = Decap::load(&o.name, std::path::Path::new("/sys/fs/bpf"))?;
     d.set_peers(&o.lb_nodes)?;
+    d.set_vips(&o.vips)?;
     let nl = crate::netlink::Netlink::new()?;
     let saved = o.state_dir.join(format!("{}-decap-sysctls.json", o.name));
     if !o.vips.is_empty() {
@@ -176,6 +251,8 @@ pub async fn serve(o: DecapOptions) -> Result<()> {
     for vip in &o.vips {
         crate::netlink::ensure_local_vip(nl.handle(), *vip).await?;
     }
+    // The VIPs are on `lo` now: part of the host's addresses, as the outer destination may be.
+    d.set_local(&local_addrs()?)?;
     d.attach(&o.interface, o.mode)?;
     // Answered only from here on, and gone with the process: lbd's checks of this backend
     // pass only while it unwraps.
@@ -196,10 +273,17 @@ pub async fn serve(o: DecapOptions) -> Result<()> {
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     let mut tick = tokio::time::interval(std::time::Duration::from_secs(60));
     tick.tick().await;
+    // The host's addresses may change (DHCP, an operator): followed within a second.
+    let mut addrs = tokio::time::interval(std::time::Duration::from_secs(1));
     loop {
         tokio::select! {
             _ = term.recv() => break,
             _ = tokio::signal::ctrl_c() => break,
+            _ = addrs.tick() => {
+                if let Err(e) = local_addrs().and_then(|a| d.set_local(&a)) {
+                    tracing::warn!(error = %format!("{e:#}"), "refreshing the local addresses");
+                }
+            }
             _ = tick.tick() => {
                 if let Ok(s) = d.stats() {
                     tracing::info!(?s, "decap counters");

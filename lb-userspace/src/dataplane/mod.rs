@@ -11,11 +11,18 @@
 //! - identities are never reused: each pair gets an epoch from a counter kept in the pinned
 //!   config, and an entry is good only while its backend id still holds that epoch;
 //! - a slot's MAC, interface or VIP is never rewritten in place (a reader could see half of it):
-//!   such a change is a new pair (id and epoch), installed like an added backend.
+//!   an addressing change moves the pair to a new slot with the same epoch, and its earlier
+//!   slots point at the new one (only their flags change), so the pair keeps its flows;
+//! - a live slot is never torn: the kernel copies a map update low offsets first, so a reader on
+//!   another CPU may see part of a write. A pair is retired by clearing its flags and epoch
+//!   only (`retire`), its addressing left as it was, so whatever mix a reader sees, a frame it
+//!   still forwards goes where the pair pointed; a retired id is handed out again only after
+//!   every other free one (`alloc_backend_id`).
 
 mod counters;
 pub mod decap;
 mod pins;
+mod pmtu;
 pub mod sock;
 mod tables;
 
@@ -95,8 +102,9 @@ pub struct Encap {
 }
 
 impl BackendSpec {
-    /// Whether `other` can be installed over this pair in place: only the flags may differ
-    /// (health, drain, weight); addressing is written once per pair epoch.
+    /// Whether `other` can be installed over this pair's slot in place: only the flags may
+    /// differ (health, drain, weight); addressing is written once per slot (a change moves the
+    /// pair to a new slot: `Dataplane::move_pair`).
     fn same_pair(&self, other: &BackendSpec) -> bool {
         self.mac == other.mac
             && self.src_mac == other.src_mac
@@ -169,7 +177,14 @@ pub struct InstalledBackend {
     /// The pair's identity (see `lb_common::FlowValue::epoch`).
     pub epoch: u32,
     pub spec: BackendSpec,
+    /// Earlier slots of the pair (oldest first), left by addressing changes: each points at
+    /// `id` (`lb_common::BACKEND_F_MOVED`) so that the entries naming it keep their backend.
+    pub aliases: Vec<u32>,
 }
+
+/// Earlier slots a pair keeps; beyond them the oldest is retired (its flows hash again), so a
+/// flapping MAC cannot use up the backend ids.
+const MAX_ALIASES: usize = 8;
 
 #[derive(Clone, Debug)]
 struct InstalledService {
@@ -178,6 +193,9 @@ struct InstalledService {
     owned: bool,
     /// The live table's content (what the idle half is compared against).
     table: Vec<u32>,
+    /// The live new-flow table's (`LB_NEW_TABLES`: the same Maglev build without the backends
+    /// that take no new flows).
+    new_table: Vec<u32>,
     backends: BTreeMap<IpAddr, InstalledBackend>,
 }
 
@@ -195,17 +213,22 @@ pub struct Dataplane {
     vip_owned: Array<MapData, u32>,
     peers: BpfHashMap<MapData, [u8; 8], u32>,
     backend_stats: PerCpuArray<MapData, Counters>,
-    flood: PerCpuArray<MapData, lb_common::FloodState>,
+    flood: Array<MapData, lb_common::FloodState>,
     tables: TableMemory,
     _tables_map: MapData,
+    new_tables: TableMemory,
+    _new_tables_map: MapData,
     logger: Option<aya_log::EbpfLogger<&'static dyn log::Log>>,
     services: HashMap<VipKey, InstalledService>,
-    /// Backend ids handed out; ids are reused only after every never-used one is gone.
+    /// Backend ids handed out; ids are reused only after every never-used one is gone, the
+    /// longest-retired first.
     next_backend_id: u32,
-    free_backend_ids: Vec<u32>,
+    free_backend_ids: std::collections::VecDeque<u32>,
     /// Next pair epoch (persisted in `LbConfig::next_epoch` before use).
     next_epoch: u32,
     attached: Option<String>,
+    /// Lets the kernel learn routed backends' path MTU from the routers' errors.
+    _pmtu: pmtu::PmtuListeners,
 }
 
 /// 27 random bits, never 0 (`LbConfig::flow_cache`).
@@ -256,6 +279,7 @@ impl Dataplane {
         let mut ebpf = EbpfLoader::new()
             .default_map_pin_directory(&pin_dir)
             .map_max_entries(maps::TABLES, table_entries)
+            .map_max_entries(maps::NEW_TABLES, table_entries)
             .map_max_entries(maps::CONNTRACK, opts.conntrack_size)
             .map_max_entries(
                 maps::FLOW_CACHE,
@@ -263,7 +287,7 @@ impl Dataplane {
             )
             .load(crate::EBPF_OBJECT)
             .context("load the XDP object")?;
-        for name in [maps::PROGRAM, "lb_baseline", "lb_pass"] {
+        for name in [maps::PROGRAM, "lb_pass"] {
             let prog: &mut Xdp = ebpf
                 .program_mut(name)
                 .ok_or_else(|| anyhow!("program {name} missing"))?
@@ -278,6 +302,11 @@ impl Dataplane {
             _ => bail!("map {} missing or not an array", maps::TABLES),
         };
         let tables = TableMemory::map(&tables_map, table_entries * 2)?;
+        let new_tables_map: MapData = match ebpf.take_map(maps::NEW_TABLES) {
+            Some(Map::Array(m)) => m,
+            _ => bail!("map {} missing or not an array", maps::NEW_TABLES),
+        };
+        let new_tables = TableMemory::map(&new_tables_map, table_entries * 2)?;
 
         let mut dp = Dataplane {
             config: take(&mut ebpf, maps::CONFIG)?,
@@ -294,12 +323,15 @@ impl Dataplane {
             ebpf,
             tables,
             _tables_map: tables_map,
+            new_tables,
+            _new_tables_map: new_tables_map,
             logger,
             services: HashMap::new(),
             next_backend_id: 0,
-            free_backend_ids: Vec::new(),
+            free_backend_ids: Default::default(),
             next_epoch: 1,
             attached: None,
+            _pmtu: pmtu::PmtuListeners::open(),
             opts,
         };
         let old = dp.config.get(&0, 0).unwrap_or_default();
@@ -345,6 +377,7 @@ impl Dataplane {
                 let size = self.opts.table_size as usize;
                 let start = table_index(v.vip_id, v.active_table, self.opts.table_size, 0) as usize;
                 let table = self.tables.slice(start, size).to_vec();
+                let new_table = self.new_tables.slice(start, size).to_vec();
                 (
                     *k,
                     InstalledService {
@@ -352,23 +385,35 @@ impl Dataplane {
                         active: v.active_table,
                         owned: v.flags & VIP_F_OWNED != 0,
                         table,
+                        new_table,
                         backends: BTreeMap::new(),
                     },
                 )
             })
             .collect();
+        let mut moved: Vec<(u32, BackendInfo)> = Vec::new();
         for id in 0..MAX_BACKENDS {
             let b = self.backends.get(&id, 0)?;
-            if b.flags == 0 && b.family == 0 {
+            if b.flags == 0 && b.epoch == 0 {
                 continue;
             }
-            let Some((key, _)) = by_id.get(&b.vip_id) else {
+            if b.flags & lb_common::BACKEND_F_MOVED != 0 {
+                moved.push((id, b));
                 continue;
-            };
-            let Some(svc) = services.get_mut(key) else {
-                continue;
-            };
+            }
             let addr = key_addr(&b.addr, b.family);
+            // A slot no service accounts for (an lbd killed between the steps of a removal left
+            // its VIP entry gone and its pairs standing; a later service on the same VIP id
+            // would forward the old flows to them), or a second pair of one backend: retired.
+            let svc = by_id
+                .get(&b.vip_id)
+                .and_then(|(key, _)| services.get_mut(key))
+                .filter(|svc| b.epoch != 0 && !svc.backends.contains_key(&addr));
+            let Some(svc) = svc else {
+                tracing::warn!(id, vip_id = b.vip_id, %addr, "retiring a pair no service accounts for");
+                retire(&mut self.backends, id)?;
+                continue;
+            };
             used[id as usize] = true;
             max_id = max_id.max(id + 1);
             // Never hand out an epoch that a slot already holds.
@@ -394,8 +439,37 @@ impl Dataplane {
                             mtu: b.encap_mtu,
                         }),
                     },
+                    aliases: Vec::new(),
                 },
             );
+        }
+        // Earlier slots of moved pairs: kept (pointed at the pair's slot again) when their pair
+        // was adopted, else retired.
+        for (id, b) in moved {
+            let addr = key_addr(&b.addr, b.family);
+            let owner = by_id
+                .get(&b.vip_id)
+                .and_then(|(key, _)| services.get_mut(key))
+                .and_then(|svc| svc.backends.get_mut(&addr))
+                .filter(|p| p.epoch == b.epoch && p.aliases.len() < MAX_ALIASES);
+            match owner {
+                Some(p) => {
+                    if lb_common::moved_to(b.flags) != p.id {
+                        let flags = lb_common::moved_flags(b.flags, p.id);
+                        self.backends.set(id, BackendInfo { flags, ..b }, 0)?;
+                    }
+                    p.aliases.push(id);
+                    used[id as usize] = true;
+                    max_id = max_id.max(id + 1);
+                }
+                None => retire(&mut self.backends, id)?,
+            }
+        }
+        // VIP ids without a service forward for nobody.
+        for vip_id in 0..MAX_VIPS {
+            if !by_id.contains_key(&vip_id) {
+                self.set_vip_owned(vip_id, false)?;
+            }
         }
         self.next_backend_id = max_id;
         self.free_backend_ids = (0..max_id).filter(|i| !used[*i as usize]).collect();
@@ -416,7 +490,7 @@ impl Dataplane {
             let _ = self.vip_addrs.remove(&k);
         }
         for id in 0..MAX_BACKENDS {
-            self.backends.set(id, BackendInfo::default(), 0)?;
+            retire(&mut self.backends, id)?;
         }
         for id in 0..MAX_VIPS {
             self.vip_owned.set(id, 0, 0)?;
@@ -578,7 +652,7 @@ impl Dataplane {
             return Ok(self.next_backend_id - 1);
         }
         self.free_backend_ids
-            .pop()
+            .pop_front()
             .ok_or_else(|| anyhow!("more than {MAX_BACKENDS} backends"))
     }
 
@@ -607,6 +681,44 @@ impl Dataplane {
             id,
             epoch,
             spec: b.clone(),
+            aliases: Vec::new(),
+        })
+    }
+
+    /// A pair whose addressing changed moves to a new slot with the same epoch, written before
+    /// anything names it; then every earlier slot is pointed at it (only their flags change, so a
+    /// reader sees the old addressing or the new). Entries name the earlier slots and follow
+    /// them: the pair keeps its flows, those placed by a skip or an older table included.
+    fn move_pair(
+        &mut self,
+        vip_id: u32,
+        old: &InstalledBackend,
+        b: &BackendSpec,
+    ) -> Result<InstalledBackend> {
+        let id = self.alloc_backend_id()?;
+        self.reset_counters(id, false)?;
+        self.backends
+            .set(id, backend_info(vip_id, b, old.epoch), 0)?;
+        let mut aliases = old.aliases.clone();
+        aliases.push(old.id);
+        while aliases.len() > MAX_ALIASES {
+            let gone = aliases.remove(0);
+            retire(&mut self.backends, gone)?;
+            self.free_backend_ids.push_back(gone);
+            self.carry_counters(vip_id, gone)?;
+        }
+        for a in &aliases {
+            let cur = self.backends.get(a, 0)?;
+            let flags = lb_common::moved_flags(cur.flags, id);
+            self.backends.set(*a, BackendInfo { flags, ..cur }, 0)?;
+        }
+        // What the pair counted so far stays with its VIP; it counts at its new slot from now.
+        self.carry_counters(vip_id, old.id)?;
+        Ok(InstalledBackend {
+            id,
+            epoch: old.epoch,
+            spec: b.clone(),
+            aliases,
         })
     }
 
@@ -623,6 +735,7 @@ impl Dataplane {
                     // Empty: differs from any built table, so the first apply always writes one
                     // (the idle half may hold a previous VIP's slots).
                     table: Vec::new(),
+                    new_table: Vec::new(),
                     backends: BTreeMap::new(),
                 },
             );
@@ -633,9 +746,12 @@ impl Dataplane {
         let vip_id = self.services[&key].vip_id;
 
         // Backends. New pairs, and pairs whose addressing changed (a replacement pair), are
-        // written now; flag changes that add a pair to the set are written now, those that take
-        // it out wait for the table flip.
+        // written now; flag changes that add a pair to the set or let it take new flows are
+        // written now, those that take it out of either wait for the table flip: until then the
+        // live new-flow table still names it, and a flow start on its slot would find no
+        // backend (dropped) if its flags already said "no new flows".
         let mut entries = Vec::new();
+        let mut new_entries = Vec::new();
         let mut after_flip: Vec<(u32, BackendInfo)> = Vec::new();
         let mut retired: Vec<u32> = Vec::new();
         for b in &spec.backends {
@@ -644,7 +760,9 @@ impl Dataplane {
                 Some(old) if old.spec.same_pair(b) => {
                     if old.spec != *b {
                         let info = backend_info(vip_id, b, old.epoch);
-                        if old.spec.in_set() && !b.in_set() {
+                        if (old.spec.in_set() && !b.in_set())
+                            || (old.spec.in_table() && !b.in_table())
+                        {
                             after_flip.push((old.id, info));
                         } else {
                             self.backends.set(old.id, info, 0)?;
@@ -655,26 +773,30 @@ impl Dataplane {
                         ..old
                     }
                 }
-                Some(old) => {
-                    retired.push(old.id);
-                    self.install_pair(vip_id, b)?
-                }
+                Some(old) => self.move_pair(vip_id, &old, b)?,
                 None => self.install_pair(vip_id, b)?,
             };
             // Backends that take no new flows keep their slots (flagged): see BACKEND_F_NO_NEW.
             if b.in_set() && b.weight > 0 {
-                entries.push(maglev::Entry {
+                let e = maglev::Entry {
                     addr: b.addr,
                     weight: b.weight,
                     id: installed.id,
-                });
+                };
+                if b.in_table() {
+                    new_entries.push(e.clone());
+                }
+                entries.push(e);
             }
             let svc = self.services.get_mut(&key).expect("present");
             svc.backends.insert(b.addr, installed);
         }
 
-        // Table: install into the idle half, then flip.
+        // Tables: install into the idle half, then flip. A flow start whose slot names a backend
+        // that takes no new flows takes the same slot of the new-flow table, which names one that
+        // does whenever one exists.
         let table = maglev::build(&entries, self.opts.table_size);
+        let new_table = maglev::build(&new_entries, self.opts.table_size);
         let svc = self.services.get_mut(&key).expect("present");
         let mut info = VipInfo {
             vip_id,
@@ -683,14 +805,16 @@ impl Dataplane {
             _pad: 0,
         };
         let fresh = self.vips.get(&key, 0).is_err();
-        if table != svc.table {
+        if table != svc.table || new_table != svc.new_table {
             let idle = svc.active ^ 1;
             let start = table_index(vip_id, idle, self.opts.table_size, 0) as usize;
+            self.new_tables.write(start, &new_table);
             self.tables.write(start, &table);
             info.active_table = idle;
             self.vips.insert(key, info, 0)?;
             svc.active = idle;
             svc.table = table;
+            svc.new_table = new_table;
             svc.owned = spec.owned;
         } else if fresh || svc.owned != spec.owned {
             self.vips.insert(key, info, 0)?;
@@ -713,11 +837,12 @@ impl Dataplane {
         for addr in removed {
             if let Some(b) = svc.backends.remove(&addr) {
                 retired.push(b.id);
+                retired.extend(b.aliases);
             }
         }
         for id in retired {
-            self.backends.set(id, BackendInfo::default(), 0)?;
-            self.free_backend_ids.push(id);
+            retire(&mut self.backends, id)?;
+            self.free_backend_ids.push_back(id);
             self.carry_counters(vip_id, id)?;
         }
         Ok(())
@@ -772,8 +897,10 @@ impl Dataplane {
         let _ = self.vips.remove(key);
         self.set_vip_owned(svc.vip_id, false)?;
         for b in svc.backends.values() {
-            self.backends.set(b.id, BackendInfo::default(), 0)?;
-            self.free_backend_ids.push(b.id);
+            for id in b.aliases.iter().chain([&b.id]) {
+                retire(&mut self.backends, *id)?;
+                self.free_backend_ids.push_back(*id);
+            }
         }
         Ok(())
     }
@@ -889,6 +1016,26 @@ impl Dataplane {
     pub fn owned(&self, key: &VipKey) -> Option<bool> {
         self.services.get(key).map(|s| s.owned)
     }
+}
+
+/// Take a pair out of service: its flags and epoch cleared, nothing else. A reader on another
+/// CPU sees the old flags and epoch (and forwards where the pair always pointed) or a pair that
+/// is gone; never a valid pair with addressing half overwritten.
+fn retire(backends: &mut Array<MapData, BackendInfo>, id: u32) -> Result<()> {
+    let b = backends.get(&id, 0)?;
+    if b.flags == 0 && b.epoch == 0 {
+        return Ok(());
+    }
+    backends.set(
+        id,
+        BackendInfo {
+            flags: 0,
+            epoch: 0,
+            ..b
+        },
+        0,
+    )?;
+    Ok(())
 }
 
 fn backend_info(vip_id: u32, b: &BackendSpec, epoch: u32) -> BackendInfo {

@@ -116,6 +116,7 @@ pub fn map_shapes(table_entries: u32, conntrack: u32) -> Vec<Shape> {
         shape(maps::PEERS, 8, 4, None),
         shape(maps::BACKENDS, 4, size_of::<BackendInfo>(), None),
         shape(maps::TABLES, 4, 8, Some(table_entries)),
+        shape(maps::NEW_TABLES, 4, 8, Some(table_entries)),
         shape(
             maps::CONNTRACK,
             size_of::<FlowKey>(),
@@ -135,6 +136,8 @@ pub fn map_shapes(table_entries: u32, conntrack: u32) -> Vec<Shape> {
             Some(lb_common::HANDSHAKE_TABLE_SIZE),
         ),
         shape(maps::DECAP_PEERS, size_of::<lb_common::DecapKey>(), 4, None),
+        shape(maps::DECAP_VIPS, size_of::<lb_common::DecapKey>(), 4, None),
+        shape(maps::DECAP_LOCAL, size_of::<lb_common::DecapKey>(), 4, None),
         shape(
             maps::DECAP_STATS,
             4,

@@ -11,7 +11,7 @@ use lb_common::{DEFAULT_CONNTRACK_SIZE, DEFAULT_TABLE_SIZE, PROTO_TCP, PROTO_UDP
 use lb_userspace::dataplane::{Desired, ServiceSpec, vip_key};
 use serde_json::{Value, json};
 
-use super::{median, write_json};
+use super::{median, throughput::BenchProgs, write_json};
 use crate::{TestDataplane, backend, frames::*};
 
 const XDP_TX: u32 = 3;
@@ -51,11 +51,22 @@ fn run_timed(t: &mut TestDataplane, program: &str, frame: &[u8], repeat: u32) ->
     t.dp.test_run(program, frame, repeat).unwrap().2 + 0.5
 }
 
+/// The same for the baseline, which lives in the benches' own object.
+fn baseline_timed(base: &mut BenchProgs, frame: &[u8], repeat: u32) -> f64 {
+    base.test_run("lb_baseline", frame, repeat).2 + 0.5
+}
+
 /// `rounds` rounds of (baseline, lb_xdp) on `frame`, `repeat` packets per run.
-fn abab(t: &mut TestDataplane, frame: &[u8], repeat: u32, rounds: usize) -> Measured {
+fn abab(
+    t: &mut TestDataplane,
+    baseline: &mut BenchProgs,
+    frame: &[u8],
+    repeat: u32,
+    rounds: usize,
+) -> Measured {
     let (mut base, mut case, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..rounds {
-        let b = run_timed(t, "lb_baseline", frame, repeat);
+        let b = baseline_timed(baseline, frame, repeat);
         let c = run_timed(t, "lb_xdp", frame, repeat);
         base.push(b);
         case.push(c);
@@ -123,13 +134,18 @@ fn floors(frame: &[u8], repeat: u32, rounds: usize) -> Vec<(&'static str, Measur
 /// Cases that need a fresh frame per packet (a new flow, a cold entry): single runs
 /// (repeat = 1), each lb_xdp run right after a baseline run on the same frame. The frames are
 /// split into `rounds` groups; each group gives one ratio (sum over sum).
-fn abab_single(t: &mut TestDataplane, frames: &[Vec<u8>], rounds: usize) -> Measured {
+fn abab_single(
+    t: &mut TestDataplane,
+    baseline: &mut BenchProgs,
+    frames: &[Vec<u8>],
+    rounds: usize,
+) -> Measured {
     let (mut base, mut case, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
     for group in frames.chunks(frames.len().div_ceil(rounds)) {
         let (mut b, mut c) = (0.0, 0.0);
         for f in group {
             // Whole ns, truncated: take the middle of the interval (see run_timed).
-            b += t.dp.test_run("lb_baseline", f, 1).unwrap().2 + 0.5;
+            b += baseline_timed(baseline, f, 1);
             let (verdict, _, ns) = t.dp.test_run("lb_xdp", f, 1).unwrap();
             assert_eq!(verdict, XDP_TX, "every single-run case is forwarded");
             c += ns + 0.5;
@@ -247,6 +263,7 @@ pub(super) fn setup() -> (TestDataplane, Vec<(&'static str, Vec<u8>)>) {
 
 pub fn run() {
     let (mut t, cases) = setup();
+    let mut baseline = BenchProgs::load_programs(&["lb_baseline"]);
     let v4 = VIP4;
     let (repeat, rounds) = (1_000_000, 9);
     // With BPF statistics on (e.g. while an e2e bench runs), every program run also reads the
@@ -263,7 +280,7 @@ pub fn run() {
     );
     let mut baselines = Vec::new();
     for (name, frame) in cases {
-        let m = abab(&mut t, &frame, repeat, rounds);
+        let m = abab(&mut t, &mut baseline, &frame, repeat, rounds);
         m.print(name);
         baselines.push(m.baseline_ns);
         rows.push(m.row(
@@ -287,7 +304,7 @@ pub fn run() {
     let midstream: Vec<Vec<u8>> = (0..20_000u32)
         .map(|i| client_frame(78, i, v4, ACK))
         .collect();
-    let m = abab_single(&mut t, &midstream, rounds);
+    let m = abab_single(&mut t, &mut baseline, &midstream, rounds);
     m.print("tcp_midstream_new");
     rows.push(m.row(
         "tcp_midstream_new",
@@ -313,7 +330,7 @@ pub fn run() {
         .iter()
         .map(|i| client_frame(90, *i as u32, v4, ACK))
         .collect();
-    let m = abab_single(&mut t, &cold, rounds);
+    let m = abab_single(&mut t, &mut baseline, &cold, rounds);
     m.print("tcp_established_cold");
     rows.push(m.row(
         "tcp_established_cold",

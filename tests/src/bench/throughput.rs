@@ -92,7 +92,8 @@ impl Drop for Wire {
     }
 }
 
-/// The bench programs (generator, sink, baseline), loaded from the same object as lb_xdp with
+/// The bench programs (generator, sink, baseline), loaded from their own object
+/// (`lb_userspace::BENCH_OBJECT`, never the one lbd loads), or programs of another object, with
 /// maps of their own (pinned in a directory removed on drop, sized small).
 pub(super) struct BenchProgs {
     ebpf: Ebpf,
@@ -104,16 +105,22 @@ impl BenchProgs {
         Self::load_programs(&["bench_gen", "bench_sink", "lb_baseline"])
     }
 
-    /// Load `programs` of the object (verified by the kernel, not attached).
+    /// Load `programs` of the benches' object (verified by the kernel, not attached).
     pub(super) fn load_programs(programs: &[&str]) -> BenchProgs {
+        Self::load_from(lb_userspace::BENCH_OBJECT, programs)
+    }
+
+    /// Load `programs` of `object` (verified by the kernel, not attached).
+    pub(super) fn load_from(object: &[u8], programs: &[&str]) -> BenchProgs {
         let pin_dir = PathBuf::from("/sys/fs/bpf").join(unique("lbtp"));
         std::fs::create_dir_all(&pin_dir).unwrap();
         let mut ebpf = EbpfLoader::new()
             .default_map_pin_directory(&pin_dir)
             .map_max_entries(maps::TABLES, lb_common::table_elements(7))
+            .map_max_entries(maps::NEW_TABLES, lb_common::table_elements(7))
             .map_max_entries(maps::CONNTRACK, 1024)
             .map_max_entries(maps::FLOW_CACHE, 64)
-            .load(lb_userspace::EBPF_OBJECT)
+            .load(object)
             .expect("load the XDP object for the bench programs");
         for name in programs {
             let p: &mut Xdp = ebpf.program_mut(name).unwrap().try_into().unwrap();
@@ -124,6 +131,27 @@ impl BenchProgs {
 
     pub(super) fn prog(&mut self, name: &str) -> &mut Xdp {
         self.ebpf.program_mut(name).unwrap().try_into().unwrap()
+    }
+
+    /// BPF_PROG_TEST_RUN of `name` on `frame`, `repeat` times: verdict, output frame, ns per
+    /// run (the kernel's whole ns).
+    pub(super) fn test_run(
+        &mut self,
+        name: &str,
+        frame: &[u8],
+        repeat: u32,
+    ) -> (u32, Vec<u8>, f64) {
+        use aya::programs::{TestRun, TestRunOptions};
+        let mut out = vec![0u8; frame.len() + 256];
+        let opts = TestRunOptions {
+            data_in: Some(frame),
+            data_out: Some(&mut out),
+            repeat: repeat.max(1),
+            ..TestRunOptions::new()
+        };
+        let r = self.prog(name).test_run(opts).expect("BPF_PROG_TEST_RUN");
+        out.truncate(r.data_size_out as usize);
+        (r.return_value, out, r.duration.as_nanos() as f64)
     }
 
     fn prog_fd(&mut self, name: &str) -> i32 {

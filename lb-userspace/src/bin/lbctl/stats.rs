@@ -36,11 +36,11 @@ fn print(v: &StatsRow) {
     }
     let f = &v.syn_flood;
     println!(
-        "{:<20} {} new connections/s against {} entries (flood mode above {}/s per CPU: {})",
+        "{:<20} {} new connections/s against {} entries (flood mode above {}/s: {})",
         "syn_flood",
         f.new_connections_per_s,
         f.conntrack_size,
-        f.threshold_per_cpu,
+        f.threshold_per_s,
         if f.active { "ON" } else { "off" }
     );
     println!();
