@@ -54,8 +54,78 @@ pub struct DrainRequest {
     pub backend: std::net::IpAddr,
 }
 
+/// The query of `GET /v1/flows`: `vip`, `port`, `client`, `client_port`, `limit`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FlowFilter {
+    pub vip: Option<std::net::IpAddr>,
+    pub port: Option<u16>,
+    pub client: Option<std::net::IpAddr>,
+    pub client_port: Option<u16>,
+    /// Most entries returned per table.
+    pub limit: usize,
+}
+
+impl Default for FlowFilter {
+    fn default() -> Self {
+        FlowFilter {
+            vip: None,
+            port: None,
+            client: None,
+            client_port: None,
+            limit: 100,
+        }
+    }
+}
+
+impl FlowFilter {
+    /// Parse `a=b&c=d` (values are addresses and numbers: nothing needs escaping, and a
+    /// field it does not know is refused by name).
+    pub fn parse(query: &str) -> Result<FlowFilter, String> {
+        let mut f = FlowFilter::default();
+        for pair in query.split('&').filter(|p| !p.is_empty()) {
+            let (k, v) = pair
+                .split_once('=')
+                .ok_or_else(|| format!("{pair:?}: want name=value"))?;
+            let bad = |what: &str| format!("{k}: {v:?} is not {what}");
+            match k {
+                "vip" => f.vip = Some(v.parse().map_err(|_| bad("an IP address"))?),
+                "client" => f.client = Some(v.parse().map_err(|_| bad("an IP address"))?),
+                "port" => f.port = Some(v.parse().map_err(|_| bad("a port"))?),
+                "client_port" => f.client_port = Some(v.parse().map_err(|_| bad("a port"))?),
+                "limit" => f.limit = v.parse().map_err(|_| bad("a number"))?,
+                _ => {
+                    return Err(format!(
+                        "{k}: unknown (want vip, port, client, client_port, limit)"
+                    ));
+                }
+            }
+        }
+        Ok(f)
+    }
+
+    /// The query string for [`FlowFilter::parse`].
+    pub fn query(&self) -> String {
+        let mut q = vec![format!("limit={}", self.limit)];
+        if let Some(a) = self.vip {
+            q.push(format!("vip={a}"));
+        }
+        if let Some(p) = self.port {
+            q.push(format!("port={p}"));
+        }
+        if let Some(a) = self.client {
+            q.push(format!("client={a}"));
+        }
+        if let Some(p) = self.client_port {
+            q.push(format!("client_port={p}"));
+        }
+        q.join("&")
+    }
+}
+
 #[derive(Clone, Debug)]
 pub enum Request {
+    /// Connection-table and flow-cache entries.
+    Flows(FlowFilter),
     Backends,
     Vips,
     Stats,
@@ -119,7 +189,13 @@ pub trait Handler: Send + Sync + 'static {
     -> impl std::future::Future<Output = Response> + Send;
 }
 
-fn route(method: &Method, path: &str, body: &[u8], full_api: bool) -> Result<Request, Response> {
+fn route(
+    method: &Method,
+    path: &str,
+    query: Option<&str>,
+    body: &[u8],
+    full_api: bool,
+) -> Result<Request, Response> {
     let parse = |b: &[u8]| {
         serde_json::from_slice::<DrainRequest>(b).map_err(|e| {
             Response::error(
@@ -144,6 +220,10 @@ fn route(method: &Method, path: &str, body: &[u8], full_api: bool) -> Result<Req
         (&Method::GET, "/v1/vrrp") => Request::Vrrp,
         (&Method::GET, "/v1/bgp") => Request::Bgp,
         (&Method::GET, "/v1/version") => Request::Version,
+        (&Method::GET, "/v1/flows") => Request::Flows(
+            FlowFilter::parse(query.unwrap_or(""))
+                .map_err(|e| Response::error(400, format!("query: {e}")))?,
+        ),
         (&Method::POST, "/v1/bgp/drain") => Request::BgpDrain(true),
         (&Method::POST, "/v1/bgp/undrain") => Request::BgpDrain(false),
         (&Method::POST, "/v1/backends/drain") => Request::Drain(parse(body)?),
@@ -187,7 +267,13 @@ where
                 ),
                 Ok(Ok(body)) => {
                     let body = body.to_bytes();
-                    match route(&parts.method, parts.uri.path(), &body, full_api) {
+                    match route(
+                        &parts.method,
+                        parts.uri.path(),
+                        parts.uri.query(),
+                        &body,
+                        full_api,
+                    ) {
                         Ok(r) => handler.handle(r).await,
                         Err(resp) => resp,
                     }
@@ -525,29 +611,32 @@ mod tests {
 
     #[test]
     fn routes() {
-        let r = route(&Method::GET, "/v1/backends", b"", true).ok().unwrap();
+        let r = route(&Method::GET, "/v1/backends", None, b"", true)
+            .ok()
+            .unwrap();
         assert!(matches!(r, Request::Backends));
         let r = route(
             &Method::POST,
             "/v1/backends/drain",
+            None,
             br#"{"vip":"api","backend":"10.0.0.1"}"#,
             true,
         )
         .ok()
         .unwrap();
         assert!(matches!(r, Request::Drain(d) if d.vip == "api"));
-        let e = route(&Method::POST, "/v1/backends/drain", b"{}", true)
+        let e = route(&Method::POST, "/v1/backends/drain", None, b"{}", true)
             .err()
             .unwrap();
         assert_eq!(e.status, 400);
-        let e = route(&Method::GET, "/v1/backends", b"", false)
+        let e = route(&Method::GET, "/v1/backends", None, b"", false)
             .err()
             .unwrap();
         assert_eq!(
             e.status, 404,
             "the TCP listener serves probes and metrics only"
         );
-        assert!(route(&Method::GET, "/metrics", b"", false).is_ok());
+        assert!(route(&Method::GET, "/metrics", None, b"", false).is_ok());
     }
 
     struct Ok200;

@@ -184,6 +184,38 @@ impl VersionRow {
     }
 }
 
+/// One entry of `GET /v1/flows` (`lbctl flows`): a connection-table or flow-cache entry.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FlowRow {
+    /// `conntrack` (the LRU table) or `cache` (the per-slot copy in front of it).
+    pub table: String,
+    pub client: IpAddr,
+    /// 0 for protocols without ports.
+    pub client_port: u16,
+    pub vip: IpAddr,
+    pub port: u16,
+    pub protocol: String,
+    /// The backend slot the entry names, and the pair epoch it was written with.
+    pub backend_id: u32,
+    pub epoch: u32,
+    /// The pair that slot holds now: VIP name and backend address, when it is installed.
+    pub vip_name: Option<String>,
+    pub backend: Option<IpAddr>,
+    /// The entry's epoch is the pair's current one: packets of this flow go to `backend`. A
+    /// stale entry is ignored by the data plane (the flow hashes again).
+    pub current: bool,
+}
+
+/// `GET /v1/flows`: matching entries, at most `limit`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FlowsRow {
+    pub flows: Vec<FlowRow>,
+    /// Connection-table keys read (the walk stops at `limit` matches).
+    pub scanned: u64,
+    /// More entries may match than were returned.
+    pub truncated: bool,
+}
+
 /// The answer to a POST that changes something (`drain`, `reload`, ...).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ErrorRow {
@@ -270,6 +302,27 @@ mod tests {
         stats["counters"] = serde_json::json!({});
         fields(&stats, &mut all);
         fields(&serde_json::to_value(VersionRow::this()).unwrap(), &mut all);
+        fields(
+            &serde_json::to_value(FlowsRow {
+                flows: vec![FlowRow {
+                    table: "conntrack".into(),
+                    client: "10.0.0.9".parse().unwrap(),
+                    client_port: 1,
+                    vip: "10.0.0.1".parse().unwrap(),
+                    port: 1,
+                    protocol: "tcp".into(),
+                    backend_id: 1,
+                    epoch: 1,
+                    vip_name: None,
+                    backend: None,
+                    current: false,
+                }],
+                scanned: 1,
+                truncated: false,
+            })
+            .unwrap(),
+            &mut all,
+        );
         fields(
             &serde_json::to_value(BgpStatus {
                 enabled: true,

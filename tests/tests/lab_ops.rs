@@ -362,3 +362,80 @@ fn each_alert_condition_shows_in_its_metric() {
         Some(1.0)
     );
 }
+
+/// `lbctl flows`: the connection table's entries of real connections, named by VIP and
+/// backend, filtered and bounded, read while lbd forwards.
+#[test]
+fn flows_lists_the_connection_table() {
+    use lb_userspace::status::FlowsRow;
+    let l = setup(LABNODE);
+    let socket = l.socket.as_str();
+    let r = l.connect_many(LABNODE, VIP4, 50);
+    assert_eq!(r["ok"], 50, "{r}");
+    let client = l.lab.node("client").v4.clone();
+    let backends: Vec<String> = ["b1", "b2", "b3"]
+        .iter()
+        .map(|n| l.lab.node(n).v4.clone())
+        .collect();
+
+    let all: FlowsRow = json(
+        socket,
+        &["flows", &format!("{VIP4}:8080"), "--limit", "1000"],
+    );
+    let ct: Vec<_> = all
+        .flows
+        .iter()
+        .filter(|f| f.table == "conntrack")
+        .collect();
+    assert!(ct.len() >= 50, "{} entries: {all:?}", ct.len());
+    assert!(!all.truncated);
+    for f in &ct {
+        assert_eq!(f.vip.to_string(), VIP4);
+        assert_eq!(f.port, 8080);
+        assert_eq!(f.client.to_string(), client);
+        assert_eq!(f.vip_name.as_deref(), Some("web4"), "{f:?}");
+        assert!(f.current, "{f:?}");
+        let be = f.backend.expect("backend named").to_string();
+        assert!(backends.contains(&be), "{be}");
+    }
+    // Every backend got some of the 50 (weights 1, 1, 2).
+    for b in &backends {
+        assert!(
+            ct.iter().any(|f| f.backend.unwrap().to_string() == *b),
+            "{b} has no entry"
+        );
+    }
+    // By name, and bounded.
+    let named: FlowsRow = json(socket, &["flows", "web4", "--limit", "5"]);
+    assert_eq!(
+        named
+            .flows
+            .iter()
+            .filter(|f| f.table == "conntrack")
+            .count(),
+        5
+    );
+    assert!(named.truncated);
+    // Filters that match nothing.
+    let other: FlowsRow = json(socket, &["flows", VIP4, "--client", "10.77.0.250"]);
+    assert!(other.flows.is_empty(), "{other:?}");
+    let one_client: FlowsRow = json(
+        socket,
+        &[
+            "flows",
+            "--client",
+            &format!("{client}:{}", ct[0].client_port),
+        ],
+    );
+    assert!(
+        one_client
+            .flows
+            .iter()
+            .all(|f| f.client_port == ct[0].client_port),
+        "{one_client:?}"
+    );
+    assert!(!one_client.flows.is_empty());
+    // A bad filter is refused by name (exit 1), not ignored.
+    let out = lbctl_output(socket, &["flows", "nosuchvip"]);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+}

@@ -125,6 +125,27 @@ impl Owner {
         })
     }
 
+    /// Each installed backend slot (aliases included): its pair and current epoch.
+    pub(super) fn flows_view(&self) -> super::flows::FlowsView {
+        let mut view = super::flows::FlowsView {
+            pin_dir: super::load_options(&self.cfg).pin_dir(),
+            ..Default::default()
+        };
+        for (i, port) in self.cfg.services() {
+            let v = &self.cfg.vips[i];
+            for b in self
+                .dp
+                .installed(&vip_key(v.address, port, v.protocol.number()))
+            {
+                for id in std::iter::once(b.id).chain(b.aliases.iter().copied()) {
+                    view.slots
+                        .insert(id, (v.name.clone(), b.spec.addr, b.epoch));
+                }
+            }
+        }
+        view
+    }
+
     pub(super) fn metrics(&self) -> Result<String> {
         let stats = self.stats()?;
         let backends = self.backends()?;

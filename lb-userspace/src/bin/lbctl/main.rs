@@ -6,6 +6,7 @@
 
 mod backends;
 mod bgp;
+mod flows;
 mod output;
 mod render;
 mod stats;
@@ -74,6 +75,9 @@ enum Cmd {
     Bgp(bgp::Cmd),
     /// Data-plane counters per verdict and reason, connection-table use.
     Stats,
+    /// Connection-table and flow-cache entries (client, VIP, backend, pair epoch), optionally
+    /// of one VIP[:PORT] or client; read from the maps while forwarding continues.
+    Flows(flows::Args),
     /// Make lbd re-read its config; an invalid config is refused and the running one kept.
     Reload,
     /// This lbctl's version and the running lbd's.
@@ -167,6 +171,7 @@ async fn run_once(cli: Cli) -> Result<()> {
         Cmd::Vrrp(cmd) => vrrp::run(&ctx, cmd).await,
         Cmd::Bgp(cmd) => bgp::run(&ctx, cmd).await,
         Cmd::Stats => stats::run(&ctx).await,
+        Cmd::Flows(a) => flows::run(&ctx, a).await,
         Cmd::Reload => {
             let v: serde_json::Value = ctx.client.post("/v1/reload", None).await?;
             ctx.show(&v, |_| println!("reloaded"))
