@@ -439,3 +439,46 @@ fn flows_lists_the_connection_table() {
     let out = lbctl_output(socket, &["flows", "nosuchvip"]);
     assert_eq!(out.status.code(), Some(1), "{out:?}");
 }
+
+/// LbNotReady: the interface disappears (renamed away): lbd is not ready, says why, and
+/// `lbd_ready` shows it; with the interface back, ready again.
+#[test]
+fn lbd_ready_follows_the_interface() {
+    let l = setup(LABNODE);
+    let socket = l.socket.as_str();
+    let metrics = || {
+        let out = lb_tests::lab::try_sh(&[
+            "curl",
+            "-s",
+            "-m",
+            "10",
+            "--unix-socket",
+            socket,
+            "http://lbd/metrics",
+        ]);
+        metric(&String::from_utf8_lossy(&out.stdout), "lbd_ready", &[])
+    };
+    assert_eq!(metrics(), Some(1.0));
+    let netns = l.lab.node("lb").netns.clone();
+    let rename = |from: &str, to: &str| {
+        lb_tests::lab::sh(&["ip", "-n", &netns, "link", "set", "dev", from, "name", to]);
+    };
+    lb_tests::lab::sh(&["ip", "-n", &netns, "link", "set", "dev", "eth0", "down"]);
+    rename("eth0", "ops-away");
+    let gone = lb_tests::lab::wait_for(Duration::from_secs(20), || {
+        (metrics() == Some(0.0)).then_some(())
+    });
+    let probe = lbctl_output(socket, &["probe", "ready"]);
+    rename("ops-away", "eth0");
+    lb_tests::lab::sh(&["ip", "-n", &netns, "link", "set", "dev", "eth0", "up"]);
+    assert!(gone.is_some(), "lbd_ready stayed 1\n{}", l.lab.log("lbd"));
+    assert_eq!(probe.status.code(), Some(1), "{probe:?}");
+    assert!(
+        String::from_utf8_lossy(&probe.stderr).contains("not attached"),
+        "{probe:?}"
+    );
+    let back = lb_tests::lab::wait_for(Duration::from_secs(20), || {
+        (metrics() == Some(1.0)).then_some(())
+    });
+    assert!(back.is_some(), "ready again\n{}", l.lab.log("lbd"));
+}
