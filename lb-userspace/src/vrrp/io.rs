@@ -16,7 +16,7 @@
 use std::io;
 use std::mem::{size_of, zeroed};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 
 use tokio::io::unix::AsyncFd;
 
@@ -55,62 +55,33 @@ impl VrrpSocket {
     pub fn open(ifname: &str, src: IpAddr, multicast: bool) -> io::Result<Self> {
         let ifindex = if_index(ifname)?;
         let v6 = src.is_ipv6();
-        let family = if v6 { libc::AF_INET6 } else { libc::AF_INET };
-        // SAFETY: plain socket(2) call; the result is checked before use.
-        let raw = unsafe {
-            libc::socket(
-                family,
-                libc::SOCK_RAW | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
-                i32::from(IPPROTO_VRRP),
-            )
-        };
-        if raw < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: `raw` is a fresh, valid descriptor we own.
-        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-        let s = fd.as_raw_fd();
-        bind_to_device(s, ifname)?;
+        // Socket options through socket2; the two it has no setter for (IPV6_RECVPKTINFO and
+        // IP_MULTICAST_IF by interface index) through `setsockopt`.
+        let sock = socket2::Socket::new(
+            if v6 {
+                socket2::Domain::IPV6
+            } else {
+                socket2::Domain::IPV4
+            },
+            socket2::Type::RAW.nonblocking().cloexec(),
+            Some(socket2::Protocol::from(i32::from(IPPROTO_VRRP))),
+        )?;
+        sock.bind_device(Some(ifname.as_bytes()))?;
+        let s = sock.as_raw_fd();
         if v6 {
-            setsockopt_int(
-                s,
-                libc::IPPROTO_IPV6,
-                libc::IPV6_MULTICAST_HOPS,
-                i32::from(VRRP_TTL),
-            )?;
-            setsockopt_int(
-                s,
-                libc::IPPROTO_IPV6,
-                libc::IPV6_UNICAST_HOPS,
-                i32::from(VRRP_TTL),
-            )?;
-            setsockopt_int(
-                s,
-                libc::IPPROTO_IPV6,
-                libc::IPV6_TCLASS,
-                i32::from(VRRP_TOS),
-            )?;
-            setsockopt_int(s, libc::IPPROTO_IPV6, libc::IPV6_MULTICAST_LOOP, 0)?;
-            setsockopt_int(
-                s,
-                libc::IPPROTO_IPV6,
-                libc::IPV6_MULTICAST_IF,
-                ifindex as i32,
-            )?;
-            setsockopt_int(s, libc::IPPROTO_IPV6, libc::IPV6_RECVHOPLIMIT, 1)?;
+            sock.set_multicast_hops_v6(u32::from(VRRP_TTL))?;
+            sock.set_unicast_hops_v6(u32::from(VRRP_TTL))?;
+            sock.set_tclass_v6(u32::from(VRRP_TOS))?;
+            sock.set_multicast_loop_v6(false)?;
+            sock.set_multicast_if_v6(ifindex)?;
+            sock.set_recv_hoplimit_v6(true)?;
             setsockopt_int(s, libc::IPPROTO_IPV6, libc::IPV6_RECVPKTINFO, 1)?;
             if multicast {
-                let mreq = libc::ipv6_mreq {
-                    ipv6mr_multiaddr: libc::in6_addr {
-                        s6_addr: codec::MCAST_V6.octets(),
-                    },
-                    ipv6mr_interface: ifindex,
-                };
-                setsockopt(s, libc::IPPROTO_IPV6, libc::IPV6_ADD_MEMBERSHIP, &mreq)?;
+                sock.join_multicast_v6(&codec::MCAST_V6, ifindex)?;
             }
         } else {
-            setsockopt_int(s, libc::IPPROTO_IP, libc::IP_HDRINCL, 1)?;
-            setsockopt_int(s, libc::IPPROTO_IP, libc::IP_MULTICAST_LOOP, 0)?;
+            sock.set_header_included_v4(true)?;
+            sock.set_multicast_loop_v4(false)?;
             let mreq = libc::ip_mreqn {
                 imr_multiaddr: in_addr(codec::MCAST_V4),
                 imr_address: in_addr(Ipv4Addr::UNSPECIFIED),
@@ -121,6 +92,7 @@ impl VrrpSocket {
                 setsockopt(s, libc::IPPROTO_IP, libc::IP_ADD_MEMBERSHIP, &mreq)?;
             }
         }
+        let fd = OwnedFd::from(sock);
         // SAFETY: the OwnedFd is moved in and only closed when the AsyncFd drops it.
         let fd = unsafe { AsyncFd::register(fd) }?;
         Ok(VrrpSocket {
@@ -388,23 +360,6 @@ pub(crate) fn if_index(ifname: &str) -> io::Result<u32> {
         )),
         Err(e) => Err(io::Error::from(e)),
     }
-}
-
-pub(crate) fn bind_to_device(s: RawFd, ifname: &str) -> io::Result<()> {
-    // SAFETY: the name buffer is valid for its length.
-    let r = unsafe {
-        libc::setsockopt(
-            s,
-            libc::SOL_SOCKET,
-            libc::SO_BINDTODEVICE,
-            ifname.as_ptr().cast(),
-            ifname.len() as libc::socklen_t,
-        )
-    };
-    if r < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
 }
 
 pub(crate) fn setsockopt<T>(s: RawFd, level: i32, name: i32, value: &T) -> io::Result<()> {
