@@ -257,39 +257,27 @@ pub fn trigger_resolution(interface: &str, addr: IpAddr) {
 /// A stream of "the neighbour table changed" signals (RTNLGRP_NEIGH notifications), so backend
 /// MACs follow the kernel live. Each item is just a wake-up; the caller re-reads the table.
 pub fn neighbour_changes() -> Result<tokio::sync::mpsc::UnboundedReceiver<()>> {
-    use rtnetlink::sys::{AsyncSocket, SocketAddr};
     const RTMGRP_NEIGH: u32 = 4;
-    let (mut conn, _handle, mut messages) =
-        rtnetlink::new_connection().context("open rtnetlink")?;
-    conn.socket_mut()
-        .socket_mut()
-        .bind(&SocketAddr::new(0, RTMGRP_NEIGH))
-        .context("subscribe to neighbour notifications")?;
-    tokio::spawn(conn);
-    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-    tokio::spawn(async move {
-        use futures::StreamExt;
-        while messages.next().await.is_some() {
-            if tx.send(()).is_err() {
-                break;
-            }
-        }
-    });
-    Ok(rx)
+    notifications(RTMGRP_NEIGH, "neighbour")
 }
 
 /// A stream of "some link changed" signals (RTNLGRP_LINK notifications: state, MAC, a device
 /// added or removed), so VRRP instances and static VIPs follow their interface at once instead
 /// of at their next poll. Each item is a wake-up; the caller reads the interface again.
 pub fn link_changes() -> Result<tokio::sync::mpsc::UnboundedReceiver<()>> {
-    use rtnetlink::sys::{AsyncSocket, SocketAddr};
     const RTMGRP_LINK: u32 = 1;
+    notifications(RTMGRP_LINK, "link")
+}
+
+/// One wake-up per rtnetlink notification of the multicast `groups`.
+fn notifications(groups: u32, what: &str) -> Result<tokio::sync::mpsc::UnboundedReceiver<()>> {
+    use rtnetlink::sys::{AsyncSocket, SocketAddr};
     let (mut conn, _handle, mut messages) =
         rtnetlink::new_connection().context("open rtnetlink")?;
     conn.socket_mut()
         .socket_mut()
-        .bind(&SocketAddr::new(0, RTMGRP_LINK))
-        .context("subscribe to link notifications")?;
+        .bind(&SocketAddr::new(0, groups))
+        .with_context(|| format!("subscribe to {what} notifications"))?;
     tokio::spawn(conn);
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     tokio::spawn(async move {

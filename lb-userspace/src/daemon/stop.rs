@@ -33,26 +33,40 @@ impl Owner {
         let start = Instant::now();
         let forwarding = self.facts.vrrp_master.values().any(|m| *m);
         self.resign_vrrp().await;
+        // The grace counts from the resignation (the priority-0 adverts), as for any move, not
+        // from the end of the BGP step: a slow FRR must not lengthen it, and no grace means
+        // forwarding stops now.
+        let resigned = Instant::now();
+        let grace = Duration::from_millis(self.cfg.handover_grace_ms)
+            .min(STOP_BUDGET.saturating_sub(start.elapsed()));
         // Requests still queued (a reload racing the stop) are answered "stopping" by their
         // dropped reply channels, and nothing new gets in.
         self.close_inbox();
+        if grace.is_zero() {
+            self.end_vrrp_forwarding();
+        }
         self.bgp.stop(BGP_DEADLINE).await;
-        if forwarding {
-            let grace = Duration::from_millis(self.cfg.handover_grace_ms);
-            let left = STOP_BUDGET.saturating_sub(start.elapsed());
-            let grace = grace.min(left);
+        if forwarding && !grace.is_zero() {
             tracing::info!(
                 ?grace,
                 "handover: forwarding for the new owner's clients until the grace ends"
             );
-            tokio::time::sleep(grace).await;
+            tokio::time::sleep_until((resigned + grace).into()).await;
+        }
+        self.end_vrrp_forwarding();
+        if let Some(g) = self.guardian.take() {
+            g.bye();
+        }
+    }
+
+    /// The VRRP VIPs are not forwarded here any more (once is enough; later calls change nothing).
+    fn end_vrrp_forwarding(&mut self) {
+        if self.facts.vrrp_master.is_empty() {
+            return;
         }
         self.facts.vrrp_master.clear();
         if let Err(e) = self.apply() {
             tracing::error!(error = %format!("{e:#}"), "stop: applying the end of VRRP ownership");
-        }
-        if let Some(g) = self.guardian.take() {
-            g.bye();
         }
     }
 
