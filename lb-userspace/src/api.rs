@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 use http_body_util::{BodyExt, Full};
 use hyper::{Method, StatusCode, body::Bytes, server::conn::http1, service::service_fn};
 use hyper_util::rt::{TokioIo, TokioTimer};
@@ -54,8 +54,78 @@ pub struct DrainRequest {
     pub backend: std::net::IpAddr,
 }
 
+/// The query of `GET /v1/flows`: `vip`, `port`, `client`, `client_port`, `limit`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FlowFilter {
+    pub vip: Option<std::net::IpAddr>,
+    pub port: Option<u16>,
+    pub client: Option<std::net::IpAddr>,
+    pub client_port: Option<u16>,
+    /// Most entries returned per table.
+    pub limit: usize,
+}
+
+impl Default for FlowFilter {
+    fn default() -> Self {
+        FlowFilter {
+            vip: None,
+            port: None,
+            client: None,
+            client_port: None,
+            limit: 100,
+        }
+    }
+}
+
+impl FlowFilter {
+    /// Parse `a=b&c=d` (values are addresses and numbers: nothing needs escaping, and a
+    /// field it does not know is refused by name).
+    pub fn parse(query: &str) -> Result<FlowFilter, String> {
+        let mut f = FlowFilter::default();
+        for pair in query.split('&').filter(|p| !p.is_empty()) {
+            let (k, v) = pair
+                .split_once('=')
+                .ok_or_else(|| format!("{pair:?}: want name=value"))?;
+            let bad = |what: &str| format!("{k}: {v:?} is not {what}");
+            match k {
+                "vip" => f.vip = Some(v.parse().map_err(|_| bad("an IP address"))?),
+                "client" => f.client = Some(v.parse().map_err(|_| bad("an IP address"))?),
+                "port" => f.port = Some(v.parse().map_err(|_| bad("a port"))?),
+                "client_port" => f.client_port = Some(v.parse().map_err(|_| bad("a port"))?),
+                "limit" => f.limit = v.parse().map_err(|_| bad("a number"))?,
+                _ => {
+                    return Err(format!(
+                        "{k}: unknown (want vip, port, client, client_port, limit)"
+                    ));
+                }
+            }
+        }
+        Ok(f)
+    }
+
+    /// The query string for [`FlowFilter::parse`].
+    pub fn query(&self) -> String {
+        let mut q = vec![format!("limit={}", self.limit)];
+        if let Some(a) = self.vip {
+            q.push(format!("vip={a}"));
+        }
+        if let Some(p) = self.port {
+            q.push(format!("port={p}"));
+        }
+        if let Some(a) = self.client {
+            q.push(format!("client={a}"));
+        }
+        if let Some(p) = self.client_port {
+            q.push(format!("client_port={p}"));
+        }
+        q.join("&")
+    }
+}
+
 #[derive(Clone, Debug)]
 pub enum Request {
+    /// Connection-table and flow-cache entries.
+    Flows(FlowFilter),
     Backends,
     Vips,
     Stats,
@@ -67,6 +137,8 @@ pub enum Request {
     Drain(DrainRequest),
     Undrain(DrainRequest),
     Reload,
+    /// lbd's version (answered without the owner).
+    Version,
     Healthz,
     Readyz,
     Metrics,
@@ -117,7 +189,13 @@ pub trait Handler: Send + Sync + 'static {
     -> impl std::future::Future<Output = Response> + Send;
 }
 
-fn route(method: &Method, path: &str, body: &[u8], full_api: bool) -> Result<Request, Response> {
+fn route(
+    method: &Method,
+    path: &str,
+    query: Option<&str>,
+    body: &[u8],
+    full_api: bool,
+) -> Result<Request, Response> {
     let parse = |b: &[u8]| {
         serde_json::from_slice::<DrainRequest>(b).map_err(|e| {
             Response::error(
@@ -141,6 +219,11 @@ fn route(method: &Method, path: &str, body: &[u8], full_api: bool) -> Result<Req
         (&Method::GET, "/v1/stats") => Request::Stats,
         (&Method::GET, "/v1/vrrp") => Request::Vrrp,
         (&Method::GET, "/v1/bgp") => Request::Bgp,
+        (&Method::GET, "/v1/version") => Request::Version,
+        (&Method::GET, "/v1/flows") => Request::Flows(
+            FlowFilter::parse(query.unwrap_or(""))
+                .map_err(|e| Response::error(400, format!("query: {e}")))?,
+        ),
         (&Method::POST, "/v1/bgp/drain") => Request::BgpDrain(true),
         (&Method::POST, "/v1/bgp/undrain") => Request::BgpDrain(false),
         (&Method::POST, "/v1/backends/drain") => Request::Drain(parse(body)?),
@@ -184,7 +267,13 @@ where
                 ),
                 Ok(Ok(body)) => {
                     let body = body.to_bytes();
-                    match route(&parts.method, parts.uri.path(), &body, full_api) {
+                    match route(
+                        &parts.method,
+                        parts.uri.path(),
+                        parts.uri.query(),
+                        &body,
+                        full_api,
+                    ) {
                         Ok(r) => handler.handle(r).await,
                         Err(resp) => resp,
                     }
@@ -323,6 +412,47 @@ pub async fn serve_tcp_on<H: Handler>(
     .await
 }
 
+/// Why a call to lbd failed: lbctl's exit code tells "not reachable" from "refused".
+#[derive(Debug, thiserror::Error)]
+pub enum CallError {
+    /// No lbd listens on the socket (missing, refused, permission denied).
+    #[error("connect to lbd at {socket} (is lbd running? see --socket): {error}")]
+    Unreachable {
+        socket: String,
+        error: std::io::Error,
+    },
+    /// Connected, but no answer in time: a wedged lbd.
+    #[error(
+        "lbd at {socket} did not answer {path} within {timeout:?} (is it wedged? see its log; --timeout sets the limit)"
+    )]
+    Timeout {
+        socket: String,
+        path: String,
+        timeout: std::time::Duration,
+    },
+    /// lbd answered with an error status: the command was refused.
+    #[error("lbd answered {status} {reason}: {message}")]
+    Refused {
+        status: u16,
+        /// The status's canonical reason ("Unprocessable Entity").
+        reason: &'static str,
+        message: String,
+    },
+    /// The connection broke, or the answer was not what this lbctl understands.
+    #[error("{0:#}")]
+    Protocol(anyhow::Error),
+}
+
+impl CallError {
+    /// lbd could not be asked at all (as opposed to: it answered no).
+    pub fn unreachable(&self) -> bool {
+        matches!(
+            self,
+            CallError::Unreachable { .. } | CallError::Timeout { .. }
+        )
+    }
+}
+
 /// The client `lbctl` uses.
 pub struct Client {
     socket: std::path::PathBuf,
@@ -345,19 +475,67 @@ impl Client {
         self
     }
 
+    /// A JSON endpoint as untyped JSON (the text endpoints `/metrics`, `/healthz`, `/readyz`
+    /// as a JSON string).
     pub async fn call(
         &self,
         method: Method,
         path: &str,
         body: Option<String>,
-    ) -> Result<serde_json::Value> {
+    ) -> Result<serde_json::Value, CallError> {
+        let text = self.text(method, path, body).await?;
+        if matches!(path, "/metrics" | "/healthz" | "/readyz") {
+            return Ok(serde_json::Value::String(text));
+        }
+        serde_json::from_str(&text).map_err(|e| {
+            CallError::Protocol(anyhow::anyhow!("lbd's answer to {path} is not JSON: {e}"))
+        })
+    }
+
+    /// A JSON endpoint read into its row type (crate::status).
+    pub async fn get<T: serde::de::DeserializeOwned>(&self, path: &str) -> Result<T, CallError> {
+        self.typed(Method::GET, path, None).await
+    }
+
+    /// A POST whose answer is read into `T`.
+    pub async fn post<T: serde::de::DeserializeOwned>(
+        &self,
+        path: &str,
+        body: Option<String>,
+    ) -> Result<T, CallError> {
+        self.typed(Method::POST, path, body).await
+    }
+
+    async fn typed<T: serde::de::DeserializeOwned>(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<String>,
+    ) -> Result<T, CallError> {
+        let text = self.text(method, path, body).await?;
+        let de = &mut serde_json::Deserializer::from_str(&text);
+        serde_path_to_error::deserialize(de).map_err(|e| {
+            CallError::Protocol(anyhow::anyhow!(
+                "lbd's answer to {path} does not read as this lbctl's {} ({e}): is lbd another version? (lbctl version)",
+                std::any::type_name::<T>().rsplit("::").next().unwrap_or("row")
+            ))
+        })
+    }
+
+    /// The body of a successful answer.
+    pub async fn text(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<String>,
+    ) -> Result<String, CallError> {
         match tokio::time::timeout(self.timeout, self.call_inner(method, path, body)).await {
             Ok(r) => r,
-            Err(_) => bail!(
-                "lbd at {} did not answer {path} within {:?} (is it wedged? see its log; --timeout sets the limit)",
-                self.socket.display(),
-                self.timeout
-            ),
+            Err(_) => Err(CallError::Timeout {
+                socket: self.socket.display().to_string(),
+                path: path.to_string(),
+                timeout: self.timeout,
+            }),
         }
     }
 
@@ -366,39 +544,40 @@ impl Client {
         method: Method,
         path: &str,
         body: Option<String>,
-    ) -> Result<serde_json::Value> {
+    ) -> Result<String, CallError> {
         let stream = tokio::net::UnixStream::connect(&self.socket)
             .await
-            .with_context(|| {
-                format!(
-                    "connect to lbd at {} (is lbd running? see --socket)",
-                    self.socket.display()
-                )
+            .map_err(|error| CallError::Unreachable {
+                socket: self.socket.display().to_string(),
+                error,
             })?;
-        let (mut sender, conn) =
-            hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
+        let proto = |e: hyper::Error| CallError::Protocol(e.into());
+        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+            .await
+            .map_err(proto)?;
         tokio::spawn(conn);
         let req = hyper::Request::builder()
             .method(method)
             .uri(path)
             .header(hyper::header::HOST, "lbd")
             .header(hyper::header::CONTENT_TYPE, "application/json")
-            .body(Full::new(Bytes::from(body.unwrap_or_default())))?;
-        let resp = sender.send_request(req).await?;
+            .body(Full::new(Bytes::from(body.unwrap_or_default())))
+            .map_err(|e| CallError::Protocol(e.into()))?;
+        let resp = sender.send_request(req).await.map_err(proto)?;
         let status = resp.status();
-        let bytes = resp.into_body().collect().await?.to_bytes();
+        let bytes = resp.into_body().collect().await.map_err(proto)?.to_bytes();
         let text = String::from_utf8_lossy(&bytes).to_string();
         if !status.is_success() {
-            let msg = serde_json::from_str::<serde_json::Value>(&text)
-                .ok()
-                .and_then(|v| v.get("error").and_then(|e| e.as_str()).map(str::to_owned))
+            let message = serde_json::from_str::<crate::status::ErrorRow>(&text)
+                .map(|e| e.error)
                 .unwrap_or(text);
-            bail!("lbd answered {status}: {msg}");
+            return Err(CallError::Refused {
+                status: status.as_u16(),
+                reason: status.canonical_reason().unwrap_or(""),
+                message,
+            });
         }
-        if matches!(path, "/metrics" | "/healthz" | "/readyz") {
-            return Ok(serde_json::Value::String(text));
-        }
-        serde_json::from_str(&text).with_context(|| format!("lbd's answer to {path} is not JSON"))
+        Ok(text)
     }
 }
 
@@ -432,29 +611,32 @@ mod tests {
 
     #[test]
     fn routes() {
-        let r = route(&Method::GET, "/v1/backends", b"", true).ok().unwrap();
+        let r = route(&Method::GET, "/v1/backends", None, b"", true)
+            .ok()
+            .unwrap();
         assert!(matches!(r, Request::Backends));
         let r = route(
             &Method::POST,
             "/v1/backends/drain",
+            None,
             br#"{"vip":"api","backend":"10.0.0.1"}"#,
             true,
         )
         .ok()
         .unwrap();
         assert!(matches!(r, Request::Drain(d) if d.vip == "api"));
-        let e = route(&Method::POST, "/v1/backends/drain", b"{}", true)
+        let e = route(&Method::POST, "/v1/backends/drain", None, b"{}", true)
             .err()
             .unwrap();
         assert_eq!(e.status, 400);
-        let e = route(&Method::GET, "/v1/backends", b"", false)
+        let e = route(&Method::GET, "/v1/backends", None, b"", false)
             .err()
             .unwrap();
         assert_eq!(
             e.status, 404,
             "the TCP listener serves probes and metrics only"
         );
-        assert!(route(&Method::GET, "/metrics", b"", false).is_ok());
+        assert!(route(&Method::GET, "/metrics", None, b"", false).is_ok());
     }
 
     struct Ok200;

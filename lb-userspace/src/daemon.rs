@@ -23,6 +23,7 @@ mod bgp;
 mod churn;
 mod conntrack;
 mod fate;
+mod flows;
 pub mod front;
 mod lock;
 pub mod owner;

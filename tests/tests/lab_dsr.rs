@@ -184,19 +184,19 @@ fn api_socket_metrics_and_probes() {
         .filter(|l| !l.starts_with('#') && !l.is_empty())
     {
         assert!(
-            line.starts_with("lb_"),
-            "metric without the lb_ prefix: {line}"
+            line.starts_with("lbd_") || line.starts_with("process_"),
+            "metric without the lbd_ prefix: {line}"
         );
     }
     let forwarded: u64 = metrics
         .lines()
-        .find(|l| l.starts_with("lb_xdp_packets_total{reason=\"forwarded\"}"))
+        .find(|l| l.starts_with("lbd_xdp_packets_total{reason=\"forwarded\"}"))
         .and_then(|l| l.split_whitespace().last()?.parse().ok())
         .expect("forwarded counter");
     assert!(forwarded >= 200 * 3, "{forwarded}");
     let new_flows: u64 = metrics
         .lines()
-        .filter(|l| l.starts_with("lb_backend_new_flows_total{vip=\"web4\""))
+        .filter(|l| l.starts_with("lbd_backend_new_flows_total{vip=\"web4\""))
         .filter_map(|l| l.split_whitespace().last()?.parse::<u64>().ok())
         .sum();
     // One new flow per connection (a retransmitted SYN would count again: allow a few).
@@ -205,7 +205,7 @@ fn api_socket_metrics_and_probes() {
         "new flows counted per backend: {new_flows}"
     );
     assert!(
-        metrics.contains("lb_backend_up{vip=\"web6\""),
+        metrics.contains("lbd_backend_up{vip=\"web6\""),
         "per-backend health for every VIP"
     );
 

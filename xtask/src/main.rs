@@ -358,6 +358,75 @@ fn libraries(bin: &Path) -> Result<Vec<PathBuf>> {
     Ok(libs)
 }
 
+/// A CycloneDX SBOM of what `package` links: every crate reached from it through normal
+/// dependencies (build scripts' and tests' crates are not in the binaries), by name, version and
+/// package URL, from `cargo metadata`'s resolved graph. Pure: the caller runs cargo.
+fn sbom(metadata: &serde_json::Value, package: &str) -> Result<serde_json::Value> {
+    use std::collections::{BTreeMap, BTreeSet};
+    let nodes: BTreeMap<&str, &serde_json::Value> = metadata["resolve"]["nodes"]
+        .as_array()
+        .context("metadata without resolve.nodes")?
+        .iter()
+        .filter_map(|n| Some((n["id"].as_str()?, n)))
+        .collect();
+    let packages: BTreeMap<&str, &serde_json::Value> = metadata["packages"]
+        .as_array()
+        .context("metadata without packages")?
+        .iter()
+        .filter_map(|p| Some((p["id"].as_str()?, p)))
+        .collect();
+    let root = packages
+        .iter()
+        .find(|(_, p)| p["name"] == package)
+        .map(|(id, _)| *id)
+        .with_context(|| format!("no package {package}"))?;
+    let mut seen = BTreeSet::new();
+    let mut todo = vec![root];
+    while let Some(id) = todo.pop() {
+        if !seen.insert(id) {
+            continue;
+        }
+        for d in nodes
+            .get(id)
+            .and_then(|n| n["deps"].as_array())
+            .into_iter()
+            .flatten()
+        {
+            let normal = d["dep_kinds"]
+                .as_array()
+                .is_some_and(|k| k.iter().any(|k| k["kind"].is_null()));
+            if normal && let Some(pkg) = d["pkg"].as_str() {
+                todo.push(pkg);
+            }
+        }
+    }
+    let component = |id: &str| {
+        let p = packages[id];
+        let (name, version) = (
+            p["name"].as_str().unwrap_or(""),
+            p["version"].as_str().unwrap_or(""),
+        );
+        let mut c = serde_json::json!({
+            "type": if id == root { "application" } else { "library" },
+            "bom-ref": id,
+            "name": name,
+            "version": version,
+            "purl": format!("pkg:cargo/{name}@{version}"),
+        });
+        if let Some(l) = p["license"].as_str() {
+            c["licenses"] = serde_json::json!([{"expression": l}]);
+        }
+        c
+    };
+    Ok(serde_json::json!({
+        "bomFormat": "CycloneDX",
+        "specVersion": "1.5",
+        "version": 1,
+        "metadata": {"component": component(root)},
+        "components": seen.iter().filter(|id| **id != root).map(|id| component(id)).collect::<Vec<_>>(),
+    }))
+}
+
 /// Build the image and the manifests that name it by digest. Returns the image reference.
 fn image(debug: bool) -> Result<String> {
     setup()?;
@@ -396,6 +465,27 @@ fn image(debug: bool) -> Result<String> {
         // Copy the file a symlink names, under the name the binaries ask for.
         std::fs::copy(lib, &dst).with_context(|| format!("copy {}", lib.display()))?;
     }
+    step("image: SBOM of the crates in lbd and lbctl (CycloneDX, from cargo metadata)");
+    let host = output(Command::new("rustc").arg("-vV"))
+        .and_then(|v| {
+            v.lines()
+                .find_map(|l| l.strip_prefix("host: ").map(str::to_owned))
+        })
+        .context("rustc -vV")?;
+    let meta = output(cargo().args([
+        "metadata",
+        "--format-version",
+        "1",
+        "--locked",
+        "--filter-platform",
+        &host,
+    ]))
+    .context("cargo metadata")?;
+    let bom = serde_json::to_string_pretty(&sbom(&serde_json::from_str(&meta)?, "lb-userspace")?)?;
+    // Next to the image for a pipeline, and in it for a scanner of the image.
+    std::fs::write(dir.join("sbom.cdx.json"), &bom)?;
+    std::fs::create_dir_all(rootfs.join("usr/share/sbom"))?;
+    std::fs::write(rootfs.join("usr/share/sbom/lb.cdx.json"), &bom)?;
     // Mount points the manifests use, so the runtime never has to create them in the image.
     for d in ["etc/lb", "run/lbd", "sys/fs/bpf", "proc", "dev", "tmp"] {
         std::fs::create_dir_all(rootfs.join(d))?;
@@ -493,6 +583,34 @@ fn main() -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::root;
+
+    /// The SBOM holds what the binaries link (normal dependencies, transitively) and not what
+    /// only builds or tests them.
+    #[test]
+    fn sbom_follows_normal_dependencies_only() {
+        let dep = |pkg: &str, kind: Option<&str>| serde_json::json!({"pkg": pkg, "dep_kinds": [{"kind": kind, "target": null}]});
+        let pkg = |id: &str, name: &str| serde_json::json!({"id": id, "name": name, "version": "1.0.0", "license": "MIT"});
+        let meta = serde_json::json!({
+            "packages": [pkg("app", "lb-userspace"), pkg("a", "serde"), pkg("b", "itoa"),
+                         pkg("c", "aya-build"), pkg("d", "rcgen")],
+            "resolve": {"nodes": [
+                {"id": "app", "deps": [dep("a", None), dep("c", Some("build")), dep("d", Some("dev"))]},
+                {"id": "a", "deps": [dep("b", None)]},
+                {"id": "b", "deps": []}, {"id": "c", "deps": []}, {"id": "d", "deps": []},
+            ]},
+        });
+        let bom = super::sbom(&meta, "lb-userspace").unwrap();
+        let names: Vec<&str> = bom["components"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c["name"].as_str().unwrap())
+            .collect();
+        assert_eq!(names, ["serde", "itoa"]);
+        assert_eq!(bom["metadata"]["component"]["name"], "lb-userspace");
+        assert_eq!(bom["components"][0]["purl"], "pkg:cargo/serde@1.0.0");
+        assert!(super::sbom(&meta, "nope").is_err());
+    }
 
     /// The tooling never stops processes by name (a host's own keepalived or haproxy would go
     /// too): labs and benches signal the pids they spawned.

@@ -257,7 +257,7 @@ impl Vtysh {
 }
 
 /// One BGP session as `lbctl bgp status` shows it.
-#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, serde::Deserialize)]
 pub struct Session {
     pub peer: String,
     pub asn: u32,

@@ -46,7 +46,7 @@ pub fn drain_marker(cfg: &Config) -> std::path::PathBuf {
 }
 
 /// `lbctl bgp status`.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, serde::Deserialize)]
 pub struct Status {
     pub enabled: bool,
     pub asn: Option<u32>,
@@ -60,7 +60,7 @@ pub struct Status {
     pub last_error: Option<String>,
 }
 
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, serde::Deserialize)]
 pub struct PrefixStatus {
     pub prefix: String,
     pub vips: Vec<String>,
@@ -271,80 +271,4 @@ pub async fn frr_has_instance(applied: &BgpConfig) -> Result<bool> {
         );
     }
     Ok(missing.is_empty())
-}
-
-/// `lbctl bgp status` as text (from the API's JSON).
-pub fn status_text(v: &serde_json::Value) -> String {
-    use std::fmt::Write;
-    let mut o = String::new();
-    if v["enabled"] != true {
-        return "BGP not configured (no [[bgp]] section)\n".into();
-    }
-    let _ = writeln!(
-        o,
-        "local AS {}   node {}   BFD detection {} ms",
-        v["asn"],
-        if v["node_drained"] == true {
-            "DRAINED"
-        } else {
-            "in service"
-        },
-        v["bfd_detect_ms"]
-    );
-    if let Some(e) = v["sessions_error"].as_str() {
-        let _ = writeln!(o, "sessions: cannot read from FRR: {e}");
-    }
-    let _ = writeln!(
-        o,
-        "\n{:<28} {:<8} {:<12} {:<10} {:<6} {:<6} BFD",
-        "PEER", "AS", "STATE", "UP", "V4", "V6"
-    );
-    for s in v["sessions"].as_array().into_iter().flatten() {
-        let peer = match s["description"].as_str() {
-            Some(d) => format!("{} ({d})", s["peer"].as_str().unwrap_or("?")),
-            None => s["peer"].as_str().unwrap_or("?").to_string(),
-        };
-        let _ = writeln!(
-            o,
-            "{:<28} {:<8} {:<12} {:<10} {:<6} {:<6} {}",
-            peer,
-            s["asn"],
-            s["state"].as_str().unwrap_or("?"),
-            s["uptime"].as_str().unwrap_or("-"),
-            s["sent_v4"],
-            s["sent_v6"],
-            s["bfd"].as_str().unwrap_or("?")
-        );
-    }
-    let _ = writeln!(
-        o,
-        "\n{:<24} {:<10} {:<16} REASON",
-        "PREFIX", "STATE", "VIPS"
-    );
-    for p in v["prefixes"].as_array().into_iter().flatten() {
-        let state = match (p["announce"] == true, p["installed"] == true) {
-            (true, true) => "announced",
-            (true, false) => "pending",
-            (false, true) => "withdrawing",
-            (false, false) => "withdrawn",
-        };
-        let vips: Vec<&str> = p["vips"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(|x| x.as_str())
-            .collect();
-        let _ = writeln!(
-            o,
-            "{:<24} {:<10} {:<16} {}",
-            p["prefix"].as_str().unwrap_or("?"),
-            state,
-            vips.join(","),
-            p["reason"].as_str().unwrap_or("")
-        );
-    }
-    if let Some(e) = v["last_error"].as_str() {
-        let _ = writeln!(o, "\nlast error: {e}");
-    }
-    o
 }

@@ -81,26 +81,30 @@ enum XdpModeArg {
 /// Info, except one target: netlink-packet-route 0.25 (the newest that rtnetlink 0.18 takes)
 /// warns on every link dump of a kernel whose IFLA_INET6_CONF grew past what it knows ("expecting
 /// 236, got 240" on 6.x). The extra bytes are IPv6 sysctls we never read, so the warning is
-/// noise that reads as trouble; errors from that module still show. LB_LOG overrides it all.
+/// noise that reads as trouble; errors from that module still show. LB_LOG, else RUST_LOG,
+/// overrides it all.
 const DEFAULT_LOG_FILTER: &str = "info,netlink_packet_route::link::buffer_tool=error";
+
+/// The log filter: `LB_LOG`, else the Rust ecosystem's `RUST_LOG`, else the default. A filter
+/// that does not parse is reported and the default used (lbd still starts and logs).
+fn log_filter() -> (tracing_subscriber::EnvFilter, Option<String>) {
+    for var in ["LB_LOG", "RUST_LOG"] {
+        if let Ok(text) = std::env::var(var) {
+            return match tracing_subscriber::EnvFilter::try_new(&text) {
+                Ok(f) => (f, None),
+                Err(e) => (
+                    tracing_subscriber::EnvFilter::new(DEFAULT_LOG_FILTER),
+                    Some(format!("{var}={text:?}: {e}; using {DEFAULT_LOG_FILTER:?}")),
+                ),
+            };
+        }
+    }
+    (tracing_subscriber::EnvFilter::new(DEFAULT_LOG_FILTER), None)
+}
 
 fn main() -> std::process::ExitCode {
     let mut cli = Cli::parse();
-    // A directory of rendered configs without this node's: `lbd run` waits for it (up, not
-    // ready, saying why) instead of exiting into a crash loop.
-    let mut waiting_for_config = None;
-    match lb_userspace::render::node_config_path(&cli.config) {
-        Ok(p) => cli.config = p,
-        Err(e) if cli.config.is_dir() && matches!(cli.command, None | Some(Command::Run)) => {
-            waiting_for_config = Some(e.to_string());
-        }
-        Err(e) => {
-            eprintln!("lbd: {e}");
-            return std::process::ExitCode::FAILURE;
-        }
-    }
-    let filter = tracing_subscriber::EnvFilter::try_from_env("LB_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(DEFAULT_LOG_FILTER));
+    let (filter, bad_filter) = log_filter();
     match cli.log_format {
         LogFormat::Human => tracing_subscriber::fmt()
             .with_env_filter(filter)
@@ -111,6 +115,29 @@ fn main() -> std::process::ExitCode {
             .with_env_filter(filter)
             .with_writer(std::io::stderr)
             .init(),
+    }
+    if let Some(why) = bad_filter {
+        tracing::warn!("log filter refused: {why}");
+    }
+    // From here on fatal errors go through the logger, so that a JSON log stays JSON.
+    let interactive = matches!(cli.command, Some(Command::Check | Command::Teardown));
+    let fatal = |e: &anyhow::Error| {
+        if interactive {
+            eprintln!("lbd: {e:#}");
+        } else {
+            tracing::error!(error = %format!("{e:#}"), "lbd stopped on an error");
+        }
+        std::process::ExitCode::FAILURE
+    };
+    // A directory of rendered configs without this node's: `lbd run` waits for it (up, not
+    // ready, saying why) instead of exiting into a crash loop.
+    let mut waiting_for_config = None;
+    match lb_userspace::render::node_config_path(&cli.config) {
+        Ok(p) => cli.config = p,
+        Err(e) if cli.config.is_dir() && matches!(cli.command, None | Some(Command::Run)) => {
+            waiting_for_config = Some(e.to_string());
+        }
+        Err(e) => return fatal(&anyhow::anyhow!("{e}")),
     }
     // A container's PID 1: the VIP guardian runs the daemon as its child (see guardian::init).
     if std::process::id() == 1 && matches!(cli.command, None | Some(Command::Run)) {
@@ -175,9 +202,6 @@ fn main() -> std::process::ExitCode {
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("lbd: {e:#}");
-            std::process::ExitCode::FAILURE
-        }
+        Err(e) => fatal(&e),
     }
 }

@@ -34,12 +34,12 @@ impl ConntrackCount {
         self.entries.load(Relaxed)
     }
 
-    pub fn snapshot(&self) -> serde_json::Value {
-        serde_json::json!({
-            "entries": self.entries.load(Relaxed),
-            "counted_at_unix_ms": self.counted_at_unix_ms.load(Relaxed),
-            "walk_ms": self.walk_ms.load(Relaxed),
-        })
+    pub fn snapshot(&self) -> crate::status::ConntrackCountRow {
+        crate::status::ConntrackCountRow {
+            entries: self.entries.load(Relaxed),
+            counted_at_unix_ms: self.counted_at_unix_ms.load(Relaxed),
+            walk_ms: self.walk_ms.load(Relaxed),
+        }
     }
 
     /// Walk the pinned map once (blocking; run it off the async threads).

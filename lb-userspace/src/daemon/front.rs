@@ -77,11 +77,28 @@ impl Front {
     }
 }
 
+impl Front {
+    async fn flows(&self, f: api::FlowFilter) -> Response {
+        let view = match self.ask(Msg::FlowsView, QUERY_DEADLINE).await {
+            Ok(v) => v,
+            Err(r) => return r,
+        };
+        // The walk is one syscall per key: beside the owner, never in its loop.
+        match tokio::task::spawn_blocking(move || super::flows::walk(&view, &f)).await {
+            Ok(Ok(rows)) => Response::json(&rows),
+            Ok(Err(e)) => Response::error(500, format!("read the flow maps: {e:#}")),
+            Err(e) => Response::error(500, format!("flow walk: {e}")),
+        }
+    }
+}
+
 impl api::Handler for Front {
     async fn handle(self: &Arc<Self>, req: Request) -> Response {
         match req {
             Request::Healthz => self.healthz(),
+            Request::Version => Response::json(&crate::status::VersionRow::this()),
             Request::Bgp => self.bgp().await,
+            Request::Flows(f) => self.flows(f).await,
             req => {
                 let deadline = match req {
                     Request::Reload => RELOAD_DEADLINE,

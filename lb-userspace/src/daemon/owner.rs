@@ -36,6 +36,9 @@ pub enum Msg {
     /// `lbctl bgp status`: the config and the BGP worker's last status (the sessions are read
     /// beside the owner, through vtysh).
     BgpView(oneshot::Sender<(Config, crate::bgp::Status)>),
+    /// `lbctl flows`: where the maps are pinned and what each backend slot holds (the maps are
+    /// walked beside the owner).
+    FlowsView(oneshot::Sender<super::flows::FlowsView>),
     /// A VRRP instance's forwarding changed (through the handover grace). `id` names the
     /// instance's incarnation: a message from one a reload replaced is ignored. `done` is
     /// answered once the data plane forwards accordingly.
@@ -281,6 +284,9 @@ impl Owner {
             Msg::BgpView(reply) => {
                 let _ = reply.send((self.cfg.clone(), self.bgp.status()));
             }
+            Msg::FlowsView(reply) => {
+                let _ = reply.send(self.flows_view());
+            }
             Msg::Ownership {
                 name,
                 id,
@@ -319,6 +325,7 @@ impl Owner {
                 Request::Vrrp => Response::json(&self.vrrp_status()),
                 // Answered by the front (its sessions come from vtysh, beside the owner).
                 Request::Bgp => Response::error(500, "BGP status is answered by the front"),
+                Request::Flows(_) => Response::error(500, "flows are answered by the front"),
                 Request::BgpDrain(drained) => Response::json(&self.set_node_drained(drained)?),
                 Request::Drain(d) => {
                     self.set_drained(&d.vip, d.backend, true)?;
@@ -336,6 +343,7 @@ impl Owner {
                 },
                 // Answered by the front from the loop's tick.
                 Request::Healthz => Response::text(200, "ok\n".into()),
+                Request::Version => Response::json(&crate::status::VersionRow::this()),
                 Request::Readyz => {
                     let (status, text) = self.readyz();
                     Response::text(status, text)

@@ -3,11 +3,12 @@
 
 use anyhow::Result;
 
-use super::{BackendRow, CheckRow, VipRow, format_mac, owner::Owner};
+use super::{format_mac, owner::Owner};
 use crate::{
     dataplane::vip_key,
     metrics,
     plan::{self, BackendPlan},
+    status::{BackendRow, CheckRow, StatsRow, SynFloodRow, VipRow},
 };
 
 impl Owner {
@@ -44,7 +45,7 @@ impl Owner {
                     vip_name: v.name.clone(),
                     vip: v.address,
                     port,
-                    protocol: v.protocol.name(),
+                    protocol: v.protocol.name().into(),
                     backend: r.addr,
                     mac: if r.local {
                         "local".into()
@@ -52,7 +53,7 @@ impl Owner {
                         r.mac.map(|m| format_mac(&m)).unwrap_or_default()
                     },
                     weight: r.weight,
-                    state: r.state.as_str(),
+                    state: r.state.as_str().into(),
                     reason: r.reason.clone(),
                     local: r.local,
                     packets: traffic.packets,
@@ -79,7 +80,7 @@ impl Owner {
                 name: v.name.clone(),
                 vip: v.address,
                 port,
-                protocol: v.protocol.name(),
+                protocol: v.protocol.name().into(),
                 owned: plan::owned(&g.cfg, i, &g.facts),
                 vrrp: v.vrrp.clone(),
                 backends_active: rows
@@ -95,26 +96,54 @@ impl Owner {
         Ok(out)
     }
 
-    pub(super) fn stats(&self) -> Result<serde_json::Value> {
+    pub(super) fn stats(&self) -> Result<StatsRow> {
         let g = self;
-        let counters: serde_json::Map<String, serde_json::Value> =
-            g.dp.global_stats()?
+        let flood = g.dp.flood_status()?;
+        Ok(StatsRow {
+            interface: g.cfg.interface.clone(),
+            ready: self.readyz().0 == 200,
+            uptime_s: self.shared.uptime().as_secs(),
+            conntrack_entries: self.conntrack.entries(),
+            conntrack_count: self.conntrack.snapshot(),
+            conntrack_size: g.cfg.conntrack_size,
+            syn_flood: SynFloodRow {
+                new_connections_per_s: flood.new_connections_per_s,
+                conntrack_size: flood.conntrack_size,
+                threshold_per_s: flood.threshold_per_s,
+                active: flood.active,
+            },
+            table_size: g.cfg.table_size,
+            reloads: g.reloads,
+            reload_failures: g.reload_failures,
+            last_reload_error: g.last_reload_error.clone(),
+            counters: g
+                .dp
+                .global_stats()?
                 .into_iter()
-                .map(|(k, v)| (k.to_string(), v.into()))
-                .collect();
-        Ok(serde_json::json!({
-            "interface": g.cfg.interface,
-            "uptime_s": self.shared.uptime().as_secs(),
-            "conntrack_entries": self.conntrack.entries(),
-            "conntrack_count": self.conntrack.snapshot(),
-            "conntrack_size": g.cfg.conntrack_size,
-            "syn_flood": g.dp.flood_status()?,
-            "table_size": g.cfg.table_size,
-            "reloads": g.reloads,
-            "reload_failures": g.reload_failures,
-            "last_reload_error": g.last_reload_error,
-            "counters": counters,
-        }))
+                .map(|(k, v)| (k.to_string(), v))
+                .collect(),
+        })
+    }
+
+    /// Each installed backend slot (aliases included): its pair and current epoch.
+    pub(super) fn flows_view(&self) -> super::flows::FlowsView {
+        let mut view = super::flows::FlowsView {
+            pin_dir: super::load_options(&self.cfg).pin_dir(),
+            ..Default::default()
+        };
+        for (i, port) in self.cfg.services() {
+            let v = &self.cfg.vips[i];
+            for b in self
+                .dp
+                .installed(&vip_key(v.address, port, v.protocol.number()))
+            {
+                for id in std::iter::once(b.id).chain(b.aliases.iter().copied()) {
+                    view.slots
+                        .insert(id, (v.name.clone(), b.spec.addr, b.epoch));
+                }
+            }
+        }
+        view
     }
 
     pub(super) fn metrics(&self) -> Result<String> {

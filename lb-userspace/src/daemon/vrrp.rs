@@ -194,36 +194,36 @@ impl Owner {
         peers
     }
 
-    pub(super) fn vrrp_status(&self) -> serde_json::Value {
-        let list: Vec<serde_json::Value> = self
-            .vrrp
+    pub(super) fn vrrp_status(&self) -> Vec<crate::status::VrrpRow> {
+        self.vrrp
             .iter()
             .map(|h| {
                 let ready = plan::lb_ready(&self.cfg, &h.cfg.name, &self.rows);
-                let mut v = serde_json::to_value(h.instance.status()).unwrap_or_default();
-                let tracks: Vec<serde_json::Value> = self
+                let tracks = self
                     .cfg
                     .track
                     .iter()
                     .filter(|t| t.instance == h.cfg.name)
-                    .map(|t| {
-                        serde_json::json!({
-                            "name": t.name,
-                            "weight": t.weight,
-                            "check": t.address.map(|a| a.to_string()).unwrap_or_else(|| "load balancer ready".into()),
-                            "passing": match t.address {
-                                Some(_) => self.tracks.get(&t.name).copied().unwrap_or(false),
-                                None => ready,
-                            },
-                        })
+                    .map(|t| crate::status::TrackRow {
+                        name: t.name.clone(),
+                        weight: t.weight,
+                        check: t
+                            .address
+                            .map(|a| a.to_string())
+                            .unwrap_or_else(|| "load balancer ready".into()),
+                        passing: match t.address {
+                            Some(_) => self.tracks.get(&t.name).copied().unwrap_or(false),
+                            None => ready,
+                        },
                     })
                     .collect();
-                v["tracks"] = tracks.into();
-                v["track_weight"] = h.weight.weight.into();
-                v["track_fault"] = h.weight.fault.into();
-                v
+                crate::status::VrrpRow {
+                    instance: h.instance.status(),
+                    tracks,
+                    track_weight: h.weight.weight,
+                    track_fault: h.weight.fault,
+                }
             })
-            .collect();
-        list.into()
+            .collect()
     }
 }

@@ -1,9 +1,10 @@
-//! One health probe: TCP connect, optionally TLS, `GET path`, read the status line. One
-//! deadline covers all of it, so a slow, hanging or garbage-speaking backend costs at most
-//! `timeout_ms` of its own task's time and nothing of anyone else's.
+//! One health probe: TCP connect, optionally TLS, `GET path` through hyper's HTTP/1.1 client
+//! connection, judge the status. One deadline covers all of it, so a slow, hanging or
+//! garbage-speaking backend costs at most `timeout_ms` of its own task's time and nothing of
+//! anyone else's.
 //!
-//! The response is judged on its status line alone; the body is never read, and the connection
-//! is dropped right after (the request says `Connection: close`).
+//! The response is judged on its status alone; the body is never read, and the connection is
+//! dropped right after (the request says `Connection: close`).
 
 use std::fmt;
 use std::future::Future;
@@ -12,19 +13,19 @@ use std::net::SocketAddr;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
+use http_body_util::Empty;
+use hyper::{body::Bytes, client::conn::http1};
+use hyper_util::rt::TokioIo;
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::crypto::CryptoProvider;
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use rustls::{ClientConfig, DigitallySignedStruct, SignatureScheme};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 use tokio::time::{Instant, timeout_at};
 use tokio_rustls::TlsConnector;
 
 use super::config::{CheckKind, HealthConfig, StatusRange};
-
-/// Longest status line accepted; real ones are ~20 bytes.
-const MAX_STATUS_LINE: usize = 512;
 
 /// Where a probe was when it failed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -78,8 +79,9 @@ pub struct ProbeSpec {
     pub addr: SocketAddr,
     pub timeout: Duration,
     pub expect: StatusRange,
-    /// The request bytes for `http`/`https`.
-    request: Vec<u8>,
+    /// The request's path and `Host` header for `http`/`https`.
+    path: String,
+    host: String,
     /// Name sent as TLS SNI; `None` sends none (rustls never sends an IP address as SNI).
     sni: Option<ServerName<'static>>,
     /// See `Target::gate`: connected to first, within the same timeout.
@@ -97,19 +99,13 @@ impl ProbeSpec {
             Some(ServerName::DnsName(n)) => format!("{}:{}", n.as_ref(), addr.port()),
             _ => addr.to_string(),
         };
-        let request = format!(
-            "GET {} HTTP/1.1\r\nHost: {host}\r\nUser-Agent: lb-health/{}\r\nAccept: */*\r\n\
-             Connection: close\r\n\r\n",
-            cfg.path,
-            env!("CARGO_PKG_VERSION"),
-        )
-        .into_bytes();
         Self {
             kind: cfg.kind,
             addr,
             timeout: Duration::from_millis(cfg.timeout_ms),
             expect: cfg.expect_status,
-            request,
+            path: cfg.path.clone(),
+            host,
             sni,
             gate: None,
         }
@@ -159,34 +155,78 @@ impl ProbeSpec {
         }
     }
 
-    async fn exchange<S: AsyncRead + AsyncWrite + Unpin>(
+    /// The request hyper sends.
+    fn request(&self) -> Result<hyper::Request<Empty<Bytes>>, ProbeFailure> {
+        hyper::Request::get(self.path.as_str())
+            .header(hyper::header::HOST, self.host.as_str())
+            .header(
+                hyper::header::USER_AGENT,
+                concat!("lb-health/", env!("CARGO_PKG_VERSION")),
+            )
+            .header(hyper::header::ACCEPT, "*/*")
+            .header(hyper::header::CONNECTION, "close")
+            .body(Empty::new())
+            .map_err(|e| ProbeFailure::Io {
+                stage: Stage::Request,
+                error: e.to_string(),
+            })
+    }
+
+    async fn exchange<S: AsyncRead + AsyncWrite + Send + Unpin + 'static>(
         &self,
-        mut s: S,
+        s: S,
         deadline: Instant,
         started: Instant,
     ) -> Result<(), ProbeFailure> {
-        let io_err = |stage| {
-            move |e: io::Error| ProbeFailure::Io {
-                stage,
-                error: e.to_string(),
-            }
-        };
-        within(deadline, started, Stage::Request, async {
-            s.write_all(&self.request).await?;
-            s.flush().await
-        })
+        let request = self.request()?;
+        let (mut sender, conn) = within(
+            deadline,
+            started,
+            Stage::Request,
+            http1::handshake::<_, Empty<Bytes>>(TokioIo::new(s)),
+        )
         .await?
-        .map_err(io_err(Stage::Request))?;
-        let status = within(deadline, started, Stage::Response, read_status(&mut s))
-            .await?
-            .map_err(|e| match e {
-                ReadError::Io(e) => io_err(Stage::Response)(e),
-                ReadError::Probe(p) => p,
-            })?;
+        .map_err(|e| ProbeFailure::Io {
+            stage: Stage::Request,
+            error: e.to_string(),
+        })?;
+        // The connection is driven here, not spawned: it ends with the probe (dropped at the
+        // deadline or after the status), so a hanging backend leaves nothing running.
+        let mut conn = std::pin::pin!(conn);
+        let exchange = async {
+            let resp = sender.send_request(request);
+            let mut resp = std::pin::pin!(resp);
+            let r = tokio::select! {
+                biased;
+                r = &mut resp => r,
+                r = &mut conn => match r {
+                    Err(e) => Err(e),
+                    // The connection is done (`Connection: close`): the answer, if any, is
+                    // already in; without one this is an error.
+                    Ok(()) => resp.await,
+                },
+            };
+            r.map(|r| r.status().as_u16()).map_err(|e| failure(&e))
+        };
+        let status = within(deadline, started, Stage::Response, exchange).await??;
         if self.expect.contains(status) {
             Ok(())
         } else {
             Err(ProbeFailure::BadStatus(status))
+        }
+    }
+}
+
+/// What hyper's error means for the operator.
+fn failure(e: &hyper::Error) -> ProbeFailure {
+    if e.is_parse() || e.is_parse_status() || e.is_parse_too_large() {
+        ProbeFailure::Garbage(e.to_string())
+    } else if e.is_incomplete_message() || e.is_canceled() {
+        ProbeFailure::Closed
+    } else {
+        ProbeFailure::Io {
+            stage: Stage::Response,
+            error: e.to_string(),
         }
     }
 }
@@ -204,69 +244,6 @@ async fn within<T>(
             stage,
             after_ms: started.elapsed().as_millis() as u64,
         })
-}
-
-enum ReadError {
-    Io(io::Error),
-    Probe(ProbeFailure),
-}
-
-/// Read until the end of the status line (or enough to tell it is not one) and parse it.
-async fn read_status<S: AsyncRead + Unpin>(s: &mut S) -> Result<u16, ReadError> {
-    let mut buf = [0u8; MAX_STATUS_LINE];
-    let mut len = 0;
-    loop {
-        let n = s.read(&mut buf[len..]).await.map_err(ReadError::Io)?;
-        let eof = n == 0;
-        len += n;
-        let got = &buf[..len];
-        // Reject early: a peer speaking something else shows it in its first bytes.
-        if !b"HTTP/".starts_with(&got[..got.len().min(5)]) {
-            return Err(ReadError::Probe(garbage(got)));
-        }
-        if let Some(end) = got.iter().position(|&b| b == b'\n') {
-            return parse_status_line(&got[..end]).map_err(ReadError::Probe);
-        }
-        if eof {
-            return Err(ReadError::Probe(if len == 0 {
-                ProbeFailure::Closed
-            } else {
-                garbage(got)
-            }));
-        }
-        if len == buf.len() {
-            return Err(ReadError::Probe(garbage(got)));
-        }
-    }
-}
-
-/// The first bytes of a bad answer, escaped, for the failure reason.
-fn garbage(got: &[u8]) -> ProbeFailure {
-    let shown = &got[..got.len().min(32)];
-    ProbeFailure::Garbage(format!("{:?}", shown.escape_ascii().to_string()))
-}
-
-/// Parse `HTTP/1.x NNN reason` (the line without its `\n`) into the status code.
-pub fn parse_status_line(line: &[u8]) -> Result<u16, ProbeFailure> {
-    let line = line.strip_suffix(b"\r").unwrap_or(line);
-    let bad = || garbage(line);
-    let rest = line.strip_prefix(b"HTTP/").ok_or_else(bad)?;
-    let sp = rest.iter().position(|&b| b == b' ').ok_or_else(bad)?;
-    let (version, rest) = (&rest[..sp], &rest[sp + 1..]);
-    if version.is_empty() || !version.iter().all(|b| b.is_ascii_digit() || *b == b'.') {
-        return Err(bad());
-    }
-    let code = rest.get(..3).ok_or_else(bad)?;
-    if !code.iter().all(u8::is_ascii_digit) || rest.get(3).is_some_and(|&b| b != b' ') {
-        return Err(bad());
-    }
-    let status = code
-        .iter()
-        .fold(0u16, |acc, d| acc * 10 + u16::from(d - b'0'));
-    if !(100..=599).contains(&status) {
-        return Err(bad());
-    }
-    Ok(status)
 }
 
 /// The TLS client settings shared by every HTTPS probe: no certificate verification (health
@@ -345,34 +322,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn status_lines() {
-        assert_eq!(parse_status_line(b"HTTP/1.1 200 OK\r"), Ok(200));
-        assert_eq!(
-            parse_status_line(b"HTTP/1.0 503 Service Unavailable"),
-            Ok(503)
-        );
-        assert_eq!(parse_status_line(b"HTTP/1.1 204"), Ok(204));
-        assert_eq!(parse_status_line(b"HTTP/2 302 Found"), Ok(302));
-        for bad in [
-            &b""[..],
-            b"HTTP/1.1",
-            b"HTTP/1.1 ",
-            b"HTTP/1.1 20",
-            b"HTTP/1.1 2000 OK",
-            b"HTTP/1.1 abc OK",
-            b"HTTP/1.1 099 x",
-            b"HTTP/x.y 200 OK",
-            b"SSH-2.0-OpenSSH_9.6",
-            b"\x16\x03\x01\x00",
-        ] {
-            assert!(
-                matches!(parse_status_line(bad), Err(ProbeFailure::Garbage(_))),
-                "{bad:?}"
-            );
-        }
-    }
-
-    #[test]
     fn spec_uses_the_check_port_and_builds_a_request() {
         let cfg = HealthConfig {
             port: Some(1936),
@@ -380,17 +329,20 @@ mod tests {
         };
         let spec = ProbeSpec::new("10.0.0.5:80".parse().unwrap(), &cfg, None);
         assert_eq!(spec.addr, "10.0.0.5:1936".parse().unwrap());
-        let req = String::from_utf8(spec.request.clone()).unwrap();
-        assert!(req.starts_with("GET /healthz HTTP/1.1\r\nHost: 10.0.0.5:1936\r\n"));
-        assert!(req.ends_with("Connection: close\r\n\r\n"));
+        let req = spec.request().unwrap();
+        assert_eq!(req.uri().path(), "/healthz");
+        assert_eq!(req.headers()["host"], "10.0.0.5:1936");
+        assert_eq!(req.headers()["connection"], "close");
 
         let spec = ProbeSpec::new(
             "[::1]:6443".parse().unwrap(),
             &HealthConfig::default(),
             Some("api.example"),
         );
-        let req = String::from_utf8(spec.request.clone()).unwrap();
-        assert!(req.contains("Host: api.example:6443\r\n"), "{req}");
+        assert_eq!(
+            spec.request().unwrap().headers()["host"],
+            "api.example:6443"
+        );
     }
 
     #[test]

@@ -18,7 +18,7 @@ use super::codec::{Advert, Auth};
 pub const MAX_TRACKED_PEERS: usize = 16;
 
 /// What differed between a peer's advert and our configuration.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub struct Mismatch {
     pub vips: bool,
     pub auth: bool,
@@ -55,7 +55,7 @@ pub fn compare(advert: &Advert, our_vips: &[IpAddr], our_auth: &Auth) -> Mismatc
 }
 
 /// One colliding peer.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub struct Collision {
     pub peer: IpAddr,
     /// What differed the last time.
@@ -69,7 +69,7 @@ pub struct Collision {
 }
 
 /// The collisions one instance has seen.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub struct Collisions {
     pub peers: BTreeMap<IpAddr, Collision>,
     /// Collisions from sources beyond [`MAX_TRACKED_PEERS`].

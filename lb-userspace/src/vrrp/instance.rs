@@ -3,13 +3,14 @@
 //! (adverts, VIPs, announcements). Ownership changes go to the daemon through a
 //! `watch::Receiver<bool>`; the daemon flips the data plane's owned flag.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, Result, anyhow};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, MissedTickBehavior};
@@ -35,7 +36,7 @@ pub const FORWARDING_ACK_WAIT: Duration = Duration::from_millis(300);
 const LINK_POLL: Duration = Duration::from_millis(250);
 
 /// The last state change.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TransitionRecord {
     pub at_unix_ms: u64,
     pub from: State,
@@ -45,7 +46,7 @@ pub struct TransitionRecord {
 
 /// The start of the last dual-master episode (another router kept claiming our VIPs while we
 /// were master; see [`super::split_brain`]).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SplitBrainRecord {
     pub at_unix_ms: u64,
     pub peer: IpAddr,
@@ -54,16 +55,16 @@ pub struct SplitBrainRecord {
     pub stepped_down: bool,
     /// Whether the peer's adverts vote (`ok`) or why they are dropped (e.g. `wrong_version`
     /// during a migration, `not_a_peer`).
-    pub their_adverts: &'static str,
+    pub their_adverts: Cow<'static, str>,
 }
 
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Counters {
     pub adverts_sent: u64,
     pub adverts_received: u64,
     pub send_errors: u64,
     /// Dropped packets per [`DecodeError::reason`].
-    pub drops: BTreeMap<&'static str, u64>,
+    pub drops: BTreeMap<Cow<'static, str>, u64>,
     pub split_brain: u64,
     pub transitions: u64,
     pub became_master: u64,
@@ -79,7 +80,7 @@ pub struct Counters {
 }
 
 /// The last advert that could not be sent.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SendErrorRecord {
     pub at_unix_ms: u64,
     pub dst: IpAddr,
@@ -87,7 +88,7 @@ pub struct SendErrorRecord {
 }
 
 /// `lbctl vrrp status` for one instance.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct InstanceStatus {
     pub name: String,
     pub interface: String,
@@ -193,7 +194,10 @@ impl Instance {
             last_split_brain: None,
             last_send_error: None,
             counters: Counters {
-                drops: DecodeError::ALL.iter().map(|e| (e.reason(), 0)).collect(),
+                drops: DecodeError::ALL
+                    .iter()
+                    .map(|e| (e.reason().into(), 0))
+                    .collect(),
                 ..Counters::default()
             },
             collisions: Collisions::default(),
@@ -606,7 +610,7 @@ impl Runner {
                 peer,
                 peer_priority,
                 stepped_down: false,
-                their_adverts: their,
+                their_adverts: their.into(),
             });
         });
     }
@@ -630,7 +634,7 @@ impl Runner {
     /// Count every drop; log at most one WARN per peer and reason per interval (another VRID on
     /// the link is normal and only counted).
     fn count_drop(&mut self, src: Option<IpAddr>, reason: DecodeError) {
-        self.with_status(|s| *s.counters.drops.entry(reason.reason()).or_insert(0) += 1);
+        self.with_status(|s| *s.counters.drops.entry(reason.reason().into()).or_insert(0) += 1);
         if matches!(reason, DecodeError::OtherVrid) {
             return;
         }

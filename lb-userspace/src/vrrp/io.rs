@@ -13,11 +13,10 @@
 //! binding the socket, which would also filter out multicast on receive; IPv6 sets the source
 //! per packet with `IPV6_PKTINFO` and reads the hop limit and destination from control messages.
 
-use std::ffi::CString;
 use std::io;
 use std::mem::{size_of, zeroed};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 
 use tokio::io::unix::AsyncFd;
 
@@ -56,62 +55,33 @@ impl VrrpSocket {
     pub fn open(ifname: &str, src: IpAddr, multicast: bool) -> io::Result<Self> {
         let ifindex = if_index(ifname)?;
         let v6 = src.is_ipv6();
-        let family = if v6 { libc::AF_INET6 } else { libc::AF_INET };
-        // SAFETY: plain socket(2) call; the result is checked before use.
-        let raw = unsafe {
-            libc::socket(
-                family,
-                libc::SOCK_RAW | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
-                i32::from(IPPROTO_VRRP),
-            )
-        };
-        if raw < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: `raw` is a fresh, valid descriptor we own.
-        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-        let s = fd.as_raw_fd();
-        bind_to_device(s, ifname)?;
+        // Socket options through socket2; the two it has no setter for (IPV6_RECVPKTINFO and
+        // IP_MULTICAST_IF by interface index) through `setsockopt`.
+        let sock = socket2::Socket::new(
+            if v6 {
+                socket2::Domain::IPV6
+            } else {
+                socket2::Domain::IPV4
+            },
+            socket2::Type::RAW.nonblocking().cloexec(),
+            Some(socket2::Protocol::from(i32::from(IPPROTO_VRRP))),
+        )?;
+        sock.bind_device(Some(ifname.as_bytes()))?;
+        let s = sock.as_raw_fd();
         if v6 {
-            setsockopt_int(
-                s,
-                libc::IPPROTO_IPV6,
-                libc::IPV6_MULTICAST_HOPS,
-                i32::from(VRRP_TTL),
-            )?;
-            setsockopt_int(
-                s,
-                libc::IPPROTO_IPV6,
-                libc::IPV6_UNICAST_HOPS,
-                i32::from(VRRP_TTL),
-            )?;
-            setsockopt_int(
-                s,
-                libc::IPPROTO_IPV6,
-                libc::IPV6_TCLASS,
-                i32::from(VRRP_TOS),
-            )?;
-            setsockopt_int(s, libc::IPPROTO_IPV6, libc::IPV6_MULTICAST_LOOP, 0)?;
-            setsockopt_int(
-                s,
-                libc::IPPROTO_IPV6,
-                libc::IPV6_MULTICAST_IF,
-                ifindex as i32,
-            )?;
-            setsockopt_int(s, libc::IPPROTO_IPV6, libc::IPV6_RECVHOPLIMIT, 1)?;
+            sock.set_multicast_hops_v6(u32::from(VRRP_TTL))?;
+            sock.set_unicast_hops_v6(u32::from(VRRP_TTL))?;
+            sock.set_tclass_v6(u32::from(VRRP_TOS))?;
+            sock.set_multicast_loop_v6(false)?;
+            sock.set_multicast_if_v6(ifindex)?;
+            sock.set_recv_hoplimit_v6(true)?;
             setsockopt_int(s, libc::IPPROTO_IPV6, libc::IPV6_RECVPKTINFO, 1)?;
             if multicast {
-                let mreq = libc::ipv6_mreq {
-                    ipv6mr_multiaddr: libc::in6_addr {
-                        s6_addr: codec::MCAST_V6.octets(),
-                    },
-                    ipv6mr_interface: ifindex,
-                };
-                setsockopt(s, libc::IPPROTO_IPV6, libc::IPV6_ADD_MEMBERSHIP, &mreq)?;
+                sock.join_multicast_v6(&codec::MCAST_V6, ifindex)?;
             }
         } else {
-            setsockopt_int(s, libc::IPPROTO_IP, libc::IP_HDRINCL, 1)?;
-            setsockopt_int(s, libc::IPPROTO_IP, libc::IP_MULTICAST_LOOP, 0)?;
+            sock.set_header_included_v4(true)?;
+            sock.set_multicast_loop_v4(false)?;
             let mreq = libc::ip_mreqn {
                 imr_multiaddr: in_addr(codec::MCAST_V4),
                 imr_address: in_addr(Ipv4Addr::UNSPECIFIED),
@@ -122,6 +92,7 @@ impl VrrpSocket {
                 setsockopt(s, libc::IPPROTO_IP, libc::IP_ADD_MEMBERSHIP, &mreq)?;
             }
         }
+        let fd = OwnedFd::from(sock);
         // SAFETY: the OwnedFd is moved in and only closed when the AsyncFd drops it.
         let fd = unsafe { AsyncFd::register(fd) }?;
         Ok(VrrpSocket {
@@ -376,34 +347,19 @@ fn check_len(n: isize) -> io::Result<()> {
 }
 
 pub(crate) fn if_index(ifname: &str) -> io::Result<u32> {
-    let c = CString::new(ifname)
-        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "interface name has a NUL"))?;
-    // SAFETY: `c` is a valid NUL-terminated string.
-    let idx = unsafe { libc::if_nametoindex(c.as_ptr()) };
-    if idx == 0 {
-        return Err(io::Error::new(
+    match nix::net::if_::if_nametoindex(ifname) {
+        Ok(0) | Err(nix::Error::ENODEV) => Err(io::Error::new(
             io::ErrorKind::NotFound,
             format!("interface {ifname:?} not found"),
-        ));
+        )),
+        Ok(idx) => Ok(idx),
+        // A name with a NUL, or a name too long: no interface has it.
+        Err(nix::Error::EINVAL) => Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("interface name {ifname:?} is not valid"),
+        )),
+        Err(e) => Err(io::Error::from(e)),
     }
-    Ok(idx)
-}
-
-pub(crate) fn bind_to_device(s: RawFd, ifname: &str) -> io::Result<()> {
-    // SAFETY: the name buffer is valid for its length.
-    let r = unsafe {
-        libc::setsockopt(
-            s,
-            libc::SOL_SOCKET,
-            libc::SO_BINDTODEVICE,
-            ifname.as_ptr().cast(),
-            ifname.len() as libc::socklen_t,
-        )
-    };
-    if r < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
 }
 
 pub(crate) fn setsockopt<T>(s: RawFd, level: i32, name: i32, value: &T) -> io::Result<()> {
@@ -468,52 +424,21 @@ pub fn interface_info(ifname: &str) -> io::Result<InterfaceInfo> {
         index: if_index(ifname)?,
         ..Default::default()
     };
-    let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
-    // SAFETY: getifaddrs fills `head` with a list we free below; every pointer is checked for
-    // null and each sockaddr is read according to its family.
-    unsafe {
-        if libc::getifaddrs(&mut head) < 0 {
-            return Err(io::Error::last_os_error());
+    for ifa in nix::ifaddrs::getifaddrs()?.filter(|a| a.interface_name == ifname) {
+        use nix::net::if_::InterfaceFlags as F;
+        if ifa.flags.contains(F::IFF_UP) && ifa.flags.contains(F::IFF_RUNNING) {
+            info.up = true;
         }
-        let mut cur = head;
-        while !cur.is_null() {
-            let ifa = &*cur;
-            cur = ifa.ifa_next;
-            if ifa.ifa_name.is_null()
-                || std::ffi::CStr::from_ptr(ifa.ifa_name).to_bytes() != ifname.as_bytes()
-            {
-                continue;
-            }
-            let flags = ifa.ifa_flags as i32;
-            if flags & libc::IFF_UP != 0 && flags & libc::IFF_RUNNING != 0 {
-                info.up = true;
-            }
-            if ifa.ifa_addr.is_null() {
-                continue;
-            }
-            match i32::from((*ifa.ifa_addr).sa_family) {
-                libc::AF_INET => {
-                    let sa = std::ptr::read_unaligned(ifa.ifa_addr.cast::<libc::sockaddr_in>());
-                    info.addrs
-                        .push(IpAddr::V4(Ipv4Addr::from(sa.sin_addr.s_addr.to_ne_bytes())));
-                }
-                libc::AF_INET6 => {
-                    let sa = std::ptr::read_unaligned(ifa.ifa_addr.cast::<libc::sockaddr_in6>());
-                    info.addrs
-                        .push(IpAddr::V6(Ipv6Addr::from(sa.sin6_addr.s6_addr)));
-                }
-                libc::AF_PACKET => {
-                    let sa = std::ptr::read_unaligned(ifa.ifa_addr.cast::<libc::sockaddr_ll>());
-                    if sa.sll_halen == 6 {
-                        let mut mac = [0u8; 6];
-                        mac.copy_from_slice(&sa.sll_addr[..6]);
-                        info.mac = Some(mac);
-                    }
-                }
-                _ => {}
-            }
+        let Some(sa) = ifa.address else { continue };
+        if let Some(a) = sa.as_sockaddr_in() {
+            info.addrs.push(IpAddr::V4(a.ip()));
+        } else if let Some(a) = sa.as_sockaddr_in6() {
+            info.addrs.push(IpAddr::V6(a.ip()));
+        } else if let Some(l) = sa.as_link_addr()
+            && l.halen() == 6
+        {
+            info.mac = l.addr();
         }
-        libc::freeifaddrs(head);
     }
     Ok(info)
 }
@@ -524,45 +449,27 @@ pub fn interface_info(ifname: &str) -> io::Result<InterfaceInfo> {
 pub fn host_addresses() -> io::Result<Vec<(String, super::announce::ListedAddr)>> {
     use super::announce::ListedAddr;
     let mut out = Vec::new();
-    let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
-    // SAFETY: getifaddrs fills `head` with a list freed below; pointers are checked for null
-    // and each sockaddr is read according to its family.
-    unsafe {
-        if libc::getifaddrs(&mut head) < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        let mut cur = head;
-        while !cur.is_null() {
-            let ifa = &*cur;
-            cur = ifa.ifa_next;
-            if ifa.ifa_name.is_null()
-                || ifa.ifa_addr.is_null()
-                || i32::from((*ifa.ifa_addr).sa_family) != libc::AF_INET
-            {
-                continue;
-            }
-            let label = std::ffi::CStr::from_ptr(ifa.ifa_name)
-                .to_string_lossy()
-                .into_owned();
-            let sa = std::ptr::read_unaligned(ifa.ifa_addr.cast::<libc::sockaddr_in>());
-            let prefix_len = if ifa.ifa_netmask.is_null() {
-                32
-            } else {
-                let m = std::ptr::read_unaligned(ifa.ifa_netmask.cast::<libc::sockaddr_in>());
-                u32::from_be_bytes(m.sin_addr.s_addr.to_ne_bytes()).count_ones() as u8
-            };
-            let ifname = label.split(':').next().unwrap_or_default().to_string();
-            out.push((
-                ifname,
-                ListedAddr {
-                    addr: IpAddr::V4(Ipv4Addr::from(sa.sin_addr.s_addr.to_ne_bytes())),
-                    prefix_len,
-                    label: Some(label),
-                    nodad: false,
-                },
-            ));
-        }
-        libc::freeifaddrs(head);
+    for ifa in nix::ifaddrs::getifaddrs()? {
+        let Some(sa) = ifa.address.as_ref().and_then(|a| a.as_sockaddr_in()) else {
+            continue;
+        };
+        let prefix_len = ifa
+            .netmask
+            .as_ref()
+            .and_then(|m| m.as_sockaddr_in())
+            .map_or(32, |m| u32::from(m.ip()).count_ones() as u8);
+        // getifaddrs(3) reports the address label (`eth0:lb`) as the name.
+        let label = ifa.interface_name;
+        let ifname = label.split(':').next().unwrap_or_default().to_string();
+        out.push((
+            ifname,
+            ListedAddr {
+                addr: IpAddr::V4(sa.ip()),
+                prefix_len,
+                label: Some(label),
+                nodad: false,
+            },
+        ));
     }
     // No IPv6 at all (disabled): nothing to add.
     if let Ok(text) = std::fs::read_to_string("/proc/net/if_inet6") {
@@ -611,6 +518,30 @@ impl InterfaceInfo {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Loopback is in every network namespace, up, with 127.0.0.1/8 labelled `lo`.
+    #[test]
+    fn interfaces_and_addresses_of_this_host() {
+        assert_eq!(if_index("lo").unwrap(), interface_info("lo").unwrap().index);
+        let e = if_index("no-such-if0").unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::NotFound, "{e}");
+        assert!(e.to_string().contains("no-such-if0"), "{e}");
+        assert!(if_index("bad\0name").is_err());
+        let lo = interface_info("lo").unwrap();
+        assert!(lo.up);
+        assert!(
+            lo.addrs.contains(&IpAddr::V4(Ipv4Addr::LOCALHOST)),
+            "{lo:?}"
+        );
+        let all = host_addresses().unwrap();
+        assert!(
+            all.iter().any(|(ifname, a)| ifname == "lo"
+                && a.addr == IpAddr::V4(Ipv4Addr::LOCALHOST)
+                && a.prefix_len == 8
+                && a.label.as_deref() == Some("lo")),
+            "{all:?}"
+        );
+    }
 
     fn adv() -> (Advert, Ipv4Addr, Ipv4Addr) {
         let a = Advert {

@@ -26,7 +26,7 @@ pub const ANSWER_GAP: u32 = 4;
 /// Priority that marks the address owner: it becomes master at once and is never preempted.
 pub const OWNER_PRIORITY: u8 = 255;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum State {
     /// Not started, or shut down.

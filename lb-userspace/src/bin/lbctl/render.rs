@@ -1,0 +1,168 @@
+//! `lbctl render` and `lbctl vr-ids`: local commands, no lbd needed.
+
+use std::path::PathBuf;
+
+use anyhow::{Result, anyhow};
+use lb_userspace::render::{self as r, ClusterSpec, to_toml};
+use serde::Serialize;
+
+use crate::{Ctx, output::table};
+
+#[derive(clap::Args, Clone)]
+pub struct Args {
+    /// The cluster description (TOML); see docs/rendering.md.
+    #[arg(long)]
+    cluster: PathBuf,
+    /// Output directory (created if missing).
+    #[arg(long)]
+    out: PathBuf,
+    /// Also write MachineConfigs (99-<pool>-lb.yaml) shipping every node's config and the
+    /// static pod, whose image is this reference (by digest, e.g. from `cargo xtask image`).
+    #[arg(long)]
+    image: Option<String>,
+}
+
+#[derive(Serialize)]
+struct VrIds {
+    cluster: String,
+    api_vrid: u8,
+    ingress_vrid: u8,
+}
+
+pub fn vr_ids(ctx: &Ctx, cluster: String) -> Result<()> {
+    let (api, ingress) = lb_userspace::vrrp::vrids::openshift_vrids(&cluster);
+    let v = VrIds {
+        cluster,
+        api_vrid: api,
+        ingress_vrid: ingress,
+    };
+    ctx.show(&v, |v| {
+        println!(
+            "cluster {}: api VRID {}, ingress VRID {}",
+            v.cluster, v.api_vrid, v.ingress_vrid
+        )
+    })
+}
+
+#[derive(Serialize)]
+struct NodeFile {
+    node: String,
+    path: PathBuf,
+    vips: Vec<String>,
+}
+
+#[derive(Serialize)]
+struct Rendered {
+    cluster: String,
+    api_vrid: u8,
+    ingress_vrid: u8,
+    nodes: Vec<NodeFile>,
+    machine_configs: Vec<PathBuf>,
+}
+
+/// A static pod manifest with its `image:` set to `image`.
+fn with_image(manifest: &str, image: &str) -> String {
+    manifest
+        .lines()
+        .map(|l| match l.split_once("image: ") {
+            Some((indent, _)) if indent.trim().is_empty() => format!("{indent}image: {image}"),
+            _ => l.to_string(),
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+        + "\n"
+}
+
+pub fn run(ctx: &Ctx, a: Args) -> Result<()> {
+    let Args {
+        cluster,
+        out,
+        image,
+    } = a;
+    let spec = ClusterSpec::load(&cluster).map_err(|e| anyhow!("{}: {e}", cluster.display()))?;
+    let rendered = spec
+        .render()
+        .map_err(|e| anyhow!("{}: {e}", cluster.display()))?;
+    std::fs::create_dir_all(&out).map_err(|e| anyhow!("create {}: {e}", out.display()))?;
+    let (api, ingress) = spec.vrids();
+    let mut nodes = Vec::new();
+    for n in &rendered {
+        let path = out.join(format!("{}.toml", n.node));
+        std::fs::write(&path, to_toml(&spec.name, n))
+            .map_err(|e| anyhow!("write {}: {e}", path.display()))?;
+        nodes.push(NodeFile {
+            node: n.node.clone(),
+            path,
+            vips: n.config.vips.iter().map(|v| v.name.clone()).collect(),
+        });
+    }
+    let mut machine_configs = Vec::new();
+    if let Some(image) = image {
+        for pool in ["master", "worker"] {
+            let members: Vec<_> = spec
+                .nodes
+                .iter()
+                .zip(&rendered)
+                .filter(|(n, _)| r::pool(n) == pool)
+                .collect();
+            if members.is_empty() {
+                continue;
+            }
+            let pod = if pool == "master" {
+                include_str!("../../../../deploy/lb-control-plane.yaml")
+            } else {
+                include_str!("../../../../deploy/lb-worker.yaml")
+            };
+            let pod = with_image(pod, &image);
+            let mut files: Vec<(String, String, u32)> = members
+                .iter()
+                .map(|(n, rn)| {
+                    (
+                        format!("{}/{}.toml", r::NODE_CONFIG_DIR, n.name),
+                        to_toml(&spec.name, rn),
+                        0o600,
+                    )
+                })
+                .collect();
+            files.push((r::STATIC_POD_PATH.into(), pod, 0o644));
+            let path = out.join(format!("99-{pool}-lb.yaml"));
+            std::fs::write(&path, r::machine_config(pool, &files))
+                .map_err(|e| anyhow!("write {}: {e}", path.display()))?;
+            machine_configs.push(path);
+        }
+        // Config changes then reach lbd as a file change (it reloads), not a reboot.
+        let path = out.join("99-lb-node-disruption.yaml");
+        std::fs::write(&path, r::node_disruption_policy())
+            .map_err(|e| anyhow!("write {}: {e}", path.display()))?;
+        machine_configs.push(path);
+    }
+    let v = Rendered {
+        cluster: spec.name.clone(),
+        api_vrid: api,
+        ingress_vrid: ingress,
+        nodes,
+        machine_configs,
+    };
+    ctx.show(&v, |v| {
+        println!(
+            "cluster {}: api VRID {}, ingress VRID {}",
+            v.cluster, v.api_vrid, v.ingress_vrid
+        );
+        table(
+            &["NODE", "VIPS", "CONFIG"],
+            v.nodes
+                .iter()
+                .map(|n| {
+                    vec![
+                        n.node.clone(),
+                        n.vips.join(","),
+                        n.path.display().to_string(),
+                    ]
+                })
+                .collect(),
+        );
+        for p in &v.machine_configs {
+            println!("machine config: {}", p.display());
+        }
+    })
+}

@@ -1,0 +1,183 @@
+//! `GET /v1/flows`: the connection table and the flow cache read from their pins, beside the
+//! owner (a walk is one syscall per key), bounded by a match limit. Reading a map never stops
+//! the data plane: the XDP program keeps forwarding and writing while the walk runs, so the
+//! answer is a sample of a moving table, not a snapshot.
+
+use std::{collections::HashMap, net::IpAddr, path::PathBuf};
+
+use anyhow::Result;
+use aya::maps::{Array, HashMap as BpfHashMap, Map, MapData};
+use lb_common::{
+    FAMILY_V4, FlowCacheEntry, FlowKey, FlowValue, LbConfig, flow_cache_check, flow_cache_hash,
+    flow_cache_seed, maps,
+};
+
+use crate::{
+    api::FlowFilter,
+    status::{FlowRow, FlowsRow},
+};
+
+/// Largest `limit` a request may ask for.
+pub const MAX_LIMIT: usize = 10_000;
+
+/// What the owner knows about backend slots: id -> (VIP name, backend, current epoch).
+#[derive(Clone, Debug, Default)]
+pub struct FlowsView {
+    pub pin_dir: PathBuf,
+    pub slots: HashMap<u32, (String, IpAddr, u32)>,
+}
+
+fn addr(bytes: &[u8; 16], family: u8) -> IpAddr {
+    if family == FAMILY_V4 {
+        IpAddr::from([bytes[0], bytes[1], bytes[2], bytes[3]])
+    } else {
+        IpAddr::from(*bytes)
+    }
+}
+
+/// The entry as a row, if the filter keeps it.
+fn row(
+    view: &FlowsView,
+    table: &str,
+    k: &FlowKey,
+    v: &FlowValue,
+    f: &FlowFilter,
+) -> Option<FlowRow> {
+    let (client, vip) = (addr(&k.src, k.family), addr(&k.dst, k.family));
+    let keep = f.vip.is_none_or(|a| a == vip)
+        && f.port.is_none_or(|p| p == k.dport)
+        && f.client.is_none_or(|a| a == client)
+        && f.client_port.is_none_or(|p| p == k.sport);
+    if !keep {
+        return None;
+    }
+    let slot = view.slots.get(&v.backend_id);
+    Some(FlowRow {
+        table: table.into(),
+        client,
+        client_port: k.sport,
+        vip,
+        port: k.dport,
+        protocol: match k.proto {
+            6 => "tcp".into(),
+            17 => "udp".into(),
+            p => p.to_string(),
+        },
+        backend_id: v.backend_id,
+        epoch: v.epoch,
+        vip_name: slot.map(|s| s.0.clone()),
+        backend: slot.map(|s| s.1),
+        current: slot.is_some_and(|s| s.2 == v.epoch),
+    })
+}
+
+/// Walk the pinned maps (blocking: run it off the async threads).
+pub fn walk(view: &FlowsView, f: &FlowFilter) -> Result<FlowsRow> {
+    let limit = f.limit.clamp(1, MAX_LIMIT);
+    let mut out = FlowsRow {
+        flows: Vec::new(),
+        scanned: 0,
+        truncated: false,
+    };
+    let data = MapData::from_pin(view.pin_dir.join(maps::CONNTRACK))?;
+    let ct: BpfHashMap<MapData, FlowKey, FlowValue> = BpfHashMap::try_from(Map::LruHashMap(data))?;
+    // An entry may be evicted between reading its key and its value: skipped, not an error.
+    for k in ct.keys() {
+        let Ok(k) = k else { continue };
+        out.scanned += 1;
+        let Ok(v) = ct.get(&k, 0) else { continue };
+        if let Some(r) = row(view, "conntrack", &k, &v, f) {
+            if out.flows.len() == limit {
+                out.truncated = true;
+                break;
+            }
+            out.flows.push(r);
+        }
+    }
+    // The cache's hash seed, as the program computes it from LB_CONFIG.
+    let data = MapData::from_pin(view.pin_dir.join(maps::CONFIG))?;
+    let config: Array<MapData, LbConfig> = Array::try_from(Map::Array(data))?;
+    let c = config.get(&0, 0)?;
+    let seed = flow_cache_seed(c.hash_seed, c.flow_cache);
+    let data = MapData::from_pin(view.pin_dir.join(maps::FLOW_CACHE))?;
+    let cache: Array<MapData, FlowCacheEntry> = Array::try_from(Map::Array(data))?;
+    let mut cached = Vec::new();
+    for i in 0..cache.len() {
+        let Ok(e) = cache.get(&i, 0) else { continue };
+        // An empty slot; or one read while a CPU rewrote it (its check does not bind the value
+        // to the key): the data plane ignores both.
+        if e.key.family == 0 || flow_cache_check(flow_cache_hash(&e.key, seed), e.value) != e.check
+        {
+            continue;
+        }
+        if let Some(r) = row(view, "cache", &e.key, &e.value, f) {
+            if cached.len() == limit {
+                out.truncated = true;
+                break;
+            }
+            cached.push(r);
+        }
+    }
+    out.flows.extend(cached);
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn filters_and_names() {
+        let mut view = FlowsView::default();
+        view.slots
+            .insert(7, ("api".into(), "10.0.0.21".parse().unwrap(), 3));
+        let k = FlowKey {
+            src: [10, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+            dst: [10, 0, 0, 100, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+            sport: 40000,
+            dport: 6443,
+            proto: 6,
+            family: FAMILY_V4,
+            _pad: [0; 2],
+        };
+        let all = FlowFilter::default();
+        let r = row(
+            &view,
+            "conntrack",
+            &k,
+            &FlowValue {
+                backend_id: 7,
+                epoch: 3,
+            },
+            &all,
+        )
+        .unwrap();
+        assert_eq!(r.client, "10.0.0.1".parse::<IpAddr>().unwrap());
+        assert_eq!(r.vip, "10.0.0.100".parse::<IpAddr>().unwrap());
+        assert_eq!(r.backend, Some("10.0.0.21".parse().unwrap()));
+        assert!(r.current);
+        let stale = row(
+            &view,
+            "conntrack",
+            &k,
+            &FlowValue {
+                backend_id: 7,
+                epoch: 2,
+            },
+            &all,
+        );
+        assert!(!stale.unwrap().current, "an older epoch is stale");
+        let other_vip = FlowFilter {
+            vip: Some("10.0.0.101".parse().unwrap()),
+            ..Default::default()
+        };
+        assert!(row(&view, "conntrack", &k, &FlowValue::default(), &other_vip).is_none());
+        let this_client = FlowFilter {
+            client: Some("10.0.0.1".parse().unwrap()),
+            client_port: Some(40000),
+            port: Some(6443),
+            ..Default::default()
+        };
+        assert!(row(&view, "conntrack", &k, &FlowValue::default(), &this_client).is_some());
+    }
+}
