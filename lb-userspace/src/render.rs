@@ -324,6 +324,7 @@ impl ClusterSpec {
             bgp: Vec::new(),
             failed_backend_hold_ms: crate::config::DEFAULT_FAILED_BACKEND_HOLD_MS,
             socket_lb: true,
+            sync: None,
         };
         // A tracked check of a local port, or (None) of the load balancer's own readiness.
         let track =

@@ -114,6 +114,7 @@ impl Owner {
             "reload_failures": g.reload_failures,
             "last_reload_error": g.last_reload_error,
             "counters": counters,
+            "sync": self.sync.as_ref().map(|s| s.stats.snapshot()),
         }))
     }
 
