@@ -27,7 +27,7 @@ use crate::{
     sync::{
         config::{SyncConfig, read_key},
         replay::{Counter, Refusal, Window},
-        view::{Index, Refused, View},
+        view::{Index, Refused, Skip, View},
         wire::{self, Record, WireError},
     },
 };
@@ -63,6 +63,11 @@ pub struct SyncStats {
     scan_ms: AtomicU64,
     last_scan_unix_ms: AtomicU64,
     exceptions: AtomicU64,
+    /// Entries the last scan looked at (LRU hash and flow cache, one flow may be in both).
+    scanned: AtomicU64,
+    scanned_stale: AtomicU64,
+    scanned_not_forwarded: AtomicU64,
+    scanned_on_slot: AtomicU64,
     sent_entries: AtomicU64,
     sent_datagrams: AtomicU64,
     send_errors: AtomicU64,
@@ -101,6 +106,12 @@ impl SyncStats {
             "scan_ms": g(&self.scan_ms),
             "last_scan_unix_ms": g(&self.last_scan_unix_ms),
             "exceptions": g(&self.exceptions),
+            "scanned": g(&self.scanned),
+            "scanned_not_exceptions": {
+                "stale": g(&self.scanned_stale),
+                "not_forwarded": g(&self.scanned_not_forwarded),
+                "on_slot": g(&self.scanned_on_slot),
+            },
             "sent_entries": g(&self.sent_entries),
             "sent_datagrams": g(&self.sent_datagrams),
             "send_errors": g(&self.send_errors),
@@ -289,17 +300,34 @@ impl Task {
         let found = tokio::task::spawn_blocking(move || {
             let ix = Index::new(&view);
             let pins = pins.lock().unwrap();
-            pins.scan(limit, |k, v| ix.exception(k, v).is_some())
-                .map(|entries| {
-                    entries
-                        .into_iter()
-                        .filter_map(|(k, v)| ix.exception(&k, &v).map(|b| (k, b)))
-                        .collect::<HashMap<FlowKey, IpAddr>>()
-                })
+            let mut scanned = [0u64; 4];
+            pins.scan(limit, |k, v| {
+                let r = ix.classify(k, v);
+                scanned[match r {
+                    Ok(_) => 0,
+                    Err(Skip::Stale) => 1,
+                    Err(Skip::NotForwarded) => 2,
+                    Err(Skip::OnSlot) => 3,
+                }] += 1;
+                r.is_ok()
+            })
+            .map(|entries| {
+                let found = entries
+                    .into_iter()
+                    .filter_map(|(k, v)| ix.exception(&k, &v).map(|b| (k, b)))
+                    .collect::<HashMap<FlowKey, IpAddr>>();
+                (scanned, found)
+            })
         })
         .await;
         let found = match found {
-            Ok(Ok(f)) => f,
+            Ok(Ok((scanned, f))) => {
+                self.stats.scanned.store(scanned.iter().sum(), Relaxed);
+                self.stats.scanned_stale.store(scanned[1], Relaxed);
+                self.stats.scanned_not_forwarded.store(scanned[2], Relaxed);
+                self.stats.scanned_on_slot.store(scanned[3], Relaxed);
+                f
+            }
             Ok(Err(e)) => {
                 tracing::warn!(error = %format!("{e:#}"), "sync: scanning the connection table");
                 self.pins = None; // replaced by a restart's new pins? reopen next time

@@ -36,6 +36,17 @@ pub struct View {
     pub services: Vec<Service>,
 }
 
+/// Why an entry is not an exception.
+#[derive(Debug, PartialEq, Eq, Clone, Copy)]
+pub enum Skip {
+    /// Its pair is gone, out of the set, or not of the flow's service.
+    Stale,
+    /// Its service is not forwarded here (not this node's to share).
+    NotForwarded,
+    /// The live table gives its slot its own pair: any node finds it.
+    OnSlot,
+}
+
 /// Why a received record was not installed.
 #[derive(Debug, PartialEq, Eq, Clone, Copy)]
 pub enum Refused {
@@ -92,17 +103,28 @@ impl<'a> Index<'a> {
     /// set, of the flow's own service), the service is forwarded here, and the live table
     /// gives its slot another pair. Returns the backend's address.
     pub fn exception(&self, key: &FlowKey, value: &FlowValue) -> Option<IpAddr> {
-        let (s, p) = *self.by_id.get(&value.backend_id)?;
+        self.classify(key, value).ok()
+    }
+
+    /// As [`Index::exception`], saying why an entry is not one.
+    pub fn classify(&self, key: &FlowKey, value: &FlowValue) -> Result<IpAddr, Skip> {
+        let (s, p) = *self.by_id.get(&value.backend_id).ok_or(Skip::Stale)?;
         let svc = &self.view.services[s];
         let pair = &svc.pairs[p];
-        if !svc.owned || !pair.in_set || pair.epoch != value.epoch {
-            return None;
+        if !pair.in_set || pair.epoch != value.epoch {
+            return Err(Skip::Stale);
+        }
+        if !svc.owned {
+            return Err(Skip::NotForwarded);
         }
         if self.service_of(key).map(|x| x.key) != Some(svc.key) || svc.table.is_empty() {
-            return None;
+            return Err(Skip::Stale);
         }
         let slot = flow_hash(key, self.view.hash_seed) as usize % svc.table.len();
-        (svc.table[slot] != pair.id).then_some(pair.addr)
+        if svc.table[slot] == pair.id {
+            return Err(Skip::OnSlot);
+        }
+        Ok(pair.addr)
     }
 
     /// Where a peer's record goes here: its service's pair of that backend address, which
