@@ -15,6 +15,7 @@ use serde_json::Value;
 const LABNODE: &str = env!("CARGO_BIN_EXE_labnode");
 const HOLD: u64 = 150;
 const SECS: u64 = 25;
+const HOLD_MS: u64 = 2000;
 
 fn last_json(log: &str) -> Value {
     log.lines()
@@ -36,10 +37,13 @@ fn lab(sync: bool) -> VrrpLab {
     std::fs::write(&key, "lab-cluster-key-0123456789abcdef0123456789\n").unwrap();
     std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
     for i in 0..3 {
-        // No hold: the away backend leaves the set at once (the hold is not what is tested).
-        let mut c = l
-            .config(i)
-            .replacen("\n[[vips]]", "failed_backend_hold_ms = 0\n\n[[vips]]", 1);
+        // A short hold (fate sharing after a crash uses it too), so the away backend leaves the
+        // set soon, as a rebooting node's does.
+        let mut c = l.config(i).replacen(
+            "\n[[vips]]",
+            &format!("failed_backend_hold_ms = {HOLD_MS}\n\n[[vips]]"),
+            1,
+        );
         if sync {
             let peers: Vec<String> = (0..3)
                 .filter(|j| *j != i)
@@ -96,13 +100,28 @@ fn sync_stats(l: &VrrpLab, i: usize) -> Value {
     l.lbctl(i, &["stats"]).map(|v| v["sync"].clone()).unwrap_or(Value::Null)
 }
 
+/// How the owner's node goes.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Move {
+    /// Its lbd stops gracefully (a last flush, then the VIP moves).
+    Sigterm,
+    /// Its lbd crashes: what was synced before is all the peers have.
+    Sigkill,
+    /// The whole node goes: its link down, its lbd killed; its backend's connections go with it.
+    NodeDeath,
+}
+
 struct Outcome {
     survived: u64,
     failed: u64,
+    /// Failed connections by the backend they were on.
+    failed_by_id: Value,
+    /// The node name of the owner that went.
+    owner: String,
     detail: String,
 }
 
-fn upgrade_sequence(sync: bool) -> Outcome {
+fn upgrade_sequence(sync: bool, mv: Move) -> Outcome {
     let mut l = lab(sync);
     let all = [0usize, 1, 2];
     let m = l
@@ -118,6 +137,8 @@ fn upgrade_sequence(sync: bool) -> Outcome {
 
     l.lab.stop(&format!("server-{kn}"), libc::SIGKILL);
     wait_backend(&l, &all, &kaddr, false);
+    // Its hold runs out: it leaves the set (setup, nothing is measured).
+    std::thread::sleep(Duration::from_millis(HOLD_MS + 500));
     let secs = SECS.to_string();
     l.lab.spawn(
         "client",
@@ -155,8 +176,14 @@ fn upgrade_sequence(sync: bool) -> Outcome {
     } else {
         std::thread::sleep(Duration::from_secs(2));
     }
-    // The owner's node is next: SIGTERM of its lbd.
-    l.signal(m, libc::SIGTERM);
+    // The owner's node is next.
+    match mv {
+        Move::Sigterm => {
+            l.signal(m, libc::SIGTERM);
+        }
+        Move::Sigkill => l.stop(m, libc::SIGKILL),
+        Move::NodeDeath => l.fail_node(m),
+    }
     let rest: Vec<usize> = all.iter().copied().filter(|i| *i != m).collect();
     let new_master = l
         .wait_one_master(&rest, Duration::from_secs(20))
@@ -170,8 +197,10 @@ fn upgrade_sequence(sync: bool) -> Outcome {
     Outcome {
         survived: sum(&held["survived_by_id"]),
         failed: sum(&held["failed_by_id"]),
+        failed_by_id: held["failed_by_id"].clone(),
+        owner: l.nodes[m].clone(),
         detail: format!(
-            "sync {sync}: backend of n{} away then back, owner n{} -> n{}; {exceptions} exceptions; long-lived {held}; new owner's sync {new_stats}",
+            "{mv:?}, sync {sync}: backend of n{} away then back, owner n{} -> n{}; {exceptions} exceptions; long-lived {held}; new owner's sync {new_stats}",
             k + 1,
             m + 1,
             new_master + 1
@@ -181,7 +210,7 @@ fn upgrade_sequence(sync: bool) -> Outcome {
 
 #[test]
 fn upgrade_sequence_with_sync_loses_no_connection() {
-    let o = upgrade_sequence(true);
+    let o = upgrade_sequence(true, Move::Sigterm);
     println!("{}", o.detail);
     assert_eq!(
         (o.survived, o.failed),
@@ -196,7 +225,38 @@ fn upgrade_sequence_without_sync_resets_the_exceptions() {
     // The control: the same sequence without sync. The connections whose slot went back to the
     // returning backend are reset by the new owner (if this ever stops failing, the test above
     // proves less than it claims).
-    let o = upgrade_sequence(false);
+    let o = upgrade_sequence(false, Move::Sigterm);
     println!("{}", o.detail);
     assert!(o.failed > 0, "without sync some connections are reset: {}", o.detail);
+}
+
+#[test]
+fn upgrade_sequence_with_a_crash_of_the_owners_lbd_loses_no_connection() {
+    // No last flush: the peers have what the scans after the table change sent.
+    let o = upgrade_sequence(true, Move::Sigkill);
+    println!("{}", o.detail);
+    assert_eq!(
+        (o.survived, o.failed),
+        (HOLD, 0),
+        "every long-lived connection survives: {}",
+        o.detail
+    );
+}
+
+#[test]
+fn upgrade_sequence_with_the_owners_node_dying_loses_only_its_backends_connections() {
+    let o = upgrade_sequence(true, Move::NodeDeath);
+    println!("{}", o.detail);
+    let lost_elsewhere: Vec<(&String, &Value)> = o
+        .failed_by_id
+        .as_object()
+        .map(|m| m.iter().filter(|(id, _)| **id != o.owner).collect())
+        .unwrap_or_default();
+    assert!(
+        lost_elsewhere.is_empty(),
+        "only connections on the dead node's backend ({}) may be lost: {}",
+        o.owner,
+        o.detail
+    );
+    assert!(o.survived > 0, "the others survive: {}", o.detail);
 }
