@@ -28,7 +28,7 @@ use crate::status::{BackendRow, VipRow};
 
 type Labels = Vec<(String, String)>;
 
-fn labels(pairs: &[(&str, String)]) -> Labels {
+pub(crate) fn labels(pairs: &[(&str, String)]) -> Labels {
     pairs
         .iter()
         .map(|(k, v)| (k.to_string(), v.clone()))
@@ -61,7 +61,7 @@ fn register(
     }
 }
 
-fn counter_family(
+pub(crate) fn counter_family(
     r: &mut Registry,
     name: &str,
     help: &str,
@@ -85,7 +85,7 @@ fn counter_family(
     register(r, name, help, unit, f)
 }
 
-fn gauge_family(
+pub(crate) fn gauge_family(
     r: &mut Registry,
     name: &str,
     help: &str,
@@ -329,6 +329,7 @@ pub fn render(
     if let Some(instances) = vrrp.as_array() {
         render_vrrp(&mut r, instances);
     }
+    crate::sync::status::render_metrics(&mut r, &stats["sync"]);
     let mut out = String::new();
     // Writing into a String cannot fail.
     let _ = encode(&mut out, &r);

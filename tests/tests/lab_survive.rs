@@ -93,11 +93,17 @@ fn wait_backend(l: &VrrpLab, running: &[usize], addr: &str, active: bool) {
             })
             .then_some(())
     });
-    assert!(ok.is_some(), "backend {addr} never active={active}\n{}", l.logs());
+    assert!(
+        ok.is_some(),
+        "backend {addr} never active={active}\n{}",
+        l.logs()
+    );
 }
 
 fn sync_stats(l: &VrrpLab, i: usize) -> Value {
-    l.lbctl(i, &["stats"]).map(|v| v["sync"].clone()).unwrap_or(Value::Null)
+    l.lbctl(i, &["stats"])
+        .map(|v| v["sync"].clone())
+        .unwrap_or(Value::Null)
 }
 
 /// How the owner's node goes.
@@ -144,11 +150,24 @@ fn upgrade_sequence(sync: bool, mv: Move) -> Outcome {
         "client",
         "hold",
         LABNODE,
-        &["hold-ids", l.vip, PORT, &HOLD.to_string(), &secs, "200", "8"],
+        &[
+            "hold-ids",
+            l.vip,
+            PORT,
+            &HOLD.to_string(),
+            &secs,
+            "200",
+            "8",
+        ],
     );
     std::thread::sleep(Duration::from_secs(3));
     // It comes back: its slots name it again.
-    l.lab.spawn(&kn, &format!("server2-{kn}"), LABNODE, &["serve-id", PORT, &kn]);
+    l.lab.spawn(
+        &kn,
+        &format!("server2-{kn}"),
+        LABNODE,
+        &["serve-id", PORT, &kn],
+    );
     wait_backend(&l, &all, &kaddr, true);
     let mut exceptions = 0;
     if sync {
@@ -173,6 +192,14 @@ fn upgrade_sequence(sync: bool, mv: Move) -> Outcome {
                 l.logs()
             )
         });
+        // lbctl stats shows it: the node's line and one per peer.
+        let text =
+            String::from_utf8_lossy(&lb_tests::lbctl_output(&l.socket(m), &["stats"]).stdout)
+                .to_string();
+        assert!(
+            text.contains(" exceptions of ") && text.matches("last heard").count() == 2,
+            "lbctl stats:\n{text}"
+        );
     } else {
         std::thread::sleep(Duration::from_secs(2));
     }
@@ -227,7 +254,11 @@ fn upgrade_sequence_without_sync_resets_the_exceptions() {
     // proves less than it claims).
     let o = upgrade_sequence(false, Move::Sigterm);
     println!("{}", o.detail);
-    assert!(o.failed > 0, "without sync some connections are reset: {}", o.detail);
+    assert!(
+        o.failed > 0,
+        "without sync some connections are reset: {}",
+        o.detail
+    );
 }
 
 #[test]

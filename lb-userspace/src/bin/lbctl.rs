@@ -530,6 +530,15 @@ async fn run_once(cli: Cli) -> Result<()> {
                 ] {
                     println!("{k:<20} {}", s(&v, k));
                 }
+                print!(
+                    "{}",
+                    lb_userspace::sync::status::text(
+                        &v["sync"],
+                        std::time::SystemTime::now()
+                            .duration_since(std::time::UNIX_EPOCH)
+                            .map_or(0, |d| d.as_millis() as u64)
+                    )
+                );
                 let f = &v["syn_flood"];
                 println!(
                     "{:<20} {} new connections/s against {} entries (flood mode above {}/s: {})",

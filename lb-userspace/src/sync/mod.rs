@@ -7,5 +7,6 @@
 
 pub mod config;
 pub mod replay;
+pub mod status;
 pub mod view;
 pub mod wire;
