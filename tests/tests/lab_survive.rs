@@ -291,3 +291,106 @@ fn upgrade_sequence_with_the_owners_node_dying_loses_only_its_backends_connectio
     );
     assert!(o.survived > 0, "the others survive: {}", o.detail);
 }
+
+/// The BGP variant: three LB nodes behind an ECMP router (lb3 drained at first), 150
+/// long-lived connections opened while backend b1 is away, b1 back, then lb1 drained and lb3
+/// undrained (the router rehashes flows onto nodes that never saw them).
+fn bgp_sequence(sync: bool) -> (Value, String) {
+    use lb_tests::bgp_lab::{BgpLab, VIP4, child_json};
+    let mut l = BgpLab::with_sync(sync, HOLD_MS);
+    let lbs = ["lb1", "lb2", "lb3"];
+    l.lbctl("lb3", &["bgp", "drain"]).expect("drain lb3");
+    assert!(l.wait_nexthops(2, Duration::from_secs(10)).is_some());
+    let b1 = l.lab.node("b1").v4.clone();
+    let state = |l: &BgpLab, n: &str| -> Option<String> {
+        l.lbctl(n, &["backends", "list"])?
+            .as_array()?
+            .iter()
+            .find(|b| b["backend"] == b1.as_str())
+            .map(|b| b["state"].as_str().unwrap_or("").to_string())
+    };
+    let wait_b1 = |l: &BgpLab, active: bool| {
+        let ok = lb_tests::lab::wait_for(Duration::from_secs(20), || {
+            lbs.iter()
+                .all(|n| state(l, n).is_some_and(|s| (s == "active") == active))
+                .then_some(())
+        });
+        assert!(
+            ok.is_some(),
+            "b1 never active={active}\n{}",
+            l.diagnostics()
+        );
+    };
+    wait_b1(&l, true);
+    l.lab.stop("server-b1", libc::SIGKILL);
+    wait_b1(&l, false);
+    std::thread::sleep(Duration::from_millis(HOLD_MS + 500));
+    let hold = l.client_spawn(&[
+        "hold-ids",
+        VIP4,
+        PORT,
+        &HOLD.to_string(),
+        &SECS.to_string(),
+        "200",
+        "8",
+    ]);
+    std::thread::sleep(Duration::from_secs(3));
+    let labnode = lb_tests::bin_dir().join("labnode");
+    l.lab
+        .spawn("b1", "server2-b1", labnode, &["serve-id", PORT, "b1"]);
+    wait_b1(&l, true);
+    let stats = |n: &str| {
+        l.lbctl(n, &["stats"])
+            .map(|v| v["sync"].clone())
+            .unwrap_or(Value::Null)
+    };
+    if sync {
+        // lb3 saw none of the connections: it has all of lb1's and lb2's exceptions.
+        let ok = lb_tests::lab::wait_for(Duration::from_secs(15), || {
+            let e: u64 = ["lb1", "lb2"]
+                .iter()
+                .map(|n| stats(n)["exceptions"].as_u64().unwrap_or(0))
+                .sum();
+            (e > 0 && stats("lb3")["installed"].as_u64().unwrap_or(0) >= e).then_some(())
+        });
+        assert!(
+            ok.is_some(),
+            "sync never converged: {} {} {}",
+            stats("lb1"),
+            stats("lb2"),
+            stats("lb3")
+        );
+    } else {
+        std::thread::sleep(Duration::from_secs(2));
+    }
+    l.lbctl("lb1", &["bgp", "drain"]).expect("drain lb1");
+    l.lbctl("lb3", &["bgp", "undrain"]).expect("undrain lb3");
+    let ok = lb_tests::lab::wait_for(Duration::from_secs(10), || {
+        let h = l.router_nexthops(VIP4);
+        (h.len() == 2 && !h.contains(&"10.81.0.11".to_string())).then_some(())
+    });
+    assert!(ok.is_some(), "{:?}", l.router_nexthops(VIP4));
+    let held = child_json(hold);
+    let detail = format!(
+        "BGP, sync {sync}: long-lived {held}; lb1 {} lb2 {} lb3 {}",
+        stats("lb1"),
+        stats("lb2"),
+        stats("lb3")
+    );
+    (held, detail)
+}
+
+#[test]
+fn bgp_backend_change_then_node_changes_lose_no_connection_with_sync() {
+    let (held, detail) = bgp_sequence(true);
+    println!("{detail}");
+    assert_eq!(held["failed_by_id"], serde_json::json!({}), "{detail}");
+    assert_eq!(sum(&held["survived_by_id"]), HOLD, "{detail}");
+}
+
+#[test]
+fn bgp_backend_change_then_node_changes_reset_exceptions_without_sync() {
+    let (held, detail) = bgp_sequence(false);
+    println!("{detail}");
+    assert!(sum(&held["failed_by_id"]) > 0, "{detail}");
+}
