@@ -1,6 +1,6 @@
 //! Connections survive a VIP move whatever the backend set did before (issue 21): three lbd
-//! nodes, each an LB and a DSR backend, run the sequence of an OpenShift upgrade. One node's
-//! backend goes away; 150 long-lived connections are opened meanwhile (so some of them sit on
+//! nodes, each an LB and a DSR backend, run the sequence of an OpenShift upgrade. One node
+//! reboots (its backend and its lbd go away); 150 long-lived connections are opened meanwhile (so some of them sit on
 //! the slots that backend owns); it comes back (those slots name it again: the connections are
 //! now exceptions, kept only by the owner's connection table); then the owner's lbd gets
 //! SIGTERM and every connection is used again through the new owner. With the connection sync
@@ -146,8 +146,11 @@ fn upgrade_sequence(sync: bool, mv: Move, ipv6: bool) -> Outcome {
     }
     assert!(l.wait_serving(Duration::from_secs(20)), "{}", l.logs());
 
+    // Node k reboots: its backend and its lbd go away.
     l.lab.stop(&format!("server-{kn}"), libc::SIGKILL);
-    wait_backend(&l, &all, &kaddr, false);
+    l.stop(k, libc::SIGTERM);
+    let others: Vec<usize> = all.iter().copied().filter(|i| *i != k).collect();
+    wait_backend(&l, &others, &kaddr, false);
     // Its hold runs out: it leaves the set (setup, nothing is measured).
     std::thread::sleep(Duration::from_millis(HOLD_MS + 500));
     let secs = SECS.to_string();
@@ -166,13 +169,15 @@ fn upgrade_sequence(sync: bool, mv: Move, ipv6: bool) -> Outcome {
         ],
     );
     std::thread::sleep(Duration::from_secs(3));
-    // It comes back: its slots name it again.
+    // It comes back, lbd and backend: its slots name it again, and its restarted lbd has none
+    // of the owner's exceptions until the owner answers its hello.
     l.lab.spawn(
         &kn,
         &format!("server2-{kn}"),
         LABNODE,
         &["serve-id", PORT, &kn],
     );
+    l.start(k);
     wait_backend(&l, &all, &kaddr, true);
     let mut exceptions = 0;
     if sync {

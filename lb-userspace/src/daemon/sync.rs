@@ -167,6 +167,7 @@ impl SyncHandle {
             windows: HashMap::new(),
             sent: HashMap::new(),
             periodic: 0,
+            full_due: false,
         };
         tokio::spawn(task.run(flush_rx));
         Ok(SyncHandle {
@@ -230,6 +231,8 @@ struct Task {
     /// What the last scan found (and sent): a later scan sends only what changed.
     sent: HashMap<FlowKey, IpAddr>,
     periodic: u64,
+    /// A peer said it just started (`F_HELLO`): the next scan sends everything.
+    full_due: bool,
 }
 
 impl Task {
@@ -243,7 +246,12 @@ impl Task {
                 settle.unwrap_or_else(|| tokio::time::Instant::now() + Duration::from_secs(3600));
             tokio::select! {
                 r = self.sock.recv_from(&mut buf) => match r {
-                    Ok((n, from)) => self.received(&buf[..n], from.ip().to_canonical()),
+                    Ok((n, from)) => {
+                        self.received(&buf[..n], from.ip().to_canonical());
+                        if self.full_due {
+                            settle.get_or_insert(tokio::time::Instant::now() + SETTLE);
+                        }
+                    }
                     Err(e) => tracing::debug!(error = %e, "sync: receive"),
                 },
                 c = self.view.changed() => {
@@ -254,11 +262,13 @@ impl Task {
                 }
                 _ = tokio::time::sleep_until(at), if settle.is_some() => {
                     settle = None;
-                    self.scan(false).await;
+                    let full = std::mem::take(&mut self.full_due);
+                    self.scan(full).await;
                 }
                 _ = tick.tick() => {
                     self.periodic += 1;
-                    self.scan(self.periodic % FULL_EVERY == 1).await;
+                    let full = self.periodic % FULL_EVERY == 1 || std::mem::take(&mut self.full_due);
+                    self.scan(full).await;
                 }
                 f = flush.recv() => match f {
                     Some(done) => {
@@ -356,8 +366,10 @@ impl Task {
         if chunks.is_empty() {
             chunks.push(&[]);
         }
+        // Hello during the first two periods (a peer may miss the first datagrams).
+        let flags = if self.periodic <= 2 { wire::F_HELLO } else { 0 };
         for chunk in chunks {
-            let d = wire::seal(&self.key, self.counter.next(unix_us()), chunk);
+            let d = wire::seal(&self.key, self.counter.next(unix_us()), flags, chunk);
             for peer in self.cfg.peers.clone() {
                 let to = match (peer, self.sock.local_addr().map(|a| a.is_ipv6())) {
                     (IpAddr::V4(v4), Ok(true)) => IpAddr::V6(v4.to_ipv6_mapped()),
@@ -393,7 +405,7 @@ impl Task {
             s.refused_peer.fetch_add(1, Relaxed);
             return;
         }
-        let (seq, records) = match wire::open(&self.key, buf) {
+        let (seq, flags, records) = match wire::open(&self.key, buf) {
             Ok(x) => x,
             Err(WireError::Auth) => {
                 s.refused_auth.fetch_add(1, Relaxed);
@@ -413,6 +425,10 @@ impl Task {
             return;
         }
         s.received_datagrams.fetch_add(1, Relaxed);
+        if flags & wire::F_HELLO != 0 {
+            // A peer that (re)started has none of this node's exceptions.
+            self.full_due = true;
+        }
         s.received_entries.fetch_add(records.len() as u64, Relaxed);
         let mut installed = 0;
         let view = self.view.borrow().clone();

@@ -3,11 +3,12 @@
 //!
 //! ```text
 //! 0      4        5       6       8                  16
-//! | LBS1 | ver 1  | kind 0| count | seq (u64, BE)    | count x 60-byte records | tag (32) |
+//! | LBS1 | ver 1  | flags | count | seq (u64, BE)    | count x 60-byte records | tag (32) |
 //! record: src 16 | dst 16 | sport 2 | dport 2 | proto 1 | family 1 | backend 16 | bfamily 1 | 0 x5
 //! ```
 //!
-//! ring's HMAC (already linked for TLS, through rustls) compares tags in constant time.
+//! Flags: [`F_HELLO`] (the sender started lately and has nothing of its peers: send it
+//! everything). ring's HMAC (already linked for TLS, through rustls) compares tags in constant time.
 
 use std::net::IpAddr;
 
@@ -23,6 +24,8 @@ pub const TAG: usize = 32;
 /// IPv6 and UDP headers included).
 pub const MAX_RECORDS: usize = 22;
 pub const MAX_DATAGRAM: usize = HEADER + MAX_RECORDS * RECORD + TAG;
+/// The sender just started: its peers send it all their exceptions at once.
+pub const F_HELLO: u8 = 1;
 
 /// One connection: its 5-tuple (as the connection table keys it) and its backend's address.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -37,7 +40,7 @@ pub enum WireError {
     Size,
     /// The tag does not match: not from a holder of the cluster key, or altered.
     Auth,
-    /// Authentic but of another version or kind.
+    /// Authentic but of another version, or with flags this version does not know.
     Version,
     /// Authentic, but a record is not a TCP/UDP flow of a known family.
     Record,
@@ -69,12 +72,12 @@ fn addr_of(b: &[u8], family: u8) -> Option<IpAddr> {
 }
 
 /// One datagram of at most [`MAX_RECORDS`] records, numbered `seq`, signed with `key`.
-pub fn seal(key: &hmac::Key, seq: u64, records: &[Record]) -> Vec<u8> {
+pub fn seal(key: &hmac::Key, seq: u64, flags: u8, records: &[Record]) -> Vec<u8> {
     assert!(records.len() <= MAX_RECORDS);
     let mut out = Vec::with_capacity(HEADER + records.len() * RECORD + TAG);
     out.extend_from_slice(&MAGIC);
     out.push(VERSION);
-    out.push(0);
+    out.push(flags);
     out.extend_from_slice(&(records.len() as u16).to_be_bytes());
     out.extend_from_slice(&seq.to_be_bytes());
     for r in records {
@@ -95,14 +98,14 @@ pub fn seal(key: &hmac::Key, seq: u64, records: &[Record]) -> Vec<u8> {
     out
 }
 
-/// Check a datagram's tag, then read it: its number and records.
-pub fn open(key: &hmac::Key, buf: &[u8]) -> Result<(u64, Vec<Record>), WireError> {
+/// Check a datagram's tag, then read it: its number, flags and records.
+pub fn open(key: &hmac::Key, buf: &[u8]) -> Result<(u64, u8, Vec<Record>), WireError> {
     if buf.len() < HEADER + TAG || buf.len() > MAX_DATAGRAM {
         return Err(WireError::Size);
     }
     let (body, tag) = buf.split_at(buf.len() - TAG);
     hmac::verify(key, body, tag).map_err(|_| WireError::Auth)?;
-    if body[..4] != MAGIC || body[4] != VERSION || body[5] != 0 {
+    if body[..4] != MAGIC || body[4] != VERSION || body[5] & !F_HELLO != 0 {
         return Err(WireError::Version);
     }
     let count = u16::from_be_bytes([body[6], body[7]]) as usize;
@@ -135,7 +138,7 @@ pub fn open(key: &hmac::Key, buf: &[u8]) -> Result<(u64, Vec<Record>), WireError
             backend,
         });
     }
-    Ok((seq, out))
+    Ok((seq, body[5], out))
 }
 
 #[cfg(test)]
@@ -175,16 +178,20 @@ mod tests {
     fn a_sealed_datagram_opens_to_what_was_sealed() {
         let k = key(&[7; 32]);
         let recs: Vec<Record> = (0..MAX_RECORDS as u8).map(|i| rec(i, i % 2 == 0)).collect();
-        let d = seal(&k, 42, &recs);
+        let d = seal(&k, 42, 0, &recs);
         assert!(d.len() <= MAX_DATAGRAM && d.len() <= 1400);
-        assert_eq!(open(&k, &d), Ok((42, recs)));
-        assert_eq!(open(&k, &seal(&k, 1, &[])), Ok((1, vec![])));
+        assert_eq!(open(&k, &d), Ok((42, 0, recs)));
+        assert_eq!(
+            open(&k, &seal(&k, 1, F_HELLO, &[])),
+            Ok((1, F_HELLO, vec![]))
+        );
+        assert_eq!(open(&k, &seal(&k, 1, 2, &[])), Err(WireError::Version));
     }
 
     #[test]
     fn another_key_or_any_changed_byte_is_refused() {
         let k = key(&[7; 32]);
-        let d = seal(&k, 42, &[rec(1, false), rec(2, true)]);
+        let d = seal(&k, 42, 0, &[rec(1, false), rec(2, true)]);
         assert_eq!(open(&key(&[8; 32]), &d), Err(WireError::Auth));
         for i in 0..d.len() {
             let mut m = d.clone();
@@ -200,9 +207,9 @@ mod tests {
         let k = key(&[7; 32]);
         let mut r = rec(1, false);
         r.key.proto = 1;
-        assert_eq!(open(&k, &seal(&k, 1, &[r])), Err(WireError::Record));
+        assert_eq!(open(&k, &seal(&k, 1, 0, &[r])), Err(WireError::Record));
         let mut r = rec(1, false);
         r.key.src[8] = 1; // an IPv4 key with bytes past the address
-        assert_eq!(open(&k, &seal(&k, 1, &[r])), Err(WireError::Record));
+        assert_eq!(open(&k, &seal(&k, 1, 0, &[r])), Err(WireError::Record));
     }
 }
