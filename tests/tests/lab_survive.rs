@@ -202,14 +202,17 @@ fn upgrade_sequence(sync: bool, mv: Move, ipv6: bool) -> Outcome {
                 l.logs()
             )
         });
-        // lbctl stats shows it: the node's line and one per peer.
-        let text =
+        // lbctl stats shows it: the node's line and one per peer (the rebooted one is heard
+        // from after its first scan with its services in place).
+        let text = || {
             String::from_utf8_lossy(&lb_tests::lbctl_output(&l.socket(m), &["stats"]).stdout)
-                .to_string();
-        assert!(
-            text.contains(" exceptions of ") && text.matches("last heard").count() == 2,
-            "lbctl stats:\n{text}"
-        );
+                .to_string()
+        };
+        let shown = lb_tests::lab::wait_for(Duration::from_secs(10), || {
+            let t = text();
+            (t.contains(" exceptions of ") && t.matches("last heard").count() == 2).then_some(())
+        });
+        assert!(shown.is_some(), "lbctl stats:\n{}", text());
     } else {
         std::thread::sleep(Duration::from_secs(2));
     }
