@@ -514,3 +514,54 @@ fn a_drain_then_crash_loses_the_exceptions_no_scan_sent() {
     println!("{}", o.detail);
     assert!(o.failed > 0, "{}", o.detail);
 }
+
+/// Send `n` UDP datagrams of `len` bytes (an authentic-looking header, a tag of garbage) from
+/// `node` to `to`'s sync port.
+fn send_forged(l: &VrrpLab, node: &str, to: &str, n: usize, len: usize) {
+    let script = format!(
+        "import socket\ns=socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\nfor i in range({n}):\n    s.sendto(b'LBS1\\x01\\x00\\x00\\x00' + bytes(8) + bytes([i % 256]) * {}, ('{to}', 1940))\n",
+        len - 16
+    );
+    let out = l
+        .lab
+        .cmd(node, "python3")
+        .args(["-c", &script])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn outsiders_and_holders_of_another_key_cannot_write_a_connection_table() {
+    let l = lab(true, false, 1000);
+    let all = [0usize, 1, 2];
+    let m = l
+        .wait_one_master(&all, Duration::from_secs(20))
+        .unwrap_or_else(|| panic!("no master\n{}", l.logs()));
+    let target = l.addr(&l.nodes[m].clone());
+    let peer = l.nodes[(m + 1) % 3].clone();
+    let before = sync_stats(&l, m);
+    // From a host that is no peer, and from a peer's address without the key.
+    send_forged(&l, "client", &target, 20, 16 + 60 + 32);
+    send_forged(&l, &peer, &target, 20, 16 + 60 + 32);
+    let ok = lb_tests::lab::wait_for(Duration::from_secs(10), || {
+        let s = sync_stats(&l, m);
+        (s["refused"]["not_a_peer"].as_u64()? >= 20 && s["refused"]["auth"].as_u64()? >= 20)
+            .then_some(s)
+    });
+    let s = ok.unwrap_or_else(|| panic!("refusals not counted: {}", sync_stats(&l, m)));
+    assert_eq!(
+        s["installed"], before["installed"],
+        "nothing forged was installed: {s}"
+    );
+    assert_eq!(s["received_entries"], before["received_entries"], "{s}");
+    // The peers' own datagrams still count.
+    assert!(
+        s["received_datagrams"].as_u64().unwrap_or(0) > 0,
+        "the peers are heard: {s}"
+    );
+}
