@@ -145,6 +145,9 @@ pub struct Config {
     /// hooks cannot be attached lbd logs it and runs without them. See docs/architecture.md.
     #[serde(default = "default_true")]
     pub socket_lb: bool,
+    /// Connection sync with the other lbd nodes (see docs/architecture.md, "Connection sync").
+    #[serde(default)]
+    pub sync: Option<crate::sync::config::SyncConfig>,
 }
 
 /// How the network learns that this node serves a VIP.
@@ -426,6 +429,9 @@ impl Config {
                     self.table_size
                 ),
             ));
+        }
+        if let Some(s) = &self.sync {
+            s.validate()?;
         }
         if self.conntrack_size < 1024 {
             return Err(invalid("conntrack_size", "must be at least 1024"));

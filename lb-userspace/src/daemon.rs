@@ -33,6 +33,7 @@ mod reload;
 mod rollback;
 mod stop;
 mod supervise;
+mod sync;
 mod vrrp;
 
 pub use rollback::teardown;

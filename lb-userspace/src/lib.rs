@@ -35,6 +35,7 @@ pub mod plan;
 pub mod render;
 pub mod static_vip;
 pub mod status;
+pub mod sync;
 pub mod vrrp;
 
 /// The XDP object built by build.rs (empty when built without the eBPF toolchain).

@@ -28,7 +28,7 @@ use crate::status::{BackendRow, StatsRow, VipRow, VrrpCounters, VrrpRow, VrrpSta
 
 type Labels = Vec<(String, String)>;
 
-fn labels(pairs: &[(&str, String)]) -> Labels {
+pub(crate) fn labels(pairs: &[(&str, String)]) -> Labels {
     pairs
         .iter()
         .map(|(k, v)| (k.to_string(), v.clone()))
@@ -81,7 +81,7 @@ fn register(
     }
 }
 
-fn counter_family(
+pub(crate) fn counter_family(
     r: &mut Registry,
     name: &str,
     help: &str,
@@ -105,7 +105,7 @@ fn counter_family(
     register(r, name, help, unit, f)
 }
 
-fn gauge_family(
+pub(crate) fn gauge_family(
     r: &mut Registry,
     name: &str,
     help: &str,
@@ -346,6 +346,9 @@ pub fn render(
     );
 
     render_vrrp(r, vrrp);
+    if let Some(sync) = &stats.sync {
+        crate::sync::status::render_metrics(r, sync);
+    }
     let mut out = String::new();
     // Writing into a String cannot fail.
     let _ = encode(&mut out, &root);
@@ -694,6 +697,12 @@ mod tests {
         observe_health_check("track/api-up", "tcp", std::time::Duration::from_millis(1));
         let stats = StatsRow {
             counters: [("forwarded".to_string(), 1)].into(),
+            // With `[sync]`: its families too.
+            sync: Some(serde_json::json!({
+                "exceptions": 1,
+                "refused": {"auth": 1},
+                "peers": [{"address": "192.168.111.22", "lag_ms": 3, "received_entries": 2}],
+            })),
             ..Default::default()
         };
         render(&stats, &vips, &backends, &vrrp_rows())

@@ -439,6 +439,7 @@ impl ClusterSpec {
             bgp: Vec::new(),
             failed_backend_hold_ms: crate::config::DEFAULT_FAILED_BACKEND_HOLD_MS,
             socket_lb: true,
+            sync: None,
         };
         // OpenShift's tracked script `script` of instance `instance` (named `script`, with a
         // `-<i>` suffix for the i-th VIP of a role, track names being unique): a probe of a

@@ -141,6 +141,9 @@ pub struct StatsRow {
     pub last_reload_error: Option<String>,
     /// The XDP program's counters by verdict or reason (lb-common's `stat::NAMES`).
     pub counters: BTreeMap<String, u64>,
+    /// The connection sync (`[sync]`), as `daemon/sync.rs` reports it; absent without one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sync: Option<serde_json::Value>,
 }
 
 /// One tracked check of a VRRP instance.

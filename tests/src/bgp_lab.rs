@@ -37,6 +37,10 @@ const FRR_DAEMONS: [&str; 3] = ["zebra", "bgpd", "bfdd"];
 
 pub struct BgpLab {
     pub lab: Lab,
+    /// The LB nodes sync connections (`[sync]`, one cluster key).
+    sync: bool,
+    /// `failed_backend_hold_ms`, if not the default.
+    hold_ms: Option<u64>,
 }
 
 fn lb_addr(i: usize) -> (String, String) {
@@ -47,6 +51,16 @@ impl BgpLab {
     /// Build the lab and wait until every LB node announces both VIPs and the router has three
     /// ECMP next hops for each.
     pub fn new() -> BgpLab {
+        BgpLab::build(false, None)
+    }
+
+    /// As [`BgpLab::new`], the LB nodes syncing connections or not, with a failed backend's
+    /// flows held `hold_ms`.
+    pub fn with_sync(sync: bool, hold_ms: u64) -> BgpLab {
+        BgpLab::build(sync, Some(hold_ms))
+    }
+
+    fn build(sync: bool, hold_ms: Option<u64>) -> BgpLab {
         let mut lab = Lab::new("bgp");
         let router = lab.add_node("router", "10.81.0.1", "fd81::1");
         for (k, v) in [
@@ -89,7 +103,7 @@ impl BgpLab {
             let l = labnode.to_str().unwrap().to_string();
             lab.spawn(n, &format!("server-{n}"), &l, &["serve-id", PORT, n]);
         }
-        let mut l = BgpLab { lab };
+        let mut l = BgpLab { lab, sync, hold_ms };
         l.start_frr("router", &router_config());
         for n in LB_NODES {
             // The LB nodes' FRR starts empty: lbd configures it.
@@ -225,6 +239,26 @@ impl BgpLab {
             self.pin_name(node),
             self.socket(node)
         );
+        if let Some(h) = self.hold_ms {
+            c += &format!("failed_backend_hold_ms = {h}\n");
+        }
+        if self.sync {
+            let key = self.lab.dir.join("sync.key");
+            if !key.exists() {
+                use std::os::unix::fs::PermissionsExt;
+                std::fs::write(&key, "bgp-lab-cluster-key-0123456789abcdef01234567\n").unwrap();
+                std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+            }
+            let peers: Vec<String> = (0..LB_NODES.len())
+                .filter(|j| *j != i)
+                .map(|j| format!("\"{}\"", lb_addr(j).0))
+                .collect();
+            c += &format!(
+                "\n[sync]\npeers = [{}]\nkey_file = \"{}\"\ninterval_ms = 1000\n",
+                peers.join(", "),
+                key.display()
+            );
+        }
         c += &format!(
             "\n[[bgp]]\nasn = {LB_ASN}\nrouter_id = \"{v4}\"\nvty_socket = \"{}\"\ncommunities = [\"{LB_ASN}:100\"]\n[bgp.bfd]\ntransmit_ms = {BFD_MS}\nreceive_ms = {BFD_MS}\nmultiplier = {BFD_MULT}\n[[bgp.peers]]\naddress = \"10.81.0.1\"\nasn = {ROUTER_ASN}\ndescription = \"router\"\n",
             self.frr_dir(node).display()

@@ -101,6 +101,8 @@ pub struct Owner {
     /// Gives the VRRP VIPs back if this process dies without stopping (`lbd run` only).
     pub(super) guardian: Option<crate::guardian::Guardian>,
     pub(super) conntrack: Arc<conntrack::ConntrackCount>,
+    /// Connection sync with the peers (`[sync]`), if configured.
+    pub(super) sync: Option<super::sync::SyncHandle>,
     pub(super) shared: Arc<Shared>,
     pub(super) tx: mpsc::UnboundedSender<Msg>,
     pub(super) rx: mpsc::UnboundedReceiver<Msg>,
@@ -134,6 +136,13 @@ impl Owner {
                 .pin_dir()
                 .join(lb_common::maps::CONNTRACK),
         );
+        let sync = match &cfg.sync {
+            Some(s) => Some(super::sync::SyncHandle::spawn(
+                s,
+                load_options(&cfg).pin_dir(),
+            )?),
+            None => None,
+        };
         let up = adopt::adopted_up(&cfg, &dp);
         let drained = adopt::adopted_drained(&cfg, &dp);
         let vrrp_master = adopt::adopted_ownership(&cfg, &dp);
@@ -181,6 +190,7 @@ impl Owner {
             gather_again: false,
             guardian: None,
             conntrack,
+            sync,
             shared: shared.clone(),
             tx: tx.clone(),
             rx,
@@ -268,6 +278,7 @@ impl Owner {
 
     fn on_tick(&mut self) {
         self.shared.tick();
+        self.sync_view();
         self.start_gather();
         self.check_vrrp_tasks();
         if let Some(g) = &self.guardian {
@@ -377,6 +388,14 @@ impl Owner {
     pub(super) async fn after_apply(&mut self) {
         self.sync_tracking().await;
         self.sync_bgp();
+        self.sync_view();
+    }
+
+    /// The connection sync learns the services as applied (it scans after a change).
+    pub(super) fn sync_view(&self) {
+        if let Some(s) = &self.sync {
+            s.view(self.dp.sync_view());
+        }
     }
 
     /// A VRRP instance's forwarding changed: apply it (unless the instance was replaced).

@@ -122,6 +122,7 @@ impl Owner {
                 .into_iter()
                 .map(|(k, v)| (k.to_string(), v))
                 .collect(),
+            sync: self.sync.as_ref().map(|s| s.stats.snapshot()),
         })
     }
 

@@ -24,6 +24,8 @@ pub const STOP_BUDGET: Duration = Duration::from_secs(8);
 /// Step 1's share: priority-0 adverts and address removal are one packet and one netlink
 /// message per VIP.
 const VRRP_DEADLINE: Duration = Duration::from_secs(3);
+/// The connection sync's last flush, before step 1.
+const SYNC_FLUSH_DEADLINE: Duration = Duration::from_millis(1000);
 /// Step 2's share.
 const BGP_DEADLINE: Duration = Duration::from_secs(2);
 
@@ -32,6 +34,11 @@ impl Owner {
     pub async fn stop(&mut self) {
         let start = Instant::now();
         let forwarding = self.facts.vrrp_master.values().any(|m| *m);
+        // The peers learn this node's exceptions before one of them takes the VIPs.
+        if let Some(s) = &self.sync {
+            self.sync_view();
+            s.flush(SYNC_FLUSH_DEADLINE).await;
+        }
         self.resign_vrrp().await;
         // The grace counts from the resignation (the priority-0 adverts), as for any move, not
         // from the end of the BGP step: a slow FRR must not lengthen it, and no grace means

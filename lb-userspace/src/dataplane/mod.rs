@@ -24,6 +24,7 @@ pub mod decap;
 mod pins;
 mod pmtu;
 pub mod sock;
+pub mod sync_view;
 mod tables;
 
 use std::{

@@ -43,6 +43,12 @@ fn print(v: &StatsRow) {
         f.threshold_per_s,
         if f.active { "ON" } else { "off" }
     );
+    if let Some(sync) = &v.sync {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        print!("{}", lb_userspace::sync::status::text(sync, now));
+    }
     println!();
     table(
         &["COUNTER", "PACKETS"],

@@ -1,0 +1,471 @@
+//! The connection sync beside the owner (see docs/architecture.md, "Connection sync"): scans
+//! the pinned connection table for exceptions (entries another node could not rebuild from the
+//! shared Maglev table) after each table change and every `interval_ms`, sends them to the
+//! configured peers in authenticated datagrams, and installs the peers' into this node's table.
+//!
+//! The owner hands it the installed services as a [`View`] (after every apply and each tick)
+//! and asks for a last flush when it stops; it reads and writes the connection table through
+//! descriptors of its own, so a scan never holds up the owner.
+
+use std::{
+    collections::{BTreeMap, HashMap},
+    net::{IpAddr, Ipv6Addr, SocketAddr},
+    path::PathBuf,
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicU64, Ordering::Relaxed},
+    },
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context, Result};
+use lb_common::FlowKey;
+use tokio::sync::{mpsc, oneshot, watch};
+
+use crate::{
+    dataplane::sync_view::ConntrackPins,
+    sync::{
+        config::{SyncConfig, read_key},
+        replay::{Counter, Refusal, Window},
+        view::{Index, Refused, Skip, View},
+        wire::{self, Record, WireError},
+    },
+};
+
+/// A table change is scanned this long after it (changes come in bursts).
+const SETTLE: Duration = Duration::from_millis(200);
+/// Every this many periodic scans all exceptions are sent again, not only new ones: a peer
+/// that restarted (or lost datagrams) gets the whole set back within this many intervals.
+const FULL_EVERY: u64 = 5;
+
+fn unix_us() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as u64)
+}
+
+#[derive(Debug, Default, Clone, serde::Serialize)]
+struct PeerStats {
+    sent_datagrams: u64,
+    received_datagrams: u64,
+    received_entries: u64,
+    installed: u64,
+    /// Unix time (ms) of the last authentic datagram from the peer.
+    last_received_unix_ms: u64,
+    /// How old that datagram was when it arrived (ms; clock skew included).
+    lag_ms: u64,
+}
+
+/// Counters for `lbctl stats` and `/metrics`.
+#[derive(Debug, Default)]
+pub struct SyncStats {
+    scans: AtomicU64,
+    scan_ms: AtomicU64,
+    last_scan_unix_ms: AtomicU64,
+    exceptions: AtomicU64,
+    /// Entries the last scan looked at (LRU hash and flow cache, one flow may be in both).
+    scanned: AtomicU64,
+    scanned_stale: AtomicU64,
+    scanned_not_forwarded: AtomicU64,
+    scanned_on_slot: AtomicU64,
+    sent_entries: AtomicU64,
+    sent_datagrams: AtomicU64,
+    send_errors: AtomicU64,
+    received_datagrams: AtomicU64,
+    received_entries: AtomicU64,
+    installed: AtomicU64,
+    already_present: AtomicU64,
+    refused_peer: AtomicU64,
+    refused_auth: AtomicU64,
+    refused_malformed: AtomicU64,
+    refused_replay: AtomicU64,
+    refused_service: AtomicU64,
+    refused_backend: AtomicU64,
+    install_errors: AtomicU64,
+    flushes: AtomicU64,
+    peers: Mutex<BTreeMap<IpAddr, PeerStats>>,
+}
+
+impl SyncStats {
+    pub fn snapshot(&self) -> serde_json::Value {
+        let g = |a: &AtomicU64| a.load(Relaxed);
+        let peers: Vec<serde_json::Value> = self
+            .peers
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(a, p)| {
+                let mut v = serde_json::to_value(p).unwrap_or_default();
+                v["address"] = a.to_string().into();
+                v
+            })
+            .collect();
+        serde_json::json!({
+            "peers": peers,
+            "scans": g(&self.scans),
+            "scan_ms": g(&self.scan_ms),
+            "last_scan_unix_ms": g(&self.last_scan_unix_ms),
+            "exceptions": g(&self.exceptions),
+            "scanned": g(&self.scanned),
+            "scanned_not_exceptions": {
+                "stale": g(&self.scanned_stale),
+                "not_forwarded": g(&self.scanned_not_forwarded),
+                "on_slot": g(&self.scanned_on_slot),
+            },
+            "sent_entries": g(&self.sent_entries),
+            "sent_datagrams": g(&self.sent_datagrams),
+            "send_errors": g(&self.send_errors),
+            "received_datagrams": g(&self.received_datagrams),
+            "received_entries": g(&self.received_entries),
+            "installed": g(&self.installed),
+            "already_present": g(&self.already_present),
+            "install_errors": g(&self.install_errors),
+            "flushes": g(&self.flushes),
+            "refused": {
+                "not_a_peer": g(&self.refused_peer),
+                "auth": g(&self.refused_auth),
+                "malformed": g(&self.refused_malformed),
+                "replay": g(&self.refused_replay),
+                "no_service": g(&self.refused_service),
+                "no_backend": g(&self.refused_backend),
+            },
+        })
+    }
+}
+
+/// The owner's handle on the sync task.
+pub struct SyncHandle {
+    view: watch::Sender<Option<Arc<View>>>,
+    flush: mpsc::Sender<oneshot::Sender<()>>,
+    pub stats: Arc<SyncStats>,
+}
+
+impl SyncHandle {
+    /// Read the key, bind the socket and start the task. A bad key file or a port in use
+    /// refuses lbd's start, naming the field.
+    pub fn spawn(cfg: &SyncConfig, pin_dir: PathBuf) -> Result<SyncHandle> {
+        let secret = read_key(&cfg.key_file)?;
+        let sock = bind(cfg).with_context(|| format!("sync.port: binding UDP {}", cfg.port))?;
+        let (view_tx, view_rx) = watch::channel(None);
+        let (flush_tx, flush_rx) = mpsc::channel(4);
+        let stats = Arc::new(SyncStats::default());
+        {
+            let mut p = stats.peers.lock().unwrap();
+            for a in &cfg.peers {
+                p.insert(*a, PeerStats::default());
+            }
+        }
+        let task = Task {
+            cfg: cfg.clone(),
+            key: wire::key(&secret),
+            sock,
+            pin_dir,
+            pins: None,
+            view: view_rx,
+            stats: stats.clone(),
+            counter: Counter::default(),
+            windows: HashMap::new(),
+            sent: HashMap::new(),
+            periodic: 0,
+            full_due: false,
+        };
+        tokio::spawn(task.run(flush_rx));
+        Ok(SyncHandle {
+            view: view_tx,
+            flush: flush_tx,
+            stats,
+        })
+    }
+
+    /// The services as just applied; a change is scanned shortly after.
+    pub fn view(&self, v: View) {
+        self.view.send_if_modified(|cur| {
+            if cur.as_deref() == Some(&v) {
+                return false;
+            }
+            *cur = Some(Arc::new(v));
+            true
+        });
+    }
+
+    /// Scan and send every exception now (before this node stops forwarding), within `limit`.
+    pub async fn flush(&self, limit: Duration) {
+        let (tx, rx) = oneshot::channel();
+        if self.flush.send(tx).await.is_err() {
+            return;
+        }
+        if tokio::time::timeout(limit, rx).await.is_err() {
+            tracing::warn!(?limit, "sync: the last flush did not finish in time");
+        }
+    }
+}
+
+fn bind(cfg: &SyncConfig) -> Result<tokio::net::UdpSocket> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let addr = match cfg.listen {
+        Some(a) => SocketAddr::new(a, cfg.port),
+        None => SocketAddr::new(IpAddr::V6(Ipv6Addr::UNSPECIFIED), cfg.port),
+    };
+    let s = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP))?;
+    if addr.is_ipv6() && cfg.listen.is_none() {
+        s.set_only_v6(false)?;
+    }
+    // A full resend is up to max_entries / 22 datagrams at once.
+    let _ = s.set_recv_buffer_size(4 << 20);
+    let _ = s.set_send_buffer_size(4 << 20);
+    s.set_nonblocking(true)?;
+    s.bind(&addr.into())?;
+    Ok(tokio::net::UdpSocket::from_std(s.into())?)
+}
+
+struct Task {
+    cfg: SyncConfig,
+    key: ring::hmac::Key,
+    sock: tokio::net::UdpSocket,
+    pin_dir: PathBuf,
+    pins: Option<Arc<Mutex<ConntrackPins>>>,
+    view: watch::Receiver<Option<Arc<View>>>,
+    stats: Arc<SyncStats>,
+    counter: Counter,
+    windows: HashMap<IpAddr, Window>,
+    /// What the last scan found (and sent): a later scan sends only what changed.
+    sent: HashMap<FlowKey, IpAddr>,
+    periodic: u64,
+    /// A peer said it just started (`F_HELLO`): the next scan sends everything.
+    full_due: bool,
+}
+
+impl Task {
+    async fn run(mut self, mut flush: mpsc::Receiver<oneshot::Sender<()>>) {
+        let mut tick = tokio::time::interval(Duration::from_millis(self.cfg.interval_ms));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut settle: Option<tokio::time::Instant> = None;
+        let mut buf = vec![0u8; wire::MAX_DATAGRAM + 1];
+        loop {
+            let at =
+                settle.unwrap_or_else(|| tokio::time::Instant::now() + Duration::from_secs(3600));
+            tokio::select! {
+                r = self.sock.recv_from(&mut buf) => match r {
+                    Ok((n, from)) => {
+                        self.received(&buf[..n], from.ip().to_canonical());
+                        if self.full_due {
+                            settle.get_or_insert(tokio::time::Instant::now() + SETTLE);
+                        }
+                    }
+                    Err(e) => tracing::debug!(error = %e, "sync: receive"),
+                },
+                c = self.view.changed() => {
+                    if c.is_err() {
+                        return; // the owner is gone
+                    }
+                    settle.get_or_insert(tokio::time::Instant::now() + SETTLE);
+                }
+                _ = tokio::time::sleep_until(at), if settle.is_some() => {
+                    settle = None;
+                    let full = std::mem::take(&mut self.full_due);
+                    self.scan(full).await;
+                }
+                _ = tick.tick() => {
+                    self.periodic += 1;
+                    let full = self.periodic % FULL_EVERY == 1 || std::mem::take(&mut self.full_due);
+                    self.scan(full).await;
+                }
+                f = flush.recv() => match f {
+                    Some(done) => {
+                        self.stats.flushes.fetch_add(1, Relaxed);
+                        self.scan(true).await;
+                        let _ = done.send(());
+                    }
+                    None => return,
+                },
+            }
+        }
+    }
+
+    fn pins(&mut self) -> Result<Arc<Mutex<ConntrackPins>>> {
+        if let Some(p) = &self.pins {
+            return Ok(p.clone());
+        }
+        let p = Arc::new(Mutex::new(ConntrackPins::open(&self.pin_dir)?));
+        self.pins = Some(p.clone());
+        Ok(p)
+    }
+
+    /// Find the exceptions and send them (all of them, or only what changed since the last
+    /// scan). A full scan with nothing to send still sends one empty datagram, so peers see
+    /// this node alive (`last_received_unix_ms`).
+    async fn scan(&mut self, full: bool) {
+        let Some(view) = self.view.borrow().clone() else {
+            return;
+        };
+        let pins = match self.pins() {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::warn!(error = %format!("{e:#}"), "sync: opening the connection table");
+                return;
+            }
+        };
+        let limit = self.cfg.max_entries as usize;
+        let t = Instant::now();
+        let found = tokio::task::spawn_blocking(move || {
+            let ix = Index::new(&view);
+            let pins = pins.lock().unwrap();
+            let mut scanned = [0u64; 4];
+            pins.scan(limit, |k, v| {
+                let r = ix.classify(k, v);
+                scanned[match r {
+                    Ok(_) => 0,
+                    Err(Skip::Stale) => 1,
+                    Err(Skip::NotForwarded) => 2,
+                    Err(Skip::OnSlot) => 3,
+                }] += 1;
+                r.is_ok()
+            })
+            .map(|entries| {
+                let found = entries
+                    .into_iter()
+                    .filter_map(|(k, v)| ix.exception(&k, &v).map(|b| (k, b)))
+                    .collect::<HashMap<FlowKey, IpAddr>>();
+                (scanned, found)
+            })
+        })
+        .await;
+        let found = match found {
+            Ok(Ok((scanned, f))) => {
+                self.stats.scanned.store(scanned.iter().sum(), Relaxed);
+                self.stats.scanned_stale.store(scanned[1], Relaxed);
+                self.stats.scanned_not_forwarded.store(scanned[2], Relaxed);
+                self.stats.scanned_on_slot.store(scanned[3], Relaxed);
+                f
+            }
+            Ok(Err(e)) => {
+                tracing::warn!(error = %format!("{e:#}"), "sync: scanning the connection table");
+                self.pins = None; // replaced by a restart's new pins? reopen next time
+                return;
+            }
+            Err(_) => return,
+        };
+        let s = &self.stats;
+        s.scans.fetch_add(1, Relaxed);
+        s.scan_ms.store(t.elapsed().as_millis() as u64, Relaxed);
+        s.last_scan_unix_ms.store(unix_us() / 1000, Relaxed);
+        s.exceptions.store(found.len() as u64, Relaxed);
+        let send: Vec<Record> = found
+            .iter()
+            .filter(|(k, b)| full || self.sent.get(k) != Some(b))
+            .map(|(k, b)| Record {
+                key: *k,
+                backend: *b,
+            })
+            .collect();
+        self.sent = found;
+        if send.is_empty() && !full {
+            return;
+        }
+        let mut chunks: Vec<&[Record]> = send.chunks(wire::MAX_RECORDS).collect();
+        if chunks.is_empty() {
+            chunks.push(&[]);
+        }
+        // Hello during the first two periods (a peer may miss the first datagrams).
+        let flags = if self.periodic <= 2 { wire::F_HELLO } else { 0 };
+        for chunk in chunks {
+            let d = wire::seal(&self.key, self.counter.next(unix_us()), flags, chunk);
+            for peer in self.cfg.peers.clone() {
+                let to = match (peer, self.sock.local_addr().map(|a| a.is_ipv6())) {
+                    (IpAddr::V4(v4), Ok(true)) => IpAddr::V6(v4.to_ipv6_mapped()),
+                    _ => peer,
+                };
+                match self
+                    .sock
+                    .send_to(&d, SocketAddr::new(to, self.cfg.port))
+                    .await
+                {
+                    Ok(_) => {
+                        s.sent_datagrams.fetch_add(1, Relaxed);
+                        s.sent_entries.fetch_add(chunk.len() as u64, Relaxed);
+                        if let Some(p) = s.peers.lock().unwrap().get_mut(&peer) {
+                            p.sent_datagrams += 1;
+                        }
+                    }
+                    Err(e) => {
+                        s.send_errors.fetch_add(1, Relaxed);
+                        tracing::debug!(%peer, error = %e, "sync: send");
+                    }
+                }
+            }
+        }
+    }
+
+    /// A datagram: from a configured peer, authentic, not replayed; then each record goes to
+    /// this node's pair of the same service and backend address, if this node has it in the
+    /// set, and only where this node has no entry of its own.
+    fn received(&mut self, buf: &[u8], from: IpAddr) {
+        let s = self.stats.clone();
+        if !self.cfg.peers.contains(&from) {
+            s.refused_peer.fetch_add(1, Relaxed);
+            return;
+        }
+        let (seq, flags, records) = match wire::open(&self.key, buf) {
+            Ok(x) => x,
+            Err(WireError::Auth) => {
+                s.refused_auth.fetch_add(1, Relaxed);
+                return;
+            }
+            Err(_) => {
+                s.refused_malformed.fetch_add(1, Relaxed);
+                return;
+            }
+        };
+        let now = unix_us();
+        if let Err(r) = self.windows.entry(from).or_default().check(seq, now) {
+            s.refused_replay.fetch_add(1, Relaxed);
+            if r == Refusal::Stale {
+                tracing::debug!(%from, "sync: a datagram far from this node's clock");
+            }
+            return;
+        }
+        s.received_datagrams.fetch_add(1, Relaxed);
+        if flags & wire::F_HELLO != 0 {
+            // A peer that (re)started has none of this node's exceptions.
+            self.full_due = true;
+        }
+        s.received_entries.fetch_add(records.len() as u64, Relaxed);
+        let mut installed = 0;
+        let view = self.view.borrow().clone();
+        if !records.is_empty()
+            && let Some(view) = view
+            && let Ok(pins) = self.pins()
+        {
+            let ix = Index::new(&view);
+            let mut pins = pins.lock().unwrap();
+            for r in &records {
+                match ix.resolve(r) {
+                    Ok(v) => match pins.insert_absent(&r.key, v) {
+                        Ok(true) => installed += 1,
+                        Ok(false) => {
+                            s.already_present.fetch_add(1, Relaxed);
+                        }
+                        Err(e) => {
+                            s.install_errors.fetch_add(1, Relaxed);
+                            tracing::debug!(error = %format!("{e:#}"), "sync: install");
+                        }
+                    },
+                    Err(Refused::NoService) => {
+                        s.refused_service.fetch_add(1, Relaxed);
+                    }
+                    Err(Refused::NoBackend) => {
+                        s.refused_backend.fetch_add(1, Relaxed);
+                    }
+                }
+            }
+        }
+        s.installed.fetch_add(installed, Relaxed);
+        if let Some(p) = s.peers.lock().unwrap().get_mut(&from) {
+            p.received_datagrams += 1;
+            p.received_entries += records.len() as u64;
+            p.installed += installed;
+            p.last_received_unix_ms = now / 1000;
+            p.lag_ms = now.saturating_sub(seq) / 1000;
+        }
+    }
+}

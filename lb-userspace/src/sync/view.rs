@@ -1,0 +1,316 @@
+//! What the sync decides (pure): which connection-table entries are exceptions (their backend
+//! is not the one the live Maglev table gives their slot, so another node could not find it
+//! by hashing), and where a peer's record goes in this node's table.
+
+use std::{collections::HashMap, net::IpAddr, sync::Arc};
+
+use lb_common::{ALL_PORTS, FlowKey, FlowValue, VipKey, flow_hash};
+
+use super::wire::Record;
+
+/// One (service, backend) pair as installed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Pair {
+    pub addr: IpAddr,
+    pub id: u32,
+    pub epoch: u32,
+    pub in_set: bool,
+    /// Earlier slots of the pair (addressing changes) that entries may still name.
+    pub aliases: Vec<u32>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Service {
+    pub key: VipKey,
+    /// This node forwards it now: only its entries are this node's to share.
+    pub owned: bool,
+    /// The live Maglev table (backend ids by slot).
+    pub table: Arc<Vec<u32>>,
+    pub pairs: Vec<Pair>,
+}
+
+/// The data plane's services as the owner last applied them.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct View {
+    pub hash_seed: u32,
+    pub services: Vec<Service>,
+}
+
+/// Why an entry is not an exception.
+#[derive(Debug, PartialEq, Eq, Clone, Copy)]
+pub enum Skip {
+    /// Its pair is gone, out of the set, or not of the flow's service.
+    Stale,
+    /// Its service is not forwarded here (not this node's to share).
+    NotForwarded,
+    /// The live table gives its slot its own pair: any node finds it.
+    OnSlot,
+}
+
+/// Why a received record was not installed.
+#[derive(Debug, PartialEq, Eq, Clone, Copy)]
+pub enum Refused {
+    /// Its destination is no service configured here.
+    NoService,
+    /// Its backend is not in that service's set here (unknown, or out of the set).
+    NoBackend,
+}
+
+/// Index of a [`View`]: pair by backend id (aliases included), service by key.
+pub struct Index<'a> {
+    view: &'a View,
+    by_id: HashMap<u32, (usize, usize)>,
+    by_key: HashMap<VipKey, usize>,
+}
+
+impl<'a> Index<'a> {
+    pub fn new(view: &'a View) -> Index<'a> {
+        let mut by_id = HashMap::new();
+        let mut by_key = HashMap::new();
+        for (s, svc) in view.services.iter().enumerate() {
+            by_key.insert(svc.key, s);
+            for (p, pair) in svc.pairs.iter().enumerate() {
+                by_id.insert(pair.id, (s, p));
+                for a in &pair.aliases {
+                    by_id.insert(*a, (s, p));
+                }
+            }
+        }
+        Index {
+            view,
+            by_id,
+            by_key,
+        }
+    }
+
+    /// The service a flow belongs to: its port's, else the address's all-ports service (the
+    /// program's own lookup order).
+    pub fn service_of(&self, key: &FlowKey) -> Option<&'a Service> {
+        let mut vk = VipKey {
+            addr: key.dst,
+            port: key.dport,
+            proto: key.proto,
+            family: key.family,
+        };
+        let s = self.by_key.get(&vk).or_else(|| {
+            vk.port = ALL_PORTS;
+            self.by_key.get(&vk)
+        })?;
+        Some(&self.view.services[*s])
+    }
+
+    /// An entry of this node's table that a peer needs: its pair is good (its epoch, in the
+    /// set, of the flow's own service), the service is forwarded here, and the live table
+    /// gives its slot another pair. Returns the backend's address.
+    pub fn exception(&self, key: &FlowKey, value: &FlowValue) -> Option<IpAddr> {
+        self.classify(key, value).ok()
+    }
+
+    /// As [`Index::exception`], saying why an entry is not one.
+    pub fn classify(&self, key: &FlowKey, value: &FlowValue) -> Result<IpAddr, Skip> {
+        let (s, p) = *self.by_id.get(&value.backend_id).ok_or(Skip::Stale)?;
+        let svc = &self.view.services[s];
+        let pair = &svc.pairs[p];
+        if !pair.in_set || pair.epoch != value.epoch {
+            return Err(Skip::Stale);
+        }
+        if !svc.owned {
+            return Err(Skip::NotForwarded);
+        }
+        if self.service_of(key).map(|x| x.key) != Some(svc.key) || svc.table.is_empty() {
+            return Err(Skip::Stale);
+        }
+        let slot = flow_hash(key, self.view.hash_seed) as usize % svc.table.len();
+        if svc.table[slot] == pair.id {
+            return Err(Skip::OnSlot);
+        }
+        Ok(pair.addr)
+    }
+
+    /// Where a peer's record goes here: its service's pair of that backend address, which
+    /// must be in the set.
+    pub fn resolve(&self, r: &Record) -> Result<FlowValue, Refused> {
+        let svc = self.service_of(&r.key).ok_or(Refused::NoService)?;
+        let pair = svc
+            .pairs
+            .iter()
+            .find(|p| p.addr == r.backend && p.in_set)
+            .ok_or(Refused::NoBackend)?;
+        Ok(FlowValue {
+            backend_id: pair.id,
+            epoch: pair.epoch,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use lb_common::{FAMILY_V4, PROTO_TCP};
+
+    fn vip() -> VipKey {
+        let mut addr = [0; 16];
+        addr[..4].copy_from_slice(&[10, 0, 0, 100]);
+        VipKey {
+            addr,
+            port: 6443,
+            proto: PROTO_TCP,
+            family: FAMILY_V4,
+        }
+    }
+
+    fn flow(i: u16) -> FlowKey {
+        let mut src = [0; 16];
+        src[..4].copy_from_slice(&[10, 1, (i >> 8) as u8, i as u8]);
+        FlowKey {
+            src,
+            dst: vip().addr,
+            sport: 30000 + i,
+            dport: 6443,
+            proto: PROTO_TCP,
+            family: FAMILY_V4,
+            _pad: [0; 2],
+        }
+    }
+
+    /// Table of 7 slots over pairs 1, 2, 3 (1, 2, 3, 1, 2, 3, 1).
+    fn view(owned: bool) -> View {
+        let pairs = (1..=3)
+            .map(|i| Pair {
+                addr: format!("10.0.0.{}", 10 + i).parse().unwrap(),
+                id: i,
+                epoch: 100 + i,
+                in_set: true,
+                aliases: if i == 2 { vec![9] } else { vec![] },
+            })
+            .collect();
+        View {
+            hash_seed: 5,
+            services: vec![Service {
+                key: vip(),
+                owned,
+                table: Arc::new(vec![1, 2, 3, 1, 2, 3, 1]),
+                pairs,
+            }],
+        }
+    }
+
+    fn slot_pair(v: &View, k: &FlowKey) -> u32 {
+        let t = &v.services[0].table;
+        t[flow_hash(k, v.hash_seed) as usize % t.len()]
+    }
+
+    #[test]
+    fn only_good_entries_off_their_slot_are_exceptions() {
+        let v = view(true);
+        let ix = Index::new(&v);
+        let mut seen_exception = 0;
+        for i in 0..200 {
+            let k = flow(i);
+            let on = slot_pair(&v, &k);
+            for id in 1..=3u32 {
+                let got = ix.exception(
+                    &k,
+                    &FlowValue {
+                        backend_id: id,
+                        epoch: 100 + id,
+                    },
+                );
+                if id == on {
+                    assert_eq!(got, None, "on its slot");
+                } else {
+                    assert_eq!(got, Some(format!("10.0.0.{}", 10 + id).parse().unwrap()));
+                    seen_exception += 1;
+                }
+                // Another epoch: a stale entry is no one's business.
+                assert_eq!(
+                    ix.exception(
+                        &k,
+                        &FlowValue {
+                            backend_id: id,
+                            epoch: 1
+                        }
+                    ),
+                    None
+                );
+            }
+        }
+        assert!(seen_exception > 0);
+        // An alias of pair 2 counts as pair 2.
+        let k = (0..200).map(flow).find(|k| slot_pair(&v, k) != 2).unwrap();
+        assert!(
+            ix.exception(
+                &k,
+                &FlowValue {
+                    backend_id: 9,
+                    epoch: 102
+                }
+            )
+            .is_some()
+        );
+        // A flow to another port is not this service's.
+        let mut other = k;
+        other.dport = 80;
+        assert_eq!(
+            ix.exception(
+                &other,
+                &FlowValue {
+                    backend_id: 1,
+                    epoch: 101
+                }
+            ),
+            None
+        );
+    }
+
+    #[test]
+    fn a_service_not_forwarded_here_shares_nothing() {
+        let v = view(false);
+        let ix = Index::new(&v);
+        for i in 0..50 {
+            for id in 1..=3u32 {
+                assert_eq!(
+                    ix.exception(
+                        &flow(i),
+                        &FlowValue {
+                            backend_id: id,
+                            epoch: 100 + id
+                        }
+                    ),
+                    None
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn records_resolve_to_this_nodes_pair_by_address() {
+        // The peer's ids and epochs differ; the address decides.
+        let mut v = view(false);
+        for p in &mut v.services[0].pairs {
+            p.id += 40;
+            p.epoch += 1000;
+        }
+        let ix = Index::new(&v);
+        let r = Record {
+            key: flow(1),
+            backend: "10.0.0.12".parse().unwrap(),
+        };
+        assert_eq!(
+            ix.resolve(&r),
+            Ok(FlowValue {
+                backend_id: 42,
+                epoch: 1102
+            })
+        );
+        let mut unknown = r;
+        unknown.backend = "10.0.0.99".parse().unwrap();
+        assert_eq!(ix.resolve(&unknown), Err(Refused::NoBackend));
+        let mut other = r;
+        other.key.dport = 22;
+        assert_eq!(ix.resolve(&other), Err(Refused::NoService));
+        v.services[0].pairs[1].in_set = false;
+        let ix = Index::new(&v);
+        assert_eq!(ix.resolve(&r), Err(Refused::NoBackend));
+    }
+}

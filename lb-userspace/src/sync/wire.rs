@@ -1,0 +1,215 @@
+//! The sync datagram (pure): a header, fixed-size records, and an HMAC-SHA256 tag over both
+//! with the cluster key. Nothing of a datagram is looked at before its tag checks out.
+//!
+//! ```text
+//! 0      4        5       6       8                  16
+//! | LBS1 | ver 1  | flags | count | seq (u64, BE)    | count x 60-byte records | tag (32) |
+//! record: src 16 | dst 16 | sport 2 | dport 2 | proto 1 | family 1 | backend 16 | bfamily 1 | 0 x5
+//! ```
+//!
+//! Flags: [`F_HELLO`] (the sender started lately and has nothing of its peers: send it
+//! everything). ring's HMAC (already linked for TLS, through rustls) compares tags in constant time.
+
+use std::net::IpAddr;
+
+use lb_common::{FAMILY_V4, FAMILY_V6, FlowKey, PROTO_TCP, PROTO_UDP};
+use ring::hmac;
+
+pub const MAGIC: [u8; 4] = *b"LBS1";
+pub const VERSION: u8 = 1;
+pub const HEADER: usize = 16;
+pub const RECORD: usize = 60;
+pub const TAG: usize = 32;
+/// Records per datagram: the whole stays under 1400 bytes (no fragments on a 1500-byte path,
+/// IPv6 and UDP headers included).
+pub const MAX_RECORDS: usize = 22;
+pub const MAX_DATAGRAM: usize = HEADER + MAX_RECORDS * RECORD + TAG;
+/// The sender just started: its peers send it all their exceptions at once.
+pub const F_HELLO: u8 = 1;
+
+/// One connection: its 5-tuple (as the connection table keys it) and its backend's address.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Record {
+    pub key: FlowKey,
+    pub backend: IpAddr,
+}
+
+#[derive(Debug, PartialEq, Eq)]
+pub enum WireError {
+    /// Too short, too long, or a count that does not match the length.
+    Size,
+    /// The tag does not match: not from a holder of the cluster key, or altered.
+    Auth,
+    /// Authentic but of another version, or with flags this version does not know.
+    Version,
+    /// Authentic, but a record is not a TCP/UDP flow of a known family.
+    Record,
+}
+
+pub fn key(secret: &[u8]) -> hmac::Key {
+    hmac::Key::new(hmac::HMAC_SHA256, secret)
+}
+
+fn addr_bytes(a: IpAddr) -> ([u8; 16], u8) {
+    match a {
+        IpAddr::V4(v) => {
+            let mut b = [0; 16];
+            b[..4].copy_from_slice(&v.octets());
+            (b, FAMILY_V4)
+        }
+        IpAddr::V6(v) => (v.octets(), FAMILY_V6),
+    }
+}
+
+fn addr_of(b: &[u8], family: u8) -> Option<IpAddr> {
+    match family {
+        FAMILY_V4 if b[4..16].iter().all(|x| *x == 0) => {
+            Some(IpAddr::from([b[0], b[1], b[2], b[3]]))
+        }
+        FAMILY_V6 => Some(IpAddr::from(<[u8; 16]>::try_from(&b[..16]).ok()?)),
+        _ => None,
+    }
+}
+
+/// One datagram of at most [`MAX_RECORDS`] records, numbered `seq`, signed with `key`.
+pub fn seal(key: &hmac::Key, seq: u64, flags: u8, records: &[Record]) -> Vec<u8> {
+    assert!(records.len() <= MAX_RECORDS);
+    let mut out = Vec::with_capacity(HEADER + records.len() * RECORD + TAG);
+    out.extend_from_slice(&MAGIC);
+    out.push(VERSION);
+    out.push(flags);
+    out.extend_from_slice(&(records.len() as u16).to_be_bytes());
+    out.extend_from_slice(&seq.to_be_bytes());
+    for r in records {
+        let k = &r.key;
+        out.extend_from_slice(&k.src);
+        out.extend_from_slice(&k.dst);
+        out.extend_from_slice(&k.sport.to_be_bytes());
+        out.extend_from_slice(&k.dport.to_be_bytes());
+        out.push(k.proto);
+        out.push(k.family);
+        let (b, f) = addr_bytes(r.backend);
+        out.extend_from_slice(&b);
+        out.push(f);
+        out.extend_from_slice(&[0; 5]);
+    }
+    let tag = hmac::sign(key, &out);
+    out.extend_from_slice(tag.as_ref());
+    out
+}
+
+/// Check a datagram's tag, then read it: its number, flags and records.
+pub fn open(key: &hmac::Key, buf: &[u8]) -> Result<(u64, u8, Vec<Record>), WireError> {
+    if buf.len() < HEADER + TAG || buf.len() > MAX_DATAGRAM {
+        return Err(WireError::Size);
+    }
+    let (body, tag) = buf.split_at(buf.len() - TAG);
+    hmac::verify(key, body, tag).map_err(|_| WireError::Auth)?;
+    if body[..4] != MAGIC || body[4] != VERSION || body[5] & !F_HELLO != 0 {
+        return Err(WireError::Version);
+    }
+    let count = u16::from_be_bytes([body[6], body[7]]) as usize;
+    if body.len() != HEADER + count * RECORD {
+        return Err(WireError::Size);
+    }
+    let seq = u64::from_be_bytes(body[8..16].try_into().unwrap());
+    let mut out = Vec::with_capacity(count);
+    for r in body[HEADER..].chunks_exact(RECORD) {
+        let family = r[37];
+        let proto = r[36];
+        if !(proto == PROTO_TCP || proto == PROTO_UDP) {
+            return Err(WireError::Record);
+        }
+        let src = addr_of(&r[0..16], family).ok_or(WireError::Record)?;
+        let dst = addr_of(&r[16..32], family).ok_or(WireError::Record)?;
+        let backend = addr_of(&r[38..54], r[54]).ok_or(WireError::Record)?;
+        let (src, _) = addr_bytes(src);
+        let (dst, _) = addr_bytes(dst);
+        out.push(Record {
+            key: FlowKey {
+                src,
+                dst,
+                sport: u16::from_be_bytes([r[32], r[33]]),
+                dport: u16::from_be_bytes([r[34], r[35]]),
+                proto,
+                family,
+                _pad: [0; 2],
+            },
+            backend,
+        });
+    }
+    Ok((seq, body[5], out))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rec(i: u8, v6: bool) -> Record {
+        let (src, family) = if v6 {
+            addr_bytes(format!("fd00::{i}").parse().unwrap())
+        } else {
+            addr_bytes(format!("10.0.0.{i}").parse().unwrap())
+        };
+        let (dst, _) = if v6 {
+            addr_bytes("fd00::100".parse().unwrap())
+        } else {
+            addr_bytes("10.0.0.100".parse().unwrap())
+        };
+        Record {
+            key: FlowKey {
+                src,
+                dst,
+                sport: 40000 + i as u16,
+                dport: 6443,
+                proto: PROTO_TCP,
+                family,
+                _pad: [0; 2],
+            },
+            backend: if v6 {
+                "fd00::11".parse().unwrap()
+            } else {
+                "10.0.0.11".parse().unwrap()
+            },
+        }
+    }
+
+    #[test]
+    fn a_sealed_datagram_opens_to_what_was_sealed() {
+        let k = key(&[7; 32]);
+        let recs: Vec<Record> = (0..MAX_RECORDS as u8).map(|i| rec(i, i % 2 == 0)).collect();
+        let d = seal(&k, 42, 0, &recs);
+        assert!(d.len() <= MAX_DATAGRAM && d.len() <= 1400);
+        assert_eq!(open(&k, &d), Ok((42, 0, recs)));
+        assert_eq!(
+            open(&k, &seal(&k, 1, F_HELLO, &[])),
+            Ok((1, F_HELLO, vec![]))
+        );
+        assert_eq!(open(&k, &seal(&k, 1, 2, &[])), Err(WireError::Version));
+    }
+
+    #[test]
+    fn another_key_or_any_changed_byte_is_refused() {
+        let k = key(&[7; 32]);
+        let d = seal(&k, 42, 0, &[rec(1, false), rec(2, true)]);
+        assert_eq!(open(&key(&[8; 32]), &d), Err(WireError::Auth));
+        for i in 0..d.len() {
+            let mut m = d.clone();
+            m[i] ^= 0x01;
+            assert!(open(&k, &m).is_err(), "byte {i} changed");
+        }
+        assert_eq!(open(&k, &d[..d.len() - 1]), Err(WireError::Auth));
+        assert_eq!(open(&k, &d[..10]), Err(WireError::Size));
+    }
+
+    #[test]
+    fn authentic_records_of_other_protocols_are_refused() {
+        let k = key(&[7; 32]);
+        let mut r = rec(1, false);
+        r.key.proto = 1;
+        assert_eq!(open(&k, &seal(&k, 1, 0, &[r])), Err(WireError::Record));
+        let mut r = rec(1, false);
+        r.key.src[8] = 1; // an IPv4 key with bytes past the address
+        assert_eq!(open(&k, &seal(&k, 1, 0, &[r])), Err(WireError::Record));
+    }
+}
