@@ -54,6 +54,11 @@ pub struct ClusterSpec {
     /// Default: 100 ms with VRRPv3, 1000 ms with VRRPv2 (keepalived's `advert_int 1`).
     #[serde(default)]
     pub advert_interval_ms: Option<u32>,
+    /// Fast failover, for clusters that run lb on every node: VRRPv3 adverts every
+    /// `FAST_ADVERT_INTERVAL_MS` (20 ms), so a new owner answers within about 100 ms of the
+    /// old one's death. Needs `vrrp_version = 3` and no `advert_interval_ms`.
+    #[serde(default)]
+    pub fast_failover: bool,
     /// Override the VRIDs derived from the cluster name (`[api, ingress]`).
     #[serde(default)]
     pub vrids: Option<[u8; 2]>,
@@ -165,6 +170,18 @@ impl ClusterSpec {
         }
         if self.vrrp_version == 2 && self.api_vip.is_ipv6() {
             return Err(invalid("vrrp_version", "VRRPv2 is IPv4 only; use 3"));
+        }
+        if self.fast_failover && self.vrrp_version != 3 {
+            return Err(invalid(
+                "fast_failover",
+                "needs vrrp_version = 3: keepalived nodes still in the cluster (VRRPv2) advertise every second",
+            ));
+        }
+        if self.fast_failover && self.advert_interval_ms.is_some() {
+            return Err(invalid(
+                "fast_failover",
+                "sets the advert interval itself: remove advert_interval_ms",
+            ));
         }
         if let Some(ing) = self.ingress_vip {
             if ing.is_ipv4() != self.api_vip.is_ipv4() {
@@ -278,6 +295,8 @@ impl ClusterSpec {
             priority,
             advert_interval_ms: Some(self.advert_interval_ms.unwrap_or(if v2 {
                 1000
+            } else if self.fast_failover {
+                crate::vrrp::config::FAST_ADVERT_INTERVAL_MS
             } else {
                 100
             })),
@@ -735,6 +754,27 @@ roles = ["worker"]
         // "ostest_api_vip" cut to 8 bytes, as keepalived puts it on the wire.
         assert_eq!(api.auth_pass.as_deref(), Some("ostest_a"));
         assert_eq!(out[2].config.vrrp[0].auth_pass.as_deref(), Some("ostest_i"));
+    }
+
+    #[test]
+    fn fast_failover_renders_20_ms_adverts_and_only_with_vrrpv3() {
+        let out = ClusterSpec::parse(&format!("fast_failover = true\n{SPLIT}"))
+            .unwrap()
+            .render()
+            .unwrap();
+        for r in &out {
+            for inst in &r.config.vrrp {
+                assert_eq!(inst.version, 3);
+                assert_eq!(inst.advert_interval_ms, Some(20), "{}", r.node);
+            }
+            assert_eq!(&Config::parse(&to_toml("ostest", r)).unwrap(), &r.config);
+        }
+        let e = err(&format!("fast_failover = true\nvrrp_version = 2\n{SPLIT}"));
+        assert!(e.starts_with("fast_failover:"), "{e}");
+        let e = err(&format!(
+            "fast_failover = true\nadvert_interval_ms = 100\n{SPLIT}"
+        ));
+        assert!(e.starts_with("fast_failover:"), "{e}");
     }
 
     #[test]
