@@ -45,44 +45,34 @@ enum Seen {
     Decided(Outcome),
 }
 
-/// The fast path's answer: a decision, or the full path's turn (with what was learned).
-pub enum Fast {
-    Done(Outcome),
-    Full(Option<Hint>),
-}
-
+/// A decision, or `None` for the full path; `hint` is set when the fast path got as far as the
+/// flow's cache slot (an out-parameter: the common, decided case then carries no hint around).
 #[inline(always)]
-pub fn established(ctx: &XdpContext, cfg: &LbConfig) -> Fast {
-    let Ok(p) = ptr_at::<[u8; HEAD4]>(ctx, 0) else {
-        return Fast::Full(None);
-    };
-    let p = p as *const u8;
+pub fn established(ctx: &XdpContext, cfg: &LbConfig, hint: &mut Option<Hint>) -> Option<Outcome> {
+    let p = ptr_at::<[u8; HEAD4]>(ctx, 0).ok()? as *const u8;
     let frame = ctx.data_end() - ctx.data();
     // SAFETY: the ethertype is inside the checked `HEAD4` bytes.
     let seen = match unsafe { (p.add(12) as *const u16).read() } {
         // 0x0800 and 0x86dd, big-endian.
-        0x0008 => ipv4(p, frame, cfg),
-        0xdd86 => match ptr_at::<[u8; HEAD6]>(ctx, 0) {
-            Ok(p6) => ipv6(p6 as *const u8, frame, cfg),
-            Err(_) => None,
-        },
-        _ => None,
+        0x0008 => ipv4(p, frame, cfg)?,
+        0xdd86 => ipv6(ptr_at::<[u8; HEAD6]>(ctx, 0).ok()? as *const u8, frame, cfg)?,
+        _ => return None,
     };
     let flow = match seen {
-        None => return Fast::Full(None),
-        Some(Seen::Decided(o)) => return Fast::Done(o),
-        Some(Seen::Flow(f)) => f,
+        Seen::Decided(o) => return Some(o),
+        Seen::Flow(f) => f,
     };
     // SAFETY: the source MAC is inside the checked bytes.
     if from_peer(Some(cfg), unsafe { (p.add(6) as *const [u16; 3]).read() }) {
-        return Fast::Full(None);
+        return None;
     }
     let slot = flows::slot(Some(cfg), &flow);
     let cached = flows::cached_only(&slot, &flow);
-    match cached.and_then(|v| decide(p, frame, &v)) {
-        Some(o) => Fast::Done(o),
-        None => Fast::Full(Some(Hint::new(&slot, cached))),
+    let decided = cached.and_then(|v| decide(p, frame, &v));
+    if decided.is_none() {
+        *hint = Some(Hint::new(&slot, cached));
     }
+    decided
 }
 
 /// Forward a cached flow's segment if its entry is good, its VIP owned and its backend reached

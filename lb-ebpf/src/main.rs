@@ -77,11 +77,10 @@ fn try_lb(ctx: &XdpContext) -> Result<Outcome, ParseError> {
     // with one bounds check (see `fast`); anything else, or any doubt, takes the path below,
     // with the flow's cache slot if the fast path found it.
     let mut hint = None;
-    if let Some(c) = cfg {
-        match fast::established(ctx, c) {
-            fast::Fast::Done(outcome) => return Ok(outcome),
-            fast::Fast::Full(h) => hint = h,
-        }
+    if let Some(c) = cfg
+        && let Some(outcome) = fast::established(ctx, c, &mut hint)
+    {
+        return Ok(outcome);
     }
     // VLAN-tagged frames are not ours: lbd attaches to the interface that carries the VIPs
     // untagged.
