@@ -59,13 +59,10 @@ pub static LB_CONNTRACK: LruHashMap<FlowKey, FlowValue> =
     LruHashMap::pinned(DEFAULT_CONNTRACK_SIZE, 0);
 
 /// The flow cache in front of `LB_CONNTRACK` (see `flows`): direct-mapped slots, looked up
-/// inline by the kernel. Size at load time (`lb_common::flow_cache_slots`). Memory-mappable
-/// only for where that puts its values: at the start of a page, so each 64-byte slot is one
-/// cache line (a plain array's values start 16 bytes into a line, and every slot would span
-/// two: two memory misses per cold slot instead of one).
+/// inline by the kernel. Size at load time (`lb_common::flow_cache_slots`).
 #[map]
 pub static LB_FLOW_CACHE_V2: Array<FlowCacheEntry> =
-    Array::pinned(flow_cache_slots(DEFAULT_CONNTRACK_SIZE), BPF_F_MMAPABLE);
+    Array::pinned(flow_cache_slots(DEFAULT_CONNTRACK_SIZE), 0);
 
 /// Handshakes whose SYN skipped a slot that takes no new flows in SYN flood mode: their ACK
 /// follows the SYN whatever the flood state is by then. Small and apart from `LB_CONNTRACK`, so

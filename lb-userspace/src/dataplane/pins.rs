@@ -7,8 +7,6 @@ use anyhow::{Context, Result, bail};
 use lb_common::{BackendInfo, Counters, FlowKey, FlowValue, LbConfig, VipInfo, VipKey, maps, stat};
 
 const BPF_FS_MAGIC: i64 = 0xcafe4a11;
-/// A map flag (uapi `BPF_F_MMAPABLE`): the flow cache has it.
-const BPF_F_MMAPABLE: u32 = 1 << 10;
 
 /// Mount bpffs at `root` unless it already is one (a fresh node or a lab may not have it).
 pub fn ensure_bpffs(root: &Path) -> Result<()> {
@@ -37,8 +35,6 @@ pub struct Shape {
     pub value: usize,
     /// `None`: fixed by the object, not by settings.
     pub entries: Option<u32>,
-    /// `None`: not checked (the flags never changed between versions).
-    pub flags: Option<u32>,
 }
 
 /// Remove pins that a new `lbd` must not adopt: maps of an earlier version that this one does
@@ -63,7 +59,6 @@ pub fn drop_unadoptable_pins(dir: &Path, shapes: &[Shape]) -> Result<()> {
                 info.key_size() as usize == shape.key
                     && info.value_size() as usize == shape.value
                     && shape.entries.is_none_or(|n| info.max_entries() == n)
-                    && shape.flags.is_none_or(|f| info.map_flags() == f)
             })
             .unwrap_or(false);
         if !keep {
@@ -112,7 +107,6 @@ pub fn map_shapes(table_entries: u32, conntrack: u32) -> Vec<Shape> {
         key,
         value,
         entries,
-        flags: None,
     };
     vec![
         shape(maps::CONFIG, 4, size_of::<LbConfig>(), None),
@@ -129,17 +123,12 @@ pub fn map_shapes(table_entries: u32, conntrack: u32) -> Vec<Shape> {
             size_of::<FlowValue>(),
             Some(conntrack),
         ),
-        // Memory-mappable since its slots were aligned to cache lines: an older pin is
-        // replaced (a cache starts empty and refills from the connection table).
-        Shape {
-            flags: Some(BPF_F_MMAPABLE),
-            ..shape(
-                maps::FLOW_CACHE,
-                4,
-                size_of::<lb_common::FlowCacheEntry>(),
-                Some(lb_common::flow_cache_slots(conntrack)),
-            )
-        },
+        shape(
+            maps::FLOW_CACHE,
+            4,
+            size_of::<lb_common::FlowCacheEntry>(),
+            Some(lb_common::flow_cache_slots(conntrack)),
+        ),
         shape(
             maps::HANDSHAKES,
             size_of::<FlowKey>(),
