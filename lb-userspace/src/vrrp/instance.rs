@@ -381,7 +381,7 @@ const QUEUED_BEFORE_TIMER: usize = 16;
 /// backup's master-down interval (3 adverts and the skew, about 70 ms at 20 ms adverts) is
 /// within the time a normal-priority thread may wait for a CPU.
 const FAST_INTERVAL_MS: u32 = 100;
-const FAST_NICE: i32 = -10;
+const FAST_NICE: i32 = -20;
 
 /// Raise every thread of this process (tokio's workers among them; threads started later
 /// inherit it) to `FAST_NICE`, once, for an instance advertising faster than
