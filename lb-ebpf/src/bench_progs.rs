@@ -2,7 +2,8 @@
 //! loads): the baseline every bench compares with; for `bench throughput` a traffic generator
 //! run with BPF_PROG_TEST_RUN in live-frames mode and a sink that counts and drops what the load
 //! balancer sends back; for `bench micro` the floor of an established flow's path (one
-//! connection-table lookup). Their maps are small, unpinned, and not shared with the data plane.
+//! connection-table lookup) and of a new flow's (one insert, with the common and with per-CPU LRU
+//! lists). Their maps are small, unpinned, and not shared with the data plane.
 #![no_std]
 #![no_main]
 
@@ -10,9 +11,12 @@
 mod packet;
 
 use aya_ebpf::{
-    bindings::xdp_action::{XDP_DROP, XDP_PASS, XDP_TX},
+    bindings::{
+        BPF_F_NO_COMMON_LRU,
+        xdp_action::{XDP_DROP, XDP_PASS, XDP_TX},
+    },
     macros::{map, xdp},
-    maps::{LruHashMap, PerCpuArray},
+    maps::{Array, LruHashMap, PerCpuArray},
     programs::XdpContext,
 };
 
@@ -154,6 +158,60 @@ pub fn bench_lru_insert40(ctx: XdpContext) -> u32 {
     };
     let key = [t[0], n, 0, 0, t[1], 0, 0, 0, t[2], t[3] | (4 << 8)];
     let _ = BENCH_LRU_NEW.insert(&key, &1, 0);
+    match swap_macs(&ctx) {
+        Some(()) => XDP_TX,
+        None => XDP_PASS,
+    }
+}
+
+/// The same insert into an LRU hash with per-CPU LRU lists (`BPF_F_NO_COMMON_LRU`): one hash
+/// table shared by every CPU, but each CPU evicts from and inserts into its own list, so an
+/// insert never takes the shared LRU lock. The kernel splits the entries over the possible CPUs.
+#[map]
+static BENCH_LRU_NEW_PCPU: LruHashMap<[u32; 10], u64> =
+    LruHashMap::with_max_entries(1024, BPF_F_NO_COMMON_LRU);
+
+#[xdp]
+pub fn bench_lru_insert40_pcpu(ctx: XdpContext) -> u32 {
+    let Some(t) = v4_tuple(&ctx) else {
+        return XDP_PASS;
+    };
+    let Some(seq) = BENCH_SEQ.get_ptr_mut(0) else {
+        return XDP_PASS;
+    };
+    let n = unsafe {
+        *seq = (*seq).wrapping_add(1);
+        *seq
+    };
+    let key = [t[0], n, 0, 0, t[1], 0, 0, 0, t[2], t[3] | (4 << 8)];
+    let _ = BENCH_LRU_NEW_PCPU.insert(&key, &1, 0);
+    match swap_macs(&ctx) {
+        Some(()) => XDP_TX,
+        None => XDP_PASS,
+    }
+}
+
+/// As many 64-byte slots as the flow cache has at the default connection-table size
+/// (131,072: 8 MiB), zeroed.
+#[map]
+static BENCH_SLOTS: Array<[u64; 8]> = Array::with_max_entries(131_072, 0);
+
+/// The floor of any program that reads per-flow state from a table of the flow cache's size:
+/// the frame's IPv4 source hashed to a slot, one word of the slot read, then the baseline's MAC
+/// swap. With `bench throughput`'s 100k flows every packet's slot is a random cache line (and
+/// page) of 8 MiB, as the flow cache's is.
+#[xdp]
+pub fn bench_slot_floor(ctx: XdpContext) -> u32 {
+    let Ok(src) = ptr_at::<u32>(&ctx, IPV4_SRC) else {
+        return XDP_PASS;
+    };
+    let i = (unsafe { *src }.wrapping_mul(0x9e37_79b1) >> 15) & (131_072 - 1);
+    match BENCH_SLOTS.get(i) {
+        // Never true (the slots are zero): the read cannot be left out.
+        Some(s) if s[0] == 1 => return XDP_DROP,
+        Some(_) => {}
+        None => return XDP_PASS,
+    }
     match swap_macs(&ctx) {
         Some(()) => XDP_TX,
         None => XDP_PASS,

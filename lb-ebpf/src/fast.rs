@@ -1,24 +1,37 @@
 //! The fast path: the most common packet a load balancer sees, decided with one bounds check.
 //!
 //! A TCP segment, IPv4 with a 20-byte header and not a fragment or IPv6 without extension
-//! headers, not a SYN, whose flow is in the flow cache with a good entry, for a VIP this node forwards for, not from another lbd
-//! node, to a backend reached by rewriting the MACs. Every check below is one the full path
+//! headers, whose flow is in the flow cache with a good entry, for a VIP this node forwards for,
+//! not from another lbd node, to a backend reached by rewriting the MACs. A SYN too: the full
+//! path keeps a good entry for a SYN and forwards it as any segment of its flow (a
+//! retransmitted SYN, or a SYN reusing a live 5-tuple). Every check below is one the full path
 //! (`try_lb`) makes for such a packet, with the same outcome; a packet that fails any of them,
 //! or that the fast path is not sure of, is left to the full path, which parses it again and
-//! decides (`None`). So the fast path can only ever make a decision the full path would have
-//! made: `xdp_property.rs` holds both to the forwarding rule on mutated frames.
+//! decides. So the fast path can only ever make a decision the full path would have made:
+//! `xdp_property.rs` holds both to the forwarding rule on mutated frames. When it got as far as
+//! the flow's cache slot, it hands the slot and what it held to the full path (`flows::Hint`):
+//! a new flow, a local or wrapped backend and a VIP not owned then pay the hash and the slot's
+//! read once.
 //!
 //! Also decided here: an IPv4 frame of at least 54 bytes, or an IPv6 one of at least 74, whose
 //! destination fails the VIP address filter (the node's own traffic), passed as the full path
 //! passes it.
 use aya_ebpf::{bindings::xdp_action::XDP_PASS, programs::XdpContext};
 use lb_common::{
-    BACKEND_F_ENCAP, BACKEND_F_LOCAL, FAMILY_V4, FAMILY_V6, FlowKey, LbConfig, PROTO_TCP, stat,
+    BACKEND_F_ENCAP, BACKEND_F_LOCAL, FAMILY_V4, FAMILY_V6, FlowKey, FlowValue, LbConfig,
+    PROTO_TCP, stat,
 };
 
 use crate::{
-    Outcome, count_forwarded_hit, flows, from_peer, key_of, maps::LB_BACKEND_STATS, maps::NONE,
-    maps::count_traffic, maybe_vip, packet::ptr_at, ports_word, send_to, vip_owned,
+    Outcome, count_forwarded_hit,
+    flows::{self, Hint},
+    from_peer, key_of,
+    maps::LB_BACKEND_STATS,
+    maps::NONE,
+    maps::count_traffic,
+    maybe_vip,
+    packet::ptr_at,
+    ports_word, send_to, vip_owned,
 };
 
 /// Ethernet, a 20-byte IPv4 header and a 20-byte TCP header.
@@ -32,8 +45,10 @@ enum Seen {
     Decided(Outcome),
 }
 
+/// A decision, or `None` for the full path; `hint` is set when the fast path got as far as the
+/// flow's cache slot (an out-parameter: the common, decided case then carries no hint around).
 #[inline(always)]
-pub fn established(ctx: &XdpContext, cfg: &LbConfig) -> Option<Outcome> {
+pub fn established(ctx: &XdpContext, cfg: &LbConfig, hint: &mut Option<Hint>) -> Option<Outcome> {
     let p = ptr_at::<[u8; HEAD4]>(ctx, 0).ok()? as *const u8;
     let frame = ctx.data_end() - ctx.data();
     // SAFETY: the ethertype is inside the checked `HEAD4` bytes.
@@ -52,8 +67,19 @@ pub fn established(ctx: &XdpContext, cfg: &LbConfig) -> Option<Outcome> {
         return None;
     }
     let slot = flows::slot(Some(cfg), &flow);
-    let v = flows::cached_only(&slot, &flow)?;
-    let (id, b) = flows::entry_backend(&v)?;
+    let cached = flows::cached_only(&slot, &flow);
+    let decided = cached.and_then(|v| decide(p, frame, &v));
+    if decided.is_none() {
+        *hint = Some(Hint::new(&slot, cached));
+    }
+    decided
+}
+
+/// Forward a cached flow's segment if its entry is good, its VIP owned and its backend reached
+/// by rewriting the MACs.
+#[inline(always)]
+fn decide(p: *const u8, frame: usize, v: &FlowValue) -> Option<Outcome> {
+    let (id, b) = flows::entry_backend(v)?;
     if !vip_owned(b.vip_id) || b.flags & (BACKEND_F_LOCAL | BACKEND_F_ENCAP) != 0 {
         return None;
     }
@@ -74,7 +100,7 @@ unsafe fn word(p: *const u8, off: usize) -> u32 {
 }
 
 /// The TCP header at `off`, inside a datagram ending at `end`: its ports (`ports_word`), or
-/// `None` for a bad data offset or a SYN without ACK (a connection attempt takes the full path).
+/// `None` for a bad data offset.
 ///
 /// # Safety
 /// `off + 20` bytes must be inside the bounds-checked frame at `p`.
@@ -82,8 +108,7 @@ unsafe fn word(p: *const u8, off: usize) -> u32 {
 unsafe fn tcp(p: *const u8, off: usize, end: usize) -> Option<u64> {
     let w3 = unsafe { word(p, off + 12) };
     let doff = ((w3 & 0xff) >> 4) as usize * 4;
-    let flags = (w3 >> 8) & 0xff;
-    if doff < 20 || off + doff > end || flags & 0x12 == 0x02 {
+    if doff < 20 || off + doff > end {
         return None;
     }
     let ports = unsafe { word(p, off) };

@@ -42,19 +42,22 @@ pub struct Slot {
 #[inline(always)]
 pub fn slot(cfg: Option<&LbConfig>, flow: &FlowKey) -> Slot {
     match cfg {
-        Some(cfg) => {
-            let hash = flow_cache_hash(flow, seed(cfg));
-            Slot {
-                entry: LB_FLOW_CACHE_V2
-                    .get_ptr_mut(flow_cache_index(hash, cfg.flow_cache))
-                    .unwrap_or(core::ptr::null_mut()),
-                hash,
-            }
-        }
+        Some(cfg) => slot_at(cfg, flow_cache_hash(flow, seed(cfg))),
         None => Slot {
             entry: core::ptr::null_mut(),
             hash: 0,
         },
+    }
+}
+
+/// The slot of a key whose hash is `hash` (an inlined array lookup, no hashing).
+#[inline(always)]
+pub fn slot_at(cfg: &LbConfig, hash: u64) -> Slot {
+    Slot {
+        entry: LB_FLOW_CACHE_V2
+            .get_ptr_mut(flow_cache_index(hash, cfg.flow_cache))
+            .unwrap_or(core::ptr::null_mut()),
+        hash,
     }
 }
 
@@ -78,8 +81,48 @@ pub fn lookup(slot: &Slot, flow: &FlowKey) -> Option<(FlowValue, Found)> {
     {
         return Some((v, Found::Cache));
     }
+    table_only(flow)
+}
+
+/// The flow's entry in the LRU hash (its cache slot is known not to hold it).
+#[inline(always)]
+pub fn table_only(flow: &FlowKey) -> Option<(FlowValue, Found)> {
     let v = unsafe { *LB_CONNTRACK.get_ptr(flow)? };
     Some((v, Found::Table))
+}
+
+/// What the fast path learned about a flow before leaving it to the full path: its key's hash
+/// and what its slot held for it, so that the full path, which builds the same key from the
+/// same headers, neither hashes nor compares the slot again. Two words: the program's stack
+/// is near its limit.
+pub struct Hint {
+    hash: u64,
+    /// The packed value the slot held for the flow, or `NOT_CACHED`.
+    cached: u64,
+}
+
+/// `Hint::cached` when the slot did not hold the flow. No entry holds it: backend id
+/// `u32::MAX` names no pair (`MAX_BACKENDS` is far below), so such a value is stale anyway.
+const NOT_CACHED: u64 = u64::MAX;
+
+impl Hint {
+    #[inline(always)]
+    pub fn new(slot: &Slot, cached: Option<FlowValue>) -> Hint {
+        Hint {
+            hash: slot.hash,
+            cached: cached.map_or(NOT_CACHED, pack),
+        }
+    }
+
+    /// The flow's slot and its entry, as `slot` and `lookup` would give them.
+    #[inline(always)]
+    pub fn found(&self, cfg: &LbConfig, flow: &FlowKey) -> (Slot, Option<(FlowValue, Found)>) {
+        let slot = slot_at(cfg, self.hash);
+        if self.cached != NOT_CACHED {
+            return (slot, Some((unpack(self.cached), Found::Cache)));
+        }
+        (slot, table_only(flow))
+    }
 }
 
 /// The flow's entry if its cache slot holds it (the fast path; a miss takes the full path).

@@ -74,9 +74,11 @@ const COUNTED: u32 = u32::MAX - 1;
 fn try_lb(ctx: &XdpContext) -> Result<Outcome, ParseError> {
     let cfg = LB_CONFIG.get(0);
     // An established TCP flow in the flow cache, or the node's own traffic: decided
-    // with one bounds check (see `fast`); anything else, or any doubt, takes the path below.
+    // with one bounds check (see `fast`); anything else, or any doubt, takes the path below,
+    // with the flow's cache slot if the fast path found it.
+    let mut hint = None;
     if let Some(c) = cfg
-        && let Some(outcome) = fast::established(ctx, c)
+        && let Some(outcome) = fast::established(ctx, c, &mut hint)
     {
         return Ok(outcome);
     }
@@ -109,7 +111,10 @@ fn try_lb(ctx: &XdpContext) -> Result<Outcome, ParseError> {
         } else {
             Track::Yes
         };
-        return Ok(balance(ctx, cfg, &flow, track));
+        // The fast path stopped at this TCP segment's slot only after reading the same headers
+        // as this path: same key, so its slot and what the slot held stand.
+        let hint = if l3.proto == PROTO_TCP { hint } else { None };
+        return Ok(balance(ctx, cfg, &flow, track, hint));
     }
     if let Some(inner) = packet::icmp_too_big(ctx, &l3)? {
         // The embedded packet is one the VIP sent to the client: swap it back into the flow
@@ -126,7 +131,7 @@ fn try_lb(ctx: &XdpContext) -> Result<Outcome, ParseError> {
         if inner.l3.src != l3.dst || lookup_vip(cfg, &flow).is_none() {
             return Ok((XDP_PASS, stat::PASS_ICMP_NOT_VIP, NONE));
         }
-        let (action, reason, conntrack) = balance(ctx, cfg, &flow, Track::LookupOnly);
+        let (action, reason, conntrack) = balance(ctx, cfg, &flow, Track::LookupOnly, None);
         let reason = match reason {
             stat::FORWARDED | stat::PASS_LOCAL_BACKEND => stat::ICMP_FORWARDED,
             other => other,
@@ -382,10 +387,22 @@ fn handshake_of(
 }
 
 #[inline(always)]
-fn balance(ctx: &XdpContext, cfg: Option<&LbConfig>, flow: &FlowKey, track: Track) -> Outcome {
+fn balance(
+    ctx: &XdpContext,
+    cfg: Option<&LbConfig>,
+    flow: &FlowKey,
+    track: Track,
+    hint: Option<flows::Hint>,
+) -> Outcome {
     let bytes = (ctx.data_end() - ctx.data()) as u64;
-    let slot = flows::slot(cfg, flow);
-    let found = flows::lookup(&slot, flow);
+    let (slot, found) = match (hint, cfg) {
+        (Some(h), Some(cfg)) => h.found(cfg, flow),
+        _ => {
+            let slot = flows::slot(cfg, flow);
+            let found = flows::lookup(&slot, flow);
+            (slot, found)
+        }
+    };
     let cached = found.map(|(v, _)| v);
 
     // 1. Fast path for established flows: the entry's pair still exists and is in its set, and

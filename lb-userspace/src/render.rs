@@ -64,6 +64,11 @@ pub struct ClusterSpec {
     /// `advert_int 1`).
     #[serde(default)]
     pub advert_interval_ms: Option<u32>,
+    /// Fast failover, for clusters that run lb on every node: VRRPv3 adverts every
+    /// `FAST_ADVERT_INTERVAL_MS` (20 ms), so a new owner answers within about 100 ms of the
+    /// old one's death. Needs `vrrp_version = 3` and no `advert_interval_ms`.
+    #[serde(default)]
+    pub fast_failover: bool,
     /// Override the VRIDs derived from the cluster name (`[api, ingress]`).
     #[serde(default)]
     pub vrids: Option<[u8; 2]>,
@@ -230,6 +235,18 @@ impl ClusterSpec {
                 format!("must be 2 or 3, got {}", self.vrrp_version),
             ));
         }
+        if self.fast_failover && self.vrrp_version != 3 {
+            return Err(invalid(
+                "fast_failover",
+                "needs vrrp_version = 3: keepalived nodes still in the cluster (VRRPv2) advertise every second",
+            ));
+        }
+        if self.fast_failover && self.advert_interval_ms.is_some() {
+            return Err(invalid(
+                "fast_failover",
+                "sets the advert interval itself: remove advert_interval_ms",
+            ));
+        }
         check_vip_list("api", self.api_vip, &self.api_vips, true)?;
         check_vip_list("ingress", self.ingress_vip, &self.ingress_vips, false)?;
         let api = self.api_vips();
@@ -386,9 +403,13 @@ impl ClusterSpec {
     ) -> InstanceConfig {
         let v4 = vip.is_ipv4();
         let migrating = self.vrrp_version == 2;
-        let interval = self
-            .advert_interval_ms
-            .unwrap_or(if migrating { 1000 } else { 100 });
+        let interval = self.advert_interval_ms.unwrap_or(if migrating {
+            1000
+        } else if self.fast_failover {
+            crate::vrrp::config::FAST_ADVERT_INTERVAL_MS
+        } else {
+            100
+        });
         InstanceConfig {
             name: name.into(),
             interface: None,
@@ -1230,6 +1251,27 @@ roles = ["worker"]
                 "{y}"
             );
         }
+    }
+
+    #[test]
+    fn fast_failover_renders_20_ms_adverts_and_only_with_vrrpv3() {
+        let out = ClusterSpec::parse(&format!("fast_failover = true\n{SPLIT}"))
+            .unwrap()
+            .render()
+            .unwrap();
+        for r in &out {
+            for inst in &r.config.vrrp {
+                assert_eq!(inst.version, 3);
+                assert_eq!(inst.advert_interval_ms, Some(20), "{}", r.node);
+            }
+            assert_eq!(&Config::parse(&to_toml("ostest", r)).unwrap(), &r.config);
+        }
+        let e = err(&format!("fast_failover = true\nvrrp_version = 2\n{SPLIT}"));
+        assert!(e.starts_with("fast_failover:"), "{e}");
+        let e = err(&format!(
+            "fast_failover = true\nadvert_interval_ms = 100\n{SPLIT}"
+        ));
+        assert!(e.starts_with("fast_failover:"), "{e}");
     }
 
     #[test]

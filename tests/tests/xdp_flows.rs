@@ -477,3 +477,138 @@ fn a_write_back_never_replaces_an_entry_written_since() {
     }
     assert!(checked > 30, "{checked} flows checked");
 }
+
+/// Run `f` on CPU `cpu` only (BPF_PROG_TEST_RUN runs the program on the calling CPU), then
+/// give the thread back its earlier CPUs.
+fn on_cpu<T>(cpu: usize, f: impl FnOnce() -> T) -> T {
+    // SAFETY: plain libc calls on this thread's own affinity mask.
+    unsafe {
+        let size = std::mem::size_of::<libc::cpu_set_t>();
+        let mut old: libc::cpu_set_t = std::mem::zeroed();
+        assert_eq!(libc::sched_getaffinity(0, size, &mut old), 0);
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        assert_eq!(
+            libc::sched_setaffinity(0, size, &set),
+            0,
+            "pin to CPU {cpu}: {}",
+            std::io::Error::last_os_error()
+        );
+        let out = f();
+        assert_eq!(libc::sched_setaffinity(0, size, &old), 0);
+        out
+    }
+}
+
+/// One counter of `LB_STATS` on each CPU.
+fn per_cpu_counter(t: &TestDataplane, index: u32) -> Vec<u64> {
+    let stats: aya::maps::PerCpuArray<MapData, [u64; lb_common::stat::COUNT as usize]> =
+        aya::maps::PerCpuArray::try_from(Map::PerCpuArray(
+            MapData::from_pin(t.opts.pin_dir().join(lb_common::maps::STATS)).unwrap(),
+        ))
+        .unwrap();
+    stats
+        .get(&0, 0)
+        .unwrap()
+        .iter()
+        .map(|c| c[index as usize])
+        .collect()
+}
+
+/// A flow whose packets arrive on two CPUs (RSS moving a flow, or its directions' queues): the
+/// connection-table entry the SYN wrote on one CPU is the one the other CPU's packets find
+/// (one hash table shared by every CPU, whatever its LRU lists are), so they keep their backend
+/// when the Maglev table changed and the flow-cache slot is gone; and an entry rewritten on the
+/// second CPU (a stale entry replaced) is found back on the first.
+#[test]
+fn a_flow_whose_packets_arrive_on_two_cpus_keeps_its_backend() {
+    use lb_common::stat;
+    let cpus = std::thread::available_parallelism().unwrap().get();
+    assert!(
+        cpus >= 2,
+        "this test needs two CPUs, the machine has {cpus}"
+    );
+    let vip = IpAddr::from(VIP4);
+    let client = IpAddr::from([10, 68, 7, 7]);
+    let mut t = TestDataplane::new(251);
+    t.dp.apply(&desired(vip, 3)).unwrap();
+    let mut m = Maps::open(&t);
+    let ports: Vec<u16> = (20000..20064).collect();
+
+    // SYNs on CPU 0: each misses there and writes its entry there.
+    let miss0 = per_cpu_counter(&t, stat::CONNTRACK_MISS);
+    let chosen: Vec<u8> = on_cpu(0, || {
+        ports
+            .iter()
+            .map(|&p| send(&mut t, &frame(client, vip, p, SYN)))
+            .collect()
+    });
+    let miss1 = per_cpu_counter(&t, stat::CONNTRACK_MISS);
+    assert_eq!(
+        miss1[0] - miss0[0],
+        ports.len() as u64,
+        "the SYNs ran on CPU 0"
+    );
+    assert_eq!(miss1[1], miss0[1], "no SYN ran on CPU 1");
+
+    // The table changes and the cache forgets the flows: only the entries keep them.
+    t.dp.apply(&desired(vip, 4)).unwrap();
+    for &p in &ports {
+        let s = m.slot(&key(client, vip, p));
+        m.cache.set(s, FlowCacheEntry::default(), 0).unwrap();
+    }
+    let hit0 = per_cpu_counter(&t, stat::CONNTRACK_HIT);
+    on_cpu(1, || {
+        for (&p, &b) in ports.iter().zip(&chosen) {
+            assert_eq!(
+                send(&mut t, &frame(client, vip, p, ACK)),
+                b,
+                "flow {p} keeps its backend on CPU 1"
+            );
+        }
+    });
+    let hit1 = per_cpu_counter(&t, stat::CONNTRACK_HIT);
+    assert_eq!(
+        hit1[1] - hit0[1],
+        ports.len() as u64,
+        "CPU 1 found every entry"
+    );
+    assert_eq!(hit1[0], hit0[0], "nothing ran on CPU 0");
+
+    // A stale entry (its pair gone) replaced on CPU 1 is what CPU 0 finds next.
+    let p = ports[0];
+    let k = key(client, vip, p);
+    let stale = FlowValue {
+        backend_id: m.conntrack.get(&k, 0).unwrap().backend_id,
+        epoch: u32::MAX,
+    };
+    m.conntrack.insert(k, stale, 0).unwrap();
+    m.cache
+        .set(m.slot(&k), FlowCacheEntry::default(), 0)
+        .unwrap();
+    let b = on_cpu(1, || send(&mut t, &frame(client, vip, p, ACK)));
+    let written = m.conntrack.get(&k, 0).unwrap();
+    assert_ne!(written.epoch, u32::MAX, "CPU 1 rewrote the stale entry");
+    m.cache
+        .set(m.slot(&k), FlowCacheEntry::default(), 0)
+        .unwrap();
+    assert_eq!(on_cpu(0, || send(&mut t, &frame(client, vip, p, ACK))), b);
+    assert_eq!(m.conntrack.get(&k, 0).unwrap(), written);
+
+    // The test could fail: without their entries, some of these flows would move now.
+    let mut moved = 0;
+    for (&p, &b) in ports.iter().zip(&chosen) {
+        let k = key(client, vip, p);
+        m.conntrack.remove(&k).unwrap();
+        m.cache
+            .set(m.slot(&k), FlowCacheEntry::default(), 0)
+            .unwrap();
+        if on_cpu(1, || send(&mut t, &frame(client, vip, p, ACK))) != b {
+            moved += 1;
+        }
+    }
+    assert!(
+        moved > 0,
+        "the fourth backend took some of the flows' slots"
+    );
+}

@@ -197,6 +197,16 @@ impl VrrpSocket {
         }
     }
 
+    /// A packet already queued on the socket, without waiting (`None`: the queue is empty).
+    /// Reads the socket directly, not through the reactor's readiness, which may not have
+    /// seen the packet yet when this task ran late.
+    pub fn try_recv(&self) -> Option<io::Result<Incoming>> {
+        match self.recv_now(self.fd.as_raw_fd()) {
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => None,
+            r => Some(r),
+        }
+    }
+
     fn recv_now(&self, s: RawFd) -> io::Result<Incoming> {
         let mut buf = [0u8; 2048];
         if self.src.is_ipv4() {

@@ -20,8 +20,20 @@
 //! start of 30 consecutive successes with no failure after. Each failure happens at a random
 //! point of the advert cycle. After each failure the node comes back and the lab settles.
 //! `LB_FAILOVER_ROUNDS` (default 10) sets the repetitions.
+//!
+//! Fast failover: lbd at `FAST_ADVERT_MS` adverts (the same three nodes), measured like the
+//! rest, and a stress case: the same lab left alone for `LB_FAILOVER_STRESS_SECS` (default 300)
+//! with every core kept busy (two spinning threads per CPU) and short connections through the
+//! owner as fast as 32 concurrent clients go; a false failover is a backup that became master
+//! meanwhile (lbd's `became_master` counter).
 
-use std::time::{Duration, Instant};
+use std::{
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::{Duration, Instant},
+};
 
 use serde_json::json;
 
@@ -114,6 +126,100 @@ fn measure(s: &Setup, rounds: usize) -> Rounds {
     out
 }
 
+/// lbd's fast-failover advert interval (what `lbctl render`'s `fast_failover` writes).
+pub const FAST_ADVERT_MS: u32 = lb_userspace::vrrp::config::FAST_ADVERT_INTERVAL_MS;
+
+fn stress_secs() -> u64 {
+    std::env::var("LB_FAILOVER_STRESS_SECS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(300)
+}
+
+/// What the stress case saw: false failovers, the owner's transitions, connections ok/failed.
+struct Stress {
+    false_failovers: u64,
+    owner_transitions: u64,
+    ok: u64,
+    failed: u64,
+    secs: u64,
+}
+
+/// The fast setting left alone under load: every core busy and heavy traffic through the
+/// owner; count backups that became master.
+fn stress(secs: u64) -> Stress {
+    let labnode = crate::bin_dir().join("labnode");
+    let opts = [150, 100, 50]
+        .into_iter()
+        .map(|priority| NodeOpts {
+            priority,
+            advert_ms: FAST_ADVERT_MS,
+            ..NodeOpts::default()
+        })
+        .collect();
+    let l = VrrpLab::new(&labnode.display().to_string(), opts);
+    let all = [0, 1, 2];
+    let owner = l
+        .wait_one_master(&all, Duration::from_secs(30))
+        .unwrap_or_else(|| panic!("stress: no single master\n{}", l.logs()));
+    assert!(
+        l.wait_serving(Duration::from_secs(20)),
+        "stress: client not served\n{}",
+        l.logs()
+    );
+    let became = |i: usize| {
+        l.status(i)
+            .and_then(|v| v["counters"]["became_master"].as_u64())
+            .unwrap_or_else(|| panic!("stress: no status from node {i}\n{}", l.logs()))
+    };
+    let before: Vec<u64> = all.iter().map(|&i| became(i)).collect();
+    let owner_before = l.transitions(owner).unwrap_or(0);
+    let stop = Arc::new(AtomicBool::new(false));
+    let cpus = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let spinners: Vec<_> = (0..2 * cpus)
+        .map(|_| {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let mut x = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    x = std::hint::black_box(x.wrapping_mul(6364136223846793005).wrapping_add(1));
+                }
+            })
+        })
+        .collect();
+    let out = l
+        .lab
+        .cmd("client", &labnode)
+        .args([
+            "connect-for",
+            l.vip,
+            crate::vrrp_lab::PORT,
+            &secs.to_string(),
+            "32",
+            "1000",
+        ])
+        .output()
+        .unwrap();
+    stop.store(true, Ordering::Relaxed);
+    for s in spinners {
+        let _ = s.join();
+    }
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+    let after: Vec<u64> = all.iter().map(|&i| became(i)).collect();
+    let false_failovers = all
+        .iter()
+        .filter(|&&i| i != owner)
+        .map(|&i| after[i] - before[i])
+        .sum();
+    Stress {
+        false_failovers,
+        owner_transitions: l.transitions(owner).unwrap_or(0) - owner_before,
+        ok: v["ok"].as_u64().unwrap_or(0),
+        failed: v["failed"].as_u64().unwrap_or(0),
+        secs,
+    }
+}
+
 fn setups() -> Vec<Setup> {
     let ka = NodeOpts {
         haproxy: true,
@@ -124,6 +230,16 @@ fn setups() -> Vec<Setup> {
             name: "lbd (VRRPv3 100 ms, 200 ms checks, fate sharing)",
             key: "lbd",
             base: NodeOpts::default(),
+            priorities: [150, 100, 50],
+            limit: Duration::from_secs(10),
+        },
+        Setup {
+            name: "lbd fast (VRRPv3 20 ms, 200 ms checks, fate sharing)",
+            key: "lbd_fast",
+            base: NodeOpts {
+                advert_ms: FAST_ADVERT_MS,
+                ..NodeOpts::default()
+            },
             priorities: [150, 100, 50],
             limit: Duration::from_secs(10),
         },
@@ -211,6 +327,25 @@ pub fn run() {
             if lm < 500.0 { "met" } else { "NOT met" }
         );
     }
+    let fast = median_of("lbd_fast", |x| x.0);
+    let stressed = fast.map(|_| {
+        let s = stress(stress_secs());
+        println!(
+            "stress (lbd fast, {} s, every core busy, 32 concurrent clients): false failovers {}, owner transitions {}, connections ok {} failed {}",
+            s.secs, s.false_failovers, s.owner_transitions, s.ok, s.failed
+        );
+        s
+    });
+    if let (Some(fm), Some(s)) = (fast, &stressed) {
+        println!(
+            "target lbd fast median first answer <= 100 ms with 0 false failovers: {}",
+            if fm <= 100.0 && s.false_failovers == 0 {
+                "met"
+            } else {
+                "NOT met"
+            }
+        );
+    }
     println!("total {:.0} s", t.elapsed().as_secs_f64());
     let first_of = |key: &str| {
         results
@@ -228,6 +363,16 @@ pub fn run() {
             "keepalived_ms": first_of("keepalived"),
             "lbd_median_ms": median_of("lbd", |x| x.0),
             "keepalived_median_ms": median_of("keepalived", |x| x.0),
+            "lbd_fast_interval_ms": fast.map(|_| FAST_ADVERT_MS),
+            "lbd_fast_median_ms": fast,
+            "lbd_fast_restored_median_ms": median_of("lbd_fast", |x| x.1),
+            "false_failovers_under_stress": stressed.as_ref().map(|s| s.false_failovers),
+            "stress": stressed.as_ref().map(|s| json!({
+                "seconds": s.secs,
+                "owner_transitions": s.owner_transitions,
+                "connections_ok": s.ok,
+                "connections_failed": s.failed,
+            })),
         }),
     );
 }

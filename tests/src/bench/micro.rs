@@ -92,6 +92,7 @@ fn floors(frame: &[u8], repeat: u32, rounds: usize) -> Vec<(&'static str, Measur
         "bench_lru40",
         "bench_lru16",
         "bench_lru_insert40",
+        "bench_lru_insert40_pcpu",
     ]);
     let mut timed = |name: &str| {
         let mut out = vec![0u8; frame.len() + 256];
@@ -109,6 +110,10 @@ fn floors(frame: &[u8], repeat: u32, rounds: usize) -> Vec<(&'static str, Measur
         ("floor_lru_lookup_40b_key", "bench_lru40"),
         ("floor_lru_lookup_16b_key", "bench_lru16"),
         ("floor_lru_insert_40b_key", "bench_lru_insert40"),
+        (
+            "floor_lru_insert_40b_key_percpu_lru",
+            "bench_lru_insert40_pcpu",
+        ),
     ]
     .into_iter()
     .map(|(label, prog)| {
@@ -252,8 +257,9 @@ pub(super) fn setup() -> (TestDataplane, Vec<(&'static str, Vec<u8>)>) {
 
     let cases = vec![
         ("pass_non_vip", other),
-        // A SYN takes the new-connection path: VIP lookup, flow hash, Maglev slot, and a
-        // connection-table write (repeated on one 5-tuple: an update of the entry).
+        // One 5-tuple's SYN, repeated: after the first, its entry is there and is kept (a SYN
+        // never moves a live entry), so this is the path of a retransmitted SYN; a new
+        // 5-tuple's SYN is `tcp_syn_new` below.
         ("tcp_new_flow", syn),
         ("tcp_established", ack),
         ("tcp6_established", ack6),
@@ -298,6 +304,18 @@ pub fn run() {
             "one LRU lookup of a key built from the frame, then the baseline's MAC swap; interleaved with the baseline, same frame, repeat runs",
         ));
     }
+
+    // A connection's first SYN: a 5-tuple never seen, so the flow-cache slot misses, the
+    // connection table misses, and the SYN writes its entry (an LRU insert) and its slot.
+    let syns: Vec<Vec<u8>> = (0..20_000u32)
+        .map(|i| client_frame(70, i, v4, SYN))
+        .collect();
+    let m = abab_single(&mut t, &mut baseline, &syns, rounds);
+    m.print("tcp_syn_new");
+    rows.push(m.row(
+        "tcp_syn_new",
+        "repeat=1 runs over 20000 SYNs of new 5-tuples, each after a baseline run on the same frame",
+    ));
 
     // A flow seen first mid-stream (e.g. on a new VIP owner after failover) misses the
     // connection table and inserts a new entry: a fresh 5-tuple every packet.

@@ -102,7 +102,7 @@ pub(super) struct BenchProgs {
 
 impl BenchProgs {
     fn load() -> BenchProgs {
-        Self::load_programs(&["bench_gen", "bench_sink", "lb_baseline"])
+        Self::load_programs(&["bench_gen", "bench_sink", "lb_baseline", "bench_slot_floor"])
     }
 
     /// Load `programs` of the benches' object (verified by the kernel, not attached).
@@ -185,6 +185,8 @@ impl Drop for BenchProgs {
 enum Program {
     Baseline,
     Lb,
+    /// `bench_slot_floor`: a random slot of an 8 MiB table per packet, then the MAC swap.
+    SlotFloor,
 }
 
 struct Case {
@@ -332,6 +334,18 @@ pub fn run() {
             lb_busy: vec![],
         },
         Case {
+            name: "floor_random_slot_100k_flows",
+            program: Program::SlotFloor,
+            frame: ack.clone(),
+            flows: MANY_FLOWS,
+            passes: false,
+            mpps: vec![],
+            forwarded: vec![],
+            sent_mpps: vec![],
+            misses: 0,
+            lb_busy: vec![],
+        },
+        Case {
             name: "pass_non_vip",
             program: Program::Lb,
             frame: other,
@@ -351,14 +365,19 @@ pub fn run() {
     for round in 0..=rounds {
         for case in cases.iter_mut() {
             match case.program {
-                Program::Baseline => {
+                Program::Baseline | Program::SlotFloor => {
                     let link: FdLink = PinnedLink::from_pin(&link_pin)
                         .expect("the pinned XDP link of lb0")
                         .into();
+                    let name = if matches!(case.program, Program::Baseline) {
+                        "lb_baseline"
+                    } else {
+                        "bench_slot_floor"
+                    };
                     progs
-                        .prog("lb_baseline")
+                        .prog(name)
                         .attach_to_link(link.try_into().unwrap())
-                        .expect("swap in the baseline");
+                        .expect("swap in a bench program");
                 }
                 Program::Lb => Wire::within(&wire.lb_ns, || {
                     t.dp.attach(LB_IF, lb_userspace::config::XdpMode::Driver)
