@@ -626,7 +626,11 @@ impl Runner {
             } => (src, dst, hops, advert),
             Incoming::Dropped { reason, src } => return self.count_drop(src, reason),
         };
-        if src == self.socket.src() {
+        // Our own address: our looped-back adverts, or a host forging us. Only a priority-0
+        // advert in our name matters (a resignation we never sent): the state machine answers
+        // it at once, so the backups hear us before their skew runs out.
+        let own = src == self.socket.src();
+        if own && (advert.priority != 0 || self.machine.state() != State::Master) {
             return;
         }
         if !self.policy.hops_ok(src, dst, hops) {
@@ -645,6 +649,17 @@ impl Runner {
         }
         if let Err(reason) = j.verdict {
             return self.count_drop(Some(src), reason);
+        }
+        if own {
+            if let Some(suppressed) = self.warn.allow(self.now(), Some(src), "forged_resignation") {
+                tracing::warn!(instance = %self.cfg.name, suppressed, "a priority-0 advert in our name that we did not send (a forged resignation): advertising at once");
+            }
+            let ev = Event::AdvertReceived {
+                from: src,
+                priority: 0,
+                interval: Duration::from_millis(u64::from(advert.interval_cs) * 10),
+            };
+            return self.step(ev).await;
         }
         self.with_status(|s| s.counters.adverts_received += 1);
         let ev = Event::AdvertReceived {

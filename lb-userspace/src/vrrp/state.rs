@@ -365,6 +365,11 @@ impl Machine {
             } => {
                 if from != self.params.primary_addr {
                     self.on_advert(now, &mut out, from, priority, interval);
+                } else if priority == 0 && self.state == State::Master {
+                    // A resignation in our name that we did not send (a host on the segment
+                    // forging our address): assert ourselves at once, so the backups restart
+                    // their master-down timers before their skew runs out.
+                    self.answer(now, &mut out);
                 }
             }
         }
@@ -945,6 +950,20 @@ mod tests {
             Output::default()
         );
         assert_eq!(m.state(), State::Master);
+    }
+
+    #[test]
+    fn a_resignation_forged_in_our_name_is_answered_at_once() {
+        // A master hears a priority-0 advert with its own address that it never sent: it
+        // advertises at once (before the backups' skew runs out) and stays master.
+        let mut m = master(100);
+        let out = m.handle(MS(4000), advert("192.0.2.10", 0));
+        assert_eq!(m.state(), State::Master);
+        assert_eq!(out.actions[0], Action::SendAdvert { priority: 100 });
+        // A backup ignores its own address whatever the priority.
+        let mut b = started(100);
+        assert_eq!(b.handle(MS(10), advert("192.0.2.10", 0)), Output::default());
+        assert_eq!(b.state(), State::Backup);
     }
 
     #[test]
