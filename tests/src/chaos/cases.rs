@@ -316,8 +316,28 @@ fn hostile_adverts(ch: &mut Chaos, owner: &str, notes: &mut Vec<String>) {
             String::from_utf8_lossy(&out.stdout).trim(),
             String::from_utf8_lossy(&out.stderr).trim()
         ));
+        // Adverts that do not forge the master must never move the VIP. A resignation forged
+        // in the master's name is a resignation by the protocol (priority 0 is acted on after
+        // the skew only, as keepalived does): the master answers one it hears at once, but one
+        // sent only to the backups can move the VIP (RFC 5798 section 9's on-segment limit);
+        // its cost (failed connections, gap, two holders) is held to the case's budget.
+        let now = ch.owner();
+        if prio != "0" && now.as_deref() != Some(owner) {
+            notes.push(format!(
+                "{MOVED} from {owner} to {} by adverts that do not forge the master ({what})",
+                now.unwrap_or_else(|| "?".into())
+            ));
+        } else if prio == "0" {
+            notes.push(format!(
+                "owner after the forged resignations: {}",
+                now.unwrap_or_else(|| "?".into())
+            ));
+        }
     }
 }
+
+/// Marks a note of [`hostile_adverts`]: the VIP moved where it must not have.
+const MOVED: &str = "the API VIP moved";
 
 /// The longest stretch in `[from, to)` without an answered new connection, per target; ms.
 fn max_gap(ends: &mut [u64], from: u64, to: u64) -> f64 {
@@ -486,11 +506,10 @@ pub fn run_case(ch: &mut Chaos, case: Case, seed: u64) -> CaseResult {
     } else if r.dual_master_ms > interval + slack {
         miss.push(format!("two VIP holders for {:.0} ms", r.dual_master_ms));
     }
-    if case == Case::HostileAdverts && r.owner_after != r.owner_before {
-        miss.push(format!(
-            "the API VIP moved from {} to {}",
-            r.owner_before, r.owner_after
-        ));
+    if case == Case::HostileAdverts
+        && let Some(n) = r.notes.iter().find(|n| n.starts_with(MOVED))
+    {
+        miss.push(n.clone());
     }
     if r.notes
         .iter()
