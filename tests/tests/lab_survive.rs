@@ -143,7 +143,11 @@ fn upgrade_sequence(sync: bool, mv: Move, ipv6: bool) -> Outcome {
     // owner time to see every connection's packets and write their entries first; the lab's
     // short hold (2 s) did not always, right after a failover where two backups were briefly
     // both master.
-    let hold_ms = if mv == Move::NodeDeath { 10_000 } else { HOLD_MS };
+    let hold_ms = if mv == Move::NodeDeath {
+        10_000
+    } else {
+        HOLD_MS
+    };
     let mut l = lab_with_hold(sync, ipv6, 1000, hold_ms);
     let all = [0usize, 1, 2];
     let m = l
@@ -579,5 +583,9 @@ fn outsiders_and_holders_of_another_key_cannot_write_a_connection_table() {
         let s = sync_stats(&l, m);
         (s["received_datagrams"].as_u64()? > 0).then_some(())
     });
-    assert!(heard.is_some(), "the peers are heard: {}", sync_stats(&l, m));
+    assert!(
+        heard.is_some(),
+        "the peers are heard: {}",
+        sync_stats(&l, m)
+    );
 }
