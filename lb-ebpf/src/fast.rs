@@ -23,15 +23,13 @@ use lb_common::{
 };
 
 use crate::{
-    Outcome, count_forwarded_hit,
+    Outcome,
     flows::{self, Hint},
-    from_peer, key_of,
     maps::LB_BACKEND_STATS,
     maps::NONE,
     maps::count_traffic,
-    maybe_vip,
     packet::ptr_at,
-    ports_word, send_to, vip_owned,
+    shared::{count_forwarded_hit, from_peer, key_of, maybe_vip, ports_word, send_to, vip_owned},
 };
 
 /// Ethernet, a 20-byte IPv4 header and a 20-byte TCP header.

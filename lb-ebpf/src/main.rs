@@ -23,25 +23,26 @@ mod fast;
 mod flows;
 mod maps;
 mod packet;
+mod shared;
 mod sock;
 
 use aya_ebpf::{
     bindings::xdp_action::{XDP_DROP, XDP_PASS, XDP_TX},
-    helpers::generated::{bpf_ktime_get_coarse_ns, bpf_redirect},
+    helpers::generated::bpf_ktime_get_coarse_ns,
     macros::xdp,
     programs::XdpContext,
 };
 use lb_common::{
     ALL_PORTS, BACKEND_F_ENCAP, BACKEND_F_IN_SET, BACKEND_F_LOCAL, BACKEND_F_NO_NEW, BackendInfo,
     CONFIG_F_ALL_PORTS, FLOOD_HOLD_NS, FLOOD_WINDOW_NS, FlowKey, FlowValue, LbConfig, MAX_BACKENDS,
-    NO_BACKEND, PROTO_TCP, VIP_F_OWNED, VIP_OWNED, VipInfo, VipKey, addr_filter_bit_words,
-    flow_hash, mac_halves_filter_bit, peer_key_halves, stat, table_index,
+    NO_BACKEND, PROTO_TCP, VIP_F_OWNED, VipInfo, VipKey, flow_hash, stat, table_index,
 };
 use maps::{
     LB_BACKEND_STATS, LB_BACKENDS, LB_CONFIG, LB_FLOOD_NODE, LB_HANDSHAKES, LB_NEW_TABLES,
-    LB_PEERS, LB_STATS, LB_TABLES, LB_VIP_ADDRS, LB_VIP_OWNED, LB_VIPS, NONE, count, count_traffic,
+    LB_TABLES, LB_VIP_ADDRS, LB_VIPS, NONE, count, count_traffic,
 };
 use packet::{ETH_HLEN, ETH_P_IP, ETH_P_IPV6, L3, ParseError, has_ports, ptr_at};
+use shared::{count_forwarded_hit, from_peer, key_of, maybe_vip, ports_word, send_to, vip_owned};
 
 #[xdp]
 pub fn lb_xdp(ctx: XdpContext) -> u32 {
@@ -142,31 +143,6 @@ fn try_lb(ctx: &XdpContext) -> Result<Outcome, ParseError> {
 }
 
 #[inline(always)]
-fn maybe_vip(cfg: Option<&LbConfig>, addr: &[u32; 4]) -> bool {
-    let Some(cfg) = cfg else {
-        return true;
-    };
-    let bit = addr_filter_bit_words(addr);
-    match cfg.addr_filter.get((bit >> 6) as usize) {
-        Some(w) => w & (1u64 << (bit & 63)) != 0,
-        None => true,
-    }
-}
-
-#[inline(always)]
-fn from_peer(cfg: Option<&LbConfig>, mac: [u16; 3]) -> bool {
-    let Some(cfg) = cfg else {
-        return false;
-    };
-    let bit = mac_halves_filter_bit(mac);
-    let maybe = match cfg.peer_filter.get((bit >> 6) as usize) {
-        Some(w) => w & (1u64 << (bit & 63)) != 0,
-        None => true,
-    };
-    maybe && LB_PEERS.get_ptr(&peer_key_halves(mac)).is_some()
-}
-
-#[inline(always)]
 fn flow_key(l3: &L3, sport: u16, dport: u16) -> FlowKey {
     key_of(
         &l3.src,
@@ -175,29 +151,6 @@ fn flow_key(l3: &L3, sport: u16, dport: u16) -> FlowKey {
         l3.proto,
         l3.family,
     )
-}
-
-/// A flow key's ports as its last word holds them (`key_of`).
-#[inline(always)]
-fn ports_word(sport: u16, dport: u16) -> u64 {
-    sport as u64 | (dport as u64) << 16
-}
-
-/// A flow key built with five word stores (an IPv4 key's address words 1 and 3 are constant
-/// zeros), instead of field by field with byte stores for the protocol, family and padding.
-#[inline(always)]
-fn key_of(src: &[u32; 4], dst: &[u32; 4], ports: u64, proto: u8, family: u8) -> FlowKey {
-    let pair = |lo: u32, hi: u32| lo as u64 | (hi as u64) << 32;
-    let words: [u64; 5] = [
-        pair(src[0], src[1]),
-        pair(src[2], src[3]),
-        pair(dst[0], dst[1]),
-        pair(dst[2], dst[3]),
-        ports | (proto as u64) << 32 | (family as u64) << 40,
-    ];
-    // SAFETY: FlowKey is `#[repr(C, align(8))]`, 40 bytes: the addresses' bytes as the words
-    // hold them in memory, then sport, dport, proto, family and two zero bytes (little-endian).
-    unsafe { core::mem::transmute(words) }
 }
 
 /// An address's words as the bytes of a map key (the same bytes in memory: keys are aligned to 4,
@@ -353,14 +306,6 @@ fn flooded(cfg: Option<&LbConfig>) -> bool {
         }
         now < until.read_volatile()
     }
-}
-
-#[inline(always)]
-fn vip_owned(vip_id: u32) -> bool {
-    LB_VIP_OWNED
-        .get(vip_id)
-        .map(|o| o & VIP_OWNED != 0)
-        .unwrap_or(false)
 }
 
 /// For a TCP packet without a connection-table entry whose slot's backend takes no new flows:
@@ -557,30 +502,6 @@ fn delivered(reason: u32) -> bool {
     reason == stat::FORWARDED || reason == stat::PASS_LOCAL_BACKEND
 }
 
-/// The counters of an established flow's forwarded packet, at constant indexes (the generic
-/// `count` checks each index against the array and `NONE`).
-#[inline(always)]
-fn count_forwarded_hit(action: u32) {
-    if let Some(c) = LB_STATS.get_ptr_mut(0) {
-        // Per-CPU value: no other writer.
-        let c = unsafe { &mut *c };
-        let verdict = if action == XDP_TX {
-            stat::VERDICT_TX
-        } else {
-            stat::VERDICT_REDIRECT
-        };
-        c[verdict as usize] += 1;
-        c[stat::FORWARDED as usize] += 1;
-        c[stat::CONNTRACK_HIT as usize] += 1;
-    }
-}
-
-// `forward` copies the two MACs as one 12-byte block at a 4-aligned offset.
-const _: () = assert!(
-    core::mem::offset_of!(BackendInfo, src_mac) == core::mem::offset_of!(BackendInfo, dst_mac) + 6
-        && core::mem::offset_of!(BackendInfo, dst_mac) % 4 == 0
-);
-
 /// Send the packet to its backend: the MACs rewritten (L2 direct server return), wrapped for a
 /// routed backend (`encap`), or passed to the local stack when the backend is this node.
 #[inline(always)]
@@ -597,26 +518,6 @@ fn forward(ctx: &XdpContext, backend: &BackendInfo, track: Track) -> Outcome {
         return (XDP_PASS, stat::PASS_MALFORMED, NONE);
     };
     (send_to(eth as *mut u32, backend), stat::FORWARDED, NONE)
-}
-
-/// Write the backend's MACs over the Ethernet header at `eth` (12 bytes the caller checked are
-/// in the frame) and send the frame: XDP_TX, or a redirect to the backend's interface.
-#[inline(always)]
-fn send_to(eth: *mut u32, backend: &BackendInfo) -> u32 {
-    // `dst_mac` then `src_mac` are the 12 bytes at offset 16 of the (4-aligned) map value, in
-    // the order of the Ethernet header: three word copies instead of twelve byte copies.
-    unsafe {
-        let src = backend.dst_mac.as_ptr() as *const u32;
-        let (a, b, c) = (src.read(), src.add(1).read(), src.add(2).read());
-        eth.write(a);
-        eth.add(1).write(b);
-        eth.add(2).write(c);
-    }
-    if backend.ifindex == 0 {
-        XDP_TX
-    } else {
-        unsafe { bpf_redirect(backend.ifindex, 0) as u32 }
-    }
 }
 
 /// Attached to the peer of a native-mode veth so that XDP_TX frames are delivered (a kernel

@@ -180,7 +180,7 @@ fn choose(
     let cfg = LB_CONFIG.get(0)?;
     // Most connections are not to a VIP: the XDP program's address filter says so without a
     // hash lookup.
-    if !crate::maybe_vip(Some(cfg), dst) {
+    if !crate::shared::maybe_vip(Some(cfg), dst) {
         return None;
     }
     let mut src = [0u8; 16];
