@@ -1,0 +1,217 @@
+extern crate std;
+use super::*;
+use crate::hash::word;
+use std::{vec, vec::Vec};
+
+/// 10.0.0.1:40000 -> 10.0.0.100:6443, TCP.
+fn v4_key() -> FlowKey {
+    FlowKey {
+        src: [10, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+        dst: [10, 0, 0, 100, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+        sport: 40000,
+        dport: 6443,
+        proto: PROTO_TCP,
+        family: FAMILY_V4,
+        _pad: [0; 2],
+    }
+}
+
+#[test]
+fn hash_depends_on_every_field() {
+    let base = v4_key();
+    let h = flow_hash(&base, 7);
+    assert_ne!(h, flow_hash(&base, 8), "seed");
+    let mut k = base;
+    k.sport += 1;
+    assert_ne!(h, flow_hash(&k, 7), "sport");
+    let mut k = base;
+    k.dport += 1;
+    assert_ne!(h, flow_hash(&k, 7), "dport");
+    let mut k = base;
+    k.src[3] = 2;
+    assert_ne!(h, flow_hash(&k, 7), "src");
+    let mut k = base;
+    k.dst[15] = 1;
+    assert_ne!(h, flow_hash(&k, 7), "dst");
+    let mut k = base;
+    k.proto = PROTO_UDP;
+    assert_ne!(h, flow_hash(&k, 7), "proto");
+}
+
+#[test]
+fn flow_cache_hash_depends_on_every_word_a_key_can_hold_and_on_both_seed_parts() {
+    let v4 = v4_key();
+    let v6 = FlowKey {
+        src: [0xfd, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1],
+        dst: [0xfd, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x64],
+        family: FAMILY_V6,
+        ..v4
+    };
+    let seed = flow_cache_seed(7, flow_cache_config(1 << 12, 0x123));
+    for base in [v4, v6] {
+        let h = flow_cache_hash(&base, seed);
+        assert_ne!(h, flow_cache_hash(&base, seed ^ 1), "hash_seed");
+        assert_ne!(h, flow_cache_hash(&base, seed ^ (1 << 40)), "secret");
+        let mut fields: Vec<FlowKey> = Vec::new();
+        for i in 0..16 {
+            let mut k = base;
+            k.src[i] ^= 0x80;
+            fields.push(k);
+            let mut k = base;
+            k.dst[i] ^= 1;
+            fields.push(k);
+        }
+        let mut k = base;
+        k.sport ^= 1;
+        fields.push(k);
+        let mut k = base;
+        k.dport ^= 0x8000;
+        fields.push(k);
+        let mut k = base;
+        k.proto = PROTO_UDP;
+        fields.push(k);
+        for k in fields {
+            // An IPv4 key's address bytes 4..16 are always zero: they are not hashed.
+            let v4_tail = base.family == FAMILY_V4
+                && (k.src[4..] != base.src[4..] || k.dst[4..] != base.dst[4..]);
+            if !v4_tail {
+                assert_ne!(h, flow_cache_hash(&k, seed), "{k:?}");
+            }
+        }
+    }
+}
+
+#[test]
+fn the_flow_cache_hash_is_the_one_its_pin_version_names() {
+    // A restarted lbd adopts a pinned cache by name: if this fails, the hash changed, and
+    // `maps::FLOW_CACHE` (and the map's name in lb-ebpf) must get a new version, the old
+    // name going to `maps::OBSOLETE`.
+    let seed = flow_cache_seed(0x1b_5eed, flow_cache_config(1 << 12, 0x123));
+    assert_eq!(maps::FLOW_CACHE, "LB_FLOW_CACHE_V2");
+    assert_eq!(flow_cache_hash(&v4_key(), seed), 0x8075_5e93_ac37_1144);
+    assert!(maps::OBSOLETE.contains(&"LB_FLOW_CACHE"));
+}
+
+#[test]
+fn flow_cache_slots_are_spread_and_the_config_round_trips() {
+    assert_eq!(flow_cache_slots(DEFAULT_CONNTRACK_SIZE), 131_072);
+    assert_eq!(flow_cache_slots(1024), 512);
+    assert_eq!(flow_cache_slots(1000), 512);
+    assert_eq!(flow_cache_slots(3), 64);
+    let slots = 4096;
+    let cfg = flow_cache_config(slots, (1 << 27) - 1);
+    assert_eq!(1 << (cfg & 31), slots);
+    assert_eq!(cfg >> 5, (1 << 27) - 1);
+    let seed = flow_cache_seed(0xabcd, cfg);
+    let mut used = vec![0u32; slots as usize];
+    for sport in 0..(slots * 4) {
+        let k = FlowKey {
+            src: [10, 1, 2, 3, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+            dst: [10, 0, 0, 100, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+            sport: sport as u16,
+            dport: 443,
+            proto: PROTO_TCP,
+            family: FAMILY_V4,
+            _pad: [0; 2],
+        };
+        let i = flow_cache_index(flow_cache_hash(&k, seed), cfg);
+        assert!(i < slots);
+        used[i as usize] += 1;
+    }
+    // 4 keys a slot on average: with a uniform spread about 2 % of slots stay empty and
+    // none holds more than a dozen.
+    let empty = used.iter().filter(|n| **n == 0).count();
+    assert!(empty < slots as usize / 20, "{empty} empty slots");
+    assert!(used.iter().all(|n| *n <= 14), "max {:?}", used.iter().max());
+}
+
+#[test]
+fn a_flow_cache_check_binds_the_value_to_the_key() {
+    let a = FlowValue {
+        backend_id: 3,
+        epoch: 17,
+    };
+    let b = FlowValue {
+        backend_id: 4,
+        epoch: 17,
+    };
+    let c = FlowValue {
+        backend_id: 3,
+        epoch: 18,
+    };
+    let h = 0x0123_4567_89ab_cdef;
+    assert_ne!(flow_cache_check(h, a), flow_cache_check(h, b));
+    assert_ne!(flow_cache_check(h, a), flow_cache_check(h, c));
+    assert_ne!(flow_cache_check(h, a), flow_cache_check(h ^ (1 << 63), a));
+}
+
+#[test]
+fn hash_spreads_ports_evenly() {
+    // 65537 slots, 60000 source ports: every 1/8 of the table gets close to 1/8 of the flows.
+    let mut buckets = [0u32; 8];
+    let mut k = FlowKey {
+        proto: PROTO_TCP,
+        family: FAMILY_V4,
+        dport: 443,
+        ..Default::default()
+    };
+    k.src[..4].copy_from_slice(&[192, 0, 2, 7]);
+    for p in 1024..61024u32 {
+        k.sport = p as u16;
+        let slot = flow_hash(&k, 1) % DEFAULT_TABLE_SIZE;
+        buckets[(slot as usize * 8) / DEFAULT_TABLE_SIZE as usize] += 1;
+    }
+    for b in buckets {
+        assert!((7000..8000).contains(&b), "uneven bucket {b}: {buckets:?}");
+    }
+}
+
+#[test]
+fn word_forms_agree_with_byte_forms() {
+    for i in 0..200u8 {
+        let mac = [i, 0x52, i.wrapping_mul(7), 0x01, 0xfe, i ^ 0x5a];
+        let halves = [
+            u16::from_ne_bytes([mac[0], mac[1]]),
+            u16::from_ne_bytes([mac[2], mac[3]]),
+            u16::from_ne_bytes([mac[4], mac[5]]),
+        ];
+        assert_eq!(mac_halves_filter_bit(halves), mac_filter_bit(&mac));
+        assert_eq!(peer_key_halves(halves), peer_key(&mac));
+        let mut a = [0u8; 16];
+        a[..4].copy_from_slice(&[10, i, 0, 100]);
+        a[15] = i.wrapping_mul(3);
+        let w = [word(&a, 0), word(&a, 4), word(&a, 8), word(&a, 12)];
+        assert_eq!(addr_filter_bit_words(&w), addr_filter_bit(&a));
+    }
+}
+
+#[test]
+fn addr_filter_bits_spread() {
+    let mut seen = [false; 256];
+    for i in 0..64u8 {
+        let mut a = [0u8; 16];
+        a[..4].copy_from_slice(&[10, 0, i, 100]);
+        seen[addr_filter_bit(&a) as usize] = true;
+    }
+    assert!(
+        seen.iter().filter(|b| **b).count() > 40,
+        "64 addresses land on many bits"
+    );
+}
+
+#[test]
+fn stat_names_cover_every_index() {
+    assert_eq!(stat::NAMES.len(), stat::COUNT as usize);
+    assert_eq!(stat::NAMES[stat::ICMP_FORWARDED as usize], "icmp_forwarded");
+    assert_eq!(stat::NAMES[stat::DROP_FRAGMENT as usize], "drop_fragment");
+}
+
+#[test]
+fn table_index_separates_vips_and_halves() {
+    assert_eq!(table_stride(7), 8);
+    assert_eq!(table_index(0, 0, 7, 3), 3);
+    assert_eq!(table_index(0, 1, 7, 3), 11);
+    assert_eq!(table_index(1, 0, 7, 0), 16);
+    assert_eq!(table_index(1, 3, 7, 0), 24, "which is masked to one bit");
+    assert_eq!(table_elements(65537) * 2, MAX_VIPS * 2 * 65538);
+}

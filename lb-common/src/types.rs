@@ -1,0 +1,277 @@
+//! Map keys and values, with the flag bits of their fields: `#[repr(C)]`, explicit padding,
+//! a size assertion each.
+use core::mem::size_of;
+
+use crate::MAX_BACKENDS;
+
+/// A VIP service: looked up first with the packet's destination port, then with [`ALL_PORTS`].
+// Aligned to 4 (same size and offsets as without): the XDP program builds and hashes keys with
+// word loads and stores instead of byte by byte.
+#[repr(C, align(4))]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct VipKey {
+    /// IPv4 in the first 4 bytes (rest zero) or IPv6, network byte order.
+    pub addr: [u8; 16],
+    /// Destination port in host byte order, or [`ALL_PORTS`].
+    pub port: u16,
+    pub proto: u8,
+    pub family: u8,
+}
+const _: () = assert!(size_of::<VipKey>() == 20);
+
+/// `VipInfo::flags`: this node owns the VIP (VRRP master, or static ownership). Only an owner forwards.
+pub const VIP_F_OWNED: u32 = 1;
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct VipInfo {
+    /// Index of this VIP's counters and Maglev tables, `< MAX_VIPS`.
+    pub vip_id: u32,
+    pub flags: u32,
+    /// Which of the VIP's two Maglev tables is live (0 or 1). User space fills the other one,
+    /// then flips this field: a packet sees either the old table or the new one, never a mix.
+    pub active_table: u32,
+    pub _pad: u32,
+}
+const _: () = assert!(size_of::<VipInfo>() == 16);
+
+/// `BackendInfo::flags`: the backend is in its VIP's set; established flows may stay on it.
+pub const BACKEND_F_IN_SET: u32 = 1;
+/// The backend is this node: its packets go to the local stack (`XDP_PASS`).
+pub const BACKEND_F_LOCAL: u32 = 2;
+/// Drained by the operator (not read by the program: `BACKEND_F_NO_NEW` says what matters).
+/// Kept in the pinned map so a restarted `lbd` keeps the drain.
+pub const BACKEND_F_DRAINED: u32 = 4;
+/// In the set and in the Maglev table, but takes no new flows (drained, failing its checks
+/// within its hold, its node suspected dead). It keeps its table slots so that a node without
+/// a connection-table entry (a new VIP owner) still sends the backend's established flows to
+/// it; a flow start whose slot names it takes the same slot of the VIP's new-flow table
+/// (`LB_NEW_TABLES`, built without such backends), which names one that takes new flows
+/// whenever one exists.
+pub const BACKEND_F_NO_NEW: u32 = 8;
+/// The backend is not on this node's segment: packets are wrapped in an outer IP header
+/// (IP-in-IP, outer family = the backend's) from `BackendInfo::encap_src` to the backend, and
+/// sent to the next hop's MAC (`dst_mac`). The backend strips it (`lb_decap`).
+pub const BACKEND_F_ENCAP: u32 = 16;
+/// The pair moved to another slot (its addressing changed: MAC, next hop, interface, encap
+/// source or MTU): its entries, which name this slot, are followed to the slot in the flags'
+/// high bits (`moved_to`), which holds the same epoch. Only the flags of a live slot are ever
+/// rewritten, so a reader sees the old addressing or the new, never a mix.
+pub const BACKEND_F_MOVED: u32 = 32;
+/// `BackendInfo::flags` of a slot (flags `old`) whose pair moved to slot `to`. The old slot's
+/// own bits stay (a table that still names it, until its flip, forwards as it always did).
+pub const fn moved_flags(old: u32, to: u32) -> u32 {
+    (old & 0xffff) | BACKEND_F_MOVED | (to << 16)
+}
+/// The slot a moved pair's flags name.
+#[inline(always)]
+pub const fn moved_to(flags: u32) -> u32 {
+    flags >> 16
+}
+const _: () = assert!(MAX_BACKENDS <= 1 << 16);
+/// Bytes the outer header adds: IPv4 and IPv6.
+pub const ENCAP_HLEN_V4: u32 = 20;
+pub const ENCAP_HLEN_V6: u32 = 40;
+
+/// One (VIP, backend) pair, indexed by backend id.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct BackendInfo {
+    pub addr: [u8; 16],
+    /// The backend's MAC (destination of the rewritten frame).
+    pub dst_mac: [u8; 6],
+    /// The egress interface's MAC (source of the rewritten frame).
+    pub src_mac: [u8; 6],
+    /// Egress interface; 0 means "the interface the packet came in on" (`XDP_TX`).
+    pub ifindex: u32,
+    /// The VIP this backend belongs to; a connection-table entry is only trusted if it matches.
+    pub vip_id: u32,
+    pub flags: u32,
+    /// The pair's identity, never reused (see [`FlowValue::epoch`]); 0 in an empty slot.
+    /// Everything but `flags` is written once per slot: a change of addressing moves the pair
+    /// to a new slot with the same epoch (`BACKEND_F_MOVED`), so a reader never sees a
+    /// half-written MAC.
+    pub epoch: u32,
+    pub family: u8,
+    pub _pad: u8,
+    /// `BACKEND_F_ENCAP`: the egress MTU; a packet whose wrapped size would exceed it gets an
+    /// ICMP "fragmentation needed" / "packet too big" back instead (0 = no limit).
+    pub encap_mtu: u16,
+    /// `BACKEND_F_ENCAP`: the outer source address (this node's, IPv4 in the first 4 bytes).
+    pub encap_src: [u8; 16],
+}
+const _: () = assert!(size_of::<BackendInfo>() == 64);
+
+/// The connection table's key: the full 5-tuple as the client sent it.
+// Aligned to 8 (layout unchanged): the XDP program stores the key's zero words in pairs.
+#[repr(C, align(8))]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct FlowKey {
+    pub src: [u8; 16],
+    pub dst: [u8; 16],
+    /// Ports in host byte order (0 for protocols without ports).
+    pub sport: u16,
+    pub dport: u16,
+    pub proto: u8,
+    pub family: u8,
+    pub _pad: [u8; 2],
+}
+const _: () = assert!(size_of::<FlowKey>() == 40);
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct FlowValue {
+    pub backend_id: u32,
+    /// The epoch of the (VIP, backend) pair the entry names. Epochs come from one counter kept
+    /// in the pinned `LbConfig::next_epoch` and are never handed out twice, so an entry is good
+    /// exactly while `LB_BACKENDS[backend_id].epoch` still equals it: reused backend ids, VIP
+    /// ids, re-created services and restarts with other settings all make old entries stale.
+    pub epoch: u32,
+}
+const _: () = assert!(size_of::<FlowValue>() == 8);
+
+/// One slot of the flow cache (`LB_FLOW_CACHE_V2`): a direct-mapped copy of connection-table
+/// entries in an array, which the kernel looks up inline (no hashing helper, no bucket walk), in
+/// front of the LRU hash `LB_CONNTRACK`. A slot is read without a lock while another CPU may be
+/// rewriting it: `check` binds the value to the key (`flow_cache_check`), so a reader that got
+/// words of two different entries sees a mismatch and falls back to the LRU hash. An empty slot
+/// has `key.family == 0`, which no real flow has.
+#[repr(C, align(8))]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct FlowCacheEntry {
+    pub key: FlowKey,
+    pub value: FlowValue,
+    pub check: u64,
+    /// One slot per 64-byte cache line.
+    pub _pad: u64,
+}
+const _: () = assert!(size_of::<FlowCacheEntry>() == 64);
+
+/// Per-VIP and per-backend traffic counters (per CPU; user space sums them).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct Counters {
+    pub packets: u64,
+    pub bytes: u64,
+    pub new_flows: u64,
+}
+const _: () = assert!(size_of::<Counters>() == 24);
+
+/// `LB_VIP_OWNED[vip_id]`: this node forwards for the VIP (read by the fast path, which does not
+/// look the VIP up).
+pub const VIP_OWNED: u32 = 1;
+
+/// Global settings the XDP program reads (one entry in the `LB_CONFIG` array).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct LbConfig {
+    /// Seed of the flow hash. Every node must use the same seed so that a flow hashes to the same
+    /// backend whichever node owns the VIP.
+    pub hash_seed: u32,
+    /// Maglev table size (prime); 0 until user space has configured the program.
+    pub table_size: u32,
+    /// `CONFIG_F_*` bits.
+    pub flags: u32,
+    /// The next (VIP, backend) pair epoch user space hands out (not read by the program).
+    pub next_epoch: u32,
+    /// A 256-bit filter of VIP addresses (bit `addr_filter_bit(addr)`): a destination whose bit
+    /// is clear is not a VIP, decided without a hash lookup.
+    pub addr_filter: [u64; 4],
+    /// The same for the source MACs in `LB_PEERS` (bit `mac_filter_bit(mac)`): most frames come
+    /// from a router, whose bit is clear, and skip the loop-guard lookup.
+    pub peer_filter: [u64; 4],
+    /// Flood mode: above this many connection-table misses per second on the node (every
+    /// packet that would write an entry: SYNs, and segments or datagrams of flows without
+    /// one), no miss writes an entry for at least `FLOOD_HOLD_NS`. 0 = never.
+    pub syn_flood_rate: u32,
+    /// The flow cache's size and this node's secret seed part (`flow_cache_config`). Was
+    /// padding: 0 means one slot and no secret, which is still correct, only slower.
+    pub flow_cache: u32,
+}
+const _: () = assert!(size_of::<LbConfig>() == 88);
+
+/// The node's miss accounting for flood mode (`LB_FLOOD_NODE`, one entry shared by every CPU),
+/// in `bpf_ktime_get_coarse_ns` time (with the precise clock the SYN path was clearly slower in
+/// `bench micro`; a tick does for 100 ms).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct FloodState {
+    pub window_start: u64,
+    /// Misses that would write an entry (for owned VIPs) in the current window, and in the one
+    /// before.
+    pub count: u32,
+    pub last_count: u32,
+    /// Flood mode holds until then.
+    pub flood_until: u64,
+}
+const _: () = assert!(size_of::<FloodState>() == 24);
+
+/// `LB_DECAP_PEERS` key: an LB node whose IP-in-IP packets a backend unwraps.
+#[repr(C, align(4))]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct DecapKey {
+    /// IPv4 in the first 4 bytes (rest zero) or IPv6, network byte order.
+    pub addr: [u8; 16],
+    pub family: u8,
+    pub _pad: [u8; 3],
+}
+const _: () = assert!(size_of::<DecapKey>() == 20);
+
+/// Most LB nodes a backend accepts wrapped packets from.
+pub const MAX_DECAP_PEERS: u32 = 64;
+
+/// Most VIPs a backend unwraps packets for (`LB_DECAP_VIPS`), and most local addresses an outer
+/// header may be sent to (`LB_DECAP_LOCAL`).
+pub const MAX_DECAP_VIPS: u32 = 64;
+pub const MAX_DECAP_LOCAL: u32 = 256;
+
+/// Socket load balancing: what the cgroup hooks of `lb-ebpf/src/sock.rs` read (one entry of
+/// `LB_SOCK_CONFIG`). Written by `lbd` when it attaches them; all zero = the hooks change nothing.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct SockConfig {
+    /// The network namespace whose sockets this node balances (`SO_NETNS_COOKIE` of `lbd`'s
+    /// own namespace). The hooks sit on the root cgroup and so see every process of the host,
+    /// whatever its namespace: a socket of another namespace is never touched.
+    pub netns_cookie: u64,
+    /// `SOCK_F_*` bits.
+    pub flags: u32,
+    pub _pad: u32,
+}
+const _: () = assert!(size_of::<SockConfig>() == 16);
+
+/// `SockConfig::flags`: the hooks balance (clear: they only answer reverse lookups of sockets
+/// balanced before, so a connection keeps showing its VIP).
+pub const SOCK_F_ENABLED: u32 = 1;
+
+/// `LB_SOCK_REV` key: a socket (its cookie) and the backend address it was sent to, as the
+/// socket sees it (an IPv4-mapped IPv6 address for a dual-stack socket, family then 6).
+#[repr(C, align(8))]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct SockRevKey {
+    pub cookie: u64,
+    /// Network byte order; IPv4 in the first 4 bytes.
+    pub addr: [u8; 16],
+    /// Host byte order.
+    pub port: u16,
+    pub family: u8,
+    pub _pad: [u8; 5],
+}
+const _: () = assert!(size_of::<SockRevKey>() == 32);
+
+/// `LB_SOCK_REV` value: the VIP service address the application asked for.
+#[repr(C, align(4))]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct SockRevValue {
+    pub addr: [u8; 16],
+    pub port: u16,
+    pub family: u8,
+    pub _pad: u8,
+}
+const _: () = assert!(size_of::<SockRevValue>() == 20);
+
+/// Entries of `LB_SOCK_REV` (LRU): sockets balanced and still asking for their VIP back.
+pub const SOCK_REV_SIZE: u32 = 65_536;
+
+/// `LbConfig::flags`: some service matches all ports (a second VIP lookup is needed on a miss).
+pub const CONFIG_F_ALL_PORTS: u32 = 1;
