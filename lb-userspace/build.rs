@@ -29,6 +29,8 @@ fn main() -> anyhow::Result<()> {
         }
         return Ok(());
     }
+    // aya-build watches lb-ebpf only; the program is built from lb-common too.
+    println!("cargo:rerun-if-changed=../lb-common/src");
     let package = aya_build::Package {
         name: "lb-ebpf",
         root_dir: concat!(env!("CARGO_MANIFEST_DIR"), "/../lb-ebpf"),
