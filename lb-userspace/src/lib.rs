@@ -12,6 +12,7 @@
 //! - [`render`]: every node's config from one cluster description (pure; `lbctl render`).
 //! - [`config_watch`]: reload on a config file change; wait for a node's config to appear.
 //! - [`daemon`]: `lbd`'s core: one owner task holding the state, and the parts around it.
+//! - [`decap`]: `lbd decap`, the run mode of a routed backend (unwraps IP-in-IP for its VIPs).
 //! - [`guardian`]: gives the VRRP VIPs back (and withdraws BGP routes) if lbd dies.
 //! - [`handover`]: the grace after a VIP leaves this node (pure).
 //! - [`static_vip`]: VIPs owned without VRRP: on the interface and announced.
@@ -25,6 +26,7 @@ pub mod config;
 pub mod config_watch;
 pub mod daemon;
 pub mod dataplane;
+pub mod decap;
 pub mod guardian;
 pub mod handover;
 pub mod health;

@@ -165,7 +165,7 @@ fn main() -> std::process::ExitCode {
             state_dir,
         } => {
             use lb_userspace::config::XdpMode;
-            let o = lb_userspace::dataplane::decap::DecapOptions {
+            let o = lb_userspace::decap::DecapOptions {
                 name,
                 interface,
                 lb_nodes,
@@ -180,7 +180,7 @@ fn main() -> std::process::ExitCode {
             };
             tokio::runtime::Runtime::new()
                 .map_err(anyhow::Error::from)
-                .and_then(|rt| rt.block_on(lb_userspace::dataplane::decap::serve(o)))
+                .and_then(|rt| rt.block_on(lb_userspace::decap::serve(o)))
         }
         Command::Run => tokio::runtime::Runtime::new()
             .map_err(anyhow::Error::from)
