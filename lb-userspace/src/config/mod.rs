@@ -926,9 +926,9 @@ weight = 2
         for (name, text) in [
             (
                 "control-plane",
-                include_str!("../../deploy/examples/control-plane.toml"),
+                include_str!("../../../deploy/examples/control-plane.toml"),
             ),
-            ("worker", include_str!("../../deploy/examples/worker.toml")),
+            ("worker", include_str!("../../../deploy/examples/worker.toml")),
         ] {
             let c = Config::parse(text).unwrap_or_else(|e| panic!("{name}: {e}"));
             assert_eq!(c.vrrp.len(), 1, "{name}");
