@@ -177,7 +177,7 @@ pub async fn watch_file(file: PathBuf, mut on_change: impl FnMut() -> bool) {
 }
 
 /// Until this host's config appears in `dir` (a directory of rendered configs, see
-/// [`crate::render::node_config_path`]): stay up, not ready, and say why, in the log and on
+/// [`crate::config::node::node_config_path`]): stay up, not ready, and say why, in the log and on
 /// the API socket (`lbctl` shows it; `/healthz` is fine so kubelet does not restart us,
 /// `/readyz` is not). Looks again on every change in `dir` and every [`RETRY`] (the host's
 /// addresses may change too). Returns the config's path.
@@ -200,7 +200,7 @@ pub async fn wait_for_node_config(dir: PathBuf, why: String) -> PathBuf {
             }
             None => tokio::time::sleep(RETRY).await,
         }
-        match crate::render::node_config_path(&dir) {
+        match crate::config::node::node_config_path(&dir) {
             Ok(p) => break p,
             Err(e) => {
                 let now = e.to_string();

@@ -132,7 +132,7 @@ fn main() -> std::process::ExitCode {
     // A directory of rendered configs without this node's: `lbd run` waits for it (up, not
     // ready, saying why) instead of exiting into a crash loop.
     let mut waiting_for_config = None;
-    match lb_userspace::render::node_config_path(&cli.config) {
+    match lb_userspace::config::node::node_config_path(&cli.config) {
         Ok(p) => cli.config = p,
         Err(e) if cli.config.is_dir() && matches!(cli.command, None | Some(Command::Run)) => {
             waiting_for_config = Some(e.to_string());

@@ -7,6 +7,8 @@ use std::{collections::HashSet, net::IpAddr, path::PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+pub mod node;
+
 use crate::{bgp::BgpConfig, health::HealthConfig, maglev::is_prime, vrrp::InstanceConfig};
 
 #[derive(Debug, thiserror::Error)]

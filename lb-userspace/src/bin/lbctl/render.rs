@@ -79,7 +79,9 @@ pub fn run(ctx: &Ctx, a: Args) -> Result<()> {
         out,
         image,
     } = a;
-    let spec = ClusterSpec::load(&cluster).map_err(|e| anyhow!("{}: {e}", cluster.display()))?;
+    let text = std::fs::read_to_string(&cluster)
+        .map_err(|e| anyhow!("{0}: cannot read {0}: {e}", cluster.display()))?;
+    let spec = ClusterSpec::parse(&text).map_err(|e| anyhow!("{}: {e}", cluster.display()))?;
     let rendered = spec
         .render()
         .map_err(|e| anyhow!("{}: {e}", cluster.display()))?;
