@@ -52,7 +52,7 @@ impl Watch {
         let bgp_routes = if cfg.bgp.is_empty() {
             Vec::new()
         } else {
-            crate::bgp::bgp_addresses(cfg)
+            crate::bgp::bgp_addresses(&cfg.bgp_vips())
         };
         Watch {
             interfaces,

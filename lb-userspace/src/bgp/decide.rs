@@ -10,10 +10,8 @@ use std::net::IpAddr;
 
 use serde::Serialize;
 
-use crate::{
-    config::{Announce, Config},
-    plan::{BackendPlan, BackendState},
-};
+use super::BgpVip;
+use crate::plan::{BackendPlan, BackendState};
 
 /// Node-wide facts that withdraw every prefix.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -40,9 +38,9 @@ pub struct PrefixDecision {
 }
 
 /// One decision per distinct address of the VIPs with `announce = "bgp"`, in config order.
-pub fn decide(cfg: &Config, rows: &[BackendPlan], node: NodeState) -> Vec<PrefixDecision> {
+pub fn decide(vips: &[BgpVip], rows: &[BackendPlan], node: NodeState) -> Vec<PrefixDecision> {
     let mut out: Vec<PrefixDecision> = Vec::new();
-    for v in cfg.vips.iter().filter(|v| v.announce == Announce::Bgp) {
+    for v in vips {
         if let Some(d) = out.iter_mut().find(|d| d.prefix == v.address) {
             d.vips.push(v.name.clone());
             continue;
@@ -97,7 +95,10 @@ pub fn decide(cfg: &Config, rows: &[BackendPlan], node: NodeState) -> Vec<Prefix
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::plan::{Facts, HealthFact, plan};
+    use crate::{
+        config::Config,
+        plan::{Facts, HealthFact, plan},
+    };
 
     const CFG: &str = r#"
 interface = "eth0"
@@ -149,7 +150,7 @@ address = "10.0.0.21"
     fn run(f: &Facts, node: NodeState) -> Vec<PrefixDecision> {
         let cfg = Config::parse(CFG).unwrap();
         let (_, rows) = plan(&cfg, f);
-        decide(&cfg, &rows, node)
+        decide(&cfg.bgp_vips(), &rows, node)
     }
 
     #[test]

@@ -22,15 +22,20 @@ use serde::Serialize;
 pub use config::{BfdConfig, BgpConfig, PeerConfig};
 pub use decide::{NodeState, PrefixDecision};
 
-use crate::{
-    config::{Announce, Config},
-    plan::BackendPlan,
-};
+use crate::plan::BackendPlan;
 
-/// The BGP VIP addresses of a config, each once, in config order.
-pub fn bgp_addresses(cfg: &Config) -> Vec<IpAddr> {
+/// A VIP with `announce = "bgp"`, as the config names it (`Config::bgp_vips`): this module
+/// takes what it needs of the config as arguments, so the config depends on it and not back.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BgpVip {
+    pub name: String,
+    pub address: IpAddr,
+}
+
+/// The BGP VIP addresses, each once, in config order.
+pub fn bgp_addresses(vips: &[BgpVip]) -> Vec<IpAddr> {
     let mut out: Vec<IpAddr> = Vec::new();
-    for v in cfg.vips.iter().filter(|v| v.announce == Announce::Bgp) {
+    for v in vips {
         if !out.contains(&v.address) {
             out.push(v.address);
         }
@@ -41,8 +46,8 @@ pub fn bgp_addresses(cfg: &Config) -> Vec<IpAddr> {
 /// Where `lbctl bgp drain` is remembered, next to the API socket (`/run/lbd/lbd.bgp-drained`):
 /// a drained node stays drained when lbd restarts (an upgrade during maintenance), not across
 /// a reboot (/run is emptied).
-pub fn drain_marker(cfg: &Config) -> std::path::PathBuf {
-    cfg.api_socket.with_extension("bgp-drained")
+pub fn drain_marker(api_socket: &std::path::Path) -> std::path::PathBuf {
+    api_socket.with_extension("bgp-drained")
 }
 
 /// `lbctl bgp status`.
@@ -121,13 +126,13 @@ impl Announcer {
         self.node.stopping = true;
     }
 
-    /// Bring FRR's configuration to the config's `[[bgp]]` section (start and reload), and
-    /// adopt the announcement routes a previous lbd left.
-    pub async fn configure(&mut self, cfg: &Config) -> Result<()> {
+    /// Bring FRR's configuration to the config's `[[bgp]]` section (`new`, none to remove
+    /// lbd's) for its BGP VIPs (start and reload), and adopt the announcement routes a previous
+    /// lbd left.
+    pub async fn configure(&mut self, new: Option<&BgpConfig>, vips: &[BgpVip]) -> Result<()> {
         self.installed = routes::installed(&self.handle).await?;
-        let new = cfg.bgp.first();
         let commands = match (self.applied.as_ref(), new) {
-            (_, Some(new)) => frr::render(self.applied.as_ref(), new, &bgp_addresses(cfg)),
+            (_, Some(new)) => frr::render(self.applied.as_ref(), new, &bgp_addresses(vips)),
             (Some(old), None) => frr::render_removal(old),
             (None, None) => return Ok(()),
         };
@@ -135,7 +140,7 @@ impl Announcer {
         let r = async {
             let running = vtysh.running_config().await?;
             let mut all =
-                frr::stale_entries(&running, &frr::prefix_list_entries(&bgp_addresses(cfg)));
+                frr::stale_entries(&running, &frr::prefix_list_entries(&bgp_addresses(vips)));
             all.extend(commands);
             vtysh.configure(&all).await
         }
@@ -150,8 +155,8 @@ impl Announcer {
 
     /// Decide and converge the kernel routes. Routes of addresses that are no longer BGP VIPs
     /// are removed too.
-    pub async fn sync(&mut self, cfg: &Config, rows: &[BackendPlan]) -> Result<()> {
-        self.decisions = decide::decide(cfg, rows, self.node);
+    pub async fn sync(&mut self, vips: &[BgpVip], rows: &[BackendPlan]) -> Result<()> {
+        self.decisions = decide::decide(vips, rows, self.node);
         // The kernel is the truth, not what lbd last did: a route flushed by hand (`ip route
         // flush proto 76`) or by another program is installed again.
         match routes::installed(&self.handle).await {
@@ -209,8 +214,8 @@ impl Announcer {
 
     /// The status without the sessions (see [`sessions`]): cheap, no I/O, so it can be taken
     /// under the lock that withdrawals also need.
-    pub fn status(&self, cfg: &Config) -> Status {
-        let bgp = cfg.bgp.first();
+    /// `bgp`: the config's `[[bgp]]` section.
+    pub fn status(&self, bgp: Option<&BgpConfig>) -> Status {
         Status {
             enabled: bgp.is_some(),
             asn: bgp.map(|b| b.asn),
@@ -245,8 +250,8 @@ impl Announcer {
 }
 
 /// BGP and BFD sessions as FRR reports them (vtysh; run without holding the announcer).
-pub async fn sessions(cfg: &Config) -> (Vec<frr::Session>, Option<String>) {
-    let Some(b) = cfg.bgp.first() else {
+pub async fn sessions(bgp: Option<&BgpConfig>) -> (Vec<frr::Session>, Option<String>) {
+    let Some(b) = bgp else {
         return (Vec::new(), None);
     };
     let v = frr::Vtysh::new(b);

@@ -407,6 +407,19 @@ impl Config {
         out
     }
 
+    /// The VIPs with `announce = "bgp"`, in config order: what the `bgp` module needs of the
+    /// config (it takes them as arguments and never reads a `Config`).
+    pub fn bgp_vips(&self) -> Vec<crate::bgp::BgpVip> {
+        self.vips
+            .iter()
+            .filter(|v| v.announce == Announce::Bgp)
+            .map(|v| crate::bgp::BgpVip {
+                name: v.name.clone(),
+                address: v.address,
+            })
+            .collect()
+    }
+
     pub fn validate(&self) -> Result<(), ConfigError> {
         if self.interface.is_empty() || self.interface.len() > 15 {
             return Err(invalid(
@@ -930,7 +943,10 @@ weight = 2
                 "control-plane",
                 include_str!("../../../deploy/examples/control-plane.toml"),
             ),
-            ("worker", include_str!("../../../deploy/examples/worker.toml")),
+            (
+                "worker",
+                include_str!("../../../deploy/examples/worker.toml"),
+            ),
         ] {
             let c = Config::parse(text).unwrap_or_else(|e| panic!("{name}: {e}"));
             assert_eq!(c.vrrp.len(), 1, "{name}");

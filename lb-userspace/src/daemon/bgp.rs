@@ -163,7 +163,7 @@ impl Owner {
         if self.cfg.bgp.is_empty() {
             anyhow::bail!("no [[bgp]] section: this node announces nothing over BGP");
         }
-        let marker = bgp::drain_marker(&self.cfg);
+        let marker = bgp::drain_marker(&self.cfg.api_socket);
         let written = if drained {
             std::fs::write(&marker, b"drained by lbctl bgp drain\n")
         } else {
@@ -237,7 +237,7 @@ impl Worker {
 
     fn publish(&self) {
         if let Some(cfg) = &self.cfg {
-            let _ = self.status.send(self.a.status(cfg));
+            let _ = self.status.send(self.a.status(cfg.bgp.first()));
         }
     }
 
@@ -245,7 +245,12 @@ impl Worker {
         match cmd {
             Cmd::Configure(cfg) => {
                 if !cfg.bgp.is_empty() || self.a.configured() {
-                    match unless_stopping(&mut self.stop, self.a.configure(&cfg)).await {
+                    match unless_stopping(
+                        &mut self.stop,
+                        self.a.configure(cfg.bgp.first(), &cfg.bgp_vips()),
+                    )
+                    .await
+                    {
                         Some(Ok(())) if !cfg.bgp.is_empty() => tracing::info!(
                             asn = cfg.bgp[0].asn,
                             peers = cfg.bgp[0].peers.len(),
@@ -305,12 +310,16 @@ impl Worker {
             return;
         }
         self.active = !cfg.bgp.is_empty();
-        if let Err(e) = self.a.sync(&cfg, &self.rows).await {
+        if let Err(e) = self.a.sync(&cfg.bgp_vips(), &self.rows).await {
             tracing::error!(error = %format!("{e:#}"), "BGP: converging announcements");
         }
         if !cfg.bgp.is_empty()
             && !self.a.configured()
-            && let Some(Err(e)) = unless_stopping(&mut self.stop, self.a.configure(&cfg)).await
+            && let Some(Err(e)) = unless_stopping(
+                &mut self.stop,
+                self.a.configure(cfg.bgp.first(), &cfg.bgp_vips()),
+            )
+            .await
         {
             tracing::debug!(error = %format!("{e:#}"), "BGP: FRR still not configured")
         }
@@ -323,7 +332,7 @@ impl Worker {
             return;
         };
         self.a.set_stopping();
-        if let Err(e) = self.a.sync(&cfg, &self.rows).await {
+        if let Err(e) = self.a.sync(&cfg.bgp_vips(), &self.rows).await {
             tracing::error!(error = %format!("{e:#}"), "BGP: withdrawing at stop");
         }
     }

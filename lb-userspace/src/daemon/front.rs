@@ -72,7 +72,7 @@ impl Front {
             Err(r) => return r,
         };
         // vtysh, beside the owner: a hung FRR delays only this answer.
-        (status.sessions, status.sessions_error) = crate::bgp::sessions(&cfg).await;
+        (status.sessions, status.sessions_error) = crate::bgp::sessions(cfg.bgp.first()).await;
         Response::json(&status)
     }
 }

@@ -156,7 +156,7 @@ impl Owner {
         };
         let bgp = BgpHandle::spawn(
             netlink.handle().clone(),
-            crate::bgp::drain_marker(&cfg).exists(),
+            crate::bgp::drain_marker(&cfg.api_socket).exists(),
         );
         let (tx, rx) = mpsc::unbounded_channel();
         let shared = Arc::new(Shared::new());
