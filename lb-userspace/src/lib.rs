@@ -3,6 +3,7 @@
 //!
 //! - [`config`]: the TOML config and its validation (pure).
 //! - [`maglev`]: the weighted Maglev table builder (pure).
+//! - [`desired`]: what the data plane should hold, as plain values (pure).
 //! - [`dataplane`]: loads and attaches the XDP program; the only writer of its maps.
 //! - [`netlink`]: interface, neighbour and address facts through rtnetlink.
 //! - [`vrrp`]: VRRP codec, pure state machine, socket I/O and VIP announcement.
@@ -27,6 +28,7 @@ pub mod config_watch;
 pub mod daemon;
 pub mod dataplane;
 pub mod decap;
+pub mod desired;
 pub mod guardian;
 pub mod handover;
 pub mod health;

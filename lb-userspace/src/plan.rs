@@ -12,7 +12,7 @@ use serde::Serialize;
 
 use crate::{
     config::Config,
-    dataplane::{BackendSpec, Desired, ServiceSpec, vip_key},
+    desired::{BackendSpec, Desired, ServiceSpec, vip_key},
 };
 
 /// Everything outside the config that decides the data plane.
@@ -193,7 +193,7 @@ pub fn plan(cfg: &Config, facts: &Facts) -> (Desired, Vec<BackendPlan>) {
             let routed = b.encap == crate::config::EncapMode::Ipip && !local;
             let path = facts.paths.get(&b.address).filter(|_| routed);
             let encap = path.and_then(|p| {
-                Some(crate::dataplane::Encap {
+                Some(crate::desired::Encap {
                     src: p.src?,
                     mtu: u16::try_from(p.mtu).unwrap_or(u16::MAX),
                 })
@@ -464,7 +464,7 @@ address = "10.0.0.3"
         assert_eq!(b[0].mac, Some(router), "to the next hop");
         assert_eq!(
             b[0].encap,
-            Some(crate::dataplane::Encap {
+            Some(crate::desired::Encap {
                 src: ip("10.0.0.10"),
                 mtu: 9000
             })
