@@ -1,19 +1,15 @@
-//! Test support for lb: hand-built frames, a data plane loaded into the real kernel for
-//! BPF_PROG_TEST_RUN, and network-namespace labs. Everything here needs root.
+//! Test support for lb: a data plane loaded into the real kernel for BPF_PROG_TEST_RUN (here),
+//! the XDP tests' tools (`xdp`), network-namespace labs (`labs`), benchmarks (`bench`) and the
+//! chaos run (`chaos`). Everything here needs root. tests/README.md says what lives where.
 
 pub mod bench;
-pub mod bgp_lab;
 pub mod chaos;
-pub mod cluster;
-pub mod dsr;
-pub mod frames;
-pub mod lab;
-pub mod openshift;
-pub mod pods;
-pub mod strict;
-pub mod vrrp_lab;
-pub mod vrrp_send;
-pub mod xdp_fuzz;
+pub mod labs;
+pub mod xdp;
+
+// Each lab and tool is also named at the crate root, as tests and tools use them.
+pub use labs::{bgp_lab, cluster, dsr, lab, openshift, pods, vrrp_lab, vrrp_send};
+pub use xdp::{frames, strict, xdp_fuzz};
 
 use std::{
     net::IpAddr,

@@ -163,7 +163,7 @@ impl Pods {
             .collect();
         assert!(
             named && etc_done && run_done,
-            "{}: expected metadata.name and hostPath {{path: /etc/lb, ...}} / {{path: /run/lbd, ...}} lines; update tests/src/pods.rs with the manifest",
+            "{}: expected metadata.name and hostPath {{path: /etc/lb, ...}} / {{path: /run/lbd, ...}} lines; update tests/src/labs/pods.rs with the manifest",
             path.display()
         );
         out.join("\n") + "\n"
