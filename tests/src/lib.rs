@@ -8,7 +8,9 @@ pub mod labs;
 pub mod xdp;
 
 // Each lab and tool is also named at the crate root, as tests and tools use them.
-pub use labs::{bgp_lab, cluster, dsr, lab, openshift, pods, vrrp_lab, vrrp_send};
+pub use labs::{
+    bgp_lab, cluster, dsr, keepalived_haproxy, lab, openshift, pods, vrrp_lab, vrrp_send,
+};
 pub use xdp::{frames, strict, xdp_fuzz};
 
 use std::{

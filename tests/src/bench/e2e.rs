@@ -35,6 +35,7 @@ use super::{
 };
 use crate::{
     bin_dir,
+    keepalived_haproxy::{Globals, Instance, Listen, global_defs, haproxy_cfg},
     lab::{Lab, sh, try_sh, wait_for},
 };
 
@@ -340,46 +341,49 @@ impl Drop for E2eLab {
 }
 
 fn haproxy_config() -> String {
-    let mut c = String::from(
-        "global\n  maxconn 4096\n\ndefaults\n  mode tcp\n  timeout connect 5s\n  \
-         timeout client 30m\n  timeout server 30m\n  timeout check 10s\n\n",
-    );
-    for (name, port) in [("http", HTTP_PORT), ("echo", ECHO_PORT)] {
-        c += &format!(
-            "listen {name}\n  bind *:{port}\n  mode tcp\n  balance roundrobin\n  \
-             option httpchk GET /readyz HTTP/1.0\n"
-        );
-        for b in BACKENDS {
-            c += &format!(
-                "  server {b} {}:{port} check check-ssl verify none port {HEALTH_PORT} \
-                 inter 5s fall 3 rise 1\n",
-                addr_of(b)
-            );
-        }
-        c += "\n";
-    }
-    c
+    let listens: Vec<Listen> = [("http", HTTP_PORT), ("echo", ECHO_PORT)]
+        .into_iter()
+        .map(|(name, port)| Listen {
+            name,
+            bind: format!("*:{port}"),
+            readyz_tls_port: Some(HEALTH_PORT),
+            servers: BACKENDS
+                .iter()
+                .map(|b| (b.to_string(), format!("{}:{port}", addr_of(b))))
+                .collect(),
+        })
+        .collect();
+    haproxy_cfg("30m", &listens)
 }
 
 /// OpenShift's keepalived API instance (VRRPv2, advert_int 1, unicast peers, PASS auth).
 fn keepalived_config(i: usize) -> String {
     let me = PROXIES[i];
-    let mut c = format!(
-        "global_defs {{\n    router_id {me}\n    vrrp_version 2\n    vrrp_garp_master_refresh 60\n}}\n\n\
-         vrrp_instance ostest_API {{\n    state BACKUP\n    interface eth0\n    \
-         virtual_router_id {KEEPALIVED_VRID}\n    priority {}\n    advert_int 1\n    \
-         unicast_src_ip {}\n    unicast_peer {{\n",
-        PRIORITIES[i],
-        addr_of(me)
-    );
-    for p in PROXIES.iter().filter(|p| **p != me) {
-        c += &format!("        {}\n", addr_of(p));
+    global_defs(&Globals {
+        router_id: Some(me),
+        version: Some(2),
+        ..Default::default()
+    }) + &Instance {
+        name: "ostest_API",
+        interface: "eth0",
+        vrid: KEEPALIVED_VRID,
+        priority: PRIORITIES[i],
+        advert: "1".into(),
+        preempt: true,
+        unicast: Some((
+            addr_of(me),
+            PROXIES
+                .iter()
+                .filter(|p| **p != me)
+                .map(|p| addr_of(p))
+                .collect(),
+        )),
+        auth_pass: Some("ostest_a".into()),
+        vip: format!("{VIP_HAPROXY}/32"),
+        label: Some("eth0:vip".into()),
+        track_scripts: Vec::new(),
     }
-    c += &format!(
-        "    }}\n    authentication {{\n        auth_type PASS\n        auth_pass ostest_a\n    }}\n\
-         \x20   virtual_ipaddress {{\n        {VIP_HAPROXY}/32 label eth0:vip\n    }}\n}}\n"
-    );
-    c
+    .render()
 }
 
 /// Whole-machine CPU from /proc/stat, in seconds: (busy, system, softirq).

@@ -21,6 +21,7 @@ use crate::{
         API_VIP, CLUSTER, CONTROL_PLANE, ECHO_PORT, HOSTILE, HOSTILE_ADDR, INGRESS_VIP, WORKERS,
         node_addr,
     },
+    keepalived_haproxy::{Globals, Instance, Listen, global_defs, haproxy_cfg},
     lab::{Lab, try_sh, wait_for},
 };
 
@@ -34,22 +35,18 @@ pub struct KeepalivedFlavor {
 }
 
 fn haproxy_config() -> String {
-    let mut c = String::from(
-        "global\n  maxconn 4096\n\ndefaults\n  mode tcp\n  timeout connect 5s\n  \
-         timeout client 30m\n  timeout server 30m\n  timeout check 10s\n\n",
-    );
-    c += &format!(
-        "listen echo\n  bind *:{ECHO_PORT}\n  mode tcp\n  balance roundrobin\n  \
-         option httpchk GET /readyz HTTP/1.0\n"
-    );
-    for b in CONTROL_PLANE {
-        c += &format!(
-            "  server {b} {}:{KA_ECHO_PORT} check check-ssl verify none port 6443 \
-             inter 5s fall 3 rise 1\n",
-            node_addr(b)
-        );
-    }
-    c
+    haproxy_cfg(
+        "30m",
+        &[Listen {
+            name: "echo",
+            bind: format!("*:{ECHO_PORT}"),
+            readyz_tls_port: Some(6443),
+            servers: CONTROL_PLANE
+                .iter()
+                .map(|b| (b.to_string(), format!("{}:{KA_ECHO_PORT}", node_addr(b))))
+                .collect(),
+        }],
+    )
 }
 
 /// OpenShift's keepalived instance for `node`: API on the control plane, ingress on workers.
@@ -61,22 +58,31 @@ fn keepalived_config(node: &str) -> String {
     } else {
         ("INGRESS", ingress_vrid, 20, INGRESS_VIP, &WORKERS)
     };
-    let mut c = format!(
-        "global_defs {{\n    router_id {node}\n    vrrp_version 2\n    vrrp_garp_master_refresh 60\n}}\n\n\
-         vrrp_instance {CLUSTER}_{name} {{\n    state BACKUP\n    interface eth0\n    \
-         virtual_router_id {vrid}\n    priority {prio}\n    advert_int 1\n    \
-         unicast_src_ip {}\n    unicast_peer {{\n",
-        node_addr(node)
-    );
-    for p in group.iter().filter(|p| **p != node) {
-        c += &format!("        {}\n", node_addr(p));
+    global_defs(&Globals {
+        router_id: Some(node),
+        version: Some(2),
+        ..Default::default()
+    }) + &Instance {
+        name: &format!("{CLUSTER}_{name}"),
+        interface: "eth0",
+        vrid,
+        priority: prio,
+        advert: "1".into(),
+        preempt: true,
+        unicast: Some((
+            node_addr(node),
+            group
+                .iter()
+                .filter(|p| **p != node)
+                .map(|p| node_addr(p))
+                .collect(),
+        )),
+        auth_pass: Some(format!("{CLUSTER}_{}_vip", name.to_lowercase())[..8].to_string()),
+        vip: format!("{vip}/32"),
+        label: Some("eth0:vip".into()),
+        track_scripts: Vec::new(),
     }
-    c += &format!(
-        "    }}\n    authentication {{\n        auth_type PASS\n        auth_pass {}\n    }}\n\
-         \x20   virtual_ipaddress {{\n        {vip}/32 label eth0:vip\n    }}\n}}\n",
-        &format!("{CLUSTER}_{}_vip", name.to_lowercase())[..8]
-    );
-    c
+    .render()
 }
 
 impl KeepalivedFlavor {

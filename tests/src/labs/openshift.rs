@@ -13,6 +13,8 @@ use std::net::IpAddr;
 
 use lb_userspace::render::{ClusterSpec, NodeSpec, Role, node_address};
 
+use super::keepalived_haproxy::{Globals, Instance, global_defs, vrrp_script};
+
 /// The commands of OpenShift's tracked scripts on one node (each one exits 0 for "passing").
 #[derive(Clone, Debug)]
 pub struct Checks {
@@ -65,15 +67,13 @@ fn scripts(c: &Checks, control_plane: bool) -> Vec<Script<'_>> {
 /// (as lb renders it).
 pub fn keepalived_conf(spec: &ClusterSpec, me: &NodeSpec, checks: &Checks) -> String {
     let control_plane = me.roles.contains(&Role::ControlPlane);
-    let mut c = String::from(
-        "global_defs {\n    enable_script_security\n    script_user root\n    max_auto_priority -1\n    vrrp_garp_master_refresh 60\n}\n\n",
-    );
+    let mut c = global_defs(&Globals {
+        scripts: true,
+        max_auto_priority: true,
+        ..Default::default()
+    });
     for (name, cmd, interval, weight, rise, fall) in scripts(checks, control_plane) {
-        c += &format!("vrrp_script {name} {{\n    script \"{cmd}\"\n    interval {interval}\n");
-        if let Some(w) = weight {
-            c += &format!("    weight {w}\n");
-        }
-        c += &format!("    rise {rise}\n    fall {fall}\n}}\n\n");
+        c += &vrrp_script(name, cmd, interval, weight, rise, fall);
     }
     let (api_vrid, ingress_vrid) = spec.vrids();
     let api = spec.api_vips();
@@ -134,29 +134,28 @@ fn instance(
 ) -> String {
     let v4 = vip.is_ipv4();
     let src = node_address(me, v4).expect("the node has an address of the VIP's family");
-    let mut c = format!(
-        "vrrp_instance {name} {{\n    state BACKUP\n    interface {}\n    virtual_router_id {vrid}\n    priority {priority}\n    advert_int 1\n    unicast_src_ip {src}\n    unicast_peer {{\n",
-        spec.interface
-    );
-    for p in peers.iter().filter(|p| p.name != me.name) {
-        if let Some(a) = node_address(p, v4) {
-            c += &format!("        {a}\n");
-        }
+    let peers = peers
+        .iter()
+        .filter(|p| p.name != me.name)
+        .filter_map(|p| node_address(p, v4))
+        .map(|a| a.to_string())
+        .collect();
+    Instance {
+        name,
+        interface: &spec.interface,
+        vrid,
+        priority,
+        advert: "1".into(),
+        preempt: true,
+        unicast: Some((src.to_string(), peers)),
+        auth_pass: Some(pass.into()),
+        vip: format!("{vip}/{}", if v4 { 32 } else { 128 }),
+        // The kernel wants an IPv4 label to start with the interface name (OpenShift's "vip").
+        label: v4.then(|| format!("{}:vip", spec.interface)),
+        track_scripts: tracks.to_vec(),
     }
-    // The kernel wants an IPv4 label to start with the interface name (OpenShift's "vip").
-    let (prefix, label) = if v4 {
-        (32, format!(" label {}:vip", spec.interface))
-    } else {
-        (128, String::new())
-    };
-    c += &format!(
-        "    }}\n    authentication {{\n        auth_type PASS\n        auth_pass {pass}\n    }}\n    virtual_ipaddress {{\n        {vip}/{prefix}{label}\n    }}\n    track_script {{\n"
-    );
-    for t in tracks {
-        c += &format!("        {t}\n");
-    }
-    c += "    }\n}\n\n";
-    c
+    .render()
+        + "\n"
 }
 
 /// What OpenShift's election makes of one node's checks (keepalived's rules): `None` in FAULT,

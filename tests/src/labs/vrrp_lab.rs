@@ -18,6 +18,7 @@ use serde_json::Value;
 
 use crate::{
     bin_dir,
+    keepalived_haproxy::{Globals, Instance, Listen, global_defs, haproxy_cfg, vrrp_script},
     lab::{Lab, sh, try_sh, wait_for},
 };
 
@@ -298,55 +299,36 @@ impl VrrpLab {
         let o = &self.opts[i];
         let vip = self.node_vip(i);
         let prefix = if vip.contains(':') { 128 } else { 32 };
-        let mut c = format!(
-            "global_defs {{\n    router_id {}\n    vrrp_version {}\n    vrrp_garp_master_refresh 60\n{}}}\n\n",
-            self.nodes[i],
-            o.version,
-            if o.track_weight.is_some() {
-                "    enable_script_security\n    script_user root\n"
-            } else {
-                ""
-            }
-        );
+        let mut c = global_defs(&Globals {
+            router_id: Some(&self.nodes[i]),
+            version: Some(o.version),
+            scripts: o.track_weight.is_some(),
+            ..Default::default()
+        });
         if let Some(w) = o.track_weight {
-            c += &format!(
-                "vrrp_script chk_ready {{\n    script \"/bin/true\"\n    interval 1\n    weight {w}\n    rise 1\n    fall 1\n}}\n\n"
-            );
+            c += &vrrp_script("chk_ready", "/bin/true", 1, Some(w), 1, 1);
         }
-        c += "vrrp_instance ostest_API {\n    state BACKUP\n    interface eth0\n";
-        c += &format!(
-            "    virtual_router_id {VRID}\n    priority {}\n    advert_int {}\n",
-            o.priority,
-            f64::from(o.advert_ms) / 1000.0
-        );
-        if !o.preempt {
-            c += "    nopreempt\n";
+        c += &Instance {
+            name: "ostest_API",
+            interface: "eth0",
+            vrid: VRID,
+            priority: o.priority,
+            advert: (f64::from(o.advert_ms) / 1000.0).to_string(),
+            preempt: o.preempt,
+            unicast: o
+                .unicast
+                .then(|| (self.addr(&self.nodes[i]), self.peers(i))),
+            auth_pass: o.auth_pass.clone(),
+            vip: format!("{vip}/{prefix}"),
+            // IPv4 VIPs carry a label as OpenShift's do; IPv6 addresses have none.
+            label: (!vip.contains(':')).then(|| "eth0:vip".to_string()),
+            track_scripts: if o.track_weight.is_some() {
+                vec!["chk_ready"]
+            } else {
+                Vec::new()
+            },
         }
-        if o.track_weight.is_some() {
-            c += "    track_script {\n        chk_ready\n    }\n";
-        }
-        if o.unicast {
-            c += &format!(
-                "    unicast_src_ip {}\n    unicast_peer {{\n",
-                self.addr(&self.nodes[i])
-            );
-            for p in self.peers(i) {
-                c += &format!("        {p}\n");
-            }
-            c += "    }\n";
-        }
-        if let Some(p) = &o.auth_pass {
-            c += &format!(
-                "    authentication {{\n        auth_type PASS\n        auth_pass {p}\n    }}\n"
-            );
-        }
-        // IPv4 VIPs carry a label as OpenShift's do; IPv6 addresses have none.
-        let label = if vip.contains(':') {
-            ""
-        } else {
-            " label eth0:vip"
-        };
-        c += &format!("    virtual_ipaddress {{\n        {vip}/{prefix}{label}\n    }}\n}}\n");
+        .render();
         c
     }
 
@@ -420,15 +402,20 @@ impl VrrpLab {
         if self.lab.pid(&tag).is_some() {
             return;
         }
-        let mut cfg = String::from(
-            "global\n    maxconn 4096\ndefaults\n    mode tcp\n    timeout connect 5s\n    timeout client 30s\n    timeout server 30s\nlisten api\n    bind :::9445 v4v6\n    balance roundrobin\n",
+        let cfg = haproxy_cfg(
+            "30s",
+            &[Listen {
+                name: "api",
+                bind: ":::9445 v4v6".into(),
+                readyz_tls_port: None,
+                servers: self
+                    .nodes
+                    .iter()
+                    .enumerate()
+                    .map(|(k, node)| (format!("s{k}"), format!("{}:{PORT}", self.addr(node))))
+                    .collect(),
+            }],
         );
-        for (k, node) in self.nodes.iter().enumerate() {
-            cfg += &format!(
-                "    server s{k} {}:{PORT} check inter 5s fall 3 rise 1\n",
-                self.addr(node)
-            );
-        }
         let path = self.lab.dir.join(format!("haproxy-{n}.cfg"));
         std::fs::write(&path, cfg).unwrap();
         let netns = self.lab.node(&n).netns.clone();
