@@ -5,12 +5,14 @@
 pub mod bench;
 pub mod chaos;
 pub mod labs;
+pub mod lbctl;
 pub mod xdp;
 
 // Each lab and tool is also named at the crate root, as tests and tools use them.
 pub use labs::{
     bgp_lab, cluster, dsr, keepalived_haproxy, lab, openshift, pods, vrrp_lab, vrrp_send,
 };
+pub use lbctl::{lbctl_json, lbctl_output};
 pub use xdp::{frames, strict, xdp_fuzz};
 
 use std::{
@@ -113,25 +115,4 @@ pub fn bin_dir() -> PathBuf {
         dir
     }
     .to_path_buf()
-}
-
-/// Run `lbctl --socket SOCKET ARGS...` (the workspace's binary) and return its output.
-pub fn lbctl_output(socket: &str, args: &[&str]) -> std::process::Output {
-    std::process::Command::new(bin_dir().join("lbctl"))
-        .arg("--socket")
-        .arg(socket)
-        .args(args)
-        .output()
-        .expect("run lbctl")
-}
-
-/// `lbctl -o json ARGS...` against `socket`: the parsed answer, or None if lbctl failed.
-pub fn lbctl_json(socket: &str, args: &[&str]) -> Option<serde_json::Value> {
-    let mut a = vec!["-o", "json"];
-    a.extend_from_slice(args);
-    let out = lbctl_output(socket, &a);
-    out.status
-        .success()
-        .then(|| serde_json::from_slice(&out.stdout).ok())
-        .flatten()
 }

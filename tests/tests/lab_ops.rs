@@ -4,12 +4,11 @@
 
 use std::{
     io::Read,
-    process::{Command, Stdio},
+    process::Stdio,
     time::{Duration, Instant},
 };
 
 use lb_tests::{
-    bin_dir,
     dsr::{VIP4, setup},
     lbctl_output,
 };
@@ -109,7 +108,7 @@ fn lbctl_formats_filters_version_watch_and_exit_codes() {
 
     // --watch in JSON: a stream of documents, no terminal codes, even on a pipe.
     for (format, sep) in [("json", None), ("yaml", Some("---\n"))] {
-        let mut child = Command::new(bin_dir().join("lbctl"))
+        let mut child = lb_tests::lbctl::command()
             .args([
                 "--socket", socket, "-o", format, "--watch", "200ms", "stats",
             ])

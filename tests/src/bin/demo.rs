@@ -3,7 +3,6 @@
 //! removed at the end, also when a step fails.
 use std::{
     collections::BTreeMap,
-    process::Command,
     time::{Duration, Instant},
 };
 
@@ -210,7 +209,7 @@ fn dsr_demo() {
             client_tx1 - client_tx0
         );
     }
-    let out = Command::new(bin_dir().join("lbctl"))
+    let out = lb_tests::lbctl::command()
         .args(["--socket", &l.socket, "stats"])
         .output()
         .unwrap();

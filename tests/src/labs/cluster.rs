@@ -315,7 +315,7 @@ impl Cluster {
         let desc = self.lab.dir.join("cluster.toml");
         std::fs::write(&desc, self.description()).unwrap();
         let out = self.lab.dir.join("rendered");
-        let o = std::process::Command::new(bin_dir().join("lbctl"))
+        let o = crate::lbctl::command()
             .args(["render", "--cluster"])
             .arg(&desc)
             .arg("--out")

@@ -1,0 +1,30 @@
+//! The one way tests, labs and benches run `lbctl` (the workspace's binary, see
+//! [`crate::bin_dir`]): its output, or its JSON answer. Labs wrap these with their node's socket.
+
+use crate::bin_dir;
+
+/// `lbctl` without arguments, to add them (and, for a daemon's commands, `--socket`).
+pub fn command() -> std::process::Command {
+    std::process::Command::new(bin_dir().join("lbctl"))
+}
+
+/// Run `lbctl --socket SOCKET ARGS...` (the workspace's binary) and return its output.
+pub fn lbctl_output(socket: &str, args: &[&str]) -> std::process::Output {
+    command()
+        .arg("--socket")
+        .arg(socket)
+        .args(args)
+        .output()
+        .expect("run lbctl")
+}
+
+/// `lbctl -o json ARGS...` against `socket`: the parsed answer, or None if lbctl failed.
+pub fn lbctl_json(socket: &str, args: &[&str]) -> Option<serde_json::Value> {
+    let mut a = vec!["-o", "json"];
+    a.extend_from_slice(args);
+    let out = lbctl_output(socket, &a);
+    out.status
+        .success()
+        .then(|| serde_json::from_slice(&out.stdout).ok())
+        .flatten()
+}
