@@ -363,26 +363,21 @@ fn keepalived_config(i: usize) -> String {
         router_id: Some(me),
         version: Some(2),
         ..Default::default()
-    }) + &Instance {
-        name: "ostest_API",
-        interface: "eth0",
-        vrid: KEEPALIVED_VRID,
-        priority: PRIORITIES[i],
-        advert: "1".into(),
-        preempt: true,
-        unicast: Some((
+    }) + &Instance::openshift_v4(
+        "ostest_API",
+        KEEPALIVED_VRID,
+        PRIORITIES[i],
+        (
             addr_of(me),
             PROXIES
                 .iter()
                 .filter(|p| **p != me)
                 .map(|p| addr_of(p))
                 .collect(),
-        )),
-        auth_pass: Some("ostest_a".into()),
-        vip: format!("{VIP_HAPROXY}/32"),
-        label: Some("eth0:vip".into()),
-        track_scripts: Vec::new(),
-    }
+        ),
+        "ostest_a",
+        VIP_HAPROXY,
+    )
     .render()
 }
 

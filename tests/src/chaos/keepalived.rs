@@ -62,26 +62,21 @@ fn keepalived_config(node: &str) -> String {
         router_id: Some(node),
         version: Some(2),
         ..Default::default()
-    }) + &Instance {
-        name: &format!("{CLUSTER}_{name}"),
-        interface: "eth0",
+    }) + &Instance::openshift_v4(
+        &format!("{CLUSTER}_{name}"),
         vrid,
-        priority: prio,
-        advert: "1".into(),
-        preempt: true,
-        unicast: Some((
+        prio,
+        (
             node_addr(node),
             group
                 .iter()
                 .filter(|p| **p != node)
                 .map(|p| node_addr(p))
                 .collect(),
-        )),
-        auth_pass: Some(format!("{CLUSTER}_{}_vip", name.to_lowercase())[..8].to_string()),
-        vip: format!("{vip}/32"),
-        label: Some("eth0:vip".into()),
-        track_scripts: Vec::new(),
-    }
+        ),
+        &format!("{CLUSTER}_{}_vip", name.to_lowercase())[..8],
+        vip,
+    )
     .render()
 }
 

@@ -74,7 +74,32 @@ pub struct Instance<'a> {
     pub track_scripts: Vec<&'a str>,
 }
 
-impl Instance<'_> {
+impl<'a> Instance<'a> {
+    /// OpenShift's instance on `eth0` for an IPv4 VIP: `advert_int 1`, preempting, unicast from
+    /// `src` to `peers`, PASS authentication, the VIP as `/32` labelled `eth0:vip`.
+    pub fn openshift_v4(
+        name: &'a str,
+        vrid: u8,
+        priority: u8,
+        (src, peers): (String, Vec<String>),
+        auth_pass: &str,
+        vip: &str,
+    ) -> Instance<'a> {
+        Instance {
+            name,
+            interface: "eth0",
+            vrid,
+            priority,
+            advert: "1".into(),
+            preempt: true,
+            unicast: Some((src, peers)),
+            auth_pass: Some(auth_pass.into()),
+            vip: format!("{vip}/32"),
+            label: Some("eth0:vip".into()),
+            track_scripts: Vec::new(),
+        }
+    }
+
     /// The block, ending in a newline.
     pub fn render(&self) -> String {
         let mut c = format!(
