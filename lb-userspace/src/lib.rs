@@ -19,6 +19,7 @@
 //! - [`static_vip`]: VIPs owned without VRRP: on the interface and announced.
 //! - [`status`]: the status rows lbctl shows and metrics export.
 //! - [`metrics`]: Prometheus metrics (prometheus-client).
+//! - [`sync`]: connection sync between LB nodes: its config, datagram and replay window (pure).
 //! - [`api`]: the JSON HTTP API over a unix socket (server and the client lbctl uses).
 
 pub mod api;
