@@ -17,9 +17,14 @@ pub fn sh(args: &[&str]) -> Output {
         .args(&args[1..])
         .output()
         .unwrap_or_else(|e| panic!("run {args:?}: {e}"));
+    succeeded(out, format_args!("{args:?}"))
+}
+
+/// `out` if its command succeeded; else a panic naming the command (`what`), with its output.
+fn succeeded(out: Output, what: std::fmt::Arguments) -> Output {
     if !out.status.success() {
         panic!(
-            "{args:?} failed: {}\nstdout: {}\nstderr: {}",
+            "{what} failed: {}\nstdout: {}\nstderr: {}",
             out.status,
             String::from_utf8_lossy(&out.stdout),
             String::from_utf8_lossy(&out.stderr)
@@ -269,15 +274,7 @@ impl Lab {
     /// Run to completion in `node`, panic on failure.
     pub fn run(&self, node: &str, program: impl AsRef<std::ffi::OsStr>, args: &[&str]) -> Output {
         let out = self.cmd(node, program).args(args).output().unwrap();
-        if !out.status.success() {
-            panic!(
-                "{args:?} in {node} failed: {}\nstdout: {}\nstderr: {}",
-                out.status,
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        out
+        succeeded(out, format_args!("{args:?} in {node}"))
     }
 
     /// Start a long-running process in `node`; its output goes to `<lab dir>/<tag>.log`.

@@ -735,6 +735,16 @@ impl VrrpLab {
         self.answered_since(Instant::now(), limit)
     }
 
+    /// One connection to the VIP from the client (200 ms timeout), its answer on stdout.
+    fn spawn_probe(&self) -> std::io::Result<std::process::Child> {
+        self.lab
+            .cmd("client", &self.labnode)
+            .args(["connect-many", self.vip, PORT, "1", "1", "200"])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+    }
+
     /// After a failure at `start`: (first answer, fully restored). Fully restored is the start
     /// of the first run of `streak` consecutive new connections that all succeed and after
     /// which none failed (each connection has its own source port, so hashes to its own
@@ -757,13 +767,7 @@ impl VrrpLab {
                 break None;
             }
             if Instant::now() >= next && in_flight.len() < MAX_IN_FLIGHT {
-                let child = self
-                    .lab
-                    .cmd("client", &self.labnode)
-                    .args(["connect-many", self.vip, PORT, "1", "1", "200"])
-                    .stdout(std::process::Stdio::piped())
-                    .stderr(std::process::Stdio::null())
-                    .spawn();
+                let child = self.spawn_probe();
                 if let Ok(c) = child {
                     results.push((start.elapsed(), None));
                     in_flight.push((results.len() - 1, c));
@@ -818,13 +822,7 @@ impl VrrpLab {
                 break None;
             }
             if Instant::now() >= next && in_flight.len() < MAX_IN_FLIGHT {
-                let child = self
-                    .lab
-                    .cmd("client", &self.labnode)
-                    .args(["connect-many", self.vip, PORT, "1", "1", "200"])
-                    .stdout(std::process::Stdio::piped())
-                    .stderr(std::process::Stdio::null())
-                    .spawn();
+                let child = self.spawn_probe();
                 if let Ok(c) = child {
                     in_flight.push(c);
                 }
