@@ -98,11 +98,16 @@ enum Link {
 
 /// The environment variable through which [`init`] gives the daemon its end of the pipe.
 const FD_ENV: &str = "LB_GUARDIAN_FD";
+/// The environment variable through which a guardian child gets its first watch (a
+/// [`Message::Watch`] in JSON) with its exec: a watch written to the pipe after the spawn
+/// would be lost if lbd died in between, and the new guardian would give nothing back.
+const WATCH_ENV: &str = "LB_GUARDIAN_WATCH";
 
 impl Guardian {
-    /// Connect to the guardian: the pipe from a guardian parent ([`init`]) if there is one,
-    /// else start one as a child (`/proc/self/exe guardian`, sharing lbd's stderr for its logs).
-    pub fn spawn() -> Result<Guardian> {
+    /// Connect to the guardian and tell it `initial`: the pipe from a guardian parent
+    /// ([`init`]) if there is one, else start one as a child (`/proc/self/exe guardian`,
+    /// sharing lbd's stderr for its logs) that knows `initial` from its first instruction.
+    pub fn spawn(initial: &Watch) -> Result<Guardian> {
         if let Some(fd) = std::env::var(FD_ENV)
             .ok()
             .and_then(|v| v.parse::<i32>().ok())
@@ -114,20 +119,24 @@ impl Guardian {
                 anyhow::bail!("guardian pipe fd {fd}: {}", std::io::Error::last_os_error());
             }
             let file = unsafe { <std::fs::File as std::os::fd::FromRawFd>::from_raw_fd(fd) };
-            return Ok(Guardian {
+            let g = Guardian {
                 link: Mutex::new(Some(Link::Parent(file))),
                 last: Mutex::new(None),
-            });
+            };
+            g.watch(initial);
+            return Ok(g);
         }
         Ok(Guardian {
-            link: Mutex::new(Some(Self::child()?)),
-            last: Mutex::new(None),
+            link: Mutex::new(Some(Self::child(initial)?)),
+            last: Mutex::new(Some(initial.clone())),
         })
     }
 
-    fn child() -> Result<Link> {
+    fn child(initial: &Watch) -> Result<Link> {
+        let seed = serde_json::to_string(&Message::Watch(initial.clone())).expect("serialize");
         let mut child = Command::new("/proc/self/exe")
             .arg("guardian")
+            .env(WATCH_ENV, seed)
             .stdin(Stdio::piped())
             .stdout(Stdio::null())
             .spawn()
@@ -160,13 +169,8 @@ impl Guardian {
             let _ = c.wait();
         }
         tracing::warn!("the VIP guardian is gone; starting it again");
-        match Self::child() {
-            Ok(mut link) => {
-                if let Err(e) = Self::send(&mut link, &m) {
-                    tracing::error!(error = %e, "no VIP guardian: a crash would leave the VIPs up");
-                }
-                *guard = Some(link);
-            }
+        match Self::child(w) {
+            Ok(link) => *guard = Some(link),
             Err(e) => {
                 tracing::error!(error = %format!("{e:#}"), "no VIP guardian: a crash would leave the VIPs up")
             }
@@ -222,7 +226,14 @@ pub fn serve() -> Result<()> {
     for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
         unsafe { libc::signal(sig, libc::SIG_IGN) };
     }
-    match on_eof(read_messages(std::io::stdin().lock())) {
+    // The first watch came with our exec (see `WATCH_ENV`); the pipe brings the later ones.
+    let seed = std::env::var(WATCH_ENV)
+        .ok()
+        .and_then(|s| serde_json::from_str::<Message>(&s).ok());
+    let messages = seed
+        .into_iter()
+        .chain(read_messages(std::io::stdin().lock()));
+    match on_eof(messages) {
         Some(w) => give_back(&w),
         None => Ok(()),
     }

@@ -208,11 +208,8 @@ impl Owner {
 
     /// Start the VIP guardian and tell it what to give back.
     pub fn start_guardian(&mut self) {
-        match crate::guardian::Guardian::spawn() {
-            Ok(g) => {
-                g.watch(&crate::guardian::Watch::of(&self.cfg));
-                self.guardian = Some(g);
-            }
+        match crate::guardian::Guardian::spawn(&crate::guardian::Watch::of(&self.cfg)) {
+            Ok(g) => self.guardian = Some(g),
             Err(e) => {
                 tracing::error!(error = %format!("{e:#}"), "no VIP guardian: a crash would leave the VIPs up")
             }
