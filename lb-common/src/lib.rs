@@ -6,6 +6,9 @@
 
 use core::mem::size_of;
 
+/// `lbctl explain`'s dry run (kept apart: its own module).
+pub mod explain;
+
 /// Address family tags used in keys (not the kernel's AF_* numbers: these are ours and stable).
 pub const FAMILY_V4: u8 = 4;
 pub const FAMILY_V6: u8 = 6;

@@ -22,6 +22,7 @@ mod adopt;
 mod bgp;
 mod churn;
 mod conntrack;
+mod explain;
 mod fate;
 mod flows;
 pub mod front;

@@ -15,6 +15,7 @@
 //! - [`guardian`]: gives the VRRP VIPs back (and withdraws BGP routes) if lbd dies.
 //! - [`handover`]: the grace after a VIP leaves this node (pure).
 //! - [`static_vip`]: VIPs owned without VRRP: on the interface and announced.
+//! - [`explain`]: `lbctl explain`'s question, frame and answer (pure; the program decides).
 //! - [`status`]: the status rows lbctl shows and metrics export.
 //! - [`metrics`]: Prometheus metrics (prometheus-client).
 //! - [`api`]: the JSON HTTP API over a unix socket (server and the client lbctl uses).
@@ -25,6 +26,7 @@ pub mod config;
 pub mod config_watch;
 pub mod daemon;
 pub mod dataplane;
+pub mod explain;
 pub mod guardian;
 pub mod handover;
 pub mod health;

@@ -337,6 +337,7 @@ impl Owner {
                 // Answered by the front (its sessions come from vtysh, beside the owner).
                 Request::Bgp => Response::error(500, "BGP status is answered by the front"),
                 Request::Flows(_) => Response::error(500, "flows are answered by the front"),
+                Request::Explain(q) => Response::json(&self.explain(&q)?),
                 Request::BgpDrain(drained) => Response::json(&self.set_node_drained(drained)?),
                 Request::Drain(d) => {
                     self.set_drained(&d.vip, d.backend, true)?;

@@ -21,6 +21,7 @@
 
 mod counters;
 pub mod decap;
+mod explain;
 mod pins;
 mod pmtu;
 pub mod sock;
@@ -43,6 +44,7 @@ use aya::{
     },
 };
 pub use counters::{FloodStatus, Traffic};
+pub use explain::DryRun;
 use lb_common::{
     BACKEND_F_IN_SET, BACKEND_F_LOCAL, BackendInfo, Counters, FAMILY_V4, FAMILY_V6, FlowKey,
     FlowValue, LbConfig, MAX_BACKENDS, MAX_PEERS, MAX_VIPS, VIP_F_OWNED, VIP_OWNED, VipInfo,
@@ -296,6 +298,7 @@ impl Dataplane {
             prog.load()
                 .with_context(|| format!("verify and load {name}"))?;
         }
+        explain::arm(&mut ebpf).context("arm lbctl explain")?;
         // The program's rare-path log lines (aya-log); optional so a missing map is not fatal.
         let logger = aya_log::EbpfLogger::init(&mut ebpf).ok();
         let tables_map: MapData = match ebpf.take_map(maps::TABLES) {

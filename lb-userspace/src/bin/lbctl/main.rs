@@ -6,6 +6,7 @@
 
 mod backends;
 mod bgp;
+mod explain;
 mod flows;
 mod output;
 mod render;
@@ -78,6 +79,9 @@ enum Cmd {
     /// Connection-table and flow-cache entries (client, VIP, backend, pair epoch), optionally
     /// of one VIP[:PORT] or client; read from the maps while forwarding continues.
     Flows(flows::Args),
+    /// Where one packet of a flow goes now and why (entry, Maglev slot, skipped backend, owner,
+    /// loop guard), decided by the running XDP program in a dry run that writes nothing.
+    Explain(explain::Args),
     /// Make lbd re-read its config; an invalid config is refused and the running one kept.
     Reload,
     /// This lbctl's version and the running lbd's.
@@ -172,6 +176,7 @@ async fn run_once(cli: Cli) -> Result<()> {
         Cmd::Bgp(cmd) => bgp::run(&ctx, cmd).await,
         Cmd::Stats => stats::run(&ctx).await,
         Cmd::Flows(a) => flows::run(&ctx, a).await,
+        Cmd::Explain(a) => explain::run(&ctx, a).await,
         Cmd::Reload => {
             let v: serde_json::Value = ctx.client.post("/v1/reload", None).await?;
             ctx.show(&v, |_| println!("reloaded"))
