@@ -1,5 +1,6 @@
 //! `lbctl explain`: the XDP program run on one synthesized frame (BPF_PROG_TEST_RUN) in dry
-//! mode, telling what it decided and why.
+//! mode, telling what it decided and why. `lbctl trace`: the same trail, of real packets, sent to
+//! a ring buffer while a trace is attached.
 //!
 //! The ask lives in the frame's XDP metadata (the bytes before `data`, which only the kernel's
 //! test run or another BPF program can put there; a frame from the wire arrives with none):
@@ -11,12 +12,21 @@
 
 use core::mem::size_of;
 
+use crate::FlowKey;
+
 /// Bytes of metadata an explain run carries: the kernel allows at most 32.
 pub const META_LEN: usize = 32;
 
 /// Map names (unpinned: each loaded program has its own).
 pub const TOKEN_MAP: &str = "LB_EXPLAIN_TOKEN";
 pub const SCRATCH_MAP: &str = "LB_EXPLAIN";
+/// `lbctl trace`: the switch (u32, non-zero while a trace is attached) and the ring buffer of
+/// [`TraceRecord`]s.
+pub const TRACE_ON_MAP: &str = "LB_TRACE_ON";
+pub const TRACE_MAP: &str = "LB_TRACE";
+/// Scratch entries (`LB_EXPLAIN`): one for dry runs, one for traced packets.
+pub const SCRATCH_DRY: u32 = 0;
+pub const SCRATCH_TRACE: u32 = 1;
 
 /// What a dry run saw and decided. In: `token` (the rest zero). Out: the trail.
 #[repr(C, align(8))]
@@ -39,6 +49,30 @@ pub struct ExplainRecord {
     pub entry_backend: u32,
 }
 const _: () = assert!(size_of::<ExplainRecord>() == META_LEN);
+
+/// One traced decision (`lbctl trace`): the trail, the flow, the XDP verdict.
+#[repr(C, align(8))]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TraceRecord {
+    pub trail: ExplainRecord,
+    /// Valid with [`step::FLOW`].
+    pub flow: FlowKey,
+    pub verdict: u32,
+    pub _pad: u32,
+}
+const _: () = assert!(size_of::<TraceRecord>() == 80);
+
+#[cfg(feature = "user")]
+unsafe impl aya::Pod for TraceRecord {}
+
+impl TraceRecord {
+    /// A record from a ring buffer item's bytes.
+    pub fn from_bytes(b: &[u8]) -> Option<TraceRecord> {
+        let b: [u8; 80] = b.get(..80)?.try_into().ok()?;
+        // SAFETY: every bit pattern of these integers is valid.
+        Some(unsafe { core::mem::transmute::<[u8; 80], TraceRecord>(b) })
+    }
+}
 
 /// "No counter" in [`ExplainRecord::reason`] / `conntrack`.
 pub const NONE16: u16 = u16::MAX;
@@ -75,6 +109,8 @@ pub mod step {
     pub const CHOSEN: u32 = 1 << 13;
     /// The loop guard: the source MAC is another lbd node's.
     pub const FROM_PEER: u32 = 1 << 14;
+    /// The flow key was noted (`TraceRecord::flow`): the packet reached the connection table.
+    pub const FLOW: u32 = 1 << 15;
 }
 
 #[cfg(feature = "user")]

@@ -27,7 +27,10 @@ mod packet;
 mod sock;
 
 use aya_ebpf::{
-    bindings::xdp_action::{XDP_DROP, XDP_PASS, XDP_TX},
+    bindings::{
+        xdp_action::{XDP_DROP, XDP_PASS, XDP_TX},
+        xdp_md,
+    },
     helpers::generated::{bpf_ktime_get_coarse_ns, bpf_redirect},
     macros::xdp,
     programs::XdpContext,
@@ -47,19 +50,47 @@ use packet::{ETH_HLEN, ETH_P_IP, ETH_P_IPV6, L3, ParseError, has_ports, ptr_at};
 
 #[xdp]
 pub fn lb_xdp(ctx: XdpContext) -> u32 {
-    // `lbctl explain`'s dry run (see `explain`): never a frame from the wire.
-    let dry = explain::asked(&ctx);
-    let (action, reason, conntrack) = match try_lb(&ctx, dry) {
+    // `lbctl explain`'s dry run (never a frame from the wire) or a traced packet (`lbctl
+    // trace` attached), see `explain`: each takes its own compiled copy of the same path, so
+    // that a packet that is neither pays for neither (a compare and an array load here).
+    // (Raw context pointers between the subprograms: this frame must stay empty, the call
+    // chain's stacks add up against the 512-byte limit.)
+    let raw = ctx.ctx;
+    match explain::mode(raw as usize) {
+        explain::OFF => plain(raw),
+        rec => noted(raw, rec),
+    }
+}
+
+/// The path of a packet neither explained nor traced (`rec` a constant: every note and check
+/// of it compiles away).
+#[inline(never)]
+fn plain(raw: *mut xdp_md) -> u32 {
+    lb(&XdpContext::new(raw), explain::OFF)
+}
+
+/// The path of a dry run or a traced packet.
+#[inline(never)]
+fn noted(raw: *mut xdp_md, rec: explain::Rec) -> u32 {
+    lb(&XdpContext::new(raw), rec)
+}
+
+#[inline(always)]
+fn lb(ctx: &XdpContext, rec: explain::Rec) -> u32 {
+    let (action, reason, conntrack) = match try_lb(ctx, rec) {
         Ok(v) => v,
         Err(ParseError::Malformed) => (XDP_PASS, stat::PASS_MALFORMED, NONE),
         Err(ParseError::ExtLimit) => (XDP_PASS, stat::PASS_IPV6_EXT_LIMIT, NONE),
         Err(ParseError::NotWanted) => (XDP_PASS, stat::PASS_NOT_VIP, NONE),
     };
     if reason == COUNTED {
+        if rec == explain::TRACE {
+            explain::emit(action, stat::FORWARDED, stat::CONNTRACK_HIT);
+        }
         return action;
     }
-    if dry {
-        explain::finish(&ctx, reason, conntrack);
+    if rec == explain::DRY {
+        explain::finish(ctx, reason, conntrack);
         return action;
     }
     let verdict = match action {
@@ -69,6 +100,9 @@ pub fn lb_xdp(ctx: XdpContext) -> u32 {
         _ => stat::VERDICT_REDIRECT,
     };
     count([verdict, reason, conntrack]);
+    if rec == explain::TRACE {
+        explain::emit(action, reason, conntrack);
+    }
     action
 }
 
@@ -79,14 +113,15 @@ type Outcome = (u32, u32, u32);
 const COUNTED: u32 = u32::MAX - 1;
 
 #[inline(always)]
-fn try_lb(ctx: &XdpContext, dry: bool) -> Result<Outcome, ParseError> {
+fn try_lb(ctx: &XdpContext, rec: explain::Rec) -> Result<Outcome, ParseError> {
     let cfg = LB_CONFIG.get(0);
     // An established TCP flow in the flow cache, or the node's own traffic: decided
     // with one bounds check (see `fast`); anything else, or any doubt, takes the path below,
     // with the flow's cache slot if the fast path found it.
-    // (A dry run takes the path below: the fast path decides as it would, and counts.)
+    // (A dry run or a traced packet takes the path below, which notes its steps: the fast path
+    // decides as it would.)
     let mut hint = None;
-    if !dry
+    if rec == explain::OFF
         && let Some(c) = cfg
         && let Some(outcome) = fast::established(ctx, c, &mut hint)
     {
@@ -108,7 +143,7 @@ fn try_lb(ctx: &XdpContext, dry: bool) -> Result<Outcome, ParseError> {
     // still forwards, or one whose tables differ from ours). Forwarding it again could send it
     // back and forth; the local stack serves it (this node is a backend of the VIP).
     if from_peer(cfg, packet::source_mac(ctx)?) {
-        explain::steps(dry, explain_step::FROM_PEER);
+        explain::steps(rec, explain_step::FROM_PEER);
         return Ok((XDP_PASS, stat::PASS_FROM_PEER, NONE));
     }
     if l3.fragment {
@@ -125,7 +160,7 @@ fn try_lb(ctx: &XdpContext, dry: bool) -> Result<Outcome, ParseError> {
         // The fast path stopped at this TCP segment's slot only after reading the same headers
         // as this path: same key, so its slot and what the slot held stand.
         let hint = if l3.proto == PROTO_TCP { hint } else { None };
-        return Ok(balance(ctx, cfg, &flow, track, hint, dry));
+        return Ok(balance(ctx, cfg, &flow, track, hint, rec));
     }
     if let Some(inner) = packet::icmp_too_big(ctx, &l3)? {
         // The embedded packet is one the VIP sent to the client: swap it back into the flow
@@ -142,7 +177,7 @@ fn try_lb(ctx: &XdpContext, dry: bool) -> Result<Outcome, ParseError> {
         if inner.l3.src != l3.dst || lookup_vip(cfg, &flow).is_none() {
             return Ok((XDP_PASS, stat::PASS_ICMP_NOT_VIP, NONE));
         }
-        let (action, reason, conntrack) = balance(ctx, cfg, &flow, Track::LookupOnly, None, dry);
+        let (action, reason, conntrack) = balance(ctx, cfg, &flow, Track::LookupOnly, None, rec);
         let reason = match reason {
             stat::FORWARDED | stat::PASS_LOCAL_BACKEND => stat::ICMP_FORWARDED,
             other => other,
@@ -421,8 +456,11 @@ fn balance(
     flow: &FlowKey,
     track: Track,
     hint: Option<flows::Hint>,
-    dry: bool,
+    rec: explain::Rec,
 ) -> Outcome {
+    // A dry run writes no map the data plane reads (see `explain`).
+    let dry = rec == explain::DRY;
+    explain::flow(rec, flow);
     let bytes = (ctx.data_end() - ctx.data()) as u64;
     let (slot, found) = match (hint, cfg) {
         (Some(h), Some(cfg)) => h.found(cfg, flow),
@@ -433,7 +471,7 @@ fn balance(
         }
     };
     let cached = found.map(|(v, _)| v);
-    explain::note(dry, |r| {
+    explain::note(rec, |r| {
         if let Some((v, at)) = found {
             r.entry_backend = v.backend_id;
             r.steps |= if at == flows::Found::Cache {
@@ -449,17 +487,16 @@ fn balance(
     //    backend belongs to it: pairs of other services have other epochs.)
     let valid = cached.and_then(|v| flows::entry_backend(&v));
     if valid.is_some() {
-        explain::steps(dry, explain_step::ENTRY_GOOD);
+        explain::steps(rec, explain_step::ENTRY_GOOD);
     }
     if let Some((id, b)) = valid
         && vip_owned(b.vip_id)
     {
+        explain::note(rec, |r| {
+            r.steps |= explain_step::ENTRY_USED | explain_step::VIP_OWNED | explain_step::CHOSEN;
+            r.backend = id;
+        });
         if dry {
-            explain::note(dry, |r| {
-                r.steps |=
-                    explain_step::ENTRY_USED | explain_step::VIP_OWNED | explain_step::CHOSEN;
-                r.backend = id;
-            });
             let (action, reason, _) = forward(ctx, b, track, dry);
             return (action, reason, stat::CONNTRACK_HIT);
         }
@@ -487,7 +524,7 @@ fn balance(
     let Some(vip) = lookup_vip(cfg, flow) else {
         return (XDP_PASS, stat::PASS_NOT_VIP, NONE);
     };
-    explain::steps(dry, explain_step::VIP_FOUND);
+    explain::steps(rec, explain_step::VIP_FOUND);
     if vip.flags & VIP_F_OWNED == 0 {
         // Not the owner: the local stack serves the VIP (this node may be a DSR backend).
         return (XDP_PASS, stat::PASS_NOT_OWNER, NONE);
@@ -505,9 +542,9 @@ fn balance(
     {
         ct = stat::CONNTRACK_HIT;
         chosen = Some((id, b));
-        explain::steps(dry, explain_step::ENTRY_USED);
+        explain::steps(rec, explain_step::ENTRY_USED);
     }
-    explain::steps(dry, explain_step::VIP_OWNED);
+    explain::steps(rec, explain_step::VIP_OWNED);
     let new_flow = chosen.is_none();
     let mut skipped = false;
     let mut handshake = false;
@@ -539,7 +576,7 @@ fn balance(
                 slot,
                 starts_flow as u32,
             );
-            explain::note(dry, |r| {
+            explain::note(rec, |r| {
                 r.steps |= explain_step::MAGLEV;
                 if starts_flow {
                     r.steps |= explain_step::STARTS_FLOW;
@@ -557,7 +594,7 @@ fn balance(
             }
             skipped = picked & SLOT_SKIPPED != 0;
             if skipped {
-                explain::steps(dry, explain_step::SKIPPED);
+                explain::steps(rec, explain_step::SKIPPED);
             }
             let id = picked & !SLOT_SKIPPED;
             // User space takes a backend out of the set only after no table names it: this is
@@ -570,7 +607,7 @@ fn balance(
             match handshake_of(track, flow, b, &vip) {
                 Some(h) => {
                     handshake = true;
-                    explain::steps(dry, explain_step::HANDSHAKE);
+                    explain::steps(rec, explain_step::HANDSHAKE);
                     h
                 }
                 None => (id, b),
@@ -584,12 +621,14 @@ fn balance(
     // SYN that skipped its slot is remembered in the small handshake table instead: its later
     // packets must not go to the slot's backend, whatever the flood state is by then.
     let mut remember = new_flow && track != Track::LookupOnly;
+    explain::note(rec, |r| {
+        r.steps |= explain_step::CHOSEN;
+        r.backend = id;
+    });
     if dry {
         // What a real packet would do, written nowhere.
         let flood = remember && flood_on();
-        explain::note(dry, |r| {
-            r.steps |= explain_step::CHOSEN;
-            r.backend = id;
+        explain::note(rec, |r| {
             if flood {
                 r.steps |= explain_step::FLOOD;
             } else if remember {
@@ -606,6 +645,7 @@ fn balance(
     }
     if remember && flooded(cfg) {
         remember = false;
+        explain::steps(rec, explain_step::FLOOD);
         ct = if track == Track::NewConnection {
             stat::SYN_FLOOD_UNTRACKED
         } else {
@@ -623,6 +663,7 @@ fn balance(
         }
     }
     if remember {
+        explain::steps(rec, explain_step::WOULD_REMEMBER);
         let value = FlowValue {
             backend_id: id,
             epoch: backend.epoch,

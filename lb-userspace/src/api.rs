@@ -128,6 +128,8 @@ pub enum Request {
     Flows(FlowFilter),
     /// Where one packet of a flow goes and why (the program's dry run).
     Explain(crate::explain::ExplainQuery),
+    /// A live sample of data-plane decisions.
+    Trace(crate::explain::TraceQuery),
     Backends,
     Vips,
     Stats,
@@ -228,6 +230,10 @@ fn route(
         ),
         (&Method::GET, "/v1/explain") => Request::Explain(
             crate::explain::ExplainQuery::parse(query.unwrap_or(""))
+                .map_err(|e| Response::error(400, format!("query: {e}")))?,
+        ),
+        (&Method::GET, "/v1/trace") => Request::Trace(
+            crate::explain::TraceQuery::parse(query.unwrap_or(""))
                 .map_err(|e| Response::error(400, format!("query: {e}")))?,
         ),
         (&Method::POST, "/v1/bgp/drain") => Request::BgpDrain(true),

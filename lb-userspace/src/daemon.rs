@@ -35,6 +35,7 @@ mod rollback;
 mod stop;
 mod supervise;
 mod sync;
+mod trace;
 mod vrrp;
 
 pub use rollback::teardown;

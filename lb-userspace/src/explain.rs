@@ -249,6 +249,135 @@ pub fn ids(r: &ExplainRecord) -> (Option<u32>, Option<u32>, Option<u32>) {
     (entry, slot, chosen)
 }
 
+/// The query of `GET /v1/trace`: `vip`, `port` (optional filters), `count` (decisions to
+/// return, default 20, at most [`MAX_TRACE`]), `wait_ms` (how long to wait for them, default
+/// 10000, at most 60000).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TraceQuery {
+    pub vip: Option<IpAddr>,
+    pub port: Option<u16>,
+    pub count: usize,
+    pub wait_ms: u64,
+}
+
+/// Most decisions one trace returns.
+pub const MAX_TRACE: usize = 10_000;
+
+impl Default for TraceQuery {
+    fn default() -> Self {
+        TraceQuery {
+            vip: None,
+            port: None,
+            count: 20,
+            wait_ms: 10_000,
+        }
+    }
+}
+
+impl TraceQuery {
+    pub fn parse(query: &str) -> Result<TraceQuery, String> {
+        let mut t = TraceQuery::default();
+        for pair in query.split('&').filter(|p| !p.is_empty()) {
+            let (k, v) = pair
+                .split_once('=')
+                .ok_or_else(|| format!("{pair:?}: want name=value"))?;
+            let bad = |what: &str| format!("{k}: {v:?} is not {what}");
+            match k {
+                "vip" => t.vip = Some(v.parse().map_err(|_| bad("an IP address"))?),
+                "port" => t.port = Some(v.parse().map_err(|_| bad("a port"))?),
+                "count" => {
+                    t.count = v
+                        .parse()
+                        .ok()
+                        .filter(|n| (1..=MAX_TRACE).contains(n))
+                        .ok_or_else(|| bad(&format!("a number from 1 to {MAX_TRACE}")))?
+                }
+                "wait_ms" => {
+                    t.wait_ms = v
+                        .parse()
+                        .ok()
+                        .filter(|n| *n <= 60_000)
+                        .ok_or_else(|| bad("a number of ms up to 60000"))?
+                }
+                _ => return Err(format!("{k}: unknown (want vip, port, count, wait_ms)")),
+            }
+        }
+        Ok(t)
+    }
+
+    pub fn query(&self) -> String {
+        let mut q = vec![
+            format!("count={}", self.count),
+            format!("wait_ms={}", self.wait_ms),
+        ];
+        if let Some(a) = self.vip {
+            q.push(format!("vip={a}"));
+        }
+        if let Some(p) = self.port {
+            q.push(format!("port={p}"));
+        }
+        q.join("&")
+    }
+
+    /// The traced flow is one this trace asked for.
+    pub fn wants(&self, vip: IpAddr, port: u16) -> bool {
+        self.vip.is_none_or(|a| a == vip) && self.port.is_none_or(|p| p == port)
+    }
+}
+
+/// A flow key's addresses.
+pub fn flow_addrs(k: &lb_common::FlowKey) -> (IpAddr, IpAddr) {
+    let a = |b: &[u8; 16]| {
+        if k.family == lb_common::FAMILY_V4 {
+            IpAddr::from([b[0], b[1], b[2], b[3]])
+        } else {
+            IpAddr::from(*b)
+        }
+    };
+    (a(&k.src), a(&k.dst))
+}
+
+/// A traced decision as a row; `addr_of` names backend ids.
+pub fn trace_row(
+    t: &lb_common::explain::TraceRecord,
+    addr_of: impl Fn(u32) -> Option<IpAddr>,
+) -> crate::status::TraceRow {
+    let r = &t.trail;
+    let (client, vip) = flow_addrs(&t.flow);
+    let (entry, slot, chosen) = ids(r);
+    let has = |bit: u32| r.steps & bit != 0;
+    crate::status::TraceRow {
+        client,
+        client_port: t.flow.sport,
+        vip,
+        port: t.flow.dport,
+        protocol: match t.flow.proto {
+            PROTO_TCP => "tcp".into(),
+            PROTO_UDP => "udp".into(),
+            p => p.to_string(),
+        },
+        verdict: verdict_name(t.verdict).into(),
+        reason: stat_name(r.reason).unwrap_or("none").into(),
+        conntrack: stat_name(r.conntrack).map(str::to_owned),
+        entry: if has(step::ENTRY_CACHE) {
+            Some("cache".into())
+        } else if has(step::ENTRY_TABLE) {
+            Some("conntrack".into())
+        } else {
+            None
+        },
+        entry_used: has(step::ENTRY_USED),
+        slot: has(step::MAGLEV).then_some(r.slot),
+        skipped: has(step::SKIPPED),
+        slot_backend: slot.and_then(&addr_of),
+        backend_id: chosen,
+        backend: chosen.and_then(&addr_of),
+        remembered: has(step::WOULD_REMEMBER),
+        flood: has(step::FLOOD),
+        entry_backend_id: entry,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -308,6 +437,58 @@ mod tests {
         let o = out_frame(&f).unwrap();
         assert_eq!(o.dst_mac, [1; 6]);
         assert_eq!(o.encap_dst, None);
+    }
+
+    #[test]
+    fn trace_queries_and_rows() {
+        let t = TraceQuery::parse("vip=10.0.0.100&count=5").unwrap();
+        assert_eq!(TraceQuery::parse(&t.query()).unwrap(), t);
+        assert!(t.wants("10.0.0.100".parse().unwrap(), 1));
+        assert!(!t.wants("10.0.0.101".parse().unwrap(), 1));
+        for (bad, field) in [
+            ("count=0", "count"),
+            ("count=x", "count"),
+            ("wait_ms=70000", "wait_ms"),
+            ("vip=x", "vip"),
+            ("z=1", "z"),
+        ] {
+            assert!(
+                TraceQuery::parse(bad).unwrap_err().starts_with(field),
+                "{bad}"
+            );
+        }
+        let rec = lb_common::explain::TraceRecord {
+            trail: ExplainRecord {
+                steps: step::FLOW | step::MAGLEV | step::CHOSEN | step::WOULD_REMEMBER,
+                reason: stat::FORWARDED as u16,
+                conntrack: stat::CONNTRACK_MISS as u16,
+                slot: 7,
+                slot_backend: 2,
+                backend: 2,
+                ..Default::default()
+            },
+            flow: lb_common::FlowKey {
+                src: [10, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+                dst: [10, 0, 0, 100, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+                sport: 40000,
+                dport: 6443,
+                proto: PROTO_TCP,
+                family: lb_common::FAMILY_V4,
+                _pad: [0; 2],
+            },
+            verdict: 3,
+            _pad: 0,
+        };
+        let row = trace_row(&rec, |id| (id == 2).then(|| "10.0.0.21".parse().unwrap()));
+        assert_eq!(row.client.to_string(), "10.0.0.1");
+        assert_eq!(row.vip.to_string(), "10.0.0.100");
+        assert_eq!(
+            (row.verdict.as_str(), row.reason.as_str()),
+            ("tx", "forwarded")
+        );
+        assert_eq!(row.backend, Some("10.0.0.21".parse().unwrap()));
+        assert_eq!(row.slot, Some(7));
+        assert!(row.remembered && !row.skipped && row.entry.is_none());
     }
 
     #[test]

@@ -273,6 +273,48 @@ pub struct ExplainRow {
     pub steps: Vec<String>,
 }
 
+/// One data-plane decision of `GET /v1/trace` (`lbctl trace`), as the XDP program noted it
+/// for a real packet while the trace was attached.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TraceRow {
+    pub client: IpAddr,
+    pub client_port: u16,
+    pub vip: IpAddr,
+    pub port: u16,
+    pub protocol: String,
+    /// `tx`, `redirect`, `pass` or `drop`.
+    pub verdict: String,
+    /// The counter that explains the verdict (as in `lbctl stats`).
+    pub reason: String,
+    pub conntrack: Option<String>,
+    /// Where the flow's connection-table entry was found (`cache`, `conntrack`), the backend
+    /// slot it named, and whether the decision followed it.
+    pub entry: Option<String>,
+    pub entry_backend_id: Option<u32>,
+    pub entry_used: bool,
+    /// The Maglev slot and its backend, when the table was consulted; whether that backend was
+    /// skipped (it takes no new flows).
+    pub slot: Option<u32>,
+    pub slot_backend: Option<IpAddr>,
+    pub skipped: bool,
+    /// The backend the packet went to.
+    pub backend_id: Option<u32>,
+    pub backend: Option<IpAddr>,
+    /// The packet wrote its flow's connection-table entry; flood mode kept it from writing one.
+    pub remembered: bool,
+    pub flood: bool,
+}
+
+/// `GET /v1/trace`: the decisions sampled while the trace was attached.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TracesRow {
+    pub decisions: Vec<TraceRow>,
+    /// Decisions of other VIPs or ports read and left out by the filter.
+    pub filtered: u64,
+    /// The wait ended before `count` decisions matched.
+    pub timed_out: bool,
+}
+
 /// The answer to a POST that changes something (`drain`, `reload`, ...).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ErrorRow {
@@ -376,6 +418,34 @@ mod tests {
                 }],
                 scanned: 1,
                 truncated: false,
+            })
+            .unwrap(),
+            &mut all,
+        );
+        fields(
+            &serde_json::to_value(TracesRow {
+                decisions: vec![TraceRow {
+                    client: "10.0.0.9".parse().unwrap(),
+                    client_port: 1,
+                    vip: "10.0.0.1".parse().unwrap(),
+                    port: 1,
+                    protocol: "tcp".into(),
+                    verdict: "tx".into(),
+                    reason: "forwarded".into(),
+                    conntrack: None,
+                    entry: None,
+                    entry_backend_id: None,
+                    entry_used: false,
+                    slot: None,
+                    slot_backend: None,
+                    skipped: false,
+                    backend_id: None,
+                    backend: None,
+                    remembered: false,
+                    flood: false,
+                }],
+                filtered: 0,
+                timed_out: false,
             })
             .unwrap(),
             &mut all,

@@ -252,3 +252,73 @@ fn explain_matches_real_forwarding_and_writes_nothing() {
         "{not_owned:?}"
     );
 }
+
+/// `lbctl trace`: while a trace runs, the decisions for the lab's connections are shown, with
+/// their reason and the backend each went to; a trace of another VIP leaves them out.
+#[test]
+fn trace_shows_the_decisions_for_the_lab_traffic() {
+    use lb_userspace::status::TracesRow;
+    let l = setup(LABNODE);
+    let client = l.lab.node("client").v4.clone();
+    let backends: Vec<String> = ["b1", "b2", "b3"]
+        .iter()
+        .map(|n| l.lab.node(n).v4.clone())
+        .collect();
+    let trace = |args: &[&str]| {
+        let mut a = vec!["--socket", l.socket.as_str(), "-o", "json", "trace"];
+        a.extend_from_slice(args);
+        std::process::Command::new(lb_tests::bin_dir().join("lbctl"))
+            .args(&a)
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let mut child = trace(&["web4", "--count", "30", "--wait", "30s"]);
+    // Traffic until the trace has its 30 decisions (it is attached some time after it starts).
+    for _ in 0..100 {
+        if child.try_wait().unwrap().is_some() {
+            break;
+        }
+        let r = l.connect_many(LABNODE, VIP4, 10);
+        assert_eq!(r["ok"], 10, "{r}");
+    }
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let r: TracesRow = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(r.decisions.len(), 30, "{r:?}");
+    assert!(!r.timed_out);
+    for d in &r.decisions {
+        assert_eq!(d.client.to_string(), client, "{d:?}");
+        assert_eq!((d.vip.to_string().as_str(), d.port), (VIP4, 8080), "{d:?}");
+        assert_eq!(d.reason, "forwarded", "{d:?}");
+        let b = d.backend.expect("a backend").to_string();
+        assert!(backends.contains(&b), "{d:?}");
+    }
+    // A connection's first segment wrote its entry, the rest followed it.
+    assert!(
+        r.decisions
+            .iter()
+            .any(|d| d.conntrack.as_deref() == Some("conntrack_miss") && d.remembered)
+    );
+    assert!(
+        r.decisions
+            .iter()
+            .any(|d| d.conntrack.as_deref() == Some("conntrack_hit") && d.entry_used)
+    );
+
+    // A trace of the other VIP: web4's traffic is read and left out.
+    let child = trace(&["web6", "--count", "1", "--wait", "3s"]);
+    let r = l.connect_many(LABNODE, VIP4, 10);
+    assert_eq!(r["ok"], 10, "{r}");
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let r: TracesRow = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(r.decisions.is_empty() && r.timed_out, "{r:?}");
+    // A bad count is refused by name.
+    let out = lbctl_output(&l.socket, &["trace", "--count", "0"]);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("count"),
+        "{out:?}"
+    );
+}

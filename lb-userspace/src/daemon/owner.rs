@@ -203,7 +203,15 @@ impl Owner {
         owner.gathered(got).await?;
         owner.ready = true;
         owner.shared.tick();
-        Ok((owner, Arc::new(Front::new(tx, shared))))
+        let trace = match owner.dp.take_trace() {
+            Ok(Some(tap)) => Some(super::trace::Hub::new(tap)?),
+            Ok(None) => None,
+            Err(e) => {
+                tracing::error!(error = %format!("{e:#}"), "lbctl trace is off");
+                None
+            }
+        };
+        Ok((owner, Arc::new(Front::new(tx, shared, trace))))
     }
 
     /// Start the VIP guardian and tell it what to give back.
@@ -338,6 +346,7 @@ impl Owner {
                 Request::Bgp => Response::error(500, "BGP status is answered by the front"),
                 Request::Flows(_) => Response::error(500, "flows are answered by the front"),
                 Request::Explain(q) => Response::json(&self.explain(&q)?),
+                Request::Trace(_) => Response::error(500, "traces are answered by the front"),
                 Request::BgpDrain(drained) => Response::json(&self.set_node_drained(drained)?),
                 Request::Drain(d) => {
                     self.set_drained(&d.vip, d.backend, true)?;

@@ -27,6 +27,7 @@ mod pmtu;
 pub mod sock;
 pub mod sync_view;
 mod tables;
+mod trace;
 
 use std::{
     collections::{BTreeMap, HashMap},
@@ -53,6 +54,7 @@ use lb_common::{
 pub use pins::ensure_bpffs;
 use pins::{drop_unadoptable_pins, map_shapes};
 use tables::TableMemory;
+pub use trace::TraceTap;
 
 use crate::maglev;
 

@@ -11,6 +11,7 @@ mod flows;
 mod output;
 mod render;
 mod stats;
+mod trace;
 mod vips;
 mod vrrp;
 
@@ -82,6 +83,9 @@ enum Cmd {
     /// Where one packet of a flow goes now and why (entry, Maglev slot, skipped backend, owner,
     /// loop guard), decided by the running XDP program in a dry run that writes nothing.
     Explain(explain::Args),
+    /// A live sample of the data plane's decisions (client, VIP, verdict, reason, backend),
+    /// optionally of one VIP[:PORT]; the XDP program records them only while a trace runs.
+    Trace(trace::Args),
     /// Make lbd re-read its config; an invalid config is refused and the running one kept.
     Reload,
     /// This lbctl's version and the running lbd's.
@@ -177,6 +181,14 @@ async fn run_once(cli: Cli) -> Result<()> {
         Cmd::Stats => stats::run(&ctx).await,
         Cmd::Flows(a) => flows::run(&ctx, a).await,
         Cmd::Explain(a) => explain::run(&ctx, a).await,
+        Cmd::Trace(a) => {
+            // The call lasts as long as the trace waits.
+            let ctx = Ctx {
+                client: Client::new(&cli.socket).with_timeout(cli.timeout + a.wait),
+                out: cli.output,
+            };
+            trace::run(&ctx, a).await
+        }
         Cmd::Reload => {
             let v: serde_json::Value = ctx.client.post("/v1/reload", None).await?;
             ctx.show(&v, |_| println!("reloaded"))
