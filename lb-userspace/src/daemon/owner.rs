@@ -203,9 +203,13 @@ impl Owner {
         owner.gathered(got).await?;
         owner.ready = true;
         owner.shared.tick();
-        let trace = match owner.dp.take_trace() {
-            Ok(Some(tap)) => Some(super::trace::Hub::new(tap)?),
-            Ok(None) => None,
+        // Without it only `lbctl trace` is missing: never a reason not to forward.
+        let trace = match owner
+            .dp
+            .take_trace()
+            .and_then(|t| t.map(super::trace::Hub::new).transpose())
+        {
+            Ok(hub) => hub,
             Err(e) => {
                 tracing::error!(error = %format!("{e:#}"), "lbctl trace is off");
                 None

@@ -175,7 +175,10 @@ fn traced(
     rounds: usize,
 ) -> Measured {
     const RUN: u32 = 2000;
-    let mut tap = t.dp.take_trace().unwrap().expect("the program has trace maps");
+    let mut tap =
+        t.dp.take_trace()
+            .unwrap()
+            .expect("the program has trace maps");
     tap.set(true).unwrap();
     let (mut base, mut case, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..rounds {
