@@ -67,7 +67,7 @@ fn the_ring_is_written_only_while_a_trace_is_attached() {
         .unwrap();
     }
     assert!(
-        tap.next().is_none(),
+        tap.next_record().is_none(),
         "nothing written while no trace is attached"
     );
 
@@ -87,7 +87,7 @@ fn the_ring_is_written_only_while_a_trace_is_attached() {
     t.dp.test_run("lb_xdp", &frame(client, vip, 31000, 9999, SYN), 1)
         .unwrap();
     let mut recs = Vec::new();
-    while let Some(r) = tap.next() {
+    while let Some(r) = tap.next_record() {
         recs.push(r);
     }
     assert_eq!(
@@ -138,7 +138,7 @@ fn the_ring_is_written_only_while_a_trace_is_attached() {
             .unwrap();
     }
     assert!(
-        tap.next().is_none(),
+        tap.next_record().is_none(),
         "nothing written after the trace detached"
     );
 }

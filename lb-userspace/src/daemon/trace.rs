@@ -62,12 +62,12 @@ impl Hub {
     pub async fn sample(&self, q: &TraceQuery, names: &HashMap<u32, IpAddr>) -> Result<TracesRow> {
         let mut g = Attached(self.tap.clone().lock_owned().await);
         // Left in the ring by an earlier trace: not this one's.
-        while g.0.get_mut().0.next().is_some() {}
+        while g.0.get_mut().0.next_record().is_some() {}
         g.0.get_mut().0.set(true)?;
         let mut out = TracesRow::default();
         let deadline = tokio::time::Instant::now() + Duration::from_millis(q.wait_ms);
         loop {
-            while let Some(rec) = g.0.get_mut().0.next() {
+            while let Some(rec) = g.0.get_mut().0.next_record() {
                 let row = trace_row(&rec, |id| names.get(&id).copied());
                 if !q.wants(row.vip, row.port) {
                     out.filtered += 1;

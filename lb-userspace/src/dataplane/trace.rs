@@ -39,7 +39,7 @@ impl TraceTap {
     }
 
     /// The next traced decision in the ring, if any.
-    pub fn next(&mut self) -> Option<TraceRecord> {
+    pub fn next_record(&mut self) -> Option<TraceRecord> {
         let item = self.ring.next()?;
         TraceRecord::from_bytes(&item)
     }

@@ -187,7 +187,7 @@ fn traced(
             b += baseline_timed(baseline, frame, RUN);
             c += run_timed(t, "lb_xdp", frame, RUN);
             let mut n = 0;
-            while tap.next().is_some() {
+            while tap.next_record().is_some() {
                 n += 1;
             }
             assert_eq!(n, RUN, "every traced packet's record");
