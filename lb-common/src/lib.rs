@@ -9,6 +9,8 @@
 
 mod constants;
 mod counters;
+/// `lbctl explain`'s dry run (kept apart: its own module).
+pub mod explain;
 mod hash;
 pub mod maps;
 #[cfg(feature = "user")]

@@ -63,7 +63,7 @@ fn outer_hlen(b: &BackendInfo) -> u32 {
 /// is a subprogram called from here, so no call chain is three frames deep (the 512-byte stack
 /// limit counts the frames of a chain together).
 #[inline(always)]
-pub fn encapsulate(ctx: &XdpContext, b: &BackendInfo, may_answer: bool) -> Outcome {
+pub fn encapsulate(ctx: &XdpContext, b: &BackendInfo, may_answer: bool, dry: bool) -> Outcome {
     let Some((inner_family, len)) = inner_at(ctx, ETH_HLEN) else {
         return (XDP_PASS, stat::PASS_MALFORMED, NONE);
     };
@@ -79,7 +79,12 @@ pub fn encapsulate(ctx: &XdpContext, b: &BackendInfo, may_answer: bool) -> Outco
             too_big6(ctx, mtu)
         };
     }
-    wrap(ctx, b, inner_family, len)
+    let wrapped = wrap(ctx, b, inner_family, len);
+    // (Not for `lbctl explain`'s dry run, which writes no counter.)
+    if wrapped.1 == stat::FORWARDED && !dry {
+        count([stat::ENCAPSULATED, NONE, NONE]);
+    }
+    wrapped
 }
 
 /// Wrap the frame for a routed backend and send it to the next hop. `inner_family` and `len`:
@@ -149,7 +154,7 @@ fn wrap(ctx: &XdpContext, b: &BackendInfo, inner_family: u8, len: u32) -> Outcom
         h[8..24].copy_from_slice(&b.encap_src);
         h[24..40].copy_from_slice(&b.addr);
     }
-    count([stat::ENCAPSULATED, NONE, NONE]);
+
     let action = if b.ifindex == 0 {
         XDP_TX
     } else {

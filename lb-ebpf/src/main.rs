@@ -19,6 +19,7 @@
 #![allow(internal_features)]
 
 mod encap;
+mod explain;
 mod fast;
 mod flows;
 mod maps;
@@ -27,7 +28,10 @@ mod shared;
 mod sock;
 
 use aya_ebpf::{
-    bindings::xdp_action::{XDP_DROP, XDP_PASS, XDP_TX},
+    bindings::{
+        xdp_action::{XDP_DROP, XDP_PASS, XDP_TX},
+        xdp_md,
+    },
     helpers::generated::bpf_ktime_get_coarse_ns,
     macros::xdp,
     programs::XdpContext,
@@ -35,7 +39,8 @@ use aya_ebpf::{
 use lb_common::{
     ALL_PORTS, BACKEND_F_ENCAP, BACKEND_F_IN_SET, BACKEND_F_LOCAL, BACKEND_F_NO_NEW, BackendInfo,
     CONFIG_F_ALL_PORTS, FLOOD_HOLD_NS, FLOOD_WINDOW_NS, FlowKey, FlowValue, LbConfig, MAX_BACKENDS,
-    NO_BACKEND, PROTO_TCP, VIP_F_OWNED, VipInfo, VipKey, flow_hash, stat, table_index,
+    NO_BACKEND, PROTO_TCP, VIP_F_OWNED, VipInfo, VipKey, explain::step as explain_step, flow_hash,
+    stat, table_index,
 };
 use maps::{
     LB_BACKEND_STATS, LB_BACKENDS, LB_CONFIG, LB_FLOOD_NODE, LB_HANDSHAKES, LB_NEW_TABLES,
@@ -46,13 +51,47 @@ use shared::{count_forwarded_hit, from_peer, key_of, maybe_vip, ports_word, send
 
 #[xdp]
 pub fn lb_xdp(ctx: XdpContext) -> u32 {
-    let (action, reason, conntrack) = match try_lb(&ctx) {
+    // `lbctl explain`'s dry run (never a frame from the wire) or a traced packet (`lbctl
+    // trace` attached), see `explain`: each takes its own compiled copy of the same path, so
+    // that a packet that is neither pays for neither (a compare and an array load here).
+    // (Raw context pointers between the subprograms: this frame must stay empty, the call
+    // chain's stacks add up against the 512-byte limit.)
+    let raw = ctx.ctx;
+    match explain::mode(raw as usize) {
+        explain::OFF => plain(raw),
+        rec => noted(raw, rec),
+    }
+}
+
+/// The path of a packet neither explained nor traced (`rec` a constant: every note and check
+/// of it compiles away).
+#[inline(never)]
+fn plain(raw: *mut xdp_md) -> u32 {
+    lb(&XdpContext::new(raw), explain::OFF)
+}
+
+/// The path of a dry run or a traced packet.
+#[inline(never)]
+fn noted(raw: *mut xdp_md, rec: explain::Rec) -> u32 {
+    lb(&XdpContext::new(raw), rec)
+}
+
+#[inline(always)]
+fn lb(ctx: &XdpContext, rec: explain::Rec) -> u32 {
+    let (action, reason, conntrack) = match try_lb(ctx, rec) {
         Ok(v) => v,
         Err(ParseError::Malformed) => (XDP_PASS, stat::PASS_MALFORMED, NONE),
         Err(ParseError::ExtLimit) => (XDP_PASS, stat::PASS_IPV6_EXT_LIMIT, NONE),
         Err(ParseError::NotWanted) => (XDP_PASS, stat::PASS_NOT_VIP, NONE),
     };
     if reason == COUNTED {
+        if rec == explain::TRACE {
+            explain::emit(action, stat::FORWARDED, stat::CONNTRACK_HIT);
+        }
+        return action;
+    }
+    if rec == explain::DRY {
+        explain::finish(ctx, reason, conntrack);
         return action;
     }
     let verdict = match action {
@@ -62,6 +101,9 @@ pub fn lb_xdp(ctx: XdpContext) -> u32 {
         _ => stat::VERDICT_REDIRECT,
     };
     count([verdict, reason, conntrack]);
+    if rec == explain::TRACE {
+        explain::emit(action, reason, conntrack);
+    }
     action
 }
 
@@ -72,13 +114,16 @@ type Outcome = (u32, u32, u32);
 const COUNTED: u32 = u32::MAX - 1;
 
 #[inline(always)]
-fn try_lb(ctx: &XdpContext) -> Result<Outcome, ParseError> {
+fn try_lb(ctx: &XdpContext, rec: explain::Rec) -> Result<Outcome, ParseError> {
     let cfg = LB_CONFIG.get(0);
     // An established TCP flow in the flow cache, or the node's own traffic: decided
     // with one bounds check (see `fast`); anything else, or any doubt, takes the path below,
     // with the flow's cache slot if the fast path found it.
+    // (A dry run or a traced packet takes the path below, which notes its steps: the fast path
+    // decides as it would.)
     let mut hint = None;
-    if let Some(c) = cfg
+    if rec == explain::OFF
+        && let Some(c) = cfg
         && let Some(outcome) = fast::established(ctx, c, &mut hint)
     {
         return Ok(outcome);
@@ -99,6 +144,7 @@ fn try_lb(ctx: &XdpContext) -> Result<Outcome, ParseError> {
     // still forwards, or one whose tables differ from ours). Forwarding it again could send it
     // back and forth; the local stack serves it (this node is a backend of the VIP).
     if from_peer(cfg, packet::source_mac(ctx)?) {
+        explain::steps(rec, explain_step::FROM_PEER);
         return Ok((XDP_PASS, stat::PASS_FROM_PEER, NONE));
     }
     if l3.fragment {
@@ -115,7 +161,7 @@ fn try_lb(ctx: &XdpContext) -> Result<Outcome, ParseError> {
         // The fast path stopped at this TCP segment's slot only after reading the same headers
         // as this path: same key, so its slot and what the slot held stand.
         let hint = if l3.proto == PROTO_TCP { hint } else { None };
-        return Ok(balance(ctx, cfg, &flow, track, hint));
+        return Ok(balance(ctx, cfg, &flow, track, hint, rec));
     }
     if let Some(inner) = packet::icmp_too_big(ctx, &l3)? {
         // The embedded packet is one the VIP sent to the client: swap it back into the flow
@@ -132,7 +178,7 @@ fn try_lb(ctx: &XdpContext) -> Result<Outcome, ParseError> {
         if inner.l3.src != l3.dst || lookup_vip(cfg, &flow).is_none() {
             return Ok((XDP_PASS, stat::PASS_ICMP_NOT_VIP, NONE));
         }
-        let (action, reason, conntrack) = balance(ctx, cfg, &flow, Track::LookupOnly, None);
+        let (action, reason, conntrack) = balance(ctx, cfg, &flow, Track::LookupOnly, None, rec);
         let reason = match reason {
             stat::FORWARDED | stat::PASS_LOCAL_BACKEND => stat::ICMP_FORWARDED,
             other => other,
@@ -241,10 +287,7 @@ const _: () = assert!(MAX_BACKENDS < SLOT_SKIPPED);
 #[inline(never)]
 fn pick_slot(vip_id: u32, active: u32, size: u32, slot: u32, starts_flow: u32) -> u32 {
     let pos = table_index(vip_id, active, size, slot);
-    let id = match LB_TABLES.get(pos >> 1) {
-        Some(pair) => pair[(pos & 1) as usize],
-        None => return NO_BACKEND,
-    };
+    let id = live_slot(pos);
     if id == NO_BACKEND || starts_flow == 0 {
         return id;
     }
@@ -259,6 +302,26 @@ fn pick_slot(vip_id: u32, active: u32, size: u32, slot: u32, starts_flow: u32) -
         }
         _ => NO_BACKEND,
     }
+}
+
+/// The backend id at position `pos` of the live tables (`NO_BACKEND` past their end).
+#[inline(always)]
+fn live_slot(pos: u32) -> u32 {
+    match LB_TABLES.get(pos >> 1) {
+        Some(pair) => pair[(pos & 1) as usize],
+        None => NO_BACKEND,
+    }
+}
+
+/// Whether flood mode holds, without counting (a dry run's view of `flooded`).
+#[inline(always)]
+fn flood_on() -> bool {
+    let Some(s) = LB_FLOOD_NODE.get_ptr(0) else {
+        return false;
+    };
+    let now = unsafe { bpf_ktime_get_coarse_ns() };
+    // SAFETY: a map value of the array (see `flooded`).
+    now < unsafe { core::ptr::addr_of!((*s).flood_until).read_volatile() }
 }
 
 /// Pair `id` is of this VIP, in its set, and takes new flows.
@@ -338,7 +401,11 @@ fn balance(
     flow: &FlowKey,
     track: Track,
     hint: Option<flows::Hint>,
+    rec: explain::Rec,
 ) -> Outcome {
+    // A dry run writes no map the data plane reads (see `explain`).
+    let dry = rec == explain::DRY;
+    explain::flow(rec, flow);
     let bytes = (ctx.data_end() - ctx.data()) as u64;
     let (slot, found) = match (hint, cfg) {
         (Some(h), Some(cfg)) => h.found(cfg, flow),
@@ -349,14 +416,35 @@ fn balance(
         }
     };
     let cached = found.map(|(v, _)| v);
+    explain::note(rec, |r| {
+        if let Some((v, at)) = found {
+            r.entry_backend = v.backend_id;
+            r.steps |= if at == flows::Found::Cache {
+                explain_step::ENTRY_CACHE
+            } else {
+                explain_step::ENTRY_TABLE
+            };
+        }
+    });
 
     // 1. Fast path for established flows: the entry's pair still exists and is in its set, and
     //    this node forwards for its VIP. (The 5-tuple names the VIP service, so the entry's
     //    backend belongs to it: pairs of other services have other epochs.)
     let valid = cached.and_then(|v| flows::entry_backend(&v));
+    if valid.is_some() {
+        explain::steps(rec, explain_step::ENTRY_GOOD);
+    }
     if let Some((id, b)) = valid
         && vip_owned(b.vip_id)
     {
+        explain::note(rec, |r| {
+            r.steps |= explain_step::ENTRY_USED | explain_step::VIP_OWNED | explain_step::CHOSEN;
+            r.backend = id;
+        });
+        if dry {
+            let (action, reason, _) = forward(ctx, b, track, dry);
+            return (action, reason, stat::CONNTRACK_HIT);
+        }
         if let Some((v, flows::Found::Table)) = found
             && track != Track::LookupOnly
         {
@@ -364,7 +452,7 @@ fn balance(
         }
         // One per-CPU entry per forwarded packet: its pair's (a VIP's counters are the sum of
         // its pairs', added up by user space).
-        let (action, reason, _) = forward(ctx, b, track);
+        let (action, reason, _) = forward(ctx, b, track, dry);
         // Only what reaches the pair is its traffic (not a too-big answer, not a drop).
         if delivered(reason) {
             count_traffic(&LB_BACKEND_STATS, id, bytes, false);
@@ -381,6 +469,7 @@ fn balance(
     let Some(vip) = lookup_vip(cfg, flow) else {
         return (XDP_PASS, stat::PASS_NOT_VIP, NONE);
     };
+    explain::steps(rec, explain_step::VIP_FOUND);
     if vip.flags & VIP_F_OWNED == 0 {
         // Not the owner: the local stack serves the VIP (this node may be a DSR backend).
         return (XDP_PASS, stat::PASS_NOT_OWNER, NONE);
@@ -398,7 +487,9 @@ fn balance(
     {
         ct = stat::CONNTRACK_HIT;
         chosen = Some((id, b));
+        explain::steps(rec, explain_step::ENTRY_USED);
     }
+    explain::steps(rec, explain_step::VIP_OWNED);
     let new_flow = chosen.is_none();
     let mut skipped = false;
     let mut handshake = false;
@@ -430,10 +521,26 @@ fn balance(
                 slot,
                 starts_flow as u32,
             );
+            explain::note(rec, |r| {
+                r.steps |= explain_step::MAGLEV;
+                if starts_flow {
+                    r.steps |= explain_step::STARTS_FLOW;
+                }
+                r.slot = slot;
+                r.slot_backend = live_slot(table_index(
+                    vip.vip_id,
+                    vip.active_table,
+                    cfg.table_size,
+                    slot,
+                ));
+            });
             if picked == NO_BACKEND {
                 return (XDP_DROP, stat::DROP_NO_BACKEND, ct);
             }
             skipped = picked & SLOT_SKIPPED != 0;
+            if skipped {
+                explain::steps(rec, explain_step::SKIPPED);
+            }
             let id = picked & !SLOT_SKIPPED;
             // User space takes a backend out of the set only after no table names it: this is
             // a bug or a hand-edited map, counted (never logged per packet) and never forwarded.
@@ -445,6 +552,7 @@ fn balance(
             match handshake_of(track, flow, b, &vip) {
                 Some(h) => {
                     handshake = true;
+                    explain::steps(rec, explain_step::HANDSHAKE);
                     h
                 }
                 None => (id, b),
@@ -458,8 +566,31 @@ fn balance(
     // SYN that skipped its slot is remembered in the small handshake table instead: its later
     // packets must not go to the slot's backend, whatever the flood state is by then.
     let mut remember = new_flow && track != Track::LookupOnly;
+    explain::note(rec, |r| {
+        r.steps |= explain_step::CHOSEN;
+        r.backend = id;
+    });
+    if dry {
+        // What a real packet would do, written nowhere.
+        let flood = remember && flood_on();
+        explain::note(rec, |r| {
+            if flood {
+                r.steps |= explain_step::FLOOD;
+            } else if remember {
+                r.steps |= explain_step::WOULD_REMEMBER;
+            }
+        });
+        let (action, reason, _) = forward(ctx, backend, track, dry);
+        let ct = match (flood, track) {
+            (false, _) => ct,
+            (true, Track::NewConnection) => stat::SYN_FLOOD_UNTRACKED,
+            (true, _) => stat::FLOOD_UNTRACKED,
+        };
+        return (action, reason, ct);
+    }
     if remember && flooded(cfg) {
         remember = false;
+        explain::steps(rec, explain_step::FLOOD);
         ct = if track == Track::NewConnection {
             stat::SYN_FLOOD_UNTRACKED
         } else {
@@ -477,6 +608,7 @@ fn balance(
         }
     }
     if remember {
+        explain::steps(rec, explain_step::WOULD_REMEMBER);
         let value = FlowValue {
             backend_id: id,
             epoch: backend.epoch,
@@ -489,7 +621,7 @@ fn balance(
     }
 
     let counted_new = new_flow && track != Track::LookupOnly;
-    let (action, reason, _) = forward(ctx, backend, track);
+    let (action, reason, _) = forward(ctx, backend, track, dry);
     if delivered(reason) {
         count_traffic(&LB_BACKEND_STATS, id, bytes, counted_new);
     }
@@ -505,14 +637,14 @@ fn delivered(reason: u32) -> bool {
 /// Send the packet to its backend: the MACs rewritten (L2 direct server return), wrapped for a
 /// routed backend (`encap`), or passed to the local stack when the backend is this node.
 #[inline(always)]
-fn forward(ctx: &XdpContext, backend: &BackendInfo, track: Track) -> Outcome {
+fn forward(ctx: &XdpContext, backend: &BackendInfo, track: Track, dry: bool) -> Outcome {
     if backend.flags & BACKEND_F_LOCAL != 0 {
         return (XDP_PASS, stat::PASS_LOCAL_BACKEND, NONE);
     }
     if backend.flags & BACKEND_F_ENCAP != 0 {
         // An ICMP error too big to wrap is dropped, never answered with another ICMP error
         // (RFC 1122 3.2.2, RFC 4443 2.4 e).
-        return encap::encapsulate(ctx, backend, track != Track::LookupOnly);
+        return encap::encapsulate(ctx, backend, track != Track::LookupOnly, dry);
     }
     let Ok(eth) = ptr_at::<[u32; 3]>(ctx, 0) else {
         return (XDP_PASS, stat::PASS_MALFORMED, NONE);

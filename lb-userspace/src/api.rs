@@ -126,6 +126,10 @@ impl FlowFilter {
 pub enum Request {
     /// Connection-table and flow-cache entries.
     Flows(FlowFilter),
+    /// Where one packet of a flow goes and why (the program's dry run).
+    Explain(crate::explain::ExplainQuery),
+    /// A live sample of data-plane decisions.
+    Trace(crate::explain::TraceQuery),
     Backends,
     Vips,
     Stats,
@@ -222,6 +226,14 @@ fn route(
         (&Method::GET, "/v1/version") => Request::Version,
         (&Method::GET, "/v1/flows") => Request::Flows(
             FlowFilter::parse(query.unwrap_or(""))
+                .map_err(|e| Response::error(400, format!("query: {e}")))?,
+        ),
+        (&Method::GET, "/v1/explain") => Request::Explain(
+            crate::explain::ExplainQuery::parse(query.unwrap_or(""))
+                .map_err(|e| Response::error(400, format!("query: {e}")))?,
+        ),
+        (&Method::GET, "/v1/trace") => Request::Trace(
+            crate::explain::TraceQuery::parse(query.unwrap_or(""))
                 .map_err(|e| Response::error(400, format!("query: {e}")))?,
         ),
         (&Method::POST, "/v1/bgp/drain") => Request::BgpDrain(true),

@@ -22,6 +22,7 @@ mod adopt;
 mod bgp;
 mod churn;
 mod conntrack;
+mod explain;
 mod fate;
 mod flows;
 pub mod front;
@@ -34,6 +35,7 @@ mod rollback;
 mod stop;
 mod supervise;
 mod sync;
+mod trace;
 mod vrrp;
 
 pub use rollback::teardown;

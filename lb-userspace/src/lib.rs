@@ -17,6 +17,7 @@
 //! - [`guardian`]: gives the VRRP VIPs back (and withdraws BGP routes) if lbd dies.
 //! - [`handover`]: the grace after a VIP leaves this node (pure).
 //! - [`static_vip`]: VIPs owned without VRRP: on the interface and announced.
+//! - [`explain`]: `lbctl explain`'s question, frame and answer (pure; the program decides).
 //! - [`status`]: the status rows lbctl shows and metrics export.
 //! - [`metrics`]: Prometheus metrics (prometheus-client).
 //! - [`sync`]: connection sync between LB nodes: its config, datagram and replay window (pure).
@@ -30,6 +31,7 @@ pub mod daemon;
 pub mod dataplane;
 pub mod decap;
 pub mod desired;
+pub mod explain;
 pub mod guardian;
 pub mod handover;
 pub mod health;

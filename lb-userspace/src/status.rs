@@ -219,6 +219,102 @@ pub struct FlowsRow {
     pub truncated: bool,
 }
 
+/// `GET /v1/explain` (`lbctl explain`): where one packet of a flow goes now and why, as the
+/// running XDP program decided it in a dry run (it wrote no entry and no counter).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExplainRow {
+    pub client: Option<IpAddr>,
+    pub client_port: u16,
+    pub vip: Option<IpAddr>,
+    pub port: u16,
+    pub protocol: String,
+    /// The packet asked about: `syn`, `ack` or `datagram`.
+    pub packet: String,
+    /// The XDP verdict: `tx`, `redirect` (sent to a backend), `pass` (to this node's stack) or
+    /// `drop`.
+    pub verdict: String,
+    /// The counter that explains the verdict (as in `lbctl stats`).
+    pub reason: String,
+    /// The connection-table counter the packet would add to (`conntrack_hit`, `_miss`, ...).
+    pub conntrack: Option<String>,
+    /// The VIP service's name, when one matched; and whether this node forwards for it.
+    pub vip_name: Option<String>,
+    pub owned: bool,
+    /// Where a connection-table entry for the flow was found (`cache` or `conntrack`), the
+    /// backend it names, and whether its pair still stands (else it is ignored, stale).
+    pub entry: Option<String>,
+    pub entry_backend: Option<IpAddr>,
+    pub entry_current: bool,
+    /// The decision followed that entry.
+    pub entry_used: bool,
+    /// The Maglev slot the flow hashes to, and the backend the live table names there.
+    pub slot: Option<u32>,
+    pub slot_backend: Option<IpAddr>,
+    /// The slot's backend takes no new flows (`skip_reason`: its state, e.g. `drained`), so
+    /// this packet, which starts a flow, took the new-flow table's backend instead.
+    pub skipped: bool,
+    pub skip_reason: Option<String>,
+    /// Followed the handshake table (its SYN skipped the slot in flood mode).
+    pub handshake: bool,
+    /// The backend the packet goes to: its slot id and address (`None`: to no backend).
+    pub backend_id: Option<u32>,
+    pub backend: Option<IpAddr>,
+    /// The frame as it would leave: destination and source MAC, and the outer destination when
+    /// wrapped for a routed backend.
+    pub dst_mac: Option<String>,
+    pub src_mac: Option<String>,
+    pub encap_dst: Option<IpAddr>,
+    /// A real packet would write a connection-table entry; flood mode is on (it would not).
+    pub would_remember: bool,
+    pub flood: bool,
+    /// The loop guard fired (the source is another lbd node).
+    pub from_peer: bool,
+    /// The decision's steps, in order, in words.
+    pub steps: Vec<String>,
+}
+
+/// One data-plane decision of `GET /v1/trace` (`lbctl trace`), as the XDP program noted it
+/// for a real packet while the trace was attached.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TraceRow {
+    pub client: IpAddr,
+    pub client_port: u16,
+    pub vip: IpAddr,
+    pub port: u16,
+    pub protocol: String,
+    /// `tx`, `redirect`, `pass` or `drop`.
+    pub verdict: String,
+    /// The counter that explains the verdict (as in `lbctl stats`).
+    pub reason: String,
+    pub conntrack: Option<String>,
+    /// Where the flow's connection-table entry was found (`cache`, `conntrack`), the backend
+    /// slot it named, and whether the decision followed it.
+    pub entry: Option<String>,
+    pub entry_backend_id: Option<u32>,
+    pub entry_used: bool,
+    /// The Maglev slot and its backend, when the table was consulted; whether that backend was
+    /// skipped (it takes no new flows).
+    pub slot: Option<u32>,
+    pub slot_backend: Option<IpAddr>,
+    pub skipped: bool,
+    /// The backend the packet went to.
+    pub backend_id: Option<u32>,
+    pub backend: Option<IpAddr>,
+    /// The packet wrote its flow's connection-table entry; flood mode kept it from writing one.
+    pub remembered: bool,
+    pub flood: bool,
+}
+
+/// `GET /v1/trace`: the decisions sampled while the trace was attached.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TracesRow {
+    pub decisions: Vec<TraceRow>,
+    /// Decisions of other VIPs or ports read and left out by the filter.
+    pub filtered: u64,
+    /// The wait ended before `count` decisions matched.
+    pub timed_out: bool,
+}
+
 /// The answer to a POST that changes something (`drain`, `reload`, ...).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ErrorRow {
@@ -322,6 +418,42 @@ mod tests {
                 }],
                 scanned: 1,
                 truncated: false,
+            })
+            .unwrap(),
+            &mut all,
+        );
+        fields(
+            &serde_json::to_value(TracesRow {
+                decisions: vec![TraceRow {
+                    client: "10.0.0.9".parse().unwrap(),
+                    client_port: 1,
+                    vip: "10.0.0.1".parse().unwrap(),
+                    port: 1,
+                    protocol: "tcp".into(),
+                    verdict: "tx".into(),
+                    reason: "forwarded".into(),
+                    conntrack: None,
+                    entry: None,
+                    entry_backend_id: None,
+                    entry_used: false,
+                    slot: None,
+                    slot_backend: None,
+                    skipped: false,
+                    backend_id: None,
+                    backend: None,
+                    remembered: false,
+                    flood: false,
+                }],
+                filtered: 0,
+                timed_out: false,
+            })
+            .unwrap(),
+            &mut all,
+        );
+        fields(
+            &serde_json::to_value(ExplainRow {
+                client: Some("10.0.0.9".parse().unwrap()),
+                ..Default::default()
             })
             .unwrap(),
             &mut all,

@@ -22,11 +22,17 @@ const RELOAD_DEADLINE: Duration = Duration::from_secs(60);
 pub struct Front {
     tx: mpsc::UnboundedSender<Msg>,
     shared: Arc<Shared>,
+    /// `lbctl trace` (`None` when the program has no trace maps).
+    trace: Option<super::trace::Hub>,
 }
 
 impl Front {
-    pub(super) fn new(tx: mpsc::UnboundedSender<Msg>, shared: Arc<Shared>) -> Self {
-        Front { tx, shared }
+    pub(super) fn new(
+        tx: mpsc::UnboundedSender<Msg>,
+        shared: Arc<Shared>,
+        trace: Option<super::trace::Hub>,
+    ) -> Self {
+        Front { tx, shared, trace }
     }
 
     /// Run `task` (meant to run until lbd stops); its end is a failure (see `supervise`).
@@ -90,6 +96,22 @@ impl Front {
             Err(e) => Response::error(500, format!("flow walk: {e}")),
         }
     }
+
+    async fn trace(&self, q: crate::explain::TraceQuery) -> Response {
+        let Some(hub) = &self.trace else {
+            return Response::error(500, "this data plane has no trace maps");
+        };
+        // Backend ids named as `lbctl flows` names them.
+        let view = match self.ask(Msg::FlowsView, QUERY_DEADLINE).await {
+            Ok(v) => v,
+            Err(r) => return r,
+        };
+        let names = view.slots.iter().map(|(id, s)| (*id, s.1)).collect();
+        match hub.sample(&q, &names).await {
+            Ok(rows) => Response::json(&rows),
+            Err(e) => Response::error(500, format!("trace: {e:#}")),
+        }
+    }
 }
 
 impl api::Handler for Front {
@@ -99,6 +121,7 @@ impl api::Handler for Front {
             Request::Version => Response::json(&crate::status::VersionRow::this()),
             Request::Bgp => self.bgp().await,
             Request::Flows(f) => self.flows(f).await,
+            Request::Trace(q) => self.trace(q).await,
             req => {
                 let deadline = match req {
                     Request::Reload => RELOAD_DEADLINE,

@@ -203,7 +203,19 @@ impl Owner {
         owner.gathered(got).await?;
         owner.ready = true;
         owner.shared.tick();
-        Ok((owner, Arc::new(Front::new(tx, shared))))
+        // Without it only `lbctl trace` is missing: never a reason not to forward.
+        let trace = match owner
+            .dp
+            .take_trace()
+            .and_then(|t| t.map(super::trace::Hub::new).transpose())
+        {
+            Ok(hub) => hub,
+            Err(e) => {
+                tracing::error!(error = %format!("{e:#}"), "lbctl trace is off");
+                None
+            }
+        };
+        Ok((owner, Arc::new(Front::new(tx, shared, trace))))
     }
 
     /// Start the VIP guardian and tell it what to give back.
@@ -334,6 +346,8 @@ impl Owner {
                 // Answered by the front (its sessions come from vtysh, beside the owner).
                 Request::Bgp => Response::error(500, "BGP status is answered by the front"),
                 Request::Flows(_) => Response::error(500, "flows are answered by the front"),
+                Request::Explain(q) => Response::json(&self.explain(&q)?),
+                Request::Trace(_) => Response::error(500, "traces are answered by the front"),
                 Request::BgpDrain(drained) => Response::json(&self.set_node_drained(drained)?),
                 Request::Drain(d) => {
                     self.set_drained(&d.vip, d.backend, true)?;

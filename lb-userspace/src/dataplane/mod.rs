@@ -21,11 +21,13 @@
 
 mod counters;
 pub mod decap;
+mod explain;
 mod pins;
 mod pmtu;
 pub mod sock;
 pub mod sync_view;
 mod tables;
+mod trace;
 
 use std::{
     collections::{BTreeMap, HashMap},
@@ -43,6 +45,7 @@ use aya::{
     },
 };
 pub use counters::{FloodStatus, Traffic};
+pub use explain::DryRun;
 use lb_common::{
     BACKEND_F_IN_SET, BACKEND_F_LOCAL, BackendInfo, Counters, FlowKey, FlowValue, LbConfig,
     MAX_BACKENDS, MAX_PEERS, MAX_VIPS, VIP_F_OWNED, VIP_OWNED, VipInfo, VipKey, maps, stat,
@@ -51,6 +54,7 @@ use lb_common::{
 pub use pins::ensure_bpffs;
 use pins::{drop_unadoptable_pins, map_shapes};
 use tables::TableMemory;
+pub use trace::TraceTap;
 
 pub use crate::desired::{BackendSpec, Desired, Encap, ServiceSpec, addr_bytes, key_addr, vip_key};
 use crate::maglev;
@@ -199,6 +203,7 @@ impl Dataplane {
             prog.load()
                 .with_context(|| format!("verify and load {name}"))?;
         }
+        explain::arm(&mut ebpf).context("arm lbctl explain")?;
         // The program's rare-path log lines (aya-log); optional so a missing map is not fatal.
         let logger = aya_log::EbpfLogger::init(&mut ebpf).ok();
         let tables_map: MapData = match ebpf.take_map(maps::TABLES) {

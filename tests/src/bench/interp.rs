@@ -132,9 +132,10 @@ impl<'a> Interp<'a> {
 
     fn load(&mut self, a: u64, size: usize) -> Result<u64, String> {
         if a >> 32 == R_CTX && size == 4 {
-            // xdp_md: data and data_end read as packet pointers.
+            // xdp_md: data, data_end and data_meta read as packet pointers (no metadata: a
+            // frame from the wire).
             match a & 0xffff_ffff {
-                0 => return Ok(addr(R_PKT, 0)),
+                0 | 8 => return Ok(addr(R_PKT, 0)),
                 4 => return Ok(addr(R_PKT, self.packet.len() as u64)),
                 _ => {}
             }

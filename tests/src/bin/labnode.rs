@@ -12,6 +12,8 @@
 //!   connection that failed before reading its id counts under `"?"`).
 //! - `labnode connect-for ADDR PORT SECONDS CONCURRENCY TIMEOUT_MS`: as `connect-many`, but for
 //!   SECONDS instead of a count; same JSON.
+//! - `labnode connect-from ADDR PORT SRCPORT TIMEOUT_MS`: one connection from source port
+//!   SRCPORT (0: any), reading the id line; JSON `{"id", "local_port"}` or `{"error"}`.
 //! - `labnode vrrp-send IFACE SRC DSTS VRID PRIO VIPS|- RATE SECS [ttl=N] [from=ADDR] [V2PASS]`: a foreign VRRP
 //!   router (see `lb_tests::vrrp_send`); prints `{"sent": N}`.
 //!
@@ -215,6 +217,45 @@ fn hold_ids(addr: SocketAddr, count: u64, secs: u64, interval: Duration, read_ti
     );
 }
 
+/// One connection from a chosen source port (a 5-tuple a test can name in advance).
+fn connect_from(addr: SocketAddr, sport: u16, timeout: Duration) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let r: Result<(String, u16), String> = rt.block_on(async {
+        let sock = if addr.is_ipv4() {
+            tokio::net::TcpSocket::new_v4()
+        } else {
+            tokio::net::TcpSocket::new_v6()
+        }
+        .map_err(|e| format!("socket: {e}"))?;
+        sock.set_reuseaddr(true)
+            .map_err(|e| format!("reuseaddr: {e}"))?;
+        let any: IpAddr = if addr.is_ipv4() {
+            "0.0.0.0".parse().unwrap()
+        } else {
+            "::".parse().unwrap()
+        };
+        sock.bind(SocketAddr::new(any, sport))
+            .map_err(|e| format!("bind: {e}"))?;
+        let s = tokio::time::timeout(timeout, sock.connect(addr))
+            .await
+            .map_err(|_| "connect: timed out".to_string())?
+            .map_err(|e| format!("connect: {e}"))?;
+        let local = s.local_addr().map_err(|e| e.to_string())?.port();
+        let s = s.into_std().map_err(|e| e.to_string())?;
+        s.set_nonblocking(false).ok();
+        s.set_read_timeout(Some(timeout)).ok();
+        let id = read_line(&s).map_err(|e| format!("read: {}", e.kind()))?;
+        Ok((id, local))
+    });
+    match r {
+        Ok((id, port)) => println!("{}", serde_json::json!({"id": id, "local_port": port})),
+        Err(e) => println!("{}", serde_json::json!({"error": e})),
+    }
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let arg = |i: usize| {
@@ -254,6 +295,14 @@ fn main() {
                 Until::Deadline(Instant::now() + Duration::from_secs(secs)),
                 arg(5).parse().unwrap(),
                 Duration::from_millis(arg(6).parse().unwrap()),
+            )
+        }
+        Some("connect-from") => {
+            let ip: IpAddr = arg(2).parse().unwrap();
+            connect_from(
+                SocketAddr::new(ip, arg(3).parse().unwrap()),
+                arg(4).parse().unwrap(),
+                Duration::from_millis(arg(5).parse().unwrap()),
             )
         }
         Some("vrrp-send") => {

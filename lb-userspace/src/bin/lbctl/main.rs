@@ -6,10 +6,12 @@
 
 mod backends;
 mod bgp;
+mod explain;
 mod flows;
 mod output;
 mod render;
 mod stats;
+mod trace;
 mod vips;
 mod vrrp;
 
@@ -78,6 +80,12 @@ enum Cmd {
     /// Connection-table and flow-cache entries (client, VIP, backend, pair epoch), optionally
     /// of one VIP[:PORT] or client; read from the maps while forwarding continues.
     Flows(flows::Args),
+    /// Where one packet of a flow goes now and why (entry, Maglev slot, skipped backend, owner,
+    /// loop guard), decided by the running XDP program in a dry run that writes nothing.
+    Explain(explain::Args),
+    /// A live sample of the data plane's decisions (client, VIP, verdict, reason, backend),
+    /// optionally of one VIP[:PORT]; the XDP program records them only while a trace runs.
+    Trace(trace::Args),
     /// Make lbd re-read its config; an invalid config is refused and the running one kept.
     Reload,
     /// This lbctl's version and the running lbd's.
@@ -172,6 +180,15 @@ async fn run_once(cli: Cli) -> Result<()> {
         Cmd::Bgp(cmd) => bgp::run(&ctx, cmd).await,
         Cmd::Stats => stats::run(&ctx).await,
         Cmd::Flows(a) => flows::run(&ctx, a).await,
+        Cmd::Explain(a) => explain::run(&ctx, a).await,
+        Cmd::Trace(a) => {
+            // The call lasts as long as the trace waits.
+            let ctx = Ctx {
+                client: Client::new(&cli.socket).with_timeout(cli.timeout + a.wait),
+                out: cli.output,
+            };
+            trace::run(&ctx, a).await
+        }
         Cmd::Reload => {
             let v: serde_json::Value = ctx.client.post("/v1/reload", None).await?;
             ctx.show(&v, |_| println!("reloaded"))

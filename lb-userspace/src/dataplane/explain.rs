@@ -1,0 +1,93 @@
+//! `lbctl explain`: a dry run of the loaded (and, in lbd, attached) `lb_xdp` on one frame
+//! (BPF_PROG_TEST_RUN with XDP metadata, see `lb_common::explain`).
+
+use std::io::Read;
+
+use anyhow::{Context, Result, anyhow, bail};
+use aya::{
+    Ebpf,
+    maps::{Array, MapData},
+    programs::{TestRun, TestRunOptions, Xdp},
+};
+use lb_common::{
+    explain::{ExplainRecord, META_LEN, TOKEN_MAP, step},
+    maps,
+};
+
+use super::Dataplane;
+
+fn token_map(ebpf: &mut Ebpf) -> Result<Array<&mut MapData, u64>> {
+    let m = ebpf
+        .map_mut(TOKEN_MAP)
+        .ok_or_else(|| anyhow!("map {TOKEN_MAP} missing from the object"))?;
+    Array::try_from(m).with_context(|| format!("map {TOKEN_MAP}"))
+}
+
+/// Give the program a fresh random token (never 0): only a run carrying it is a dry run.
+pub(super) fn arm(ebpf: &mut Ebpf) -> Result<()> {
+    let mut b = [0u8; 8];
+    let mut token = 0;
+    while token == 0 {
+        std::fs::File::open("/dev/urandom")
+            .and_then(|mut f| f.read_exact(&mut b))
+            .context("read /dev/urandom")?;
+        token = u64::from_ne_bytes(b);
+    }
+    token_map(ebpf)?.set(0, token, 0)?;
+    Ok(())
+}
+
+/// What a dry run answered: the verdict, the trail, and the output frame (metadata first).
+pub struct DryRun {
+    pub verdict: u32,
+    pub record: ExplainRecord,
+    pub out: Vec<u8>,
+}
+
+impl Dataplane {
+    /// The program's token, for [`crate::explain::frame`].
+    pub fn explain_token(&mut self) -> Result<u64> {
+        Ok(token_map(&mut self.ebpf)?.get(&0, 0)?)
+    }
+
+    /// Run `lb_xdp` in dry mode on `input` (the metadata with the token, then the frame): it
+    /// decides as for a packet of the flow and writes no map the data plane reads.
+    pub fn explain(&mut self, input: &[u8]) -> Result<DryRun> {
+        if input.len() < META_LEN + 14 {
+            bail!("explain frame too short");
+        }
+        let prog: &mut Xdp = self
+            .ebpf
+            .program_mut(maps::PROGRAM)
+            .ok_or_else(|| anyhow!("no program {}", maps::PROGRAM))?
+            .try_into()?;
+        // struct xdp_md: data, data_end, data_meta, ingress_ifindex, rx_queue_index,
+        // egress_ifindex. `data` past 0 makes the kernel take that many input bytes as metadata.
+        let md: [u32; 6] = [META_LEN as u32, input.len() as u32, 0, 0, 0, 0];
+        let ctx: Vec<u8> = md.iter().flat_map(|w| w.to_ne_bytes()).collect();
+        let mut ctx_out = vec![0u8; ctx.len()];
+        // Room for an outer header (a routed backend) or an ICMP answer.
+        let mut out = vec![0u8; input.len() + 256];
+        let opts = TestRunOptions {
+            data_in: Some(input),
+            data_out: Some(&mut out),
+            ctx_in: Some(&ctx),
+            ctx_out: Some(&mut ctx_out),
+            ..TestRunOptions::new()
+        };
+        let r = prog.test_run(opts).context("BPF_PROG_TEST_RUN of lb_xdp")?;
+        out.truncate(r.data_size_out as usize);
+        let record = ExplainRecord::from_bytes(&out)
+            .ok_or_else(|| anyhow!("the dry run returned no metadata"))?;
+        // Without the DRY step the program did not take the run for a dry one (a stale token):
+        // it may have written as for a real packet, and its answer is not a trail.
+        if record.steps & step::DRY == 0 {
+            bail!("the XDP program did not run in dry mode (token mismatch)");
+        }
+        Ok(DryRun {
+            verdict: r.return_value,
+            record,
+            out,
+        })
+    }
+}

@@ -1,0 +1,46 @@
+//! `lbctl trace`: the switch the XDP program reads (`LB_TRACE_ON`) and the ring buffer it writes
+//! traced decisions to (`LB_TRACE`), taken out of the object for whoever serves traces.
+
+use anyhow::{Context, Result, anyhow};
+use aya::maps::{Array, Map, MapData, RingBuf};
+use lb_common::explain::{TRACE_MAP, TRACE_ON_MAP, TraceRecord};
+
+use super::Dataplane;
+
+/// The program's trace maps. Nothing is written to the ring unless the switch is on.
+pub struct TraceTap {
+    pub ring: RingBuf<MapData>,
+    on: Array<MapData, u32>,
+}
+
+impl Dataplane {
+    /// Take the trace maps (once: `None` after).
+    pub fn take_trace(&mut self) -> Result<Option<TraceTap>> {
+        let Some(ring) = self.ebpf.take_map(TRACE_MAP) else {
+            return Ok(None);
+        };
+        let ring = RingBuf::try_from(ring).with_context(|| format!("map {TRACE_MAP}"))?;
+        let on = match self.ebpf.take_map(TRACE_ON_MAP) {
+            Some(m @ Map::Array(_)) => Array::try_from(m)?,
+            _ => return Err(anyhow!("map {TRACE_ON_MAP} missing or not an array")),
+        };
+        Ok(Some(TraceTap { ring, on }))
+    }
+}
+
+impl TraceTap {
+    /// Turn tracing on or off in the program.
+    pub fn set(&mut self, on: bool) -> Result<()> {
+        self.on.set(0, on as u32, 0).context("set LB_TRACE_ON")
+    }
+
+    pub fn is_on(&self) -> Result<bool> {
+        Ok(self.on.get(&0, 0)? != 0)
+    }
+
+    /// The next traced decision in the ring, if any.
+    pub fn next_record(&mut self) -> Option<TraceRecord> {
+        let item = self.ring.next()?;
+        TraceRecord::from_bytes(&item)
+    }
+}
