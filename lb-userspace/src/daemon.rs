@@ -33,7 +33,7 @@ mod reload;
 mod rollback;
 mod stop;
 mod supervise;
-mod sync;
+pub mod sync;
 mod vrrp;
 
 pub use rollback::teardown;
