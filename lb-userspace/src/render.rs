@@ -1488,7 +1488,9 @@ roles = ["worker"]
         assert_ne!(lone, SPLIT);
         let e = err(&format!("{lone}\n[sync]\nkey_file = \"/k\"\n"));
         assert!(e.contains("(master-0): sync.peers"), "{e}");
-        let e = err(&format!("{SPLIT}\n[sync]\nkey_file = \"/k\"\ninterval_ms = 5\n"));
+        let e = err(&format!(
+            "{SPLIT}\n[sync]\nkey_file = \"/k\"\ninterval_ms = 5\n"
+        ));
         assert!(e.contains("sync.interval_ms"), "{e}");
     }
 }

@@ -217,8 +217,11 @@ impl Cluster {
         if c.opts.sync {
             use std::os::unix::fs::PermissionsExt;
             let key = c.sync_key();
-            std::fs::write(&key, format!("{}\n", crate::unique("lab-cluster-key-").repeat(4)))
-                .unwrap();
+            std::fs::write(
+                &key,
+                format!("{}\n", crate::unique("lab-cluster-key-").repeat(4)),
+            )
+            .unwrap();
             std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
         }
         for (n, cfg) in c.render() {
@@ -316,10 +319,7 @@ impl Cluster {
             );
         }
         if self.opts.sync {
-            d += &format!(
-                "\n[sync]\nkey_file = \"{}\"\n",
-                self.sync_key().display()
-            );
+            d += &format!("\n[sync]\nkey_file = \"{}\"\n", self.sync_key().display());
         }
         d
     }

@@ -52,7 +52,9 @@ fn chaos_short_owner_death_sigterm_reload_hostile_upgrade() {
         let json = lb_tests::lbctl_output(socket, &["-o", "json", "stats"]);
         let stats: StatsRow = serde_json::from_slice(&json.stdout)
             .unwrap_or_else(|e| panic!("{n}: lbctl -o json stats: {e}"));
-        let sync = stats.sync.unwrap_or_else(|| panic!("{n}: no sync in lbctl stats"));
+        let sync = stats
+            .sync
+            .unwrap_or_else(|| panic!("{n}: no sync in lbctl stats"));
         let mut peers: Vec<String> = sync.peers.iter().map(|p| p.address.to_string()).collect();
         peers.sort();
         let mut want: Vec<String> = CONTROL_PLANE
@@ -66,9 +68,16 @@ fn chaos_short_owner_death_sigterm_reload_hostile_upgrade() {
         let text = lb_tests::lbctl_output(socket, &["stats"]);
         let text = String::from_utf8_lossy(&text.stdout);
         println!("{n}: lbctl stats\n{text}");
-        assert!(text.contains("SYNC PEER") && text.contains("LAG MS"), "{n}: {text}");
+        assert!(
+            text.contains("SYNC PEER") && text.contains("LAG MS"),
+            "{n}: {text}"
+        );
         for p in &sync.peers {
-            assert!(p.last_received_unix_ms > 0, "{n}: never heard from {}", p.address);
+            assert!(
+                p.last_received_unix_ms > 0,
+                "{n}: never heard from {}",
+                p.address
+            );
             let row = text
                 .lines()
                 .find(|l| l.starts_with(&p.address.to_string()))
@@ -76,5 +85,8 @@ fn chaos_short_owner_death_sigterm_reload_hostile_upgrade() {
             assert!(row.contains(" s ago"), "{n}: {row}");
         }
     }
-    assert!(received > 0, "no exception entries crossed the cluster during the upgrade");
+    assert!(
+        received > 0,
+        "no exception entries crossed the cluster during the upgrade"
+    );
 }

@@ -295,7 +295,11 @@ mod tests {
         assert_eq!(rows[1][..3], ["10.0.0.3", "never", "-"]);
         assert_eq!(rows[0].len(), PEER_HEADER.len());
         let quiet = SyncRow::default();
-        assert!(summary(&quiet).ends_with("refused 0\n"), "{}", summary(&quiet));
+        assert!(
+            summary(&quiet).ends_with("refused 0\n"),
+            "{}",
+            summary(&quiet)
+        );
     }
 
     #[test]

@@ -581,8 +581,20 @@ impl SyncPeer {
             "ip", "-n", lb_ns, "link", "add", "sy0", "type", "veth", "peer", "name", "sy1",
             "netns", &p.ns,
         ]);
-        for (ns, dev, a) in [(lb_ns, "sy0", Self::LB_ADDR), (&p.ns, "sy1", Self::PEER_ADDR)] {
-            sh(&["ip", "-n", ns, "addr", "add", &format!("{a}/24"), "dev", dev]);
+        for (ns, dev, a) in [
+            (lb_ns, "sy0", Self::LB_ADDR),
+            (&p.ns, "sy1", Self::PEER_ADDR),
+        ] {
+            sh(&[
+                "ip",
+                "-n",
+                ns,
+                "addr",
+                "add",
+                &format!("{a}/24"),
+                "dev",
+                dev,
+            ]);
             sh(&["ip", "-n", ns, "link", "set", dev, "up"]);
         }
         p
@@ -732,7 +744,11 @@ fn new_flows_sync(
     }
     let _ = std::fs::remove_file(&key);
     drop(peer);
-    let ratios: Vec<f64> = mpps[1].iter().zip(&mpps[0]).map(|(on, off)| on / off).collect();
+    let ratios: Vec<f64> = mpps[1]
+        .iter()
+        .zip(&mpps[0])
+        .map(|(on, off)| on / off)
+        .collect();
     let (off, on, ratio) = (
         median(mpps[0].clone()),
         median(mpps[1].clone()),
