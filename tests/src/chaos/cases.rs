@@ -623,3 +623,39 @@ pub fn run_case(ch: &mut Chaos, case: Case, seed: u64) -> CaseResult {
         .extend(miss.into_iter().map(|m| format!("MISSED: {m}")));
     r
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn m(v: &[(&str, u64)]) -> BTreeMap<String, u64> {
+        v.iter().map(|(k, n)| (k.to_string(), *n)).collect()
+    }
+
+    #[test]
+    fn only_losses_beyond_a_downed_nodes_backend_count() {
+        let expected = m(&[("cp1", 30), ("cp2", 40)]);
+        assert!(lost_beyond_expected(&m(&[("cp1", 30), ("cp2", 40)]), &expected).is_empty());
+        assert!(lost_beyond_expected(&m(&[("cp1", 12)]), &expected).is_empty());
+        // A total that matches still hides a loss on a backend that stayed up.
+        assert_eq!(
+            lost_beyond_expected(&m(&[("cp1", 30), ("cp2", 35), ("cp3", 5)]), &expected),
+            m(&[("cp3", 5)])
+        );
+        assert_eq!(
+            lost_beyond_expected(&m(&[("cp2", 41)]), &expected),
+            m(&[("cp2", 1)])
+        );
+    }
+
+    #[test]
+    fn an_upgrade_takes_the_owner_first_then_every_other_node() {
+        assert_eq!(upgrade_order(Case::UpgradeOneNode, "cp2"), ["cp2"]);
+        assert_eq!(
+            upgrade_order(Case::RollingUpgrade, "cp2"),
+            ["cp2", "cp1", "cp3"]
+        );
+        assert_eq!(Case::from_number(14), Some(Case::UpgradeOneNode));
+        assert!(!Case::ALL.contains(&Case::UpgradeOneNode));
+    }
+}
