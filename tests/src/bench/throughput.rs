@@ -686,7 +686,7 @@ fn new_flows_sync(
     for round in 0..=timing.rounds {
         for on in [false, true] {
             change += 1;
-            t.dp.apply(&services(if change % 2 == 0 { 3 } else { 4 }))
+            t.dp.apply(&services(if change.is_multiple_of(2) { 3 } else { 4 }))
                 .expect("change the backend set");
             let handle = on.then(|| {
                 let h = start_sync();
@@ -695,7 +695,7 @@ fn new_flows_sync(
             });
             progs.set_flows(NEW_FLOWS);
             // A source port per sample: no flow of an earlier sample comes again.
-            let port = 20_000 + change as u16;
+            let port = 20_000 + change;
             let syn = ipv4_frame([10, 200, 0, 1], VIP, PROTO_TCP, &tcp(port, 6443, SYN));
             let before = progs.sunk();
             let misses_before = stat_value(t, stat::CONNTRACK_MISS);
