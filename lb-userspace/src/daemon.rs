@@ -34,7 +34,7 @@ mod reload;
 mod rollback;
 mod stop;
 mod supervise;
-mod sync;
+pub mod sync;
 mod trace;
 mod vrrp;
 

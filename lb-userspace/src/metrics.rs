@@ -698,11 +698,17 @@ mod tests {
         let stats = StatsRow {
             counters: [("forwarded".to_string(), 1)].into(),
             // With `[sync]`: its families too.
-            sync: Some(serde_json::json!({
-                "exceptions": 1,
-                "refused": {"auth": 1},
-                "peers": [{"address": "192.168.111.22", "lag_ms": 3, "received_entries": 2}],
-            })),
+            sync: Some(crate::sync::status::SyncRow {
+                exceptions: 1,
+                refused: crate::sync::status::RefusedRow {
+                    auth: 1,
+                    ..Default::default()
+                },
+                peers: vec![crate::sync::status::SyncPeerRow::new(
+                    "192.168.111.22".parse().unwrap(),
+                )],
+                ..Default::default()
+            }),
             ..Default::default()
         };
         render(&stats, &vips, &backends, &vrrp_rows())

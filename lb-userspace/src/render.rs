@@ -83,7 +83,25 @@ pub struct ClusterSpec {
     /// OpenShift's on-prem pods bind ([`OPENSHIFT_HOST_PORTS`]).
     #[serde(default = "default_metrics")]
     pub metrics_listen: Option<std::net::SocketAddr>,
+    /// The connection sync (`[sync]` of every node): the cluster key's path on the nodes; the
+    /// peers come from the node list.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sync: Option<ClusterSync>,
     pub nodes: Vec<NodeSpec>,
+}
+
+/// `[sync]` of the description: what is the same on every node. Each node's peers are the
+/// other nodes that may forward one of its VIPs next: the other control-plane nodes for the
+/// API VIPs, the other routers for the ingress VIPs.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterSync {
+    /// The cluster key file, at this path on every node (the same key everywhere).
+    pub key_file: PathBuf,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub port: Option<u16>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub interval_ms: Option<u64>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -432,6 +450,31 @@ impl ClusterSpec {
         }
     }
 
+    /// `me`'s `[sync]`: peers are the other nodes sharing a role that forwards a VIP with it
+    /// (control-plane: the API VIPs; worker: the ingress VIPs), by their `address`.
+    fn sync_config(&self, s: &ClusterSync, me: &NodeSpec) -> crate::sync::config::SyncConfig {
+        use crate::sync::config as sc;
+        let forwards = |n: &NodeSpec| {
+            (n.roles.contains(&Role::ControlPlane) && me.roles.contains(&Role::ControlPlane))
+                || (!self.ingress_vips().is_empty()
+                    && n.roles.contains(&Role::Worker)
+                    && me.roles.contains(&Role::Worker))
+        };
+        sc::SyncConfig {
+            peers: self
+                .nodes
+                .iter()
+                .filter(|n| n.name != me.name && forwards(n))
+                .map(|n| n.address)
+                .collect(),
+            key_file: s.key_file.clone(),
+            port: s.port.unwrap_or(sc::DEFAULT_PORT),
+            listen: None,
+            interval_ms: s.interval_ms.unwrap_or(sc::DEFAULT_INTERVAL_MS),
+            max_entries: sc::DEFAULT_MAX_ENTRIES,
+        }
+    }
+
     fn node_config(&self, me: &NodeSpec) -> Config {
         let (api_vrid, ingress_vrid) = self.vrids();
         let mut cfg = Config {
@@ -452,7 +495,7 @@ impl ClusterSpec {
             bgp: Vec::new(),
             failed_backend_hold_ms: crate::config::DEFAULT_FAILED_BACKEND_HOLD_MS,
             socket_lb: true,
-            sync: None,
+            sync: self.sync.as_ref().map(|s| self.sync_config(s, me)),
         };
         // OpenShift's tracked script `script` of instance `instance` (named `script`, with a
         // `-<i>` suffix for the i-th VIP of a role, track names being unique): a probe of a
@@ -1268,5 +1311,43 @@ roles = ["worker"]
             (3, false, Some(1000))
         );
         assert_eq!(r.auth_pass, None);
+    }
+
+    #[test]
+    fn sync_peers_are_the_nodes_that_forward_the_same_vips() {
+        let with = |text: &str| {
+            // `[sync]` after the nodes is still a top-level table.
+            let t = format!("{text}\n[sync]\nkey_file = \"/etc/lb/sync.key\"\n");
+            ClusterSpec::parse(&t).unwrap().render().unwrap()
+        };
+        let peers = |r: &Rendered| -> Vec<String> {
+            let s = r.config.sync.as_ref().expect("a [sync] section");
+            assert_eq!(s.key_file, PathBuf::from("/etc/lb/sync.key"));
+            assert_eq!(s.port, crate::sync::config::DEFAULT_PORT);
+            s.peers.iter().map(|p| p.to_string()).collect()
+        };
+        let split = with(SPLIT);
+        assert_eq!(peers(&split[0]), ["192.168.111.21"]);
+        assert_eq!(peers(&split[1]), ["192.168.111.20"]);
+        assert_eq!(peers(&split[2]), ["192.168.111.31"]);
+        assert_eq!(peers(&split[3]), ["192.168.111.30"]);
+        let compact = with(COMPACT);
+        assert_eq!(peers(&compact[1]), ["192.168.111.20", "192.168.111.22"]);
+        // Every rendered config passes lbd's own checks, the key file read at start only.
+        for r in &compact {
+            r.config.validate().unwrap();
+        }
+        // Without the section: no sync.
+        let none = ClusterSpec::parse(SPLIT).unwrap().render().unwrap();
+        assert!(none.iter().all(|r| r.config.sync.is_none()));
+        // A node with nobody to sync with is refused, naming the node and the field.
+        let lone = SPLIT.replace("roles = [\"control-plane\"]\n[[nodes]]\nname = \"master-1\"\naddress = \"192.168.111.21\"\nroles = [\"control-plane\"]", "roles = [\"control-plane\"]");
+        assert_ne!(lone, SPLIT);
+        let e = err(&format!("{lone}\n[sync]\nkey_file = \"/k\"\n"));
+        assert!(e.contains("(master-0): sync.peers"), "{e}");
+        let e = err(&format!(
+            "{SPLIT}\n[sync]\nkey_file = \"/k\"\ninterval_ms = 5\n"
+        ));
+        assert!(e.contains("sync.interval_ms"), "{e}");
     }
 }

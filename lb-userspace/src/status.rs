@@ -143,7 +143,7 @@ pub struct StatsRow {
     pub counters: BTreeMap<String, u64>,
     /// The connection sync (`[sync]`), as `daemon/sync.rs` reports it; absent without one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub sync: Option<serde_json::Value>,
+    pub sync: Option<crate::sync::status::SyncRow>,
 }
 
 /// One tracked check of a VRRP instance.
@@ -396,7 +396,16 @@ mod tests {
         let mut all = Vec::new();
         fields(&serde_json::to_value(&backend).unwrap(), &mut all);
         fields(&serde_json::to_value(&vip).unwrap(), &mut all);
-        let mut stats = serde_json::to_value(StatsRow::default()).unwrap();
+        let mut stats = serde_json::to_value(StatsRow {
+            sync: Some(crate::sync::status::SyncRow {
+                peers: vec![crate::sync::status::SyncPeerRow::new(
+                    "10.0.0.2".parse().unwrap(),
+                )],
+                ..Default::default()
+            }),
+            ..Default::default()
+        })
+        .unwrap();
         // Counter names are data, documented in docs/metrics.md.
         stats["counters"] = serde_json::json!({});
         fields(&stats, &mut all);

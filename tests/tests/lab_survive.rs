@@ -217,15 +217,24 @@ fn upgrade_sequence(sync: bool, mv: Move, ipv6: bool) -> Outcome {
                 l.logs()
             )
         });
-        // lbctl stats shows it: the node's line and one per peer (the rebooted one is heard
-        // from after its first scan with its services in place).
+        // lbctl stats shows it: the node's line and a table row per peer, both heard from
+        // (the rebooted one after its first scan with its services in place).
         let text = || {
             String::from_utf8_lossy(&lb_tests::lbctl_output(&l.socket(m), &["stats"]).stdout)
                 .to_string()
         };
         let shown = lb_tests::lab::wait_for(Duration::from_secs(10), || {
             let t = text();
-            (t.contains(" exceptions of ") && t.matches("last heard").count() == 2).then_some(())
+            let heard = t
+                .lines()
+                .filter(|r| {
+                    r.split_whitespace()
+                        .next()
+                        .is_some_and(|a| a.parse::<std::net::IpAddr>().is_ok())
+                        && r.contains(" s ago")
+                })
+                .count();
+            (t.contains(" exceptions of ") && t.contains("SYNC PEER") && heard == 2).then_some(())
         });
         assert!(shown.is_some(), "lbctl stats:\n{}", text());
     } else {

@@ -27,6 +27,7 @@ use crate::{
     sync::{
         config::{SyncConfig, read_key},
         replay::{Counter, Refusal, Window},
+        status::{NotExceptionsRow, RefusedRow, SyncPeerRow, SyncRow},
         view::{Index, Refused, Skip, View},
         wire::{self, Record, WireError},
     },
@@ -42,18 +43,6 @@ fn unix_us() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_micros() as u64)
-}
-
-#[derive(Debug, Default, Clone, serde::Serialize)]
-struct PeerStats {
-    sent_datagrams: u64,
-    received_datagrams: u64,
-    received_entries: u64,
-    installed: u64,
-    /// Unix time (ms) of the last authentic datagram from the peer.
-    last_received_unix_ms: u64,
-    /// How old that datagram was when it arrived (ms; clock skew included).
-    lag_ms: u64,
 }
 
 /// Counters for `lbctl stats` and `/metrics`.
@@ -83,53 +72,42 @@ pub struct SyncStats {
     refused_backend: AtomicU64,
     install_errors: AtomicU64,
     flushes: AtomicU64,
-    peers: Mutex<BTreeMap<IpAddr, PeerStats>>,
+    peers: Mutex<BTreeMap<IpAddr, SyncPeerRow>>,
 }
 
 impl SyncStats {
-    pub fn snapshot(&self) -> serde_json::Value {
+    pub fn snapshot(&self) -> SyncRow {
         let g = |a: &AtomicU64| a.load(Relaxed);
-        let peers: Vec<serde_json::Value> = self
-            .peers
-            .lock()
-            .unwrap()
-            .iter()
-            .map(|(a, p)| {
-                let mut v = serde_json::to_value(p).unwrap_or_default();
-                v["address"] = a.to_string().into();
-                v
-            })
-            .collect();
-        serde_json::json!({
-            "peers": peers,
-            "scans": g(&self.scans),
-            "scan_ms": g(&self.scan_ms),
-            "last_scan_unix_ms": g(&self.last_scan_unix_ms),
-            "exceptions": g(&self.exceptions),
-            "scanned": g(&self.scanned),
-            "scanned_not_exceptions": {
-                "stale": g(&self.scanned_stale),
-                "not_forwarded": g(&self.scanned_not_forwarded),
-                "on_slot": g(&self.scanned_on_slot),
+        SyncRow {
+            peers: self.peers.lock().unwrap().values().cloned().collect(),
+            scans: g(&self.scans),
+            scan_ms: g(&self.scan_ms),
+            last_scan_unix_ms: g(&self.last_scan_unix_ms),
+            exceptions: g(&self.exceptions),
+            scanned: g(&self.scanned),
+            scanned_not_exceptions: NotExceptionsRow {
+                stale: g(&self.scanned_stale),
+                not_forwarded: g(&self.scanned_not_forwarded),
+                on_slot: g(&self.scanned_on_slot),
             },
-            "sent_entries": g(&self.sent_entries),
-            "sent_datagrams": g(&self.sent_datagrams),
-            "send_errors": g(&self.send_errors),
-            "received_datagrams": g(&self.received_datagrams),
-            "received_entries": g(&self.received_entries),
-            "installed": g(&self.installed),
-            "already_present": g(&self.already_present),
-            "install_errors": g(&self.install_errors),
-            "flushes": g(&self.flushes),
-            "refused": {
-                "not_a_peer": g(&self.refused_peer),
-                "auth": g(&self.refused_auth),
-                "malformed": g(&self.refused_malformed),
-                "replay": g(&self.refused_replay),
-                "no_service": g(&self.refused_service),
-                "no_backend": g(&self.refused_backend),
+            sent_entries: g(&self.sent_entries),
+            sent_datagrams: g(&self.sent_datagrams),
+            send_errors: g(&self.send_errors),
+            received_datagrams: g(&self.received_datagrams),
+            received_entries: g(&self.received_entries),
+            installed: g(&self.installed),
+            already_present: g(&self.already_present),
+            install_errors: g(&self.install_errors),
+            flushes: g(&self.flushes),
+            refused: RefusedRow {
+                not_a_peer: g(&self.refused_peer),
+                auth: g(&self.refused_auth),
+                malformed: g(&self.refused_malformed),
+                replay: g(&self.refused_replay),
+                no_service: g(&self.refused_service),
+                no_backend: g(&self.refused_backend),
             },
-        })
+        }
     }
 }
 
@@ -152,7 +130,7 @@ impl SyncHandle {
         {
             let mut p = stats.peers.lock().unwrap();
             for a in &cfg.peers {
-                p.insert(*a, PeerStats::default());
+                p.insert(*a, SyncPeerRow::new(*a));
             }
         }
         let task = Task {
@@ -385,6 +363,7 @@ impl Task {
                         s.sent_entries.fetch_add(chunk.len() as u64, Relaxed);
                         if let Some(p) = s.peers.lock().unwrap().get_mut(&peer) {
                             p.sent_datagrams += 1;
+                            p.sent_entries += chunk.len() as u64;
                         }
                     }
                     Err(e) => {

@@ -32,14 +32,18 @@ pub struct SyncConfig {
     pub max_entries: u32,
 }
 
+pub const DEFAULT_PORT: u16 = 1940;
+pub const DEFAULT_INTERVAL_MS: u64 = 2000;
+pub const DEFAULT_MAX_ENTRIES: u32 = 65536;
+
 fn default_port() -> u16 {
-    1940
+    DEFAULT_PORT
 }
 fn default_interval_ms() -> u64 {
-    2000
+    DEFAULT_INTERVAL_MS
 }
 fn default_max_entries() -> u32 {
-    65536
+    DEFAULT_MAX_ENTRIES
 }
 
 fn invalid(field: &str, reason: impl Into<String>) -> ConfigError {

@@ -1,131 +1,251 @@
-//! The sync's status as `lbctl stats` prints it and `/metrics` exports it (pure: from the JSON
-//! `daemon/sync.rs` reports in `/v1/stats`).
+//! The sync's status: the rows `GET /v1/stats` carries (filled by `daemon/sync.rs`), the
+//! lines and peer table `lbctl stats` prints and the metrics `/metrics` exports (pure).
+
+use std::net::IpAddr;
 
 use prometheus_client::registry::Registry;
-use serde_json::Value;
+use serde::{Deserialize, Serialize};
 
 use crate::metrics::{counter_family, gauge_family, labels};
 
-fn n(v: &Value) -> u64 {
-    v.as_u64().unwrap_or(0)
+/// What this node exchanged with one peer.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SyncPeerRow {
+    pub address: IpAddr,
+    pub sent_datagrams: u64,
+    /// Exception entries sent to this peer.
+    pub sent_entries: u64,
+    /// Authentic datagrams received from it.
+    pub received_datagrams: u64,
+    pub received_entries: u64,
+    /// Its entries installed in this node's connection table.
+    pub installed: u64,
+    /// Unix time (ms) of the last authentic datagram from the peer; 0: never.
+    pub last_received_unix_ms: u64,
+    /// How old that datagram was when it arrived (ms; clock skew included).
+    pub lag_ms: u64,
 }
 
-/// A few lines for `lbctl stats`: one for the node, one per peer. Empty without `[sync]`.
-pub fn text(sync: &Value, now_unix_ms: u64) -> String {
-    if sync.is_null() {
-        return String::new();
+impl SyncPeerRow {
+    pub fn new(address: IpAddr) -> SyncPeerRow {
+        SyncPeerRow {
+            address,
+            sent_datagrams: 0,
+            sent_entries: 0,
+            received_datagrams: 0,
+            received_entries: 0,
+            installed: 0,
+            last_received_unix_ms: 0,
+            lag_ms: 0,
+        }
     }
-    let r = &sync["refused"];
-    let refused: u64 = r.as_object().map(|m| m.values().map(n).sum()).unwrap_or(0);
-    let mut out = format!(
+}
+
+/// Why the entries of the last scan that are not exceptions are not.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NotExceptionsRow {
+    /// Written with an epoch the pair no longer has (the data plane ignores them).
+    pub stale: u64,
+    /// Of a service this node does not forward.
+    pub not_forwarded: u64,
+    /// On their Maglev slot: any node finds the backend by hashing.
+    pub on_slot: u64,
+}
+
+/// Datagrams and records refused, by reason.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RefusedRow {
+    /// Datagrams from an address that is no configured peer.
+    pub not_a_peer: u64,
+    /// Datagrams whose HMAC tag did not check out (another key, or altered).
+    pub auth: u64,
+    pub malformed: u64,
+    /// Sequence numbers seen before or more than 60 s from this node's clock.
+    pub replay: u64,
+    /// Records of a service not configured here.
+    pub no_service: u64,
+    /// Records naming a backend not in the service's set here.
+    pub no_backend: u64,
+}
+
+impl RefusedRow {
+    pub fn by_reason(&self) -> [(&'static str, u64); 6] {
+        [
+            ("not_a_peer", self.not_a_peer),
+            ("auth", self.auth),
+            ("malformed", self.malformed),
+            ("replay", self.replay),
+            ("no_service", self.no_service),
+            ("no_backend", self.no_backend),
+        ]
+    }
+
+    pub fn total(&self) -> u64 {
+        self.by_reason().iter().map(|(_, n)| n).sum()
+    }
+}
+
+/// The `sync` object of `GET /v1/stats` (only with `[sync]`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SyncRow {
+    pub peers: Vec<SyncPeerRow>,
+    pub scans: u64,
+    /// Duration of the last scan.
+    pub scan_ms: u64,
+    pub last_scan_unix_ms: u64,
+    /// Entries the last scan found off their Maglev slot (what is shared).
+    pub exceptions: u64,
+    /// Entries the last scan looked at (LRU hash and flow cache; one flow may be in both).
+    pub scanned: u64,
+    pub scanned_not_exceptions: NotExceptionsRow,
+    /// Entries sent, summed over the peers.
+    pub sent_entries: u64,
+    pub sent_datagrams: u64,
+    pub send_errors: u64,
+    pub received_datagrams: u64,
+    pub received_entries: u64,
+    pub installed: u64,
+    /// Received entries not installed because this node had an entry for the flow.
+    pub already_present: u64,
+    pub install_errors: u64,
+    /// Last scans before a stop.
+    pub flushes: u64,
+    pub refused: RefusedRow,
+}
+
+/// The node's line for `lbctl stats`.
+pub fn summary(sync: &SyncRow) -> String {
+    let refused = sync.refused.total();
+    let reasons: Vec<String> = sync
+        .refused
+        .by_reason()
+        .iter()
+        .filter(|(_, n)| *n > 0)
+        .map(|(k, n)| format!("{k} {n}"))
+        .collect();
+    format!(
         "{:<20} {} exceptions of {} entries scanned ({} ms); sent {} entries in {} datagrams; installed {} (already present {}); refused {refused}{}\n",
         "sync",
-        n(&sync["exceptions"]),
-        n(&sync["scanned"]),
-        n(&sync["scan_ms"]),
-        n(&sync["sent_entries"]),
-        n(&sync["sent_datagrams"]),
-        n(&sync["installed"]),
-        n(&sync["already_present"]),
-        if refused > 0 {
-            format!(" {r}")
-        } else {
+        sync.exceptions,
+        sync.scanned,
+        sync.scan_ms,
+        sync.sent_entries,
+        sync.sent_datagrams,
+        sync.installed,
+        sync.already_present,
+        if reasons.is_empty() {
             String::new()
-        },
-    );
-    for p in sync["peers"].as_array().into_iter().flatten() {
-        let last = n(&p["last_received_unix_ms"]);
-        let seen = if last == 0 {
-            "never heard from".to_string()
         } else {
-            format!(
-                "last heard {:.1} s ago (lag {} ms)",
-                now_unix_ms.saturating_sub(last) as f64 / 1000.0,
-                n(&p["lag_ms"])
-            )
-        };
-        out += &format!(
-            "{:<20} {}: {seen}; received {} entries, installed {}; sent {} datagrams\n",
-            "  peer",
-            p["address"].as_str().unwrap_or("?"),
-            n(&p["received_entries"]),
-            n(&p["installed"]),
-            n(&p["sent_datagrams"]),
-        );
-    }
-    out
+            format!(" ({})", reasons.join(", "))
+        },
+    )
 }
 
-/// `lb_sync_*` metrics; nothing without `[sync]`.
-pub fn render_metrics(r: &mut Registry, sync: &Value) {
-    if sync.is_null() {
-        return;
-    }
+/// Header of [`peer_rows`].
+pub const PEER_HEADER: [&str; 7] = [
+    "SYNC PEER",
+    "LAST HEARD",
+    "LAG MS",
+    "SENT DATAGRAMS",
+    "SENT ENTRIES",
+    "RECEIVED ENTRIES",
+    "INSTALLED",
+];
+
+/// One row per peer for `lbctl stats`: when it was last heard from, how old its datagram was,
+/// and the entries exchanged with it.
+pub fn peer_rows(sync: &SyncRow, now_unix_ms: u64) -> Vec<Vec<String>> {
+    sync.peers
+        .iter()
+        .map(|p| {
+            let (heard, lag) = if p.last_received_unix_ms == 0 {
+                ("never".to_string(), "-".to_string())
+            } else {
+                (
+                    format!(
+                        "{:.1} s ago",
+                        now_unix_ms.saturating_sub(p.last_received_unix_ms) as f64 / 1000.0
+                    ),
+                    p.lag_ms.to_string(),
+                )
+            };
+            vec![
+                p.address.to_string(),
+                heard,
+                lag,
+                p.sent_datagrams.to_string(),
+                p.sent_entries.to_string(),
+                p.received_entries.to_string(),
+                p.installed.to_string(),
+            ]
+        })
+        .collect()
+}
+
+/// `lb_sync_*` metrics (only called with `[sync]`).
+pub fn render_metrics(r: &mut Registry, sync: &SyncRow) {
     gauge_family(
         r,
         "sync_exceptions",
         "Connection-table entries the last scan found off their Maglev slot (shared with the peers).",
         None,
-        [(labels(&[]), n(&sync["exceptions"]) as i64)],
+        [(labels(&[]), sync.exceptions as i64)],
     );
-    for (name, key, help) in [
+    for (name, value, help) in [
         (
             "sync_sent_entries",
-            "sent_entries",
+            sync.sent_entries,
             "Exception entries sent to peers (one per peer).",
         ),
         (
             "sync_installed_entries",
-            "installed",
+            sync.installed,
             "Peers' entries installed in this node's connection table.",
         ),
         (
             "sync_present_entries",
-            "already_present",
+            sync.already_present,
             "Peers' entries not installed because this node had an entry for the flow.",
         ),
         (
             "sync_send_errors",
-            "send_errors",
+            sync.send_errors,
             "Sync datagrams that could not be sent.",
         ),
     ] {
-        counter_family(r, name, help, None, [(labels(&[]), n(&sync[key]))]);
+        counter_family(r, name, help, None, [(labels(&[]), value)]);
     }
-    let refused = sync["refused"].as_object().cloned().unwrap_or_default();
     counter_family(
         r,
         "sync_refused",
         "Sync datagrams (not_a_peer, auth, malformed, replay) or records (no_service, no_backend) refused, by reason.",
         None,
-        refused
-            .iter()
-            .map(|(k, v)| (labels(&[("reason", k.clone())]), n(v))),
+        sync.refused
+            .by_reason()
+            .into_iter()
+            .map(|(k, v)| (labels(&[("reason", k.to_string())]), v)),
     );
-    let peers = sync["peers"].as_array().cloned().unwrap_or_default();
+    let peer = |p: &SyncPeerRow| labels(&[("peer", p.address.to_string())]);
     gauge_family(
         r,
         "sync_peer_lag",
         "Age of the last datagram from each peer when it arrived (clock skew included).",
         None,
-        peers.iter().map(|p| {
-            (
-                labels(&[("peer", p["address"].as_str().unwrap_or("?").to_string())]),
-                n(&p["lag_ms"]) as i64,
-            )
-        }),
+        sync.peers.iter().map(|p| (peer(p), p.lag_ms as i64)),
     );
     counter_family(
         r,
         "sync_peer_received_entries",
         "Entries received from each peer.",
         None,
-        peers.iter().map(|p| {
-            (
-                labels(&[("peer", p["address"].as_str().unwrap_or("?").to_string())]),
-                n(&p["received_entries"]),
-            )
-        }),
+        sync.peers.iter().map(|p| (peer(p), p.received_entries)),
+    );
+    counter_family(
+        r,
+        "sync_peer_sent_entries",
+        "Entries sent to each peer.",
+        None,
+        sync.peers.iter().map(|p| (peer(p), p.sent_entries)),
     );
 }
 
@@ -133,33 +253,68 @@ pub fn render_metrics(r: &mut Registry, sync: &Value) {
 mod tests {
     use super::*;
 
-    fn sample() -> Value {
-        serde_json::json!({
-            "exceptions": 51, "scanned": 300, "scan_ms": 89, "sent_entries": 510,
-            "sent_datagrams": 32, "installed": 51, "already_present": 3, "send_errors": 0,
-            "refused": {"auth": 2, "not_a_peer": 0, "malformed": 0, "replay": 0, "no_service": 0, "no_backend": 0},
-            "peers": [
-                {"address": "10.0.0.2", "last_received_unix_ms": 9_000, "lag_ms": 4, "received_entries": 51, "installed": 51, "sent_datagrams": 16},
-                {"address": "10.0.0.3", "last_received_unix_ms": 0, "lag_ms": 0, "received_entries": 0, "installed": 0, "sent_datagrams": 16}
-            ]
-        })
+    pub(crate) fn sample() -> SyncRow {
+        let mut a = SyncPeerRow::new("10.0.0.2".parse().unwrap());
+        a.last_received_unix_ms = 9_000;
+        a.lag_ms = 4;
+        a.received_datagrams = 3;
+        a.received_entries = 51;
+        a.installed = 51;
+        a.sent_datagrams = 16;
+        a.sent_entries = 255;
+        let mut b = SyncPeerRow::new("10.0.0.3".parse().unwrap());
+        b.sent_datagrams = 16;
+        b.sent_entries = 255;
+        SyncRow {
+            peers: vec![a, b],
+            exceptions: 51,
+            scanned: 300,
+            scan_ms: 89,
+            sent_entries: 510,
+            sent_datagrams: 32,
+            installed: 51,
+            already_present: 3,
+            refused: RefusedRow {
+                auth: 2,
+                ..Default::default()
+            },
+            ..Default::default()
+        }
     }
 
     #[test]
-    fn text_names_the_peers_and_what_was_refused() {
-        let t = text(&sample(), 10_000);
+    fn text_names_the_peers_their_lag_and_what_was_exchanged() {
+        let t = summary(&sample());
         assert!(t.contains("51 exceptions of 300 entries"), "{t}");
-        assert!(t.contains("refused 2"), "{t}");
-        assert!(
-            t.contains("10.0.0.2: last heard 1.0 s ago (lag 4 ms)"),
-            "{t}"
+        assert!(t.contains("refused 2 (auth 2)"), "{t}");
+        let rows = peer_rows(&sample(), 10_000);
+        assert_eq!(
+            rows[0],
+            ["10.0.0.2", "1.0 s ago", "4", "16", "255", "51", "51"]
         );
-        assert!(t.contains("10.0.0.3: never heard from"), "{t}");
-        assert_eq!(text(&Value::Null, 0), "");
+        assert_eq!(rows[1][..3], ["10.0.0.3", "never", "-"]);
+        assert_eq!(rows[0].len(), PEER_HEADER.len());
+        let quiet = SyncRow::default();
+        assert!(
+            summary(&quiet).ends_with("refused 0\n"),
+            "{}",
+            summary(&quiet)
+        );
     }
 
     #[test]
-    fn metrics_carry_the_counts_and_nothing_without_sync() {
+    fn the_rows_round_trip_with_the_api_field_names() {
+        let v = serde_json::to_value(sample()).unwrap();
+        assert_eq!(v["refused"]["auth"], 2);
+        assert_eq!(v["peers"][0]["address"], "10.0.0.2");
+        assert_eq!(v["peers"][0]["lag_ms"], 4);
+        assert_eq!(v["scanned_not_exceptions"]["on_slot"], 0);
+        let back: SyncRow = serde_json::from_value(v).unwrap();
+        assert_eq!(back, sample());
+    }
+
+    #[test]
+    fn metrics_carry_the_counts() {
         let mut r = Registry::with_prefix("lb");
         render_metrics(&mut r, &sample());
         let mut out = String::new();
@@ -173,10 +328,9 @@ mod tests {
             out.contains("lb_sync_peer_lag{peer=\"10.0.0.2\"} 4"),
             "{out}"
         );
-        let mut r = Registry::with_prefix("lb");
-        render_metrics(&mut r, &Value::Null);
-        let mut out = String::new();
-        prometheus_client::encoding::text::encode(&mut out, &r).unwrap();
-        assert!(!out.contains("sync"), "{out}");
+        assert!(
+            out.contains("lb_sync_peer_sent_entries_total{peer=\"10.0.0.3\"} 255"),
+            "{out}"
+        );
     }
 }

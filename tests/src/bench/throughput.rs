@@ -16,6 +16,11 @@
 //!
 //! CPUs: the generator thread and the sink's NAPI thread are pinned to CPU 0, lb0's NAPI
 //! (threaded NAPI: the load balancer's receive path) to CPU 1, when the machine has two.
+//!
+//! Then the new-flow rate with the connection sync off and on ([`new_flows_sync`]): every
+//! frame a SYN of a flow not in the table (each writes a connection-table entry), samples
+//! alternating between no sync task and lbd's sync task (`daemon::sync`) scanning the same
+//! pinned tables and sending to a peer namespace.
 use std::{
     path::PathBuf,
     time::{Duration, Instant},
@@ -490,8 +495,20 @@ pub fn run() {
             " (the LB thread could not be pinned and timed)"
         }
     );
+    let new_flows = new_flows_sync(
+        &mut t,
+        &mut progs,
+        &wire,
+        Timing {
+            secs,
+            rounds,
+            gen_cpu,
+            lb_napi: lb_napi.filter(|_| pinned),
+        },
+    );
     let doc = json!({
         "cases": rows,
+        "new_flows_sync": new_flows,
         "seconds_per_sample": secs,
         "rounds": rounds,
         "batch_size": BATCH,
@@ -527,5 +544,242 @@ fn generate(ns: &str, prog_fd: i32, frame: &[u8], secs: f64, cpu: usize) -> (u64
         })
         .join()
         .unwrap()
+    })
+}
+
+/// Flows the new-flow cases walk: more than a sample sends, and each sample has a source port
+/// of its own, so every frame is a miss that writes an entry.
+const NEW_FLOWS: u32 = 1 << 22;
+/// Shortest new-flow sample: longer than the sync's default interval, so a sync-on sample holds
+/// its first scan (all exceptions sent) and a periodic one.
+const NEW_FLOW_MIN_SECS: f64 = 2.5;
+
+#[derive(Clone, Copy)]
+struct Timing {
+    secs: f64,
+    rounds: usize,
+    gen_cpu: usize,
+    /// The LB's receive thread, when pinned (per-core rates).
+    lb_napi: Option<i32>,
+}
+
+/// A namespace holding the sync peer's address, joined to the LB's namespace by a veth of its
+/// own (not lb0: sync datagrams never reach the measured path). Nothing listens there: the
+/// kernel drops the datagrams, as a peer's socket would consume them.
+struct SyncPeer {
+    ns: String,
+}
+
+impl SyncPeer {
+    const LB_ADDR: &str = "10.78.0.1";
+    const PEER_ADDR: &str = "10.78.0.2";
+
+    fn new(lb_ns: &str) -> SyncPeer {
+        let p = SyncPeer { ns: unique("tps") };
+        sh(&["ip", "netns", "add", &p.ns]);
+        sh(&[
+            "ip", "-n", lb_ns, "link", "add", "sy0", "type", "veth", "peer", "name", "sy1",
+            "netns", &p.ns,
+        ]);
+        for (ns, dev, a) in [
+            (lb_ns, "sy0", Self::LB_ADDR),
+            (&p.ns, "sy1", Self::PEER_ADDR),
+        ] {
+            sh(&[
+                "ip",
+                "-n",
+                ns,
+                "addr",
+                "add",
+                &format!("{a}/24"),
+                "dev",
+                dev,
+            ]);
+            sh(&["ip", "-n", ns, "link", "set", dev, "up"]);
+        }
+        p
+    }
+}
+
+impl Drop for SyncPeer {
+    fn drop(&mut self) {
+        let _ = try_sh(&["ip", "netns", "del", &self.ns]);
+    }
+}
+
+/// The new-flow rate with the sync off and on, interleaved sample by sample. Before each
+/// sample the VIP's backend set changes (three backends, then four, then three...), so about a
+/// quarter of the table's entries are exceptions (off their new slot) that a sync-on sample
+/// scans and sends, up to `max_entries`. A sync-on sample starts lbd's sync task afresh (its
+/// first scan, 200 ms after the view, sends every exception; the next comes with the interval)
+/// and stops it after: two scans in [`NEW_FLOW_MIN_SECS`], more than the steady one per
+/// `interval_ms`, so the cost is an upper bound.
+fn new_flows_sync(
+    t: &mut TestDataplane,
+    progs: &mut BenchProgs,
+    wire: &Wire,
+    timing: Timing,
+) -> serde_json::Value {
+    use lb_userspace::{daemon::sync::SyncHandle, sync::config::SyncConfig};
+    use std::os::unix::fs::PermissionsExt;
+
+    let peer = SyncPeer::new(&wire.lb_ns);
+    let key = std::env::temp_dir().join(unique("lb-tp-sync-key"));
+    std::fs::write(&key, unique("bench-sync-key-").repeat(4)).unwrap();
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let cfg = SyncConfig {
+        peers: vec![SyncPeer::PEER_ADDR.parse().unwrap()],
+        key_file: key.clone(),
+        port: lb_userspace::sync::config::DEFAULT_PORT,
+        listen: Some(SyncPeer::LB_ADDR.parse().unwrap()),
+        interval_ms: lb_userspace::sync::config::DEFAULT_INTERVAL_MS,
+        max_entries: lb_userspace::sync::config::DEFAULT_MAX_ENTRIES,
+    };
+    cfg.validate().expect("the bench's sync config");
+    lb_userspace::dataplane::sync_view::ConntrackPins::open(&t.opts.pin_dir())
+        .expect("the sync task's view of the pinned connection table");
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let pin_dir = t.opts.pin_dir();
+    // Binding fails while the previous sample's task still holds the port: retry briefly.
+    let start_sync = || -> SyncHandle {
+        let start = Instant::now();
+        loop {
+            let r = Wire::within(&wire.lb_ns, || {
+                let _g = rt.enter();
+                SyncHandle::spawn(&cfg, pin_dir.clone())
+            });
+            match r {
+                Ok(h) => return h,
+                Err(e) if start.elapsed() > Duration::from_secs(5) => {
+                    panic!("start the sync task: {e:#}")
+                }
+                Err(_) => std::thread::sleep(Duration::from_millis(50)),
+            }
+        }
+    };
+    let services = |n: u8| Desired {
+        services: vec![ServiceSpec {
+            key: vip_key(VIP.into(), 6443, PROTO_TCP),
+            owned: true,
+            backends: (11..11 + n)
+                .map(|i| backend(&format!("10.77.0.{i}"), i))
+                .collect(),
+        }],
+        ..Default::default()
+    };
+    let secs = timing.secs.max(NEW_FLOW_MIN_SECS);
+    Wire::within(&wire.lb_ns, || {
+        t.dp.attach(LB_IF, lb_userspace::config::XdpMode::Driver)
+            .expect("lb_xdp on lb0")
+    });
+    let gen_fd = progs.prog_fd("bench_gen");
+    let gen_ns = Wire::path(&wire.gen_ns);
+    // [off, on]: per-core (or wall-clock) Mpps, misses per forwarded frame.
+    let mut mpps: [Vec<f64>; 2] = [vec![], vec![]];
+    let mut miss_share: [Vec<f64>; 2] = [vec![], vec![]];
+    let mut synced = Vec::new();
+    let mut change = 0u16;
+    for round in 0..=timing.rounds {
+        for on in [false, true] {
+            change += 1;
+            t.dp.apply(&services(if change.is_multiple_of(2) { 3 } else { 4 }))
+                .expect("change the backend set");
+            let handle = on.then(|| {
+                let h = start_sync();
+                h.view(t.dp.sync_view());
+                h
+            });
+            progs.set_flows(NEW_FLOWS);
+            // A source port per sample: no flow of an earlier sample comes again.
+            let port = 20_000 + change;
+            let syn = ipv4_frame([10, 200, 0, 1], VIP, PROTO_TCP, &tcp(port, 6443, SYN));
+            let before = progs.sunk();
+            let misses_before = stat_value(t, stat::CONNTRACK_MISS);
+            let busy_before = timing.lb_napi.map(thread_cpu_seconds);
+            let (_, elapsed) = generate(&gen_ns, gen_fd, &syn, secs, timing.gen_cpu);
+            std::thread::sleep(Duration::from_millis(20));
+            let got = progs.sunk() - before;
+            let misses = stat_value(t, stat::CONNTRACK_MISS) - misses_before;
+            let scans_in_sample = handle.as_ref().map(|h| h.stats.snapshot().scans);
+            // A scan still running finishes before the task stops (outside the measurement).
+            let stats = handle.as_ref().map(|h| {
+                let start = Instant::now();
+                while h.stats.snapshot().scans == 0 && start.elapsed() < Duration::from_secs(10) {
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+                h.stats.snapshot()
+            });
+            drop(handle);
+            if round == 0 {
+                continue;
+            }
+            let forwarded = got as f64 / elapsed / 1e6;
+            let busy = match (timing.lb_napi, busy_before) {
+                (Some(pid), Some(b)) => Some((thread_cpu_seconds(pid) - b) / elapsed),
+                _ => None,
+            };
+            let i = on as usize;
+            mpps[i].push(match busy {
+                Some(b) if b > 0.01 => forwarded / b,
+                _ => forwarded,
+            });
+            miss_share[i].push(misses as f64 / got.max(1) as f64);
+            if let Some(s) = stats {
+                synced.push(json!({
+                    "scans_in_sample": scans_in_sample,
+                    "scans": s.scans,
+                    "scan_ms": s.scan_ms,
+                    "scanned": s.scanned,
+                    "exceptions": s.exceptions,
+                    "sent_entries": s.sent_entries,
+                    "sent_datagrams": s.sent_datagrams,
+                    "send_errors": s.send_errors,
+                }));
+            }
+        }
+    }
+    let _ = std::fs::remove_file(&key);
+    drop(peer);
+    let ratios: Vec<f64> = mpps[1]
+        .iter()
+        .zip(&mpps[0])
+        .map(|(on, off)| on / off)
+        .collect();
+    let (off, on, ratio) = (
+        median(mpps[0].clone()),
+        median(mpps[1].clone()),
+        median(ratios),
+    );
+    let per_core = timing.lb_napi.is_some();
+    println!(
+        "\nnew flows (every frame a SYN of a flow not in the table), {}:",
+        if per_core { "Mpps/core" } else { "Mpps" }
+    );
+    println!(
+        "  sync off {off:.3}  sync on {on:.3}  on/off {ratio:.3}  (misses per frame {:.2} / {:.2})",
+        median(miss_share[0].clone()),
+        median(miss_share[1].clone())
+    );
+    if let Some(last) = synced.last() {
+        println!("  a sync-on sample: {last}");
+    }
+    json!({
+        "flows": NEW_FLOWS,
+        "seconds_per_sample": secs,
+        "mpps_is_per_lb_core": per_core,
+        "sync_off_mpps": off,
+        "sync_on_mpps": on,
+        "ratio_on_to_off": ratio,
+        "samples_off_mpps": mpps[0],
+        "samples_on_mpps": mpps[1],
+        "misses_per_frame_off": median(miss_share[0].clone()),
+        "misses_per_frame_on": median(miss_share[1].clone()),
+        "sync_samples": synced,
+        "sync_interval_ms": cfg.interval_ms,
+        "sync_max_entries": cfg.max_entries,
     })
 }

@@ -298,6 +298,10 @@ impl Flavor for KeepalivedFlavor {
         }
         Ok(())
     }
+    /// haproxy's `inter 5s fall 3`, and one more interval.
+    fn drain_ms(&self) -> u64 {
+        20_000
+    }
     fn supports(&self, case: Case) -> bool {
         matches!(
             case,
@@ -308,6 +312,8 @@ impl Flavor for KeepalivedFlavor {
                 | Case::LinkFlap
                 | Case::ApiserverFlap
                 | Case::SynFlood
+                | Case::RollingUpgrade
+                | Case::UpgradeOneNode
         )
     }
 }

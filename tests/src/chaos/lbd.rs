@@ -1,6 +1,7 @@
 //! The chaos lab with lbd on every node: the demo's cluster ([`Cluster`]) with the echo service
 //! behind both VIPs, a second VRRP instance on the control plane (for the reload case), a
-//! small connection table (for the flood case) and a hostile host.
+//! small connection table (for the flood case), a hostile host, and the connection sync on
+//! (`[sync]` rendered by `lbctl render`).
 
 use lb_userspace::config::Config;
 
@@ -29,6 +30,9 @@ impl LbdFlavor {
             worker_echo: true,
             aux_instance: true,
             hostile: true,
+            // As a cluster that keeps connections across every VIP move runs
+            // (`LB_CHAOS_SYNC=0`: without, for comparison).
+            sync: std::env::var("LB_CHAOS_SYNC").map_or(true, |v| v != "0"),
         });
         let base = cluster
             .nodes()

@@ -247,6 +247,15 @@ impl Load {
             .collect()
     }
 
+    /// How many long-lived connections that are up each backend serves now.
+    pub fn long_by_backend(&self) -> std::collections::BTreeMap<String, u64> {
+        let mut m = std::collections::BTreeMap::new();
+        for b in self.long_backends().into_iter().flatten() {
+            *m.entry(b).or_default() += 1;
+        }
+        m
+    }
+
     /// Every long-lived connection is up, of the current generation, and had an echo answered
     /// at or after `since` ms.
     pub fn long_all_fresh(&self, since: u64) -> bool {

@@ -81,6 +81,13 @@ pub trait Flavor {
     fn settled(&self) -> Result<(), String>;
     /// Whether the case applies to this flavor.
     fn supports(&self, case: Case) -> bool;
+    /// How long the load balancers need to take a backend whose readiness failed out of new
+    /// connections (health check interval x fall, and some): an upgrade's node waits that long
+    /// after its apiserver turns not ready, as the apiserver's shutdown delay does.
+    fn drain_ms(&self) -> u64 {
+        // lbd's defaults: 3 x 200 ms + a 200 ms timeout, doubled.
+        1600
+    }
     /// Reload `node` with `config` written to its config file (lbd only).
     fn reload(&mut self, _node: &str, _config: &str) -> Result<(), String> {
         Err("reload is not supported".into())
@@ -116,6 +123,8 @@ pub struct CaseResult {
     pub duration_ms: u64,
     pub skipped_slots: u64,
     pub lost_by_backend: BTreeMap<String, u64>,
+    /// Long-lived connections on each node that went down, when it went.
+    pub lost_expected_by_backend: BTreeMap<String, u64>,
     pub errors: BTreeMap<String, u64>,
 }
 
@@ -146,6 +155,10 @@ impl CaseResult {
         o.insert("duration_ms".into(), json!(self.duration_ms));
         o.insert("skipped_slots".into(), json!(self.skipped_slots));
         o.insert("lost_by_backend".into(), json!(self.lost_by_backend));
+        o.insert(
+            "lost_expected_by_backend".into(),
+            json!(self.lost_expected_by_backend),
+        );
         o.insert("errors".into(), json!(self.errors));
         v
     }

@@ -76,6 +76,9 @@ pub struct Options {
     pub aux_instance: bool,
     /// One more host on the segment ([`HOSTILE`]) that runs nothing of ours.
     pub hostile: bool,
+    /// The connection sync on: the description gets `[sync]` with a cluster key in the lab's
+    /// directory ([`Cluster::sync_key`]), `lbctl render` the peers.
+    pub sync: bool,
 }
 
 /// The aux instance's VIP and name (see [`Options::aux_instance`]).
@@ -211,6 +214,16 @@ impl Cluster {
             std::fs::write(c.ready_file(n), "").unwrap();
             c.start_services(n);
         }
+        if c.opts.sync {
+            use std::os::unix::fs::PermissionsExt;
+            let key = c.sync_key();
+            std::fs::write(
+                &key,
+                format!("{}\n", crate::unique("lab-cluster-key-").repeat(4)),
+            )
+            .unwrap();
+            std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+        }
         for (n, cfg) in c.render() {
             c.write_config(&n, &cfg);
             c.start(&n);
@@ -305,7 +318,15 @@ impl Cluster {
                 roles.join(", ")
             );
         }
+        if self.opts.sync {
+            d += &format!("\n[sync]\nkey_file = \"{}\"\n", self.sync_key().display());
+        }
         d
+    }
+
+    /// The cluster key file of [`Options::sync`] (processes read it from the host).
+    pub fn sync_key(&self) -> PathBuf {
+        self.lab.dir.join("sync.key")
     }
 
     /// Every node's config, rendered by `lbctl render` from [`Cluster::description`]; only

@@ -47,7 +47,12 @@ fn print(v: &StatsRow) {
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as u64);
-        print!("{}", lb_userspace::sync::status::text(sync, now));
+        print!("{}", lb_userspace::sync::status::summary(sync));
+        println!();
+        table(
+            &lb_userspace::sync::status::PEER_HEADER,
+            lb_userspace::sync::status::peer_rows(sync, now),
+        );
     }
     println!();
     table(
