@@ -477,7 +477,11 @@ fn the_vrrp_thread_alone_runs_under_real_time_scheduling() {
     for (i, want) in [(0, Some(10)), (1, None), (2, Some(30))] {
         let threads = l.threads(i);
         let vrrp: Vec<_> = threads.iter().filter(|t| t.0 == "vrrp-api").collect();
-        assert_eq!(vrrp.len(), 1, "node {i}: one thread for instance api: {threads:?}");
+        assert_eq!(
+            vrrp.len(),
+            1,
+            "node {i}: one thread for instance api: {threads:?}"
+        );
         match want {
             Some(p) => assert_eq!((vrrp[0].1, vrrp[0].2), (SCHED_RR, p), "node {i}"),
             None => assert_eq!((vrrp[0].1, vrrp[0].2), (SCHED_OTHER, 0), "node {i}"),

@@ -231,7 +231,8 @@ impl Instance {
                 {
                     Ok(rt) => rt,
                     Err(e) => {
-                        let _ = ready_tx.send(Err(anyhow!(e).context("start the instance's runtime")));
+                        let _ =
+                            ready_tx.send(Err(anyhow!(e).context("start the instance's runtime")));
                         return;
                     }
                 };

@@ -42,9 +42,8 @@ pub fn set_current_thread(priority: u8) -> io::Result<Sched> {
         sched_priority: i32::from(priority),
     };
     // SAFETY: pid 0 is the calling thread; `param` is a valid sched_param for the call.
-    let rc = unsafe {
-        libc::sched_setscheduler(0, libc::SCHED_RR | libc::SCHED_RESET_ON_FORK, &param)
-    };
+    let rc =
+        unsafe { libc::sched_setscheduler(0, libc::SCHED_RR | libc::SCHED_RESET_ON_FORK, &param) };
     if rc != 0 {
         return Err(io::Error::last_os_error());
     }
