@@ -496,6 +496,7 @@ impl ClusterSpec {
             failed_backend_hold_ms: crate::config::DEFAULT_FAILED_BACKEND_HOLD_MS,
             socket_lb: true,
             sync: self.sync.as_ref().map(|s| self.sync_config(s, me)),
+            vrrp_rt_priority: crate::vrrp::realtime::DEFAULT_RT_PRIORITY,
         };
         // OpenShift's tracked script `script` of instance `instance` (named `script`, with a
         // `-<i>` suffix for the i-th VIP of a role, track names being unique): a probe of a

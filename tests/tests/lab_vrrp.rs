@@ -454,3 +454,51 @@ fn a_vip_that_is_the_nodes_own_address_is_refused() {
     let (ok, text) = check();
     assert!(ok, "{text}");
 }
+
+/// Each instance's VRRP thread runs under SCHED_RR at `vrrp_rt_priority` (default 10), and only
+/// that thread: the daemon's other threads keep normal scheduling; 0 turns it off.
+#[test]
+fn the_vrrp_thread_alone_runs_under_real_time_scheduling() {
+    const SCHED_OTHER: u32 = 0;
+    const SCHED_RR: u32 = 2;
+    let top = |line: &str| NodeOpts {
+        top: line.into(),
+        ..prio(100)
+    };
+    let l = VrrpLab::new(
+        LABNODE,
+        vec![
+            prio(150),
+            top("vrrp_rt_priority = 0\n"),
+            top("vrrp_rt_priority = 30\n"),
+        ],
+    );
+    assert_eq!(master_of(&l, &[0, 1, 2]), 0);
+    for (i, want) in [(0, Some(10)), (1, None), (2, Some(30))] {
+        let threads = l.threads(i);
+        let vrrp: Vec<_> = threads.iter().filter(|t| t.0 == "vrrp-api").collect();
+        assert_eq!(
+            vrrp.len(),
+            1,
+            "node {i}: one thread for instance api: {threads:?}"
+        );
+        match want {
+            Some(p) => assert_eq!((vrrp[0].1, vrrp[0].2), (SCHED_RR, p), "node {i}"),
+            None => assert_eq!((vrrp[0].1, vrrp[0].2), (SCHED_OTHER, 0), "node {i}"),
+        }
+        let others: Vec<_> = threads.iter().filter(|t| t.0 != "vrrp-api").collect();
+        assert!(!others.is_empty(), "node {i}: {threads:?}");
+        assert!(
+            others.iter().all(|t| t.1 == SCHED_OTHER),
+            "node {i}: only the VRRP thread is real-time: {threads:?}"
+        );
+    }
+    // The real-time instance still elects and fails over like any other.
+    assert!(
+        l.status(2).unwrap()["counters"]["adverts_received"]
+            .as_u64()
+            .unwrap_or(0)
+            > 0,
+        "node 2 hears the master"
+    );
+}

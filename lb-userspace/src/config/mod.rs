@@ -150,6 +150,12 @@ pub struct Config {
     /// Connection sync with the other lbd nodes (see docs/architecture.md, "Connection sync").
     #[serde(default)]
     pub sync: Option<crate::sync::config::SyncConfig>,
+    /// Real-time priority (`SCHED_RR`, 1..=99) of each VRRP instance's thread, as keepalived's
+    /// `vrrp_rt_priority`: adverts are sent and read on time on a node whose cores are busy.
+    /// 0: normal scheduling. Without CAP_SYS_NICE lbd logs a warning and runs them at normal
+    /// priority. Restart to change.
+    #[serde(default = "default_vrrp_rt_priority")]
+    pub vrrp_rt_priority: u8,
 }
 
 /// How the network learns that this node serves a VIP.
@@ -288,6 +294,9 @@ fn default_handover_grace_ms() -> u64 {
 }
 fn default_protocol() -> Protocol {
     Protocol::Tcp
+}
+fn default_vrrp_rt_priority() -> u8 {
+    crate::vrrp::realtime::DEFAULT_RT_PRIORITY
 }
 fn default_true() -> bool {
     true
@@ -457,6 +466,16 @@ impl Config {
                 format!(
                     "must be at most 600000 (ten minutes), got {}",
                     self.failed_backend_hold_ms
+                ),
+            ));
+        }
+        if self.vrrp_rt_priority > crate::vrrp::realtime::MAX_RT_PRIORITY {
+            return Err(invalid(
+                "vrrp_rt_priority",
+                format!(
+                    "must be 0 (normal scheduling) or a real-time priority 1..={}, got {}",
+                    crate::vrrp::realtime::MAX_RT_PRIORITY,
+                    self.vrrp_rt_priority
                 ),
             ));
         }
@@ -829,6 +848,16 @@ weight = 2
         assert!(e.starts_with("vips[0].ports[0]:"), "{e}");
         let e = err(&GOOD.replace("name = \"api\"", "name = \"api\"\nvrrp = \"nope\""));
         assert!(e.starts_with("vips[0].vrrp:"), "{e}");
+        assert_eq!(
+            Config::parse(GOOD).unwrap().vrrp_rt_priority,
+            crate::vrrp::realtime::DEFAULT_RT_PRIORITY
+        );
+        let e = err(&format!("vrrp_rt_priority = 100\n{GOOD}"));
+        assert!(e.starts_with("vrrp_rt_priority:"), "{e}");
+        for ok in [0, 1, 99] {
+            let c = Config::parse(&format!("vrrp_rt_priority = {ok}\n{GOOD}")).unwrap();
+            assert_eq!(c.vrrp_rt_priority, ok);
+        }
         let e = err(&format!("handover_grace_ms = 600000\n{GOOD}"));
         assert!(e.starts_with("handover_grace_ms:"), "{e}");
         assert!(Config::parse(&format!("handover_grace_ms = 0\n{GOOD}")).is_ok());

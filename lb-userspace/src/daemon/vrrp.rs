@@ -79,6 +79,7 @@ impl Owner {
             r.clone(),
             &self.cfg.interface,
             self.netlink.handle().clone(),
+            self.cfg.vrrp_rt_priority,
         )
         .await
         .with_context(|| format!("start VRRP instance {}", r.name))?;

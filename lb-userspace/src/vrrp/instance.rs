@@ -1,7 +1,12 @@
-//! One VRRP instance as a tokio task: owns its socket and timer, feeds packets, timer expiries,
-//! link changes and priority updates to the pure [`Machine`], and carries out its actions
-//! (adverts, VIPs, announcements). Ownership changes go to the daemon through a
+//! One VRRP instance as a task on its own OS thread: owns its socket and timer, feeds packets,
+//! timer expiries, link changes and priority updates to the pure [`Machine`], and carries out
+//! its actions (adverts, VIPs, announcements). Ownership changes go to the daemon through a
 //! `watch::Receiver<bool>`; the daemon flips the data plane's owned flag.
+//!
+//! The thread runs a single-threaded tokio runtime of its own (timer, socket readiness and a
+//! netlink connection for its VIPs), under real-time scheduling when allowed
+//! ([`super::realtime`]): adverts go out and are read on time whatever the daemon's other
+//! tasks and the node's other processes do.
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
@@ -12,7 +17,6 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use anyhow::{Context, Result, anyhow};
 use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, oneshot, watch};
-use tokio::task::JoinHandle;
 use tokio::time::{Instant, MissedTickBehavior};
 
 use super::admission::Policy;
@@ -22,6 +26,7 @@ use super::collision::{Collisions, Mismatch};
 use super::config::InstanceConfig;
 use super::io::{Incoming, VrrpSocket, interface_info};
 use super::limiter::WarnLimiter;
+use super::realtime::{self, Sched};
 use super::split_brain::DualMaster;
 use super::state::{self, Action, Event, Machine, Params, State};
 
@@ -131,17 +136,21 @@ pub struct Instance {
     forwarding: Option<watch::Sender<bool>>,
     forwarding_acked: Arc<std::sync::atomic::AtomicBool>,
     peer_failures: Option<mpsc::UnboundedReceiver<IpAddr>>,
-    task: JoinHandle<()>,
+    thread: std::thread::JoinHandle<()>,
 }
 
 impl Instance {
     /// Validate `cfg`, clean up stale VIPs from an earlier run, open the socket and start the
-    /// instance task. `default_interface` is used when the config names none; `netlink` is the
-    /// daemon's rtnetlink handle (e.g. `Netlink::handle().clone()`).
+    /// instance on its own thread. `default_interface` is used when the config names none;
+    /// `netlink` is the daemon's rtnetlink handle (e.g. `Netlink::handle().clone()`), used
+    /// here and by the instance only if it cannot open its own connection. `rt_priority` is
+    /// the thread's `SCHED_RR` priority (0: normal scheduling; see [`realtime`]); a node that
+    /// does not allow it logs a warning and the instance runs at normal priority.
     pub async fn spawn(
         cfg: InstanceConfig,
         default_interface: &str,
         netlink: rtnetlink::Handle,
+        rt_priority: u8,
     ) -> Result<Instance> {
         cfg.validate()
             .map_err(|e| anyhow!("vrrp instance {:?}: {e}", cfg.name))?;
@@ -165,8 +174,6 @@ impl Instance {
         if !removed.is_empty() {
             tracing::info!(instance = %cfg.name, ?removed, "removed stale VIPs left by an earlier run");
         }
-        let socket = VrrpSocket::open(&ifname, src, cfg.unicast_peers.is_empty())
-            .with_context(|| format!("open VRRP socket on {ifname}"))?;
         let announcer = match Announcer::new(&ifname) {
             Ok(a) => Some(a),
             Err(e) => {
@@ -207,34 +214,89 @@ impl Instance {
         let (forwarding_tx, forwarding_rx) = watch::channel(false);
         let forwarding_acked = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let (peer_failed, peer_failures) = mpsc::unbounded_channel();
-        let runner = Runner {
-            policy: policy(&cfg),
-            cfg,
-            ifname,
-            link_up: info.up,
-            ifindex: info.index,
-            weight: 0,
-            track_fault: false,
-            warn: WarnLimiter::default(),
-            dual: DualMaster::default(),
-            remove_pending: false,
-            socket,
-            announcer,
-            netlink,
-            machine,
-            epoch: Instant::now(),
-            timer: None,
-            garp_left: 0,
-            second_burst: false,
-            next_garp: None,
-            status: status.clone(),
-            owned: owned_tx,
-            forwarding: forwarding_rx,
-            forwarding_acked: forwarding_acked.clone(),
-            peer_failed,
-        };
-        raise_priority_for(runner.cfg.interval_ms());
-        let task = tokio::spawn(runner.run(rx));
+        let (ready_tx, ready_rx) = oneshot::channel();
+        let name = cfg.name.clone();
+        let interval_ms = cfg.interval_ms();
+        let multicast = cfg.unicast_peers.is_empty();
+        let (runner_status, runner_acked) = (status.clone(), forwarding_acked.clone());
+        let thread = std::thread::Builder::new()
+            .name(thread_name(&cfg.name))
+            .spawn(move || {
+                let sched = realtime::set_current_thread(rt_priority);
+                // Everything the instance waits on is driven by this thread: its own timers,
+                // its socket's readiness and its own netlink connection.
+                let rt = match tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                {
+                    Ok(rt) => rt,
+                    Err(e) => {
+                        let _ =
+                            ready_tx.send(Err(anyhow!(e).context("start the instance's runtime")));
+                        return;
+                    }
+                };
+                let opened = {
+                    let _in_rt = rt.enter();
+                    VrrpSocket::open(&ifname, src, multicast).map(|socket| {
+                        let netlink = own_netlink(&rt).unwrap_or(netlink);
+                        (socket, netlink)
+                    })
+                };
+                let (socket, netlink) = match opened {
+                    Ok(o) => o,
+                    Err(e) => {
+                        let _ = ready_tx.send(Err(
+                            anyhow!(e).context(format!("open VRRP socket on {ifname}"))
+                        ));
+                        return;
+                    }
+                };
+                let runner = Runner {
+                    policy: policy(&cfg),
+                    cfg,
+                    ifname,
+                    link_up: info.up,
+                    ifindex: info.index,
+                    weight: 0,
+                    track_fault: false,
+                    warn: WarnLimiter::default(),
+                    dual: DualMaster::default(),
+                    remove_pending: false,
+                    socket,
+                    announcer,
+                    netlink,
+                    machine,
+                    epoch: Instant::now(),
+                    timer: None,
+                    garp_left: 0,
+                    second_burst: false,
+                    next_garp: None,
+                    status: runner_status,
+                    owned: owned_tx,
+                    forwarding: forwarding_rx,
+                    forwarding_acked: runner_acked,
+                    peer_failed,
+                };
+                let _ = ready_tx.send(Ok(sched));
+                rt.block_on(runner.run(rx));
+            })
+            .context("start the instance's thread")?;
+        let sched = ready_rx
+            .await
+            .map_err(|_| anyhow!("the instance's thread ended while starting"))??;
+        match sched {
+            Ok(Sched::RoundRobin(p)) => {
+                tracing::info!(instance = %name, rt_priority = p, "VRRP thread runs under real-time scheduling (SCHED_RR)");
+            }
+            Ok(Sched::Normal) => {
+                tracing::info!(instance = %name, "VRRP thread runs under normal scheduling (vrrp_rt_priority = 0)");
+            }
+            Err(e) => {
+                tracing::warn!(instance = %name, rt_priority, error = %e, "VRRP thread cannot run under real-time scheduling (needs CAP_SYS_NICE); at normal priority a busy node may see false failovers");
+            }
+        }
+        raise_priority_for(interval_ms);
         Ok(Instance {
             forwarding: Some(forwarding_tx),
             forwarding_acked,
@@ -242,7 +304,7 @@ impl Instance {
             status,
             owned,
             peer_failures: Some(peer_failures),
-            task,
+            thread,
         })
     }
 
@@ -292,9 +354,9 @@ impl Instance {
             .await;
     }
 
-    /// Whether the instance task is still running (it ends only on shutdown or a panic).
+    /// Whether the instance is still running (its thread ends only on shutdown or a panic).
     pub fn is_running(&self) -> bool {
-        !self.task.is_finished()
+        !self.thread.is_finished()
     }
 
     /// Graceful stop: a master sends a priority-0 advert (a backup takes over after its skew
@@ -304,7 +366,8 @@ impl Instance {
         if self.commands.send(Command::Shutdown(tx)).await.is_ok() {
             let _ = rx.await;
         }
-        let _ = self.task.await;
+        let thread = self.thread;
+        let _ = tokio::task::spawn_blocking(move || thread.join()).await;
     }
 }
 
@@ -377,7 +440,35 @@ fn unix_ms() -> u64 {
         .map_or(0, |d| d.as_millis() as u64)
 }
 
-/// Sleep until `at`, or forever when there is nothing to wait for.
+/// The instance thread's name: `vrrp-` and the instance's name, cut to Linux's 15 bytes (at a
+/// character boundary), so `top -H` and `ps -T` show which thread is which instance's.
+fn thread_name(instance: &str) -> String {
+    let mut name = String::from("vrrp-");
+    for c in instance.chars() {
+        if name.len() + c.len_utf8() > 15 {
+            break;
+        }
+        name.push(c);
+    }
+    name
+}
+
+/// A netlink connection driven by the instance's own runtime, so adding and removing its VIPs
+/// on a step up or down does not wait for the daemon's threads. `None` (logged): the caller
+/// uses the daemon's connection.
+fn own_netlink(rt: &tokio::runtime::Runtime) -> Option<rtnetlink::Handle> {
+    match rtnetlink::new_connection() {
+        Ok((conn, handle, _)) => {
+            rt.spawn(conn);
+            Some(handle)
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "no netlink connection of the VRRP thread's own; using the daemon's");
+            None
+        }
+    }
+}
+
 /// At most this many queued packets are read when a timer expires, before it fires.
 const QUEUED_BEFORE_TIMER: usize = 16;
 
@@ -427,6 +518,7 @@ fn raise_priority_for(interval_ms: u32) {
     });
 }
 
+/// Sleep until `at`, or forever when there is nothing to wait for.
 async fn sleep_until(at: Option<Instant>) {
     match at {
         Some(at) => tokio::time::sleep_until(at).await,
@@ -1027,6 +1119,23 @@ mod schedule_tests {
     use super::*;
 
     #[test]
+    fn thread_names_fit_linux_and_name_the_instance() {
+        assert_eq!(thread_name("api"), "vrrp-api");
+        assert_eq!(thread_name("ingress-v6-long-name"), "vrrp-ingress-v6");
+        // Cut at a character boundary, never inside one.
+        let n = thread_name("abcdefghié");
+        assert!(n.len() <= 15, "{n}");
+        assert_eq!(n, "vrrp-abcdefghi");
+        // A name std accepts (no NUL) for every instance name validation lets through.
+        std::thread::Builder::new()
+            .name(thread_name("ingress-v6-long-name"))
+            .spawn(|| ())
+            .unwrap()
+            .join()
+            .unwrap();
+    }
+
+    #[test]
     fn a_link_is_down_only_when_netlink_confirms_it() {
         // One failed poll, netlink says up (or cannot be asked): stays up.
         assert!(link_verdict(Polled::Failed, Some(true), true));
@@ -1120,7 +1229,9 @@ mod smoke {
         };
         let (conn, handle, _) = rtnetlink::new_connection().unwrap();
         tokio::spawn(conn);
-        let inst = Instance::spawn(cfg, "unused", handle).await.unwrap();
+        let inst = Instance::spawn(cfg, "unused", handle, realtime::DEFAULT_RT_PRIORITY)
+            .await
+            .unwrap();
         let mut owned = inst.ownership();
         let _ = tokio::time::timeout(Duration::from_secs(4), async {
             loop {

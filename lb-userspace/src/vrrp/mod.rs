@@ -11,7 +11,8 @@
 //! - [`vrids`]: the VRIDs OpenShift derives from a cluster name (pure).
 //! - [`io`]: raw VRRP sockets (tokio `AsyncFd`), TTL checks, interface facts.
 //! - [`announce`]: VIP add/remove (rtnetlink), gratuitous ARP and unsolicited NA.
-//! - [`instance`]: one instance as a tokio task; its config, handle and status.
+//! - [`instance`]: one instance as a task on its own thread; its config, handle and status.
+//! - [`realtime`]: real-time scheduling (`SCHED_RR`) for an instance's thread.
 
 pub mod admission;
 pub mod announce;
@@ -21,6 +22,7 @@ pub mod config;
 pub mod instance;
 pub mod io;
 pub mod limiter;
+pub mod realtime;
 pub mod split_brain;
 pub mod state;
 pub mod track;

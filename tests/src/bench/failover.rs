@@ -25,7 +25,8 @@
 //! rest, and a stress case: the same lab left alone for `LB_FAILOVER_STRESS_SECS` (default 300)
 //! with every core kept busy (two spinning threads per CPU) and short connections through the
 //! owner as fast as 32 concurrent clients go; a false failover is a backup that became master
-//! meanwhile (lbd's `became_master` counter).
+//! meanwhile (lbd's `became_master` counter). `LB_FAILOVER_RT_PRIORITY` sets the fast nodes'
+//! `vrrp_rt_priority` (0: their VRRP threads at normal priority).
 
 use std::{
     sync::{
@@ -129,6 +130,16 @@ fn measure(s: &Setup, rounds: usize) -> Rounds {
 /// lbd's fast-failover advert interval (what `lbctl render`'s `fast_failover` writes).
 pub const FAST_ADVERT_MS: u32 = lb_userspace::vrrp::config::FAST_ADVERT_INTERVAL_MS;
 
+/// `LB_FAILOVER_RT_PRIORITY`: the lbd nodes' `vrrp_rt_priority` in the fast cases (unset:
+/// lbd's default; 0: normal scheduling), to compare the stress case with and without it.
+fn rt_priority_line() -> String {
+    std::env::var("LB_FAILOVER_RT_PRIORITY")
+        .ok()
+        .and_then(|v| v.parse::<u8>().ok())
+        .map(|p| format!("vrrp_rt_priority = {p}\n"))
+        .unwrap_or_default()
+}
+
 fn stress_secs() -> u64 {
     std::env::var("LB_FAILOVER_STRESS_SECS")
         .ok()
@@ -154,6 +165,7 @@ fn stress(secs: u64) -> Stress {
         .map(|priority| NodeOpts {
             priority,
             advert_ms: FAST_ADVERT_MS,
+            top: rt_priority_line(),
             ..NodeOpts::default()
         })
         .collect();
@@ -238,6 +250,7 @@ fn setups() -> Vec<Setup> {
             key: "lbd_fast",
             base: NodeOpts {
                 advert_ms: FAST_ADVERT_MS,
+                top: rt_priority_line(),
                 ..NodeOpts::default()
             },
             priorities: [150, 100, 50],
@@ -367,6 +380,7 @@ pub fn run() {
             "lbd_fast_median_ms": fast,
             "lbd_fast_restored_median_ms": median_of("lbd_fast", |x| x.1),
             "false_failovers_under_stress": stressed.as_ref().map(|s| s.false_failovers),
+            "vrrp_rt_priority": std::env::var("LB_FAILOVER_RT_PRIORITY").ok(),
             "stress": stressed.as_ref().map(|s| json!({
                 "seconds": s.secs,
                 "owner_transitions": s.owner_transitions,

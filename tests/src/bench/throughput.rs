@@ -364,6 +364,11 @@ pub fn run() {
         },
     ];
 
+    // `LB_THROUGHPUT_CASES=lb_xdp_100k_flows,...`: only these cases besides the baseline (which
+    // every ratio needs), e.g. to profile one case's receive thread with perf.
+    if let Ok(only) = std::env::var("LB_THROUGHPUT_CASES") {
+        cases.retain(|c| c.name == "baseline" || only.split(',').any(|n| n == c.name));
+    }
     let gen_fd = progs.prog_fd("bench_gen");
     let gen_ns = Wire::path(&wire.gen_ns);
     // Round 0 warms up; not counted.

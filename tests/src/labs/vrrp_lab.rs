@@ -502,6 +502,35 @@ impl VrrpLab {
         Some(ticks as f64 / hz)
     }
 
+    /// Node `i`'s speaker's threads: (name, scheduling policy, real-time priority), from
+    /// `/proc/PID/task/TID/stat` (fields 40 and 41).
+    pub fn threads(&self, i: usize) -> Vec<(String, u32, u32)> {
+        let Some(pid) = self.lab.pid(&self.tag(i)) else {
+            return Vec::new();
+        };
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        for t in tasks.flatten() {
+            let Ok(stat) = std::fs::read_to_string(t.path().join("stat")) else {
+                continue;
+            };
+            let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else {
+                continue;
+            };
+            let name = stat[open + 1..close].to_string();
+            // Fields after the name start at field 3 (state): rt_priority is field 40,
+            // policy field 41.
+            let f: Vec<&str> = stat[close + 2..].split(' ').collect();
+            let num = |k: usize| f.get(k).and_then(|v| v.parse::<u32>().ok());
+            if let (Some(prio), Some(policy)) = (num(37), num(38)) {
+                out.push((name, policy, prio));
+            }
+        }
+        out
+    }
+
     /// Send `signal` to node `i`'s speaker without waiting; the unix time in ms it was sent.
     pub fn signal(&self, i: usize, signal: i32) -> u64 {
         let pid = self.lab.pid(&self.tag(i)).expect("speaker running");
