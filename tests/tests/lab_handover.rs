@@ -269,7 +269,9 @@ fn a_new_master_announces_its_vips_only_once_its_data_plane_forwards() {
             let mut inst = lb_userspace::vrrp::Instance::spawn(cfg, "eth0", nl.handle().clone())
                 .await
                 .expect("instance");
-            let ack = inst.forwarding_ack().expect("the data plane's acknowledgement");
+            let ack = inst
+                .forwarding_ack()
+                .expect("the data plane's acknowledgement");
             let mut owned = inst.ownership();
             tokio::time::timeout(Duration::from_secs(10), owned.wait_for(|o| *o))
                 .await
