@@ -227,3 +227,104 @@ fn without_the_grace_a_sigterm_resets_connections() {
         o.detail
     );
 }
+
+/// A new master adds and announces its VIPs only once its data plane forwards them, however
+/// long the daemon takes to say so (a CPU-saturated node needs more than the few hundred ms the
+/// wait once had), and it keeps advertising meanwhile. Announcing early sent clients to the
+/// local stack, which holds the VIP on `lo` as a DSR backend and resets every connection of
+/// another backend (lab_pod's SIGTERM restart under CPU pressure lost 63 of 100).
+#[test]
+fn a_new_master_announces_its_vips_only_once_its_data_plane_forwards() {
+    use lb_tests::lab::{Lab, has_address, wait_for};
+    const VIP: &str = "10.86.0.100";
+    let mut lab = Lab::new("ack");
+    lab.add_node("n1", "10.86.0.11", "fd86::11");
+    lab.add_node("obs", "10.86.0.2", "fd86::2");
+    let (n1, obs) = (lab.node("n1").netns.clone(), lab.node("obs").netns.clone());
+    let n1_mac = lab.node("n1").mac.clone();
+    // The observer keeps gratuitous ARPs it did not ask for: an announcement shows in its cache.
+    lab.sysctl(&obs, "net.ipv4.conf.eth0.arp_accept", "1");
+    let announced = {
+        let obs = obs.clone();
+        move || {
+            let out = std::process::Command::new("ip")
+                .args(["-n", &obs, "neigh", "show", VIP, "dev", "eth0"])
+                .output()
+                .expect("ip neigh");
+            String::from_utf8_lossy(&out.stdout).contains("lladdr")
+        }
+    };
+    let cfg: lb_userspace::vrrp::InstanceConfig = toml::from_str(&format!(
+        "name = \"ack\"\ninterface = \"eth0\"\nvrid = 61\npriority = 200\nadvert_interval_ms = 100\nunicast_src = \"10.86.0.11\"\nunicast_peers = [\"10.86.0.2\"]\nvips = [\"{VIP}\"]\n"
+    ))
+    .expect("instance config");
+    let report = lab.in_netns("n1", move || {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async move {
+            let nl = lb_userspace::netlink::Netlink::new().expect("netlink");
+            let mut inst = lb_userspace::vrrp::Instance::spawn(
+                cfg,
+                "eth0",
+                nl.handle().clone(),
+                lb_userspace::vrrp::realtime::DEFAULT_RT_PRIORITY,
+            )
+            .await
+            .expect("instance");
+            let ack = inst
+                .forwarding_ack()
+                .expect("the data plane's acknowledgement");
+            let mut owned = inst.ownership();
+            tokio::time::timeout(Duration::from_secs(10), owned.wait_for(|o| *o))
+                .await
+                .expect("the only router becomes master")
+                .expect("ownership watch");
+            let adverts = inst.status().counters.adverts_sent;
+            // Longer than the old cap (300 ms), no acknowledgement: nothing is held or announced.
+            tokio::time::sleep(Duration::from_millis(1500)).await;
+            let early = (
+                has_address(&n1, "eth0", VIP),
+                announced(),
+                inst.status().owned,
+            );
+            let adverts_while_waiting = inst.status().counters.adverts_sent - adverts;
+            ack.send(true).expect("the instance listens");
+            let held = tokio::task::spawn_blocking(move || {
+                wait_for(Duration::from_secs(10), || {
+                    (has_address(&n1, "eth0", VIP) && announced()).then_some(())
+                })
+            })
+            .await
+            .unwrap();
+            let status = inst.status();
+            inst.shutdown().await;
+            (early, adverts_while_waiting, held, status)
+        })
+    });
+    let (early, adverts_while_waiting, held, status) = report;
+    assert_eq!(
+        early,
+        (false, false, false),
+        "(VIP on eth0, announced, owned) before the data plane forwards: {status:?}"
+    );
+    assert!(
+        adverts_while_waiting > 0,
+        "the master advertises while it waits for the data plane: {status:?}"
+    );
+    assert!(
+        held.is_some(),
+        "the VIP is held and announced once the data plane forwards: {status:?}"
+    );
+    let neigh = std::process::Command::new("ip")
+        .args(["-n", &obs, "neigh", "show", VIP, "dev", "eth0"])
+        .output()
+        .expect("ip neigh");
+    assert!(
+        String::from_utf8_lossy(&neigh.stdout).contains(&n1_mac),
+        "announced with the master's MAC {n1_mac}: {}",
+        String::from_utf8_lossy(&neigh.stdout)
+    );
+}

@@ -313,8 +313,13 @@ impl Owner {
                 forward,
                 done,
             } => {
-                self.ownership(&name, id, forward).await;
+                // The instance announces its VIPs on this reply: it goes as soon as the data
+                // plane forwards, not after the follow-up work of the change.
+                let applied = self.ownership(&name, id, forward);
                 let _ = done.send(());
+                if applied {
+                    self.after_apply().await;
+                }
             }
             Msg::PeerFailed { name, peer } => {
                 if let Err(e) = self.peer_failed(&name, peer) {
@@ -410,15 +415,16 @@ impl Owner {
     }
 
     /// A VRRP instance's forwarding changed: apply it (unless the instance was replaced).
-    async fn ownership(&mut self, name: &str, id: u64, forward: bool) {
+    /// Whether it was applied ([`Owner::after_apply`] is then the caller's).
+    fn ownership(&mut self, name: &str, id: u64, forward: bool) -> bool {
         if !self.vrrp.iter().any(|h| h.id == id && h.cfg.name == name) {
-            return;
+            return false;
         }
         self.facts.vrrp_master.insert(name.to_string(), forward);
         if let Err(e) = self.apply() {
             tracing::error!(error = %format!("{e:#}"), "applying VRRP ownership");
         }
-        self.after_apply().await;
+        true
     }
 
     /// A backend's health changed: rebuild that VIP's table (the plan does the rest).

@@ -104,6 +104,11 @@ struct InstalledService {
     /// The live new-flow table's (`LB_NEW_TABLES`: the same Maglev build without the backends
     /// that take no new flows).
     new_table: Vec<u32>,
+    /// What the live tables were built from (`None`: not known, e.g. adopted). An apply with
+    /// the same entries reuses them: two Maglev builds per service are most of an apply's CPU,
+    /// and a VIP's ownership change (which changes no table) waits for its apply before the
+    /// new owner announces the VIP.
+    built_from: Option<(Vec<maglev::Entry>, Vec<maglev::Entry>)>,
     backends: BTreeMap<IpAddr, InstalledBackend>,
 }
 
@@ -295,6 +300,7 @@ impl Dataplane {
                         owned: v.flags & VIP_F_OWNED != 0,
                         table,
                         new_table,
+                        built_from: None,
                         backends: BTreeMap::new(),
                     },
                 )
@@ -645,6 +651,7 @@ impl Dataplane {
                     // (the idle half may hold a previous VIP's slots).
                     table: Vec::new(),
                     new_table: Vec::new(),
+                    built_from: None,
                     backends: BTreeMap::new(),
                 },
             );
@@ -704,9 +711,15 @@ impl Dataplane {
         // Tables: install into the idle half, then flip. A flow start whose slot names a backend
         // that takes no new flows takes the same slot of the new-flow table, which names one that
         // does whenever one exists.
-        let table = maglev::build(&entries, self.opts.table_size);
-        let new_table = maglev::build(&new_entries, self.opts.table_size);
+        let inputs = (entries, new_entries);
         let svc = self.services.get_mut(&key).expect("present");
+        // Built from these already: the live tables are what a build would give.
+        let built = (svc.built_from.as_ref() != Some(&inputs)).then(|| {
+            (
+                maglev::build(&inputs.0, self.opts.table_size),
+                maglev::build(&inputs.1, self.opts.table_size),
+            )
+        });
         let mut info = VipInfo {
             vip_id,
             flags: if spec.owned { VIP_F_OWNED } else { 0 },
@@ -714,21 +727,26 @@ impl Dataplane {
             _pad: 0,
         };
         let fresh = self.vips.get(&key, 0).is_err();
-        if table != svc.table || new_table != svc.new_table {
-            let idle = svc.active ^ 1;
-            let start = table_index(vip_id, idle, self.opts.table_size, 0) as usize;
-            self.new_tables.write(start, &new_table);
-            self.tables.write(start, &table);
-            info.active_table = idle;
-            self.vips.insert(key, info, 0)?;
-            svc.active = idle;
-            svc.table = table;
-            svc.new_table = new_table;
-            svc.owned = spec.owned;
-        } else if fresh || svc.owned != spec.owned {
-            self.vips.insert(key, info, 0)?;
-            svc.owned = spec.owned;
+        match built {
+            Some((table, new_table)) if table != svc.table || new_table != svc.new_table => {
+                let idle = svc.active ^ 1;
+                let start = table_index(vip_id, idle, self.opts.table_size, 0) as usize;
+                self.new_tables.write(start, &new_table);
+                self.tables.write(start, &table);
+                info.active_table = idle;
+                self.vips.insert(key, info, 0)?;
+                svc.active = idle;
+                svc.table = table;
+                svc.new_table = new_table;
+                svc.owned = spec.owned;
+            }
+            _ if fresh || svc.owned != spec.owned => {
+                self.vips.insert(key, info, 0)?;
+                svc.owned = spec.owned;
+            }
+            _ => {}
         }
+        svc.built_from = Some(inputs);
         self.set_vip_owned(vip_id, spec.owned)?;
 
         // The live table names none of these any more: out of the set, or cleared.

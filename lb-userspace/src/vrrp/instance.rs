@@ -35,8 +35,11 @@ use super::state::{self, Action, Event, Machine, Params, State};
 pub const GARP_BURST: u32 = 5;
 pub const GARP_SPACING: Duration = Duration::from_millis(100);
 /// Longest a new master waits for the data plane to forward before adding and announcing its
-/// VIPs anyway.
-pub const FORWARDING_ACK_WAIT: Duration = Duration::from_millis(300);
+/// VIPs anyway. Announcing early is what resets connections (clients that follow the
+/// announcement reach the local stack, which holds the VIP on `lo` and answers every flow of
+/// another backend with a reset), so the wait is long enough for a daemon on a CPU-saturated
+/// node; the instance keeps advertising and hearing adverts meanwhile.
+pub const FORWARDING_ACK_WAIT: Duration = Duration::from_secs(3);
 /// How often link state is polled (a link going down means fault).
 const LINK_POLL: Duration = Duration::from_millis(250);
 
@@ -276,6 +279,7 @@ impl Instance {
                     owned: owned_tx,
                     forwarding: forwarding_rx,
                     forwarding_acked: runner_acked,
+                    awaiting_forwarding: None,
                     peer_failed,
                 };
                 let _ = ready_tx.send(Ok(sched));
@@ -431,6 +435,8 @@ struct Runner {
     /// The data plane forwards our VIPs (set by the daemon, see `Instance::forwarding_ack`).
     forwarding: watch::Receiver<bool>,
     forwarding_acked: Arc<std::sync::atomic::AtomicBool>,
+    /// Master, waiting since then for the data plane to forward before holding the VIPs.
+    awaiting_forwarding: Option<Instant>,
     peer_failed: mpsc::UnboundedSender<IpAddr>,
 }
 
@@ -565,7 +571,27 @@ impl Runner {
                         self.step(Event::TimerFired).await;
                     }
                 }
-                () = sleep_until(self.next_garp) => self.announce_tick(),
+                // No announcement of VIPs not held yet (a split brain or a MAC change while
+                // waiting for the data plane): holding them starts a burst anyway.
+                () = sleep_until(self.next_garp), if self.awaiting_forwarding.is_none() => {
+                    self.announce_tick()
+                }
+                r = self.forwarding.changed(), if self.awaiting_forwarding.is_some() => match r {
+                    Ok(()) => {
+                        if *self.forwarding.borrow_and_update() {
+                            let waited = self.awaiting_forwarding.map(|t| t.elapsed());
+                            tracing::info!(instance = %self.cfg.name, ?waited, "the data plane forwards; holding and announcing the VIPs");
+                            self.hold_vips().await;
+                        }
+                    }
+                    // The daemon's watcher is gone (lbd stopping, or a reload replacing this
+                    // instance): nothing will forward these VIPs here, so they are not taken.
+                    Err(_) => self.awaiting_forwarding = None,
+                },
+                () = sleep_until(self.awaiting_forwarding.map(|t| t + FORWARDING_ACK_WAIT)) => {
+                    tracing::warn!(instance = %self.cfg.name, wait = ?FORWARDING_ACK_WAIT, "data plane slow to forward; announcing anyway");
+                    self.hold_vips().await;
+                }
                 r = self.socket.recv() => match r {
                     Ok(incoming) => self.on_packet(incoming).await,
                     Err(e) => {
@@ -985,19 +1011,23 @@ impl Runner {
     async fn take_ownership(&mut self) {
         // Forwarding first, then the addresses and their announcement: a client that follows
         // the GARP/NA must find a data plane that forwards its flows, not the local stack.
+        // The wait runs in the instance's loop (see `run`), not here: a master that stopped
+        // advertising while its daemon is slow would be taken over by the backups.
         let _ = self.owned.send(true);
         if self
             .forwarding_acked
             .load(std::sync::atomic::Ordering::SeqCst)
+            && !*self.forwarding.borrow()
         {
-            let wait = self.forwarding.wait_for(|f| *f);
-            if tokio::time::timeout(FORWARDING_ACK_WAIT, wait)
-                .await
-                .is_err()
-            {
-                tracing::warn!(instance = %self.cfg.name, "data plane slow to forward; announcing anyway");
-            }
+            self.awaiting_forwarding = Some(Instant::now());
+            return;
         }
+        self.hold_vips().await;
+    }
+
+    /// Add the VIPs to the interface and start announcing them.
+    async fn hold_vips(&mut self) {
+        self.awaiting_forwarding = None;
         for vip in self.cfg.vips.clone() {
             if let Err(e) = announce::add_vip(&self.netlink, &self.ifname, vip).await {
                 tracing::error!(instance = %self.cfg.name, error = format!("{e:#}"), "adding VIP failed");
@@ -1014,6 +1044,7 @@ impl Runner {
         // Stop forwarding first, then give the addresses back.
         let _ = self.owned.send(false);
         self.with_status(|s| s.owned = false);
+        self.awaiting_forwarding = None;
         self.garp_left = 0;
         self.second_burst = false;
         self.next_garp = None;
