@@ -14,6 +14,10 @@ const LABNODE: &str = env!("CARGO_BIN_EXE_labnode");
 const HOLD: u64 = 200;
 const SECS: u64 = 14;
 const TRACK_PORT: &str = "9445";
+/// How long after a SIGTERM move the client keeps sending to the old owner's MAC: well inside
+/// the default grace (2 s), so with the grace those segments are forwarded and without it they
+/// reach the old owner's local stack and are reset.
+const STALE_CLIENT_MS: u64 = 1000;
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Move {
@@ -148,7 +152,32 @@ fn run(mv: Move, grace_ms: u64) -> Outcome {
     std::thread::sleep(Duration::from_secs(4));
     let rest: Vec<usize> = match mv {
         Move::Sigterm => {
+            // Clients that have not heard the new owner's announcement yet (a lost GARP, ARP's
+            // locktime): the client's entry for the VIP names the old owner for a while after
+            // the move, then is resolved again. Without this the control below depends on
+            // whether a segment happens to leave between the old owner's stop and the new
+            // owner's GARP (a few ms with real-time VRRP threads).
+            let mac = l.lab.node(&l.nodes[m]).mac.clone();
+            let vip = l.vip;
+            l.lab.run(
+                "client",
+                "ip",
+                &[
+                    "neigh",
+                    "replace",
+                    vip,
+                    "lladdr",
+                    &mac,
+                    "dev",
+                    "eth0",
+                    "nud",
+                    "permanent",
+                ],
+            );
             l.signal(m, libc::SIGTERM);
+            std::thread::sleep(Duration::from_millis(STALE_CLIENT_MS));
+            l.lab
+                .run("client", "ip", &["neigh", "del", vip, "dev", "eth0"]);
             running.iter().copied().filter(|i| *i != m).collect()
         }
         Move::TrackFails => {
