@@ -83,7 +83,24 @@ pub struct ClusterSpec {
     /// OpenShift's on-prem pods bind ([`OPENSHIFT_HOST_PORTS`]).
     #[serde(default = "default_metrics")]
     pub metrics_listen: Option<std::net::SocketAddr>,
+    /// The install config's platform. On `openstack` the VIPs of a role (both families of a
+    /// dual-stack cluster) move together: their instances form one group (keepalived's
+    /// `vrrp_sync_group`, see [`crate::vrrp::group`]).
+    #[serde(default)]
+    pub platform: Platform,
     pub nodes: Vec<NodeSpec>,
+}
+
+/// Where the cluster runs (`platform` of the install config), as far as the election differs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Platform {
+    #[default]
+    Baremetal,
+    Openstack,
+    Vsphere,
+    Nutanix,
+    Ovirt,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -437,6 +454,7 @@ impl ClusterSpec {
             v2_compat: migrating && v4,
             vips: vec![vip],
             garp_refresh_s: 60,
+            group: None,
         }
     }
 
@@ -606,7 +624,23 @@ impl ClusterSpec {
                 router("/healthz/ready"),
             ));
         }
+        if self.platform == Platform::Openstack {
+            group_roles(&mut cfg.vrrp);
+        }
         cfg
+    }
+}
+
+/// One group per role (`api`, `ingress`) for a role with several instances (see
+/// [`Platform::Openstack`]); the first VIP's instance leads.
+fn group_roles(vrrp: &mut [InstanceConfig]) {
+    for role in ["api", "ingress"] {
+        let of_role = |r: &InstanceConfig| r.name == role || r.name.starts_with(&format!("{role}-"));
+        if vrrp.iter().filter(|r| of_role(r)).count() > 1 {
+            for r in vrrp.iter_mut().filter(|r| of_role(r)) {
+                r.group = Some(role.to_string());
+            }
+        }
     }
 }
 
@@ -1191,6 +1225,27 @@ roles = ["worker"]
                 .all(|t| t
                     .address
                     .is_none_or(|a| a.ip() == IpAddr::from(std::net::Ipv6Addr::LOCALHOST)))
+        );
+        // Bare metal: each family's VIP is elected on its own; OpenStack groups them per role.
+        assert!(m1.vrrp.iter().all(|r| r.group.is_none()));
+        let stack = ClusterSpec::parse(&format!("platform = \"openstack\"\n{text}"))
+            .unwrap()
+            .render()
+            .unwrap();
+        let groups: Vec<(&str, Option<&str>)> = stack[1]
+            .config
+            .vrrp
+            .iter()
+            .map(|r| (r.name.as_str(), r.group.as_deref()))
+            .collect();
+        assert_eq!(
+            groups,
+            [
+                ("api", Some("api")),
+                ("api-1", Some("api")),
+                ("ingress", Some("ingress")),
+                ("ingress-1", Some("ingress"))
+            ]
         );
         // The migration profile: IPv4 instances speak v2 too, IPv6 ones v3 (as keepalived).
         let mig = ClusterSpec::parse(&format!("vrrp_version = 2\n{text}"))

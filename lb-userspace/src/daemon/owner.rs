@@ -238,7 +238,11 @@ impl Owner {
                 _ = term.recv() => return Ok(None),
                 _ = int.recv() => return Ok(None),
                 f = shared.supervisor.failed() => return Ok(Some(f)),
-                _ = tick.tick() => self.on_tick(),
+                _ = tick.tick() => {
+                    self.on_tick();
+                    // Groups follow their members' states, which change without a message.
+                    self.sync_tracking().await;
+                }
                 m = self.rx.recv() => match m {
                     Some(m) => self.handle(m).await,
                     None => return Ok(Some("the owner's channel closed".into())),

@@ -1117,6 +1117,7 @@ mod smoke {
             unicast_src: None,
             vips: vec![var("LB_SMOKE_VIP").parse().unwrap()],
             garp_refresh_s: 60,
+            group: None,
         };
         let (conn, handle, _) = rtnetlink::new_connection().unwrap();
         tokio::spawn(conn);
