@@ -667,7 +667,9 @@ impl Config {
             if members.next().is_none() {
                 return Err(invalid(
                     format!("vrrp[{i}].group"),
-                    format!("group {g:?} has only this instance: instances move together with others of the same group"),
+                    format!(
+                        "group {g:?} has only this instance: instances move together with others of the same group"
+                    ),
                 ));
             }
             if r.priority != first.priority {
@@ -682,7 +684,10 @@ impl Config {
             if r.preempt != first.preempt {
                 return Err(invalid(
                     format!("vrrp[{i}].preempt"),
-                    format!("differs from {:?}, the first instance of group {g:?}", first.name),
+                    format!(
+                        "differs from {:?}, the first instance of group {g:?}",
+                        first.name
+                    ),
                 ));
             }
         }
@@ -806,12 +811,17 @@ weight = 2
     #[test]
     fn groups_need_two_members_of_one_priority() {
         let two = |a: &str, b: &str| {
-            format!("{GOOD}[[vrrp]]\nname = \"a\"\nvrid = 5\nvips = [\"192.168.111.9\"]\n{a}\n[[vrrp]]\nname = \"b\"\nvrid = 5\nvips = [\"fd00::9\"]\n{b}\n")
+            format!(
+                "{GOOD}[[vrrp]]\nname = \"a\"\nvrid = 5\nvips = [\"192.168.111.9\"]\n{a}\n[[vrrp]]\nname = \"b\"\nvrid = 5\nvips = [\"fd00::9\"]\n{b}\n"
+            )
         };
         let c = Config::parse(&two("group = \"api\"", "group = \"api\"")).unwrap();
         assert_eq!(c.vrrp[1].group.as_deref(), Some("api"));
         let e = err(&two("group = \"api\"", ""));
-        assert!(e.starts_with("vrrp[0].group:") && e.contains("only this instance"), "{e}");
+        assert!(
+            e.starts_with("vrrp[0].group:") && e.contains("only this instance"),
+            "{e}"
+        );
         let e = err(&two("group = \"api\"", "group = \"api\"\npriority = 50"));
         assert!(e.starts_with("vrrp[1].priority:"), "{e}");
         let e = err(&two("group = \"api\"", "group = \"api\"\npreempt = false"));

@@ -635,7 +635,8 @@ impl ClusterSpec {
 /// [`Platform::Openstack`]); the first VIP's instance leads.
 fn group_roles(vrrp: &mut [InstanceConfig]) {
     for role in ["api", "ingress"] {
-        let of_role = |r: &InstanceConfig| r.name == role || r.name.starts_with(&format!("{role}-"));
+        let of_role =
+            |r: &InstanceConfig| r.name == role || r.name.starts_with(&format!("{role}-"));
         if vrrp.iter().filter(|r| of_role(r)).count() > 1 {
             for r in vrrp.iter_mut().filter(|r| of_role(r)) {
                 r.group = Some(role.to_string());

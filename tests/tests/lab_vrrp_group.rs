@@ -123,7 +123,12 @@ fn a_group_moves_together_and_is_never_split() {
     for port in [FAULT_PORT, WEIGHT_PORT] {
         // Only one member tracks this check; the other follows it off n1...
         l.lab.stop(&format!("check-{port}"), libc::SIGKILL);
-        wait_both_on(&l, &netns, 1, &format!("check {port} failing: n2 holds both"));
+        wait_both_on(
+            &l,
+            &netns,
+            1,
+            &format!("check {port} failing: n2 holds both"),
+        );
         std::thread::sleep(Duration::from_secs(1));
         wait_both_on(&l, &netns, 1, "and keeps both");
         // ...and back once it passes (n1 preempts with 150).
@@ -133,7 +138,12 @@ fn a_group_moves_together_and_is_never_split() {
             LABNODE,
             &["serve-id", port, "check"],
         );
-        wait_both_on(&l, &netns, 0, &format!("check {port} passing: n1 holds both"));
+        wait_both_on(
+            &l,
+            &netns,
+            0,
+            &format!("check {port} passing: n1 holds both"),
+        );
         std::thread::sleep(Duration::from_secs(1));
         wait_both_on(&l, &netns, 0, "and keeps both");
     }

@@ -160,9 +160,14 @@ impl Owner {
         order.sort_by_key(|i| rank(&self.vrrp[*i]));
         let own: Vec<crate::vrrp::track::Tracking> = order
             .iter()
-            .map(|i| plan::track_weight(&self.cfg, &self.vrrp[*i].cfg.name, &self.tracks, &self.rows))
+            .map(|i| {
+                plan::track_weight(&self.cfg, &self.vrrp[*i].cfg.name, &self.tracks, &self.rows)
+            })
             .collect();
-        let statuses: Vec<_> = order.iter().map(|i| self.vrrp[*i].instance.status()).collect();
+        let statuses: Vec<_> = order
+            .iter()
+            .map(|i| self.vrrp[*i].instance.status())
+            .collect();
         let members: Vec<crate::vrrp::group::Member> = order
             .iter()
             .map(|i| &self.vrrp[*i])
