@@ -22,6 +22,10 @@
 //! description (`nodes[2].address: ...`) or, for a rendered node, the node and the field of its
 //! config, in the same `field: reason` form as lbd's own config errors.
 
+mod manifests;
+
+pub use manifests::{machine_config, node_disruption_policy};
+
 use std::{collections::HashSet, net::IpAddr, path::PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -858,74 +862,6 @@ pub fn pool(node: &NodeSpec) -> &'static str {
     }
 }
 
-/// A MachineConfig for `pool` that writes `files` (path, contents, mode). The MCO rolls it out
-/// node by node, and owns the files afterwards: nobody edits them by hand (a node whose
-/// MCO-managed files differ from its rendered config is marked degraded).
-pub fn machine_config(pool: &str, files: &[(String, String, u32)]) -> String {
-    let mut y = [
-        format!("# Rendered by `lbctl render`: lb's files for the {pool} pool (docs/deploy.md)."),
-        "apiVersion: machineconfiguration.openshift.io/v1".into(),
-        "kind: MachineConfig".into(),
-        "metadata:".into(),
-        format!("  name: 99-{pool}-lb"),
-        "  labels:".into(),
-        format!("    machineconfiguration.openshift.io/role: {pool}"),
-        "spec:".into(),
-        "  config:".into(),
-        "    ignition:".into(),
-        "      version: 3.2.0".into(),
-        "    storage:".into(),
-        "      files:".into(),
-    ]
-    .join("\n")
-        + "\n";
-    for (path, contents, mode) in files {
-        y += &format!(
-            "      - path: {path}\n        mode: {mode}\n        overwrite: true\n        contents:\n          source: \"data:,{}\"\n",
-            percent_encode(contents)
-        );
-    }
-    y
-}
-
-/// The machine-config-operator's NodeDisruptionPolicy for lb's files: a change of a node config
-/// under [`NODE_CONFIG_DIR`] or of the static pod is written without a drain or reboot (action
-/// `None`): lbd notices its config file change and reloads it (peer lists in place), kubelet
-/// restarts a changed static pod. Apply it with `oc apply --server-side` so that it merges
-/// into `MachineConfiguration/cluster` (the files list is keyed by path) instead of replacing
-/// other policies.
-pub fn node_disruption_policy() -> String {
-    let mut y = [
-        "# Rendered by `lbctl render`: the MCO applies changes of lb's files without a reboot (docs/deploy.md).",
-        "apiVersion: operator.openshift.io/v1",
-        "kind: MachineConfiguration",
-        "metadata:",
-        "  name: cluster",
-        "spec:",
-        "  nodeDisruptionPolicy:",
-        "    files:",
-    ]
-    .join("\n")
-        + "\n";
-    for path in [NODE_CONFIG_DIR, STATIC_POD_PATH] {
-        y += &format!("    - path: {path}\n      actions:\n      - type: None\n");
-    }
-    y
-}
-
-/// RFC 3986 percent-encoding of everything but unreserved characters (an Ignition data URL).
-fn percent_encode(s: &str) -> String {
-    let mut out = String::with_capacity(s.len() * 2);
-    for b in s.bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') {
-            out.push(b as char);
-        } else {
-            out += &format!("%{b:02X}");
-        }
-    }
-    out
-}
-
 /// A node's config as TOML, with a header saying where it came from.
 pub fn to_toml(cluster: &str, r: &Rendered) -> String {
     let body = toml::to_string_pretty(&r.config).unwrap_or_else(|e| format!("# {e}\n"));
@@ -1295,21 +1231,6 @@ roles = ["worker"]
     }
 
     #[test]
-    fn the_node_disruption_policy_covers_every_file_a_machine_config_writes() {
-        let y = node_disruption_policy();
-        assert!(y.contains("kind: MachineConfiguration\n"), "{y}");
-        assert!(y.contains("  name: cluster\n"));
-        for path in [NODE_CONFIG_DIR, STATIC_POD_PATH] {
-            assert!(
-                y.contains(&format!(
-                    "- path: {path}\n      actions:\n      - type: None\n"
-                )),
-                "{y}"
-            );
-        }
-    }
-
-    #[test]
     fn fast_failover_renders_20_ms_adverts_and_only_with_vrrpv3() {
         let out = ClusterSpec::parse(&format!("fast_failover = true\n{SPLIT}"))
             .unwrap()
@@ -1422,25 +1343,12 @@ roles = ["worker"]
     }
 
     #[test]
-    fn machine_configs_carry_every_node_of_the_pool() {
+    fn control_plane_nodes_are_in_the_master_pool() {
         let spec = ClusterSpec::parse(SPLIT).unwrap();
-        let masters: Vec<&NodeSpec> = spec.nodes.iter().filter(|n| pool(n) == "master").collect();
-        assert_eq!(masters.len(), 2);
-        let mc = machine_config(
-            "master",
-            &[(
-                "/etc/lb/nodes/master-0.toml".into(),
-                "a = \"x y\"\n".into(),
-                0o644,
-            )],
-        );
-        assert!(mc.contains("name: 99-master-lb"), "{mc}");
-        assert!(mc.contains("machineconfiguration.openshift.io/role: master"));
-        assert!(mc.contains("mode: 420"));
-        assert!(
-            mc.contains("source: \"data:,a%20%3D%20%22x%20y%22%0A\""),
-            "{mc}"
-        );
+        let pools: Vec<&str> = spec.nodes.iter().map(pool).collect();
+        assert_eq!(pools, ["master", "master", "worker", "worker"]);
+        let compact = ClusterSpec::parse(COMPACT).unwrap();
+        assert!(compact.nodes.iter().all(|n| pool(n) == "master"));
     }
 
     #[test]
