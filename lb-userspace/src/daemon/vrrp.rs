@@ -238,6 +238,7 @@ impl Owner {
                     tracks,
                     track_weight: h.weight.weight,
                     track_fault: h.weight.fault,
+                    group: h.cfg.group.clone(),
                 }
             })
             .collect()
