@@ -2,7 +2,8 @@
 //! an IPv6 instance of one group, as lb renders the API VIPs of a dual-stack OpenStack cluster.
 //! A check tracked by only one member fails on the node holding both VIPs (the follower's FAULT
 //! check, then the leader's weighted check): both VIPs move, and come back when it passes. A
-//! sampler counts every moment the two VIPs are held by different nodes (never). Needs root;
+//! sampler counts the moments the two VIPs are held by different nodes: at most the instant of
+//! a preemption, between the leader's move and the other member's resignation. Needs root;
 //! `cargo xtask test`.
 
 use std::{
@@ -93,7 +94,7 @@ fn wait_both_on(l: &VrrpLab, netns: &[String], i: usize, what: &str) {
 }
 
 #[test]
-fn a_group_moves_together_and_is_never_split() {
+fn a_group_moves_together() {
     let mut l = lab();
     l.start(0);
     l.start(1);
@@ -107,16 +108,21 @@ fn a_group_moves_together_and_is_never_split() {
     let sampler = {
         let (stop, netns) = (stop.clone(), netns.clone());
         std::thread::spawn(move || {
-            let (mut samples, mut splits) = (0u64, Vec::new());
+            // Split samples, and the longest run of consecutive ones.
+            let (mut samples, mut splits, mut run, mut longest) = (0u64, Vec::new(), 0, 0);
             while !stop.load(Ordering::Relaxed) {
                 let h = held(&netns);
                 samples += 1;
                 if split(&h) {
                     splits.push(h);
+                    run += 1;
+                    longest = longest.max(run);
+                } else {
+                    run = 0;
                 }
                 std::thread::sleep(Duration::from_millis(10));
             }
-            (samples, splits)
+            (samples, splits, longest)
         })
     };
     let n1 = l.nodes[0].clone();
@@ -148,12 +154,19 @@ fn a_group_moves_together_and_is_never_split() {
         wait_both_on(&l, &netns, 0, "and keeps both");
     }
     stop.store(true, Ordering::Relaxed);
-    let (samples, splits) = sampler.join().unwrap();
-    println!("{samples} samples, {} split", splits.len());
+    let (samples, splits, longest) = sampler.join().unwrap();
+    println!(
+        "{samples} samples, {} split, at most {longest} in a row",
+        splits.len()
+    );
     assert!(samples > 100, "{samples}");
+    // A preemption moves the leader first; the old holder's other member resigns as soon as
+    // its leader has stepped down, so the VIPs can be apart for that instant (one sample,
+    // rarely two back to back on a loaded machine), never longer: without the group they
+    // stay apart until the check passes again (hundreds of samples).
     assert!(
-        splits.is_empty(),
-        "the VIPs were on different nodes in {} of {samples} samples, e.g. {:?}\n{}",
+        longest <= 2,
+        "the VIPs were on different nodes for {longest} samples in a row ({} of {samples}), e.g. {:?}\n{}",
         splits.len(),
         splits.first(),
         l.logs()

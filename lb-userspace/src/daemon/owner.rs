@@ -408,6 +408,9 @@ impl Owner {
             return;
         }
         self.facts.vrrp_master.insert(name.to_string(), forward);
+        // A group's other members follow this change before the data plane is rebuilt: the
+        // instant their VIPs are on another node than this one's is that much shorter.
+        self.sync_tracking().await;
         if let Err(e) = self.apply() {
             tracing::error!(error = %format!("{e:#}"), "applying VRRP ownership");
         }

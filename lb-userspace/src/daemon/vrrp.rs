@@ -176,10 +176,17 @@ impl Owner {
             .map(|((h, own), s)| crate::vrrp::group::Member {
                 group: h.cfg.group.as_deref(),
                 own: *own,
-                state: s.state,
+                // The transition is recorded before the instance releases or takes its VIPs,
+                // its state snapshot after: a group reacting to that change (whose ownership
+                // message brings us here) must see the new state.
+                state: s.last_transition.as_ref().map_or(s.state, |t| t.to),
                 master: s.master,
                 primary: s.primary_addr,
                 pushed_fault: h.weight.fault,
+                left_master: s
+                    .last_transition
+                    .as_ref()
+                    .is_some_and(|t| t.from == crate::vrrp::state::State::Master),
             })
             .collect();
         let weights = crate::vrrp::group::group_tracking(&members);

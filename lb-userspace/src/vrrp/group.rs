@@ -38,6 +38,9 @@ pub struct Member<'a> {
     /// Whether the tracking last pushed to it held it in FAULT: a FAULT we pushed is not a
     /// cause of its own.
     pub pushed_fault: bool,
+    /// Its last transition left MASTER (it lost an election or resigned): its master is
+    /// another node even before it has heard which.
+    pub left_master: bool,
 }
 
 impl Member<'_> {
@@ -47,7 +50,8 @@ impl Member<'_> {
 
     /// A backup of another node (not merely a backup that has heard no master yet).
     fn backup_of_another(&self) -> bool {
-        self.state == State::Backup && self.master.is_some_and(|m| m != self.primary)
+        self.state == State::Backup
+            && (self.left_master || self.master.is_some_and(|m| m != self.primary))
     }
 }
 
@@ -111,6 +115,7 @@ mod tests {
             master: master.map(ip),
             primary: ip(ME),
             pushed_fault: false,
+            left_master: false,
         }
     }
 
@@ -183,6 +188,16 @@ mod tests {
             group_tracking(&[lead, follower])[1],
             t(FOLLOWER_WEIGHT, false)
         );
+    }
+
+    #[test]
+    fn a_follower_resigns_as_soon_as_its_leader_left_master() {
+        // The leader just lost an election: the daemon may not know the new master yet.
+        let g = Some("api");
+        let mut lead = m(g, State::Backup, Some(ME));
+        lead.left_master = true;
+        let follower = m(g, State::Master, Some(ME));
+        assert!(group_tracking(&[lead, follower])[1].fault);
     }
 
     #[test]
