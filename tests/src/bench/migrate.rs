@@ -445,7 +445,7 @@ pub fn rehearse(labnode: &str, secs: u64) -> (Vec<Step>, Vec<Step>) {
     for k in [1 - h, h] {
         let name = format!("{} -> lb", w.names[k]);
         steps.push(measure(&mut l, &mut w, &load, &name, secs, |l, w| {
-            w.to_lbd(l, k)
+            w.move_to_lbd(l, k)
         }));
     }
     steps.push(measure(
@@ -624,14 +624,13 @@ impl Workers {
     fn stop_keepalived(&self, l: &mut VrrpLab, k: usize) {
         let child = self.keepalived_child(l, k);
         l.lab.stop(&format!("ka-{}", self.names[k]), libc::SIGTERM);
-        if let Some(pid) = child {
-            if wait_for(Duration::from_secs(5), || {
+        if let Some(pid) = child
+            && wait_for(Duration::from_secs(5), || {
                 self.keepalived_child(l, k).is_none().then_some(())
             })
             .is_none()
-            {
-                unsafe { libc::kill(pid, libc::SIGKILL) };
-            }
+        {
+            unsafe { libc::kill(pid, libc::SIGKILL) };
         }
     }
 
@@ -693,7 +692,7 @@ impl Workers {
     }
 
     /// Worker `k` from keepalived to lbd (the migration profile), as the API nodes move.
-    fn to_lbd(&mut self, l: &mut VrrpLab, k: usize) {
+    fn move_to_lbd(&mut self, l: &mut VrrpLab, k: usize) {
         l.lab.make_dsr_backend(&self.names[k], &[INGRESS_VIP]);
         self.stop_keepalived(l, k);
         self.write_lbd_config(l, k, true);
