@@ -22,6 +22,10 @@
 //! description (`nodes[2].address: ...`) or, for a rendered node, the node and the field of its
 //! config, in the same `field: reason` form as lbd's own config errors.
 
+mod manifests;
+
+pub use manifests::{machine_config, node_disruption_policy};
+
 use std::{collections::HashSet, net::IpAddr, path::PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -87,6 +91,11 @@ pub struct ClusterSpec {
     /// peers come from the node list.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sync: Option<ClusterSync>,
+    /// The install config's platform. On `openstack` the VIPs of a role (both families of a
+    /// dual-stack cluster) move together: their instances form one group (keepalived's
+    /// `vrrp_sync_group`, see [`crate::vrrp::group`]).
+    #[serde(default)]
+    pub platform: Platform,
     pub nodes: Vec<NodeSpec>,
 }
 
@@ -102,6 +111,18 @@ pub struct ClusterSync {
     pub port: Option<u16>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub interval_ms: Option<u64>,
+}
+
+/// Where the cluster runs (`platform` of the install config), as far as the election differs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Platform {
+    #[default]
+    Baremetal,
+    Openstack,
+    Vsphere,
+    Nutanix,
+    Ovirt,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -447,6 +468,7 @@ impl ClusterSpec {
             v2_compat: migrating && v4,
             vips: vec![vip],
             garp_refresh_s: 60,
+            group: None,
         }
     }
 
@@ -642,7 +664,24 @@ impl ClusterSpec {
                 router("/healthz/ready"),
             ));
         }
+        if self.platform == Platform::Openstack {
+            group_roles(&mut cfg.vrrp);
+        }
         cfg
+    }
+}
+
+/// One group per role (`api`, `ingress`) for a role with several instances (see
+/// [`Platform::Openstack`]); the first VIP's instance leads.
+fn group_roles(vrrp: &mut [InstanceConfig]) {
+    for role in ["api", "ingress"] {
+        let of_role =
+            |r: &InstanceConfig| r.name == role || r.name.starts_with(&format!("{role}-"));
+        if vrrp.iter().filter(|r| of_role(r)).count() > 1 {
+            for r in vrrp.iter_mut().filter(|r| of_role(r)) {
+                r.group = Some(role.to_string());
+            }
+        }
     }
 }
 
@@ -762,74 +801,6 @@ pub fn pool(node: &NodeSpec) -> &'static str {
     } else {
         "worker"
     }
-}
-
-/// A MachineConfig for `pool` that writes `files` (path, contents, mode). The MCO rolls it out
-/// node by node, and owns the files afterwards: nobody edits them by hand (a node whose
-/// MCO-managed files differ from its rendered config is marked degraded).
-pub fn machine_config(pool: &str, files: &[(String, String, u32)]) -> String {
-    let mut y = [
-        format!("# Rendered by `lbctl render`: lb's files for the {pool} pool (docs/deploy.md)."),
-        "apiVersion: machineconfiguration.openshift.io/v1".into(),
-        "kind: MachineConfig".into(),
-        "metadata:".into(),
-        format!("  name: 99-{pool}-lb"),
-        "  labels:".into(),
-        format!("    machineconfiguration.openshift.io/role: {pool}"),
-        "spec:".into(),
-        "  config:".into(),
-        "    ignition:".into(),
-        "      version: 3.2.0".into(),
-        "    storage:".into(),
-        "      files:".into(),
-    ]
-    .join("\n")
-        + "\n";
-    for (path, contents, mode) in files {
-        y += &format!(
-            "      - path: {path}\n        mode: {mode}\n        overwrite: true\n        contents:\n          source: \"data:,{}\"\n",
-            percent_encode(contents)
-        );
-    }
-    y
-}
-
-/// The machine-config-operator's NodeDisruptionPolicy for lb's files: a change of a node config
-/// under [`NODE_CONFIG_DIR`] or of the static pod is written without a drain or reboot (action
-/// `None`): lbd notices its config file change and reloads it (peer lists in place), kubelet
-/// restarts a changed static pod. Apply it with `oc apply --server-side` so that it merges
-/// into `MachineConfiguration/cluster` (the files list is keyed by path) instead of replacing
-/// other policies.
-pub fn node_disruption_policy() -> String {
-    let mut y = [
-        "# Rendered by `lbctl render`: the MCO applies changes of lb's files without a reboot (docs/deploy.md).",
-        "apiVersion: operator.openshift.io/v1",
-        "kind: MachineConfiguration",
-        "metadata:",
-        "  name: cluster",
-        "spec:",
-        "  nodeDisruptionPolicy:",
-        "    files:",
-    ]
-    .join("\n")
-        + "\n";
-    for path in [NODE_CONFIG_DIR, STATIC_POD_PATH] {
-        y += &format!("    - path: {path}\n      actions:\n      - type: None\n");
-    }
-    y
-}
-
-/// RFC 3986 percent-encoding of everything but unreserved characters (an Ignition data URL).
-fn percent_encode(s: &str) -> String {
-    let mut out = String::with_capacity(s.len() * 2);
-    for b in s.bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') {
-            out.push(b as char);
-        } else {
-            out += &format!("%{b:02X}");
-        }
-    }
-    out
 }
 
 /// A node's config as TOML, with a header saying where it came from.
@@ -1133,6 +1104,27 @@ roles = ["worker"]
                     .address
                     .is_none_or(|a| a.ip() == IpAddr::from(std::net::Ipv6Addr::LOCALHOST)))
         );
+        // Bare metal: each family's VIP is elected on its own; OpenStack groups them per role.
+        assert!(m1.vrrp.iter().all(|r| r.group.is_none()));
+        let stack = ClusterSpec::parse(&format!("platform = \"openstack\"\n{text}"))
+            .unwrap()
+            .render()
+            .unwrap();
+        let groups: Vec<(&str, Option<&str>)> = stack[1]
+            .config
+            .vrrp
+            .iter()
+            .map(|r| (r.name.as_str(), r.group.as_deref()))
+            .collect();
+        assert_eq!(
+            groups,
+            [
+                ("api", Some("api")),
+                ("api-1", Some("api")),
+                ("ingress", Some("ingress")),
+                ("ingress-1", Some("ingress"))
+            ]
+        );
         // The migration profile: IPv4 instances speak v2 too, IPv6 ones v3 (as keepalived).
         let mig = ClusterSpec::parse(&format!("vrrp_version = 2\n{text}"))
             .unwrap()
@@ -1177,21 +1169,6 @@ roles = ["worker"]
             assert!(e.starts_with("metrics_listen:"), "{port}: {e}");
         }
         assert!(ClusterSpec::parse(&format!("metrics_listen = \"0.0.0.0:8444\"\n{SPLIT}")).is_ok());
-    }
-
-    #[test]
-    fn the_node_disruption_policy_covers_every_file_a_machine_config_writes() {
-        let y = node_disruption_policy();
-        assert!(y.contains("kind: MachineConfiguration\n"), "{y}");
-        assert!(y.contains("  name: cluster\n"));
-        for path in [NODE_CONFIG_DIR, STATIC_POD_PATH] {
-            assert!(
-                y.contains(&format!(
-                    "- path: {path}\n      actions:\n      - type: None\n"
-                )),
-                "{y}"
-            );
-        }
     }
 
     #[test]
@@ -1267,25 +1244,12 @@ roles = ["worker"]
     }
 
     #[test]
-    fn machine_configs_carry_every_node_of_the_pool() {
+    fn control_plane_nodes_are_in_the_master_pool() {
         let spec = ClusterSpec::parse(SPLIT).unwrap();
-        let masters: Vec<&NodeSpec> = spec.nodes.iter().filter(|n| pool(n) == "master").collect();
-        assert_eq!(masters.len(), 2);
-        let mc = machine_config(
-            "master",
-            &[(
-                "/etc/lb/nodes/master-0.toml".into(),
-                "a = \"x y\"\n".into(),
-                0o644,
-            )],
-        );
-        assert!(mc.contains("name: 99-master-lb"), "{mc}");
-        assert!(mc.contains("machineconfiguration.openshift.io/role: master"));
-        assert!(mc.contains("mode: 420"));
-        assert!(
-            mc.contains("source: \"data:,a%20%3D%20%22x%20y%22%0A\""),
-            "{mc}"
-        );
+        let pools: Vec<&str> = spec.nodes.iter().map(pool).collect();
+        assert_eq!(pools, ["master", "master", "worker", "worker"]);
+        let compact = ClusterSpec::parse(COMPACT).unwrap();
+        assert!(compact.nodes.iter().all(|n| pool(n) == "master"));
     }
 
     #[test]

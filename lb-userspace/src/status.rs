@@ -167,6 +167,10 @@ pub struct VrrpRow {
     pub track_weight: i32,
     /// A failing tracked check of weight 0 holds the instance in FAULT.
     pub track_fault: bool,
+    /// The instances it moves together with (`group`, see [`crate::vrrp::group`]); its
+    /// `track_weight` and `track_fault` are then the group's.
+    #[serde(default)]
+    pub group: Option<String>,
 }
 
 /// `GET /v1/version` (`lbctl version`).
@@ -532,6 +536,7 @@ mod tests {
             }],
             track_weight: 0,
             track_fault: false,
+            group: Some("api".into()),
         })
         .unwrap();
         // Drop reasons and peer addresses are data; the collision record's fields are listed.

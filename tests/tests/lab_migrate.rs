@@ -1,7 +1,9 @@
-//! The migration from keepalived + haproxy to lb, rehearsed under load (the short version of
-//! `cargo xtask bench migrate`, see `lb_tests::bench::migrate`): three control-plane nodes
-//! move one by one with the documented steps, the cluster switches to VRRPv3 by rewriting the
-//! config files, goes back to the migration profile, and one node returns to keepalived.
+//! The migration from keepalived + haproxy to lb, rehearsed under the chaos lab's load (the
+//! short version of `cargo xtask bench migrate`, see `lb_tests::bench::migrate`): three
+//! control-plane nodes (keepalived, haproxy with TLS `/readyz` checks behind the `ocp_nat`
+//! redirect) and two workers (keepalived for the ingress VIP) move one by one with the
+//! documented steps, the cluster switches to VRRPv3 by rewriting the config files, goes back
+//! to the migration profile, and one node returns to keepalived.
 //! Needs root; `cargo xtask test`.
 
 use lb_tests::bench::migrate::rehearse;
@@ -30,6 +32,16 @@ fn nodes_move_to_lb_and_back_without_two_masters() {
     assert_eq!(
         steps.iter().map(|s| s.vip_moves).sum::<u64>(),
         1,
+        "{steps:?}"
+    );
+    // The workers' ingress VIP likewise: one move (its holder's step), never two holders.
+    assert_eq!(
+        steps.iter().map(|s| s.ingress_vip_moves).sum::<u64>(),
+        1,
+        "{steps:?}"
+    );
+    assert!(
+        steps.iter().all(|s| s.ingress_dual_master_ms <= 20.0),
         "{steps:?}"
     );
     for s in steps.iter().filter(|s| s.step.contains("reload")) {

@@ -641,6 +641,7 @@ impl Config {
                 ));
             }
         }
+        self.validate_groups()?;
         for (i, v) in self.vips.iter().enumerate() {
             if let Some(name) = &v.vrrp
                 && let Some(r) = self.vrrp.iter().find(|r| &r.name == name)
@@ -682,6 +683,45 @@ impl Config {
                 return Err(invalid(
                     format!("{f}.or_lb_ready"),
                     "needs an address: a track without one is the load balancer's readiness already",
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Config {
+    /// A group (see [`crate::vrrp::group`]) has at least two members with one priority and
+    /// one preemption: the members' elections must rank the nodes alike.
+    fn validate_groups(&self) -> Result<(), ConfigError> {
+        for (i, r) in self.vrrp.iter().enumerate() {
+            let Some(g) = &r.group else { continue };
+            let mut members = self.vrrp.iter().filter(|o| o.group.as_ref() == Some(g));
+            let first = members.next().expect("r is a member");
+            if members.next().is_none() {
+                return Err(invalid(
+                    format!("vrrp[{i}].group"),
+                    format!(
+                        "group {g:?} has only this instance: instances move together with others of the same group"
+                    ),
+                ));
+            }
+            if r.priority != first.priority {
+                return Err(invalid(
+                    format!("vrrp[{i}].priority"),
+                    format!(
+                        "{} differs from {} of {:?}, the first instance of group {g:?}: members need one priority",
+                        r.priority, first.priority, first.name
+                    ),
+                ));
+            }
+            if r.preempt != first.preempt {
+                return Err(invalid(
+                    format!("vrrp[{i}].preempt"),
+                    format!(
+                        "differs from {:?}, the first instance of group {g:?}",
+                        first.name
+                    ),
                 ));
             }
         }
@@ -800,6 +840,28 @@ weight = 2
 
     fn err(text: &str) -> String {
         Config::parse(text).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn groups_need_two_members_of_one_priority() {
+        let two = |a: &str, b: &str| {
+            format!(
+                "{GOOD}[[vrrp]]\nname = \"a\"\nvrid = 5\nvips = [\"192.168.111.9\"]\n{a}\n[[vrrp]]\nname = \"b\"\nvrid = 5\nvips = [\"fd00::9\"]\n{b}\n"
+            )
+        };
+        let c = Config::parse(&two("group = \"api\"", "group = \"api\"")).unwrap();
+        assert_eq!(c.vrrp[1].group.as_deref(), Some("api"));
+        let e = err(&two("group = \"api\"", ""));
+        assert!(
+            e.starts_with("vrrp[0].group:") && e.contains("only this instance"),
+            "{e}"
+        );
+        let e = err(&two("group = \"api\"", "group = \"api\"\npriority = 50"));
+        assert!(e.starts_with("vrrp[1].priority:"), "{e}");
+        let e = err(&two("group = \"api\"", "group = \"api\"\npreempt = false"));
+        assert!(e.starts_with("vrrp[1].preempt:"), "{e}");
+        let e = err(&two("group = \"\"", "group = \"\""));
+        assert!(e.starts_with("vrrp[0].group:"), "{e}");
     }
 
     #[test]

@@ -247,7 +247,11 @@ impl Owner {
                 _ = term.recv() => return Ok(None),
                 _ = int.recv() => return Ok(None),
                 f = shared.supervisor.failed() => return Ok(Some(f)),
-                _ = tick.tick() => self.on_tick(),
+                _ = tick.tick() => {
+                    self.on_tick();
+                    // Groups follow their members' states, which change without a message.
+                    self.sync_tracking().await;
+                }
                 m = self.rx.recv() => match m {
                     Some(m) => self.handle(m).await,
                     None => return Ok(Some("the owner's channel closed".into())),
@@ -315,7 +319,7 @@ impl Owner {
             } => {
                 // The instance announces its VIPs on this reply: it goes as soon as the data
                 // plane forwards, not after the follow-up work of the change.
-                let applied = self.ownership(&name, id, forward);
+                let applied = self.ownership(&name, id, forward).await;
                 let _ = done.send(());
                 if applied {
                     self.after_apply().await;
@@ -416,11 +420,14 @@ impl Owner {
 
     /// A VRRP instance's forwarding changed: apply it (unless the instance was replaced).
     /// Whether it was applied ([`Owner::after_apply`] is then the caller's).
-    fn ownership(&mut self, name: &str, id: u64, forward: bool) -> bool {
+    async fn ownership(&mut self, name: &str, id: u64, forward: bool) -> bool {
         if !self.vrrp.iter().any(|h| h.id == id && h.cfg.name == name) {
             return false;
         }
         self.facts.vrrp_master.insert(name.to_string(), forward);
+        // A group's other members follow this change before the data plane is rebuilt: the
+        // instant their VIPs are on another node than this one's is that much shorter.
+        self.sync_tracking().await;
         if let Err(e) = self.apply() {
             tracing::error!(error = %format!("{e:#}"), "applying VRRP ownership");
         }

@@ -151,27 +151,50 @@ impl Owner {
         })
     }
 
-    /// Push each instance's tracked weight (checks passing, load balancer ready) if it changed.
+    /// Push each instance's tracked weight (checks passing, load balancer ready, and the
+    /// instances it moves together with, see [`crate::vrrp::group`]) if it changed.
     pub(super) async fn sync_tracking(&mut self) {
-        let weights: Vec<(String, crate::vrrp::track::Tracking)> = self
-            .cfg
-            .vrrp
+        // In config order: a group's first instance there leads it (a reload appends the
+        // instances it starts to `self.vrrp`).
+        let rank = |h: &VrrpHandle| self.cfg.vrrp.iter().position(|r| r.name == h.cfg.name);
+        let mut order: Vec<usize> = (0..self.vrrp.len()).collect();
+        order.sort_by_key(|i| rank(&self.vrrp[*i]));
+        let own: Vec<crate::vrrp::track::Tracking> = order
             .iter()
-            .map(|r| {
-                (
-                    r.name.clone(),
-                    plan::track_weight(&self.cfg, &r.name, &self.tracks, &self.rows),
-                )
+            .map(|i| {
+                plan::track_weight(&self.cfg, &self.vrrp[*i].cfg.name, &self.tracks, &self.rows)
             })
             .collect();
-        for h in self.vrrp.iter_mut() {
-            let w = weights
-                .iter()
-                .find(|(n, _)| *n == h.cfg.name)
-                .map(|(_, w)| *w)
-                .unwrap_or_default();
+        let statuses: Vec<_> = order
+            .iter()
+            .map(|i| self.vrrp[*i].instance.status())
+            .collect();
+        let members: Vec<crate::vrrp::group::Member> = order
+            .iter()
+            .map(|i| &self.vrrp[*i])
+            .zip(&own)
+            .zip(&statuses)
+            .map(|((h, own), s)| crate::vrrp::group::Member {
+                group: h.cfg.group.as_deref(),
+                own: *own,
+                // The transition is recorded before the instance releases or takes its VIPs,
+                // its state snapshot after: a group reacting to that change (whose ownership
+                // message brings us here) must see the new state.
+                state: s.last_transition.as_ref().map_or(s.state, |t| t.to),
+                master: s.master,
+                primary: s.primary_addr,
+                pushed_fault: h.weight.fault,
+                left_master: s
+                    .last_transition
+                    .as_ref()
+                    .is_some_and(|t| t.from == crate::vrrp::state::State::Master),
+            })
+            .collect();
+        let weights = crate::vrrp::group::group_tracking(&members);
+        for (i, w) in order.into_iter().zip(weights) {
+            let h = &mut self.vrrp[i];
             if w != h.weight {
-                tracing::info!(instance = %h.cfg.name, weight = w.weight, fault = w.fault, "tracked weight changed");
+                tracing::info!(instance = %h.cfg.name, group = ?h.cfg.group, weight = w.weight, fault = w.fault, "tracked weight changed");
                 h.instance.set_track_weight(w).await;
                 h.weight = w;
             }
@@ -223,6 +246,7 @@ impl Owner {
                     tracks,
                     track_weight: h.weight.weight,
                     track_fault: h.weight.fault,
+                    group: h.cfg.group.clone(),
                 }
             })
             .collect()

@@ -81,6 +81,11 @@ pub struct InstanceConfig {
     /// the link or the spanning tree settled; 0: one burst only.
     #[serde(default = "default_garp_master_delay")]
     pub garp_master_delay_s: u64,
+    /// Instances with the same group move together (keepalived's `vrrp_sync_group`): FAULT
+    /// spreads to every member, they share the lowest tracked weight, and the first member in
+    /// config order leads the others (see [`super::group`]). Members need the same priority.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group: Option<String>,
 }
 
 fn default_garp_master_delay() -> u64 {
@@ -130,6 +135,12 @@ impl InstanceConfig {
         };
         if self.name.is_empty() {
             return err("name", "must not be empty".into());
+        }
+        if self.group.as_deref().is_some_and(str::is_empty) {
+            return err(
+                "group",
+                "must not be empty (omit it for an instance of its own)".into(),
+            );
         }
         if let Some(i) = &self.interface
             && (i.is_empty() || i.len() >= libc::IFNAMSIZ)

@@ -7,6 +7,7 @@
 //! - [`limiter`]: one WARN per peer and reason per interval (pure).
 //! - [`split_brain`]: dual-master episodes, not ordinary preemptions (pure).
 //! - [`config`]: one instance's configuration and its validation (pure).
+//! - [`group`]: instances that move together, keepalived's sync groups (pure).
 //! - [`track`]: tracked checks' weights and FAULT, keepalived's rules (pure).
 //! - [`vrids`]: the VRIDs OpenShift derives from a cluster name (pure).
 //! - [`io`]: raw VRRP sockets (tokio `AsyncFd`), TTL checks, interface facts.
@@ -19,6 +20,7 @@ pub mod announce;
 pub mod codec;
 pub mod collision;
 pub mod config;
+pub mod group;
 pub mod instance;
 pub mod io;
 pub mod limiter;

@@ -8,6 +8,9 @@
 //! unicast peers (API: the control-plane nodes; ingress: every node), the VRIDs runtimecfg
 //! derives from the cluster name, and the tracked scripts with OpenShift's weights, intervals,
 //! rise and fall. Only the scripts' commands are the lab's own ([`Checks`]).
+//!
+//! Also the API path of a control-plane node: haproxy's config ([`haproxy_api_cfg`]) and
+//! haproxy-monitor's nftables redirect ([`ocp_nat_rules`]).
 
 use std::net::IpAddr;
 
@@ -180,4 +183,42 @@ pub fn top(candidates: &[(IpAddr, Option<u8>)]) -> Vec<IpAddr> {
         .filter(|(_, p)| best.is_some() && *p == best)
         .map(|(a, _)| *a)
         .collect()
+}
+
+/// The port haproxy listens on for the API on an OpenShift node (its `ocp_nat` redirect's
+/// target).
+pub const HAPROXY_API_PORT: u16 = 9445;
+/// The apiserver's port, where haproxy's checks ask `/readyz` over TLS.
+pub const APISERVER_PORT: u16 = 6443;
+
+/// haproxy.cfg of a control-plane node as OpenShift's on-prem haproxy balances the API: TCP
+/// mode on [`HAPROXY_API_PORT`], round robin over every control-plane node, each checked with
+/// `GET /readyz` over TLS without verification (`check-ssl verify none`) on the apiserver's
+/// port. `servers` are `(address, port)` of the traffic; in the labs the readiness endpoint
+/// may be another process than the one carrying the traffic, hence `port` on the check.
+pub fn haproxy_api_cfg(servers: &[(String, u16)]) -> String {
+    let mut c = format!(
+        "global\n    maxconn 4096\ndefaults\n    mode tcp\n    timeout connect 5s\n    timeout client 30s\n    timeout server 30s\n    timeout check 2s\nlisten api\n    bind :::{HAPROXY_API_PORT} v4v6\n    mode tcp\n    balance roundrobin\n    option httpchk GET /readyz HTTP/1.0\n    http-check expect status 200\n"
+    );
+    for (k, (addr, port)) in servers.iter().enumerate() {
+        c += &format!(
+            "    server s{k} {addr}:{port} check check-ssl verify none port {APISERVER_PORT} inter 5s fall 3 rise 1\n"
+        );
+    }
+    c
+}
+
+/// The nftables table haproxy-monitor installs (`ocp_nat`): VIP:`port` redirected to the
+/// local haproxy both for traffic arriving at the node (PREROUTING) and for the node's own
+/// connections (OUTPUT: kubelet and host-network pods reach the API through haproxy too).
+pub fn ocp_nat_rules(vip: IpAddr, port: u16) -> String {
+    let (family, daddr) = if vip.is_ipv4() {
+        ("ip", "ip daddr")
+    } else {
+        ("ip6", "ip6 daddr")
+    };
+    let rule = format!("{daddr} {vip} tcp dport {port} redirect to :{HAPROXY_API_PORT}");
+    format!(
+        "table {family} ocp_nat {{\n  chain PREROUTING {{\n    type nat hook prerouting priority -100;\n    {rule}\n  }}\n  chain OUTPUT {{\n    type nat hook output priority -100;\n    {rule}\n  }}\n}}\n"
+    )
 }

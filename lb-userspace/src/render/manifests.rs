@@ -1,0 +1,234 @@
+//! The Kubernetes objects `lbctl render` writes, as typed values serialized to YAML: a
+//! MachineConfig per pool (Ignition files) and the MCO's NodeDisruptionPolicy. Typed, so a
+//! path or a file's contents can never break the document's structure.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+use super::{NODE_CONFIG_DIR, STATIC_POD_PATH};
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct Object<S> {
+    api_version: &'static str,
+    kind: &'static str,
+    metadata: Metadata,
+    spec: S,
+}
+
+#[derive(Serialize)]
+struct Metadata {
+    name: String,
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    labels: BTreeMap<String, String>,
+}
+
+#[derive(Serialize)]
+struct MachineConfigSpec {
+    config: Ignition,
+}
+
+#[derive(Serialize)]
+struct Ignition {
+    ignition: IgnitionVersion,
+    storage: Storage,
+}
+
+#[derive(Serialize)]
+struct IgnitionVersion {
+    version: &'static str,
+}
+
+#[derive(Serialize)]
+struct Storage {
+    files: Vec<File>,
+}
+
+#[derive(Serialize)]
+struct File {
+    path: String,
+    /// Decimal in the document (Ignition's JSON has no octal).
+    mode: u32,
+    overwrite: bool,
+    contents: Contents,
+}
+
+#[derive(Serialize)]
+struct Contents {
+    /// An RFC 2397 data URL.
+    source: String,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct MachineConfigurationSpec {
+    node_disruption_policy: NodeDisruptionPolicy,
+}
+
+#[derive(Serialize)]
+struct NodeDisruptionPolicy {
+    files: Vec<FilePolicy>,
+}
+
+#[derive(Serialize)]
+struct FilePolicy {
+    path: &'static str,
+    actions: Vec<Action>,
+}
+
+#[derive(Serialize)]
+struct Action {
+    #[serde(rename = "type")]
+    kind: &'static str,
+}
+
+fn document(header: &str, object: &impl Serialize) -> String {
+    let body = serde_norway::to_string(object).expect("plain structs serialize");
+    format!("# {header}\n{body}")
+}
+
+/// A MachineConfig for `pool` that writes `files` (path, contents, mode). The MCO rolls it out
+/// node by node, and owns the files afterwards: nobody edits them by hand (a node whose
+/// MCO-managed files differ from its rendered config is marked degraded).
+pub fn machine_config(pool: &str, files: &[(String, String, u32)]) -> String {
+    let object = Object {
+        api_version: "machineconfiguration.openshift.io/v1",
+        kind: "MachineConfig",
+        metadata: Metadata {
+            name: format!("99-{pool}-lb"),
+            labels: BTreeMap::from([(
+                "machineconfiguration.openshift.io/role".to_string(),
+                pool.to_string(),
+            )]),
+        },
+        spec: MachineConfigSpec {
+            config: Ignition {
+                ignition: IgnitionVersion { version: "3.2.0" },
+                storage: Storage {
+                    files: files
+                        .iter()
+                        .map(|(path, contents, mode)| File {
+                            path: path.clone(),
+                            mode: *mode,
+                            overwrite: true,
+                            contents: Contents {
+                                source: format!("data:,{}", percent_encode(contents)),
+                            },
+                        })
+                        .collect(),
+                },
+            },
+        },
+    };
+    document(
+        &format!("Rendered by `lbctl render`: lb's files for the {pool} pool (docs/deploy.md)."),
+        &object,
+    )
+}
+
+/// The machine-config-operator's NodeDisruptionPolicy for lb's files: a change of a node config
+/// under [`NODE_CONFIG_DIR`] or of the static pod is written without a drain or reboot (action
+/// `None`): lbd notices its config file change and reloads it (peer lists in place), kubelet
+/// restarts a changed static pod. Apply it with `oc apply --server-side` so that it merges
+/// into `MachineConfiguration/cluster` (the files list is keyed by path) instead of replacing
+/// other policies.
+pub fn node_disruption_policy() -> String {
+    let object = Object {
+        api_version: "operator.openshift.io/v1",
+        kind: "MachineConfiguration",
+        metadata: Metadata {
+            name: "cluster".into(),
+            labels: BTreeMap::new(),
+        },
+        spec: MachineConfigurationSpec {
+            node_disruption_policy: NodeDisruptionPolicy {
+                files: [NODE_CONFIG_DIR, STATIC_POD_PATH]
+                    .into_iter()
+                    .map(|path| FilePolicy {
+                        path,
+                        actions: vec![Action { kind: "None" }],
+                    })
+                    .collect(),
+            },
+        },
+    };
+    document(
+        "Rendered by `lbctl render`: the MCO applies changes of lb's files without a reboot (docs/deploy.md).",
+        &object,
+    )
+}
+
+/// RFC 3986 percent-encoding of everything but unreserved characters (an Ignition data URL).
+fn percent_encode(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() * 2);
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') {
+            out.push(b as char);
+        } else {
+            out += &format!("%{b:02X}");
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(y: &str) -> serde_json::Value {
+        serde_norway::from_str(y).unwrap_or_else(|e| panic!("{e}\n{y}"))
+    }
+
+    #[test]
+    fn a_machine_config_carries_each_file_as_a_data_url() {
+        // Contents and paths that would break a hand-written document (quotes, colons, a
+        // newline, YAML indicators) stay data.
+        let tricky = "a = \"x: y\"\n- [b]: {c}\n#d\n";
+        let y = machine_config(
+            "master",
+            &[
+                ("/etc/lb/nodes/master-0.toml".into(), tricky.into(), 0o600),
+                ("/etc/x: y #z".into(), String::new(), 0o644),
+            ],
+        );
+        assert!(y.starts_with("# Rendered by `lbctl render`"), "{y}");
+        let v = parse(&y);
+        assert_eq!(v["apiVersion"], "machineconfiguration.openshift.io/v1");
+        assert_eq!(v["kind"], "MachineConfig");
+        assert_eq!(v["metadata"]["name"], "99-master-lb");
+        assert_eq!(
+            v["metadata"]["labels"]["machineconfiguration.openshift.io/role"],
+            "master"
+        );
+        assert_eq!(v["spec"]["config"]["ignition"]["version"], "3.2.0");
+        let files = v["spec"]["config"]["storage"]["files"].as_array().unwrap();
+        assert_eq!(files.len(), 2);
+        assert_eq!(files[0]["path"], "/etc/lb/nodes/master-0.toml");
+        assert_eq!(files[0]["mode"], 384);
+        assert_eq!(files[0]["overwrite"], true);
+        assert_eq!(
+            files[0]["contents"]["source"],
+            "data:,a%20%3D%20%22x%3A%20y%22%0A-%20%5Bb%5D%3A%20%7Bc%7D%0A%23d%0A"
+        );
+        assert_eq!(files[1]["path"], "/etc/x: y #z");
+        assert_eq!(files[1]["contents"]["source"], "data:,");
+    }
+
+    #[test]
+    fn the_node_disruption_policy_covers_every_file_a_machine_config_writes() {
+        let v = parse(&node_disruption_policy());
+        assert_eq!(v["kind"], "MachineConfiguration");
+        assert_eq!(v["apiVersion"], "operator.openshift.io/v1");
+        assert_eq!(v["metadata"]["name"], "cluster");
+        assert!(v["metadata"].get("labels").is_none());
+        let files = v["spec"]["nodeDisruptionPolicy"]["files"]
+            .as_array()
+            .unwrap();
+        let paths: Vec<&str> = files.iter().map(|f| f["path"].as_str().unwrap()).collect();
+        assert_eq!(paths, [NODE_CONFIG_DIR, STATIC_POD_PATH]);
+        for f in files {
+            assert_eq!(f["actions"], serde_json::json!([{"type": "None"}]));
+        }
+    }
+}
