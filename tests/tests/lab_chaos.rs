@@ -45,6 +45,24 @@ fn chaos_short_owner_death_sigterm_reload_hostile_upgrade() {
     // What made it work is visible: every control-plane lbd syncs with the other two, has heard
     // from both, and `lbctl stats` prints them in its peer table; the upgrade's exceptions
     // crossed the cluster.
+    // The last case may have just restarted a node: its peers answer its hello within a
+    // settle period and send to it at every full scan (every fifth interval), so wait for that
+    // before asking whether every peer was heard.
+    let heard_all = lb_tests::lab::wait_for(std::time::Duration::from_secs(15), || {
+        CONTROL_PLANE
+            .iter()
+            .all(|n| {
+                let socket = ch.flavor.lab().dir.join(format!("{n}.sock"));
+                let json =
+                    lb_tests::lbctl_output(socket.to_str().unwrap(), &["-o", "json", "stats"]);
+                serde_json::from_slice::<StatsRow>(&json.stdout)
+                    .ok()
+                    .and_then(|s| s.sync)
+                    .is_some_and(|s| s.peers.iter().all(|p| p.last_received_unix_ms > 0))
+            })
+            .then_some(())
+    });
+    println!("every sync peer heard: {}", heard_all.is_some());
     let mut received = 0;
     for n in CONTROL_PLANE {
         let socket = ch.flavor.lab().dir.join(format!("{n}.sock"));

@@ -593,7 +593,19 @@ impl Runner {
                     self.hold_vips().await;
                 }
                 r = self.socket.recv() => match r {
-                    Ok(incoming) => self.on_packet(incoming).await,
+                    Ok(incoming) => {
+                        self.on_packet(incoming).await;
+                        // What else is queued is read now, not one packet per turn of this
+                        // loop (each turn sets up every branch's timer again): under an advert
+                        // flood that setup was most of the instance's CPU. Bounded, so the
+                        // timers are looked at between batches.
+                        for _ in 0..QUEUED_BEFORE_TIMER {
+                            match self.socket.try_recv() {
+                                Some(Ok(incoming)) => self.on_packet(incoming).await,
+                                Some(Err(_)) | None => break,
+                            }
+                        }
+                    }
                     Err(e) => {
                         tracing::warn!(instance = %self.cfg.name, error = %e, "VRRP receive failed");
                         tokio::time::sleep(Duration::from_millis(100)).await;
