@@ -20,9 +20,10 @@ pub const META_LEN: usize = 32;
 /// Map names (unpinned: each loaded program has its own).
 pub const TOKEN_MAP: &str = "LB_EXPLAIN_TOKEN";
 pub const SCRATCH_MAP: &str = "LB_EXPLAIN";
-/// `lbctl trace`: the switch (u32, non-zero while a trace is attached) and the ring buffer of
-/// [`TraceRecord`]s.
-pub const TRACE_ON_MAP: &str = "LB_TRACE_ON";
+/// `lbctl trace`: the switch (u32, non-zero while a trace is attached: the global
+/// `LB_TRACE_ON`, alone in the object's `.bss`, which aya loads as a one-entry array map of that
+/// name) and the ring buffer of [`TraceRecord`]s.
+pub const TRACE_ON_MAP: &str = ".bss";
 pub const TRACE_MAP: &str = "LB_TRACE";
 /// Scratch entries (`LB_EXPLAIN`): one for dry runs, one for traced packets.
 pub const SCRATCH_DRY: u32 = 0;

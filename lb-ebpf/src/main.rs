@@ -53,14 +53,19 @@ use shared::{count_forwarded_hit, from_peer, key_of, maybe_vip, ports_word, send
 pub fn lb_xdp(ctx: XdpContext) -> u32 {
     // `lbctl explain`'s dry run (never a frame from the wire) or a traced packet (`lbctl
     // trace` attached), see `explain`: each takes its own compiled copy of the same path, so
-    // that a packet that is neither pays for neither (a compare and an array load here).
+    // that a packet that is neither pays for neither: a frame from the wire has no metadata
+    // (two context fields compared) and, while no trace is attached, the switch reads zero (a
+    // load of a global: no helper, no stack); then one call, to `plain`. Anything else asks
+    // `explain::mode`.
     // (Raw context pointers between the subprograms: this frame must stay empty, the call
     // chain's stacks add up against the 512-byte limit.)
     let raw = ctx.ctx;
-    match explain::mode(raw as usize) {
-        explain::OFF => plain(raw),
-        rec => noted(raw, rec),
+    if ctx.metadata() >= ctx.data() && !explain::tracing() {
+        return plain(raw);
     }
+    // (`mode` may answer `OFF`, e.g. for metadata without the token: `noted` is the same path
+    // for it, noting nothing.)
+    noted(raw, explain::mode(raw as usize))
 }
 
 /// The path of a packet neither explained nor traced (`rec` a constant: every note and check
@@ -70,7 +75,7 @@ fn plain(raw: *mut xdp_md) -> u32 {
     lb(&XdpContext::new(raw), explain::OFF)
 }
 
-/// The path of a dry run or a traced packet.
+/// The path of a dry run or a traced packet (or, for `explain::OFF`, of an ordinary one).
 #[inline(never)]
 fn noted(raw: *mut xdp_md, rec: explain::Rec) -> u32 {
     lb(&XdpContext::new(raw), rec)
