@@ -25,6 +25,10 @@ pub const SCRATCH_MAP: &str = "LB_EXPLAIN";
 /// name) and the ring buffer of [`TraceRecord`]s.
 pub const TRACE_ON_MAP: &str = ".bss";
 pub const TRACE_MAP: &str = "LB_TRACE";
+/// The program of dry runs and traced packets (`lb_xdp` tail-calls it through `NOTED_MAP`, a
+/// one-slot program array lbd fills at load).
+pub const NOTED_PROGRAM: &str = "lb_xdp_noted";
+pub const NOTED_MAP: &str = "LB_NOTED";
 /// Scratch entries (`LB_EXPLAIN`): one for dry runs, one for traced packets.
 pub const SCRATCH_DRY: u32 = 0;
 pub const SCRATCH_TRACE: u32 = 1;

@@ -15,7 +15,7 @@
 use aya_ebpf::{
     bindings::xdp_md,
     macros::map,
-    maps::{Array, PerCpuArray, RingBuf},
+    maps::{Array, PerCpuArray, ProgramArray, RingBuf},
     programs::XdpContext,
 };
 use lb_common::{
@@ -38,17 +38,21 @@ static LB_EXPLAIN_TOKEN: Array<u64> = Array::with_max_entries(1, 0);
 static LB_EXPLAIN: PerCpuArray<TraceRecord> = PerCpuArray::with_max_entries(2, 0);
 
 /// Non-zero while lbd has a trace attached. A global, the object's only `.bss` variable (aya
-/// makes the section a one-entry array map, `TRACE_ON_MAP`, that lbd writes): the program reads
-/// it with one load, without a helper call or a stack slot for a key, before any call.
+/// makes the section a one-entry array map, `TRACE_ON_MAP`, that lbd writes): the entry reads
+/// it with one load, without a helper call or a stack slot for a key.
 #[unsafe(no_mangle)]
 static mut LB_TRACE_ON: u32 = 0;
+
+/// Slot 0: `lb_xdp_noted`, the path that notes (filled by lbd at load).
+#[map]
+pub static LB_NOTED: ProgramArray = ProgramArray::with_max_entries(1, 0);
 
 /// Traced decisions, read by lbd while a trace is attached.
 #[map]
 static LB_TRACE: RingBuf = RingBuf::with_byte_size(256 * 1024, 0);
 
-/// Whether this frame is a dry run, a traced packet, or neither; the trail is started. The entry
-/// asks only for a frame with metadata or while a trace is attached. The
+/// Whether this frame is a dry run, a traced packet, or neither; the trail is started. Asked
+/// only for a frame with metadata or while a trace is attached. The
 /// context comes as an integer: LLVM would otherwise pass the two fields read from it instead
 /// of the pointer, which the verifier refuses.
 #[inline(never)]
