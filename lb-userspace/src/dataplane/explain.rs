@@ -60,6 +60,18 @@ pub struct DryRun {
 }
 
 impl Dataplane {
+    /// Empty `LB_NOTED`'s slot, as in a program no lbd armed: for tests of what `lb_xdp` does
+    /// when its tail call to the noted path fails.
+    pub fn empty_noted_slot(&mut self) -> Result<()> {
+        let m = self
+            .ebpf
+            .map_mut(NOTED_MAP)
+            .ok_or_else(|| anyhow!("map {NOTED_MAP} missing from the object"))?;
+        ProgramArray::try_from(m)?
+            .clear_index(&0)
+            .with_context(|| format!("clear {NOTED_MAP}"))
+    }
+
     /// The program's token, for [`crate::explain::frame`].
     pub fn explain_token(&mut self) -> Result<u64> {
         Ok(token_map(&mut self.ebpf)?.get(&0, 0)?)
