@@ -20,10 +20,15 @@ pub const META_LEN: usize = 32;
 /// Map names (unpinned: each loaded program has its own).
 pub const TOKEN_MAP: &str = "LB_EXPLAIN_TOKEN";
 pub const SCRATCH_MAP: &str = "LB_EXPLAIN";
-/// `lbctl trace`: the switch (u32, non-zero while a trace is attached) and the ring buffer of
-/// [`TraceRecord`]s.
-pub const TRACE_ON_MAP: &str = "LB_TRACE_ON";
+/// `lbctl trace`: the switch (u32, non-zero while a trace is attached: the global
+/// `LB_TRACE_ON`, alone in the object's `.bss`, which aya loads as a one-entry array map of that
+/// name) and the ring buffer of [`TraceRecord`]s.
+pub const TRACE_ON_MAP: &str = ".bss";
 pub const TRACE_MAP: &str = "LB_TRACE";
+/// The program of dry runs and traced packets (`lb_xdp` tail-calls it through `NOTED_MAP`, a
+/// one-slot program array lbd fills at load).
+pub const NOTED_PROGRAM: &str = "lb_xdp_noted";
+pub const NOTED_MAP: &str = "LB_NOTED";
 /// Scratch entries (`LB_EXPLAIN`): one for dry runs, one for traced packets.
 pub const SCRATCH_DRY: u32 = 0;
 pub const SCRATCH_TRACE: u32 = 1;

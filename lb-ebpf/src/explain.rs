@@ -9,13 +9,13 @@
 //! check costs one compare of two context fields for it.
 //!
 //! Tracing: while lbd has a trace attached it sets `LB_TRACE_ON`, and each packet's trail goes to
-//! the `LB_TRACE` ring buffer; otherwise nothing is noted and nothing is written (one inlined
-//! array load per packet). Dry runs and traced packets note into separate per-CPU scratch
+//! the `LB_TRACE` ring buffer; otherwise nothing is noted and nothing is written (one load of a
+//! global per packet). Dry runs and traced packets note into separate per-CPU scratch
 //! entries; a test run also runs with bottom halves off, so no packet of this CPU interleaves.
 use aya_ebpf::{
     bindings::xdp_md,
     macros::map,
-    maps::{Array, PerCpuArray, RingBuf},
+    maps::{Array, PerCpuArray, ProgramArray, RingBuf},
     programs::XdpContext,
 };
 use lb_common::{
@@ -37,15 +37,22 @@ static LB_EXPLAIN_TOKEN: Array<u64> = Array::with_max_entries(1, 0);
 #[map]
 static LB_EXPLAIN: PerCpuArray<TraceRecord> = PerCpuArray::with_max_entries(2, 0);
 
-/// Non-zero while lbd has a trace attached.
+/// Non-zero while lbd has a trace attached. A global, the object's only `.bss` variable (aya
+/// makes the section a one-entry array map, `TRACE_ON_MAP`, that lbd writes): the entry reads
+/// it with one load, without a helper call or a stack slot for a key.
+#[unsafe(no_mangle)]
+static mut LB_TRACE_ON: u32 = 0;
+
+/// Slot 0: `lb_xdp_noted`, the path that notes (filled by lbd at load).
 #[map]
-static LB_TRACE_ON: Array<u32> = Array::with_max_entries(1, 0);
+pub static LB_NOTED: ProgramArray = ProgramArray::with_max_entries(1, 0);
 
 /// Traced decisions, read by lbd while a trace is attached.
 #[map]
 static LB_TRACE: RingBuf = RingBuf::with_byte_size(256 * 1024, 0);
 
-/// Whether this frame is a dry run, a traced packet, or neither; the trail is started. The
+/// Whether this frame is a dry run, a traced packet, or neither; the trail is started. Asked
+/// only for a frame with metadata or while a trace is attached. The
 /// context comes as an integer: LLVM would otherwise pass the two fields read from it instead
 /// of the pointer, which the verifier refuses.
 #[inline(never)]
@@ -60,10 +67,14 @@ pub fn mode(raw: usize) -> Rec {
             return DRY;
         }
     }
-    match LB_TRACE_ON.get(0) {
-        Some(on) if *on != 0 => traced(),
-        _ => OFF,
-    }
+    if tracing() { traced() } else { OFF }
+}
+
+/// Whether lbd has a trace attached (read for every packet; volatile: user space writes it).
+#[inline(always)]
+pub fn tracing() -> bool {
+    // SAFETY: a plain u32 of the program's `.bss`, only read here.
+    unsafe { core::ptr::read_volatile(&raw const LB_TRACE_ON) != 0 }
 }
 
 /// The token compare, apart so the common case above stays short.

@@ -28,10 +28,7 @@ mod shared;
 mod sock;
 
 use aya_ebpf::{
-    bindings::{
-        xdp_action::{XDP_DROP, XDP_PASS, XDP_TX},
-        xdp_md,
-    },
+    bindings::xdp_action::{XDP_DROP, XDP_PASS, XDP_TX},
     helpers::generated::bpf_ktime_get_coarse_ns,
     macros::xdp,
     programs::XdpContext,
@@ -52,28 +49,30 @@ use shared::{count_forwarded_hit, from_peer, key_of, maybe_vip, ports_word, send
 #[xdp]
 pub fn lb_xdp(ctx: XdpContext) -> u32 {
     // `lbctl explain`'s dry run (never a frame from the wire) or a traced packet (`lbctl
-    // trace` attached), see `explain`: each takes its own compiled copy of the same path, so
-    // that a packet that is neither pays for neither (a compare and an array load here).
-    // (Raw context pointers between the subprograms: this frame must stay empty, the call
-    // chain's stacks add up against the 512-byte limit.)
-    let raw = ctx.ctx;
-    match explain::mode(raw as usize) {
-        explain::OFF => plain(raw),
-        rec => noted(raw, rec),
+    // trace` attached), see `explain`: each takes `lb_xdp_noted`, its own compiled copy of the
+    // same path, so that a packet that is neither pays for neither: a frame from the wire has
+    // no metadata (two context fields compared) and, while no trace is attached, the switch
+    // reads zero (a load of a global: no helper, no stack); then the path, inlined here, without
+    // a call. (A tail call, not a subprogram call: this program's frame and the other copy's
+    // would not fit the 512-byte stack limit on one call chain.)
+    if ctx.metadata() < ctx.data() || explain::tracing() {
+        // SAFETY: a tail call; it returns only if the slot is empty.
+        unsafe { explain::LB_NOTED.tail_call(&ctx, 0) };
+        // lbd fills the slot at load: an empty one means no lbd serves explain or trace. A
+        // traced packet is then an ordinary one; a frame with metadata, which could be a dry
+        // run that must write nothing, is passed untouched.
+        if ctx.metadata() < ctx.data() {
+            return XDP_PASS;
+        }
     }
+    lb(&ctx, explain::OFF)
 }
 
-/// The path of a packet neither explained nor traced (`rec` a constant: every note and check
-/// of it compiles away).
-#[inline(never)]
-fn plain(raw: *mut xdp_md) -> u32 {
-    lb(&XdpContext::new(raw), explain::OFF)
-}
-
-/// The path of a dry run or a traced packet.
-#[inline(never)]
-fn noted(raw: *mut xdp_md, rec: explain::Rec) -> u32 {
-    lb(&XdpContext::new(raw), rec)
+/// The path of a dry run or a traced packet (or, for `explain::OFF`, e.g. metadata without the
+/// token, of an ordinary one), reached only through `lb_xdp`'s tail call.
+#[xdp]
+pub fn lb_xdp_noted(ctx: XdpContext) -> u32 {
+    lb(&ctx, explain::mode(ctx.ctx as usize))
 }
 
 #[inline(always)]

@@ -830,7 +830,9 @@ fn the_production_object_holds_only_what_lbd_runs() {
             "lb_sock_recvmsg6",
             "lb_sock_sendmsg4",
             "lb_sock_sendmsg6",
-            "lb_xdp"
+            "lb_xdp",
+            // Dry runs and traced packets (tail-called by lb_xdp).
+            "lb_xdp_noted"
         ]
     );
     let bench_maps: Vec<&String> = obj

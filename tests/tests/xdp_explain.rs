@@ -5,6 +5,8 @@
 //! - it writes nothing the data plane keeps: no connection-table or cache entry, no counter, no
 //!   pair traffic, no flood accounting;
 //! - a frame whose metadata lacks the token (a forged ask) is an ordinary packet.
+//! - with the noted program's slot empty (its tail call fails), an ask writes nothing and a
+//!   packet while a trace is attached is forwarded as an ordinary one.
 //!
 //! Needs root; `cargo xtask test`.
 
@@ -248,4 +250,28 @@ fn a_forged_ask_is_an_ordinary_packet() {
     // The token is the program's alone: another load of the program gets another one.
     let mut other = TestDataplane::new(251);
     assert_ne!(other.dp.explain_token().unwrap(), token);
+}
+
+#[test]
+fn without_the_noted_program_a_dry_run_writes_nothing_and_a_traced_packet_is_forwarded() {
+    // `lb_xdp` reaches dry runs and traced packets by a tail call; if its slot is empty, an ask
+    // carrying the token must still write nothing, and a packet while a trace is attached is
+    // an ordinary one.
+    let vip: IpAddr = "10.69.0.100".parse().unwrap();
+    let mut t = TestDataplane::new(251);
+    t.dp.apply(&desired(vip, None)).unwrap();
+    let token = t.dp.explain_token().unwrap();
+    t.dp.empty_noted_slot().unwrap();
+    let before = state(&t);
+    let q = query("10.69.1.3".parse().unwrap(), vip, 22000, true);
+    let e = t.dp.explain(&frame(&q, token, [0xaa; 6])).err();
+    assert!(e.is_some(), "no dry run without the noted program");
+    assert_eq!(state(&t), before, "the ask wrote nothing");
+
+    let mut tap = t.dp.take_trace().unwrap().expect("trace maps");
+    tap.set(true).unwrap();
+    let (v, _, _) = t.dp.test_run("lb_xdp", &real_frame(&q, SYN), 1).unwrap();
+    assert_eq!(v, TX, "forwarded as without a trace");
+    assert_eq!(t.dp.conntrack_entries(), before.1 + 1, "its entry written");
+    assert!(tap.next_record().is_none(), "not traced");
 }

@@ -6,11 +6,11 @@ use std::io::Read;
 use anyhow::{Context, Result, anyhow, bail};
 use aya::{
     Ebpf,
-    maps::{Array, MapData},
+    maps::{Array, MapData, ProgramArray},
     programs::{TestRun, TestRunOptions, Xdp},
 };
 use lb_common::{
-    explain::{ExplainRecord, META_LEN, TOKEN_MAP, step},
+    explain::{ExplainRecord, META_LEN, NOTED_MAP, NOTED_PROGRAM, TOKEN_MAP, step},
     maps,
 };
 
@@ -34,6 +34,21 @@ pub(super) fn arm(ebpf: &mut Ebpf) -> Result<()> {
         token = u64::from_ne_bytes(b);
     }
     token_map(ebpf)?.set(0, token, 0)?;
+    // The path that notes, which `lb_xdp` tail-calls for a frame with metadata or a traced
+    // packet. The map stays in `ebpf`: the kernel empties a program array when user space's
+    // last descriptor of it closes.
+    let prog: &Xdp = ebpf
+        .program(NOTED_PROGRAM)
+        .ok_or_else(|| anyhow!("program {NOTED_PROGRAM} missing"))?
+        .try_into()?;
+    let fd = prog.fd()?.try_clone()?;
+    let m = ebpf
+        .map_mut(NOTED_MAP)
+        .ok_or_else(|| anyhow!("map {NOTED_MAP} missing from the object"))?;
+    ProgramArray::try_from(m)
+        .with_context(|| format!("map {NOTED_MAP}"))?
+        .set(0, &fd, 0)
+        .with_context(|| format!("set {NOTED_MAP}"))?;
     Ok(())
 }
 
@@ -45,6 +60,18 @@ pub struct DryRun {
 }
 
 impl Dataplane {
+    /// Empty `LB_NOTED`'s slot, as in a program no lbd armed: for tests of what `lb_xdp` does
+    /// when its tail call to the noted path fails.
+    pub fn empty_noted_slot(&mut self) -> Result<()> {
+        let m = self
+            .ebpf
+            .map_mut(NOTED_MAP)
+            .ok_or_else(|| anyhow!("map {NOTED_MAP} missing from the object"))?;
+        ProgramArray::try_from(m)?
+            .clear_index(&0)
+            .with_context(|| format!("clear {NOTED_MAP}"))
+    }
+
     /// The program's token, for [`crate::explain::frame`].
     pub fn explain_token(&mut self) -> Result<u64> {
         Ok(token_map(&mut self.ebpf)?.get(&0, 0)?)

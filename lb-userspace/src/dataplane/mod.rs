@@ -200,7 +200,7 @@ impl Dataplane {
             )
             .load(crate::EBPF_OBJECT)
             .context("load the XDP object")?;
-        for name in [maps::PROGRAM, "lb_pass"] {
+        for name in [maps::PROGRAM, lb_common::explain::NOTED_PROGRAM, "lb_pass"] {
             let prog: &mut Xdp = ebpf
                 .program_mut(name)
                 .ok_or_else(|| anyhow!("program {name} missing"))?

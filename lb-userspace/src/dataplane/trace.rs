@@ -1,5 +1,6 @@
-//! `lbctl trace`: the switch the XDP program reads (`LB_TRACE_ON`) and the ring buffer it writes
-//! traced decisions to (`LB_TRACE`), taken out of the object for whoever serves traces.
+//! `lbctl trace`: the switch the XDP program reads (its global `LB_TRACE_ON`, the `.bss` map) and
+//! the ring buffer it writes traced decisions to (`LB_TRACE`), taken out of the object for
+//! whoever serves traces.
 
 use anyhow::{Context, Result, anyhow};
 use aya::maps::{Array, Map, MapData, RingBuf};
