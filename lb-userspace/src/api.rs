@@ -77,15 +77,22 @@ impl Default for FlowFilter {
     }
 }
 
+/// The `name=value` pairs of a query string `a=b&c=d` (the API's queries carry addresses and
+/// numbers: nothing needs unescaping); a pair without `=` is an error naming it.
+pub fn query_pairs(query: &str) -> impl Iterator<Item = Result<(&str, &str), String>> {
+    query.split('&').filter(|p| !p.is_empty()).map(|pair| {
+        pair.split_once('=')
+            .ok_or_else(|| format!("{pair:?}: want name=value"))
+    })
+}
+
 impl FlowFilter {
     /// Parse `a=b&c=d` (values are addresses and numbers: nothing needs escaping, and a
     /// field it does not know is refused by name).
     pub fn parse(query: &str) -> Result<FlowFilter, String> {
         let mut f = FlowFilter::default();
-        for pair in query.split('&').filter(|p| !p.is_empty()) {
-            let (k, v) = pair
-                .split_once('=')
-                .ok_or_else(|| format!("{pair:?}: want name=value"))?;
+        for pair in crate::api::query_pairs(query) {
+            let (k, v) = pair?;
             let bad = |what: &str| format!("{k}: {v:?} is not {what}");
             match k {
                 "vip" => f.vip = Some(v.parse().map_err(|_| bad("an IP address"))?),

@@ -31,10 +31,8 @@ impl ExplainQuery {
     pub fn parse(query: &str) -> Result<ExplainQuery, String> {
         let (mut client, mut client_port, mut vip, mut port) = (None, None, None, None);
         let (mut protocol, mut syn) = (PROTO_TCP, true);
-        for pair in query.split('&').filter(|p| !p.is_empty()) {
-            let (k, v) = pair
-                .split_once('=')
-                .ok_or_else(|| format!("{pair:?}: want name=value"))?;
+        for pair in crate::api::query_pairs(query) {
+            let (k, v) = pair?;
             let bad = |what: &str| format!("{k}: {v:?} is not {what}");
             match k {
                 "client" => client = Some(v.parse().map_err(|_| bad("an IP address"))?),
@@ -277,10 +275,8 @@ impl Default for TraceQuery {
 impl TraceQuery {
     pub fn parse(query: &str) -> Result<TraceQuery, String> {
         let mut t = TraceQuery::default();
-        for pair in query.split('&').filter(|p| !p.is_empty()) {
-            let (k, v) = pair
-                .split_once('=')
-                .ok_or_else(|| format!("{pair:?}: want name=value"))?;
+        for pair in crate::api::query_pairs(query) {
+            let (k, v) = pair?;
             let bad = |what: &str| format!("{k}: {v:?} is not {what}");
             match k {
                 "vip" => t.vip = Some(v.parse().map_err(|_| bad("an IP address"))?),
