@@ -28,3 +28,18 @@ pub fn lbctl_json(socket: &str, args: &[&str]) -> Option<serde_json::Value> {
         .then(|| serde_json::from_slice(&out.stdout).ok())
         .flatten()
 }
+
+/// `lbctl -o json ARGS...` against `socket` as one of lbd's typed rows; panics, with lbctl's
+/// output, when lbctl fails or answers something else.
+pub fn lbctl_typed<T: serde::de::DeserializeOwned>(socket: &str, args: &[&str]) -> T {
+    let mut a = vec!["-o", "json"];
+    a.extend_from_slice(args);
+    let out = lbctl_output(socket, &a);
+    assert!(out.status.success(), "lbctl {args:?}: {out:?}");
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "lbctl {args:?}: {e}\n{}",
+            String::from_utf8_lossy(&out.stdout)
+        )
+    })
+}

@@ -16,18 +16,7 @@ use lb_userspace::status::{BackendRow, VipRow};
 
 const LABNODE: &str = env!("CARGO_BIN_EXE_labnode");
 
-fn json<T: serde::de::DeserializeOwned>(socket: &str, args: &[&str]) -> T {
-    let mut a = vec!["-o", "json"];
-    a.extend_from_slice(args);
-    let out = lbctl_output(socket, &a);
-    assert!(out.status.success(), "lbctl {args:?}: {out:?}");
-    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!(
-            "lbctl {args:?}: {e}\n{}",
-            String::from_utf8_lossy(&out.stdout)
-        )
-    })
-}
+use lb_tests::lbctl::lbctl_typed as json;
 
 #[test]
 fn lbctl_formats_filters_version_watch_and_exit_codes() {
