@@ -7,7 +7,10 @@ use anyhow::{Result, anyhow};
 use lb_common::{PROTO_TCP, PROTO_UDP};
 use lb_userspace::{explain::ExplainQuery, status::ExplainRow};
 
-use crate::{Ctx, output::table};
+use crate::{
+    Ctx,
+    output::{self, table},
+};
 
 #[derive(Clone, Copy, clap::ValueEnum)]
 pub enum Proto {
@@ -63,14 +66,7 @@ pub async fn run(ctx: &Ctx, a: Args) -> Result<()> {
         ];
         let mut row = vec![
             sock(r.client, r.client_port),
-            format!(
-                "{}{}",
-                sock(r.vip, r.port),
-                r.vip_name
-                    .as_ref()
-                    .map(|n| format!(" ({n})"))
-                    .unwrap_or_default()
-            ),
+            output::with_name(sock(r.vip, r.port), &r.vip_name),
             r.protocol.clone(),
             r.packet.clone(),
             r.verdict.clone(),

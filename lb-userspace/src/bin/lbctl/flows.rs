@@ -9,7 +9,10 @@ use lb_userspace::{
     status::{FlowsRow, VipRow},
 };
 
-use crate::{Ctx, output::table};
+use crate::{
+    Ctx,
+    output::{self, table},
+};
 
 #[derive(clap::Args, Clone)]
 pub struct Args {
@@ -80,14 +83,7 @@ pub async fn run(ctx: &Ctx, a: Args) -> Result<()> {
                     vec![
                         x.table.clone(),
                         sock(x.client, x.client_port),
-                        format!(
-                            "{}{}",
-                            sock(x.vip, x.port),
-                            x.vip_name
-                                .as_ref()
-                                .map(|n| format!(" ({n})"))
-                                .unwrap_or_default()
-                        ),
+                        output::with_name(sock(x.vip, x.port), &x.vip_name),
                         x.protocol.clone(),
                         x.backend.map_or("-".into(), |b| b.to_string()),
                         x.backend_id.to_string(),

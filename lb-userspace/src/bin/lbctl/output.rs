@@ -59,6 +59,14 @@ pub fn table_text(headers: &[&str], rows: Vec<Vec<String>>) -> String {
     out
 }
 
+/// A VIP's address (as shown) followed by its config name, if it has one: `10.0.0.1:80 (web)`.
+pub fn with_name(shown: String, name: &Option<String>) -> String {
+    match name {
+        Some(n) => format!("{shown} ({n})"),
+        None => shown,
+    }
+}
+
 /// An optional value, `-` when absent.
 pub fn opt<T: std::fmt::Display>(v: &Option<T>) -> String {
     v.as_ref()
