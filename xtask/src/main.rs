@@ -84,6 +84,9 @@ const DEBIAN_PACKAGES: &[&str] = &[
     "frr",
     // The chaos bench's partition: a bridge-family filter in the lab's switch namespace.
     "nftables",
+    // The OpenShift-style check scripts of the keepalived labs and the migration rehearsal,
+    // and the metrics scrapes of the operator labs.
+    "curl",
 ];
 
 fn root() -> PathBuf {
