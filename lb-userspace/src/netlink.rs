@@ -8,7 +8,7 @@ use std::{
 };
 
 use anyhow::{Context, Result, anyhow};
-use futures::TryStreamExt;
+use futures::{Stream, TryStreamExt};
 use rtnetlink::{
     Handle,
     packet_route::{
@@ -36,6 +36,41 @@ pub struct Neighbour {
     pub state: String,
 }
 
+/// The errno of a netlink error answer, if `e` is one.
+pub fn errno(e: &rtnetlink::Error) -> Option<i32> {
+    match e {
+        rtnetlink::Error::NetlinkError(m) => m.code.map(|c| -c.get()),
+        _ => None,
+    }
+}
+
+/// How long [`dump`] keeps asking while the socket's other dump runs.
+const DUMP_BUSY_FOR: std::time::Duration = std::time::Duration::from_secs(3);
+
+/// Collect a netlink dump (`start` sends the request each time it is called). The kernel runs
+/// one dump at a time per netlink socket and answers EBUSY to a second one started before the
+/// first ends (`netlink_dump_start`). Every connection here is shared by tasks that dump
+/// concurrently (the facts refresh beside the daemon's loop, a VRRP instance starting, a VIP
+/// being removed), so EBUSY means "ask again in a moment", never a failure of the caller's
+/// step: the dump is asked again until the other one has ended, for up to 3 s (a dump of a
+/// large neighbour table takes milliseconds). Any other error is returned at once.
+pub async fn dump<T, S>(mut start: impl FnMut() -> S) -> Result<Vec<T>, rtnetlink::Error>
+where
+    S: Stream<Item = Result<T, rtnetlink::Error>>,
+{
+    let deadline = tokio::time::Instant::now() + DUMP_BUSY_FOR;
+    let mut pause = std::time::Duration::from_millis(2);
+    loop {
+        match start().try_collect::<Vec<T>>().await {
+            Err(e) if errno(&e) == Some(libc::EBUSY) && tokio::time::Instant::now() < deadline => {
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(std::time::Duration::from_millis(50));
+            }
+            other => return other,
+        }
+    }
+}
+
 /// A connection to rtnetlink (its I/O runs as a tokio task).
 #[derive(Clone)]
 pub struct Netlink {
@@ -55,8 +90,7 @@ impl Netlink {
 
     pub async fn links(&self) -> Result<Vec<Link>> {
         let mut out = Vec::new();
-        let mut s = self.handle.link().get().execute();
-        while let Some(msg) = s.try_next().await? {
+        for msg in dump(|| self.handle.link().get().execute()).await? {
             let mut link = Link {
                 index: msg.header.index,
                 name: String::new(),
@@ -97,8 +131,7 @@ impl Netlink {
     /// Every address configured on this node (any interface, lo included).
     pub async fn local_addresses(&self) -> Result<HashSet<IpAddr>> {
         let mut out = HashSet::new();
-        let mut s = self.handle.address().get().execute();
-        while let Some(msg) = s.try_next().await? {
+        for msg in dump(|| self.handle.address().get().execute()).await? {
             for a in msg.attributes {
                 if let AddressAttribute::Address(ip) = a {
                     out.insert(ip);
@@ -111,8 +144,7 @@ impl Netlink {
     /// Neighbour entries with a usable MAC (reachable, stale, delay, probe or permanent).
     pub async fn neighbours(&self) -> Result<Vec<Neighbour>> {
         let mut out = Vec::new();
-        let mut s = self.handle.neighbours().get().execute();
-        while let Some(msg) = s.try_next().await? {
+        for msg in dump(|| self.handle.neighbours().get().execute()).await? {
             let state = msg.header.state;
             if matches!(
                 state,

@@ -12,7 +12,6 @@
 use std::{collections::BTreeSet, net::IpAddr};
 
 use anyhow::{Context, Result};
-use futures::TryStreamExt;
 use rtnetlink::{
     Handle, IpVersion, RouteMessageBuilder,
     packet_route::route::{RouteAttribute, RouteProtocol, RouteType},
@@ -58,8 +57,10 @@ pub async fn installed(handle: &Handle) -> Result<BTreeSet<IpAddr>> {
             IpVersion::V4 => RouteMessageBuilder::<std::net::Ipv4Addr>::new().build(),
             IpVersion::V6 => RouteMessageBuilder::<std::net::Ipv6Addr>::new().build(),
         };
-        let mut s = handle.route().get(req).execute();
-        while let Some(m) = s.try_next().await.context("list routes")? {
+        let routes = crate::netlink::dump(|| handle.route().get(req.clone()).execute())
+            .await
+            .context("list routes")?;
+        for m in routes {
             if m.header.protocol != RouteProtocol::Other(ROUTE_PROTO) {
                 continue;
             }

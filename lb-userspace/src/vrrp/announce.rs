@@ -13,6 +13,7 @@ use rtnetlink::Handle;
 use rtnetlink::packet_route::address::{AddressAttribute, AddressFlags, AddressHeaderFlags};
 
 use super::io::{if_index, interface_info};
+use crate::netlink::errno;
 
 const ETH_P_ARP: u16 = 0x0806;
 const ETH_P_IPV4: u16 = 0x0800;
@@ -260,27 +261,16 @@ pub async fn remove_vip(handle: &Handle, ifname: &str, vip: IpAddr) -> Result<()
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
         Err(e) => return Err(e.into()),
     };
-    // The kernel answers EBUSY when the address list changed during the dump (another
-    // instance adding or removing its VIP at the same moment): dump again. Giving up would
-    // leave the VIP on a node that is no longer master.
-    let mut attempt = 0;
-    let found: Vec<_> = loop {
-        let listed: Result<Vec<_>, _> = handle
+    let found = crate::netlink::dump(|| {
+        handle
             .address()
             .get()
             .set_link_index_filter(index)
             .set_address_filter(vip)
             .execute()
-            .try_collect()
-            .await;
-        match listed {
-            Err(e) if errno(&e) == Some(libc::EBUSY) && attempt < 10 => {
-                attempt += 1;
-                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-            }
-            other => break other.with_context(|| format!("list addresses of {ifname}"))?,
-        }
-    };
+    })
+    .await
+    .with_context(|| format!("list addresses of {ifname}"))?;
     for msg in found {
         match ListedAddr::of(&msg) {
             Some(a) if added_by_lbd(ifname, &a) => {}
@@ -337,16 +327,16 @@ async fn remove_matching(
     };
     let label = vip_label(ifname);
     let mut stale = Vec::new();
-    let mut s = handle
-        .address()
-        .get()
-        .set_link_index_filter(index)
-        .execute();
-    while let Some(msg) = s
-        .try_next()
-        .await
-        .with_context(|| format!("list addresses of {ifname}"))?
-    {
+    let listed = crate::netlink::dump(|| {
+        handle
+            .address()
+            .get()
+            .set_link_index_filter(index)
+            .execute()
+    })
+    .await
+    .with_context(|| format!("list addresses of {ifname}"))?;
+    for msg in listed {
         let Some(a) = ListedAddr::of(&msg) else {
             continue;
         };
@@ -378,12 +368,6 @@ pub async fn link_state(handle: &Handle, ifname: &str) -> Result<Option<bool>> {
     }
 }
 
-fn errno(e: &rtnetlink::Error) -> Option<i32> {
-    match e {
-        rtnetlink::Error::NetlinkError(m) => m.code.map(|c| -c.get()),
-        _ => None,
-    }
-}
 
 #[cfg(test)]
 mod tests {
