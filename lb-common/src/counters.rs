@@ -27,7 +27,8 @@ pub mod stat {
     pub const DROP_BAD_BACKEND: u32 = 12;
     pub const CONNTRACK_HIT: u32 = 13;
     pub const CONNTRACK_MISS: u32 = 14;
-    /// A connection-table entry whose backend left the set: the flow is hashed again.
+    /// A connection-table entry whose backend left the set, or a SYN on an entry whose
+    /// connection the client closed (a reused 5-tuple): the flow is hashed again.
     pub const CONNTRACK_STALE: u32 = 15;
     /// ICMP "fragmentation needed" / "packet too big" sent on to a flow's backend.
     pub const ICMP_FORWARDED: u32 = 16;

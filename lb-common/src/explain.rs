@@ -116,6 +116,9 @@ pub mod step {
     pub const FROM_PEER: u32 = 1 << 14;
     /// The flow key was noted (`TraceRecord::flow`): the packet reached the connection table.
     pub const FLOW: u32 = 1 << 15;
+    /// The entry's connection was closed by the client (a FIN or RST went through): a SYN
+    /// opens a new connection on the 5-tuple and is placed afresh.
+    pub const ENTRY_CLOSED: u32 = 1 << 16;
 }
 
 #[cfg(feature = "user")]

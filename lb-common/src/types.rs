@@ -118,9 +118,20 @@ pub struct FlowKey {
 }
 const _: () = assert!(size_of::<FlowKey>() == 40);
 
+/// Set in `FlowValue::backend_id` once the client closed the connection the entry was written
+/// for: a TCP FIN or RST from the client went through this node. Later segments of that
+/// connection (the last ACK, retransmits) still follow the entry; a SYN on a closed entry opens
+/// a new connection on the 5-tuple (a client reusing its port) and is placed afresh, as IPVS
+/// reschedules a SYN on a connection in FIN_WAIT in direct-routing mode (`conn_reuse_mode`).
+/// Backend ids stay far below it (`MAX_BACKENDS`).
+pub const FLOW_F_CLIENT_CLOSED: u32 = 1 << 31;
+const _: () = assert!(MAX_BACKENDS < FLOW_F_CLIENT_CLOSED);
+
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct FlowValue {
+    /// The backend's slot in `LB_BACKENDS`, with `FLOW_F_CLIENT_CLOSED` (read it through
+    /// [`FlowValue::backend`]).
     pub backend_id: u32,
     /// The epoch of the (VIP, backend) pair the entry names. Epochs come from one counter kept
     /// in the pinned `LbConfig::next_epoch` and are never handed out twice, so an entry is good
@@ -129,6 +140,27 @@ pub struct FlowValue {
     pub epoch: u32,
 }
 const _: () = assert!(size_of::<FlowValue>() == 8);
+
+impl FlowValue {
+    /// The backend slot the entry names.
+    #[inline(always)]
+    pub const fn backend(&self) -> u32 {
+        self.backend_id & !FLOW_F_CLIENT_CLOSED
+    }
+    /// The client closed the connection the entry was written for (`FLOW_F_CLIENT_CLOSED`).
+    #[inline(always)]
+    pub const fn client_closed(&self) -> bool {
+        self.backend_id & FLOW_F_CLIENT_CLOSED != 0
+    }
+    /// The same entry, marked closed by the client.
+    #[inline(always)]
+    pub const fn closed(self) -> FlowValue {
+        FlowValue {
+            backend_id: self.backend_id | FLOW_F_CLIENT_CLOSED,
+            epoch: self.epoch,
+        }
+    }
+}
 
 /// One slot of the flow cache (`LB_FLOW_CACHE_V2`): a direct-mapped copy of connection-table
 /// entries in an array, which the kernel looks up inline (no hashing helper, no bucket walk), in

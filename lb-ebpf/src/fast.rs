@@ -8,7 +8,9 @@
 //! (`try_lb`) makes for such a packet, with the same outcome; a packet that fails any of them,
 //! or that the fast path is not sure of, is left to the full path, which parses it again and
 //! decides. So the fast path can only ever make a decision the full path would have made:
-//! `xdp_property.rs` holds both to the forwarding rule on mutated frames. When it got as far as
+//! `xdp_property.rs` holds both to the forwarding rule on mutated frames. A segment that changes
+//! its entry (the client's FIN or RST on an open entry, a SYN on a closed one) is the full
+//! path's too. When it got as far as
 //! the flow's cache slot, it hands the slot and what it held to the full path (`flows::Hint`):
 //! a new flow, a local or wrapped backend and a VIP not owned then pay the hash and the slot's
 //! read once.
@@ -28,7 +30,7 @@ use crate::{
     maps::LB_BACKEND_STATS,
     maps::NONE,
     maps::count_traffic,
-    packet::ptr_at,
+    packet::{TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN, ptr_at},
     shared::{count_forwarded_hit, from_peer, key_of, maybe_vip, ports_word, send_to, vip_owned},
 };
 
@@ -37,9 +39,10 @@ const HEAD4: usize = 14 + 20 + 20;
 /// Ethernet, the 40-byte IPv6 header and a 20-byte TCP header.
 const HEAD6: usize = 14 + 40 + 20;
 
-/// What a header reader found: a flow to look up, or a frame decided already.
+/// What a header reader found: a flow to look up (with its TCP flags), or a frame decided
+/// already.
 enum Seen {
-    Flow(FlowKey),
+    Flow(FlowKey, u8),
     Decided(Outcome),
 }
 
@@ -56,9 +59,9 @@ pub fn established(ctx: &XdpContext, cfg: &LbConfig, hint: &mut Option<Hint>) ->
         0xdd86 => ipv6(ptr_at::<[u8; HEAD6]>(ctx, 0).ok()? as *const u8, frame, cfg)?,
         _ => return None,
     };
-    let flow = match seen {
+    let (flow, tcp_flags) = match seen {
         Seen::Decided(o) => return Some(o),
-        Seen::Flow(f) => f,
+        Seen::Flow(f, t) => (f, t),
     };
     // SAFETY: the source MAC is inside the checked bytes.
     if from_peer(Some(cfg), unsafe { (p.add(6) as *const [u16; 3]).read() }) {
@@ -66,11 +69,24 @@ pub fn established(ctx: &XdpContext, cfg: &LbConfig, hint: &mut Option<Hint>) ->
     }
     let slot = flows::slot(Some(cfg), &flow);
     let cached = flows::cached_only(&slot, &flow);
-    let decided = cached.and_then(|v| decide(p, frame, &v));
+    let decided = cached
+        .filter(|v| !changes_entry(v, tcp_flags))
+        .and_then(|v| decide(p, frame, &v));
     if decided.is_none() {
         *hint = Some(Hint::new(&slot, cached));
     }
     decided
+}
+
+/// The segment changes its entry, which the full path does: the client's FIN or RST marks an
+/// open entry closed, and a SYN on a closed entry opens a new connection on the 5-tuple.
+#[inline(always)]
+fn changes_entry(v: &FlowValue, tcp_flags: u8) -> bool {
+    if v.client_closed() {
+        tcp_flags & (TCP_SYN | TCP_ACK) == TCP_SYN
+    } else {
+        tcp_flags & (TCP_FIN | TCP_RST) != 0
+    }
 }
 
 /// Forward a cached flow's segment if its entry is good, its VIP owned and its backend reached
@@ -97,22 +113,25 @@ unsafe fn word(p: *const u8, off: usize) -> u32 {
     unsafe { (p.add(off) as *const u32).read() }
 }
 
-/// The TCP header at `off`, inside a datagram ending at `end`: its ports (`ports_word`), or
-/// `None` for a bad data offset.
+/// The TCP header at `off`, inside a datagram ending at `end`: its ports (`ports_word`) and
+/// flags, or `None` for a bad data offset.
 ///
 /// # Safety
 /// `off + 20` bytes must be inside the bounds-checked frame at `p`.
 #[inline(always)]
-unsafe fn tcp(p: *const u8, off: usize, end: usize) -> Option<u64> {
+unsafe fn tcp(p: *const u8, off: usize, end: usize) -> Option<(u64, u8)> {
     let w3 = unsafe { word(p, off + 12) };
     let doff = ((w3 & 0xff) >> 4) as usize * 4;
     if doff < 20 || off + doff > end {
         return None;
     }
     let ports = unsafe { word(p, off) };
-    Some(ports_word(
-        u16::from_be(ports as u16),
-        u16::from_be((ports >> 16) as u16),
+    Some((
+        ports_word(
+            u16::from_be(ports as u16),
+            u16::from_be((ports >> 16) as u16),
+        ),
+        (w3 >> 8) as u8,
     ))
 }
 
@@ -138,15 +157,12 @@ fn ipv4(p: *const u8, frame: usize, cfg: &LbConfig) -> Option<Seen> {
         if (word(p, 18) >> 16) & 0xff3f != 0 || (word(p, 22) >> 8) & 0xff != PROTO_TCP as u32 {
             return None;
         }
-        let ports = tcp(p, 34, 14 + total)?;
+        let (ports, flags) = tcp(p, 34, 14 + total)?;
         let src = [word(p, 26), 0, 0, 0];
-        Some(Seen::Flow(key_of(
-            &src,
-            &[dst, 0, 0, 0],
-            ports,
-            PROTO_TCP,
-            FAMILY_V4,
-        )))
+        Some(Seen::Flow(
+            key_of(&src, &[dst, 0, 0, 0], ports, PROTO_TCP, FAMILY_V4),
+            flags,
+        ))
     }
 }
 
@@ -170,8 +186,11 @@ fn ipv6(p: *const u8, frame: usize, cfg: &LbConfig) -> Option<Seen> {
         {
             return None;
         }
-        let ports = tcp(p, 54, 54 + payload)?;
+        let (ports, flags) = tcp(p, 54, 54 + payload)?;
         let src = [word(p, 22), word(p, 26), word(p, 30), word(p, 34)];
-        Some(Seen::Flow(key_of(&src, &dst, ports, PROTO_TCP, FAMILY_V6)))
+        Some(Seen::Flow(
+            key_of(&src, &dst, ports, PROTO_TCP, FAMILY_V6),
+            flags,
+        ))
     }
 }

@@ -24,8 +24,9 @@
 //!   the check word binds the value to the key's 64-bit hash, so words of two different entries
 //!   fail it and the packet falls back to the LRU hash. Values and checks are read once.
 use lb_common::{
-    BACKEND_F_IN_SET, BACKEND_F_MOVED, BackendInfo, FlowCacheEntry, FlowKey, FlowValue, LbConfig,
-    flow_cache_check, flow_cache_hash, flow_cache_index, flow_cache_seed, moved_to,
+    BACKEND_F_IN_SET, BACKEND_F_MOVED, BackendInfo, FLOW_F_CLIENT_CLOSED, FlowCacheEntry, FlowKey,
+    FlowValue, LbConfig, flow_cache_check, flow_cache_hash, flow_cache_index, flow_cache_seed,
+    moved_to,
 };
 
 use aya_ebpf::bindings::BPF_NOEXIST;
@@ -164,12 +165,13 @@ fn cached(e: *mut FlowCacheEntry, flow: &FlowKey, hash: u64) -> Option<FlowValue
 /// map: the few fields used are read where needed.
 #[inline(always)]
 pub fn entry_backend(v: &FlowValue) -> Option<(u32, &'static BackendInfo)> {
-    let b = LB_BACKENDS.get(v.backend_id)?;
+    let id = v.backend();
+    let b = LB_BACKENDS.get(id)?;
     if b.epoch != v.epoch || b.epoch == 0 || b.flags & BACKEND_F_IN_SET == 0 {
         return None;
     }
     if b.flags & BACKEND_F_MOVED == 0 {
-        return Some((v.backend_id, b));
+        return Some((id, b));
     }
     let id = moved_to(b.flags);
     let m = LB_BACKENDS.get(id)?;
@@ -187,6 +189,25 @@ pub fn promote(slot: &Slot, flow: &FlowKey, value: FlowValue) {
     if !slot.entry.is_null() {
         take_free(slot.entry, slot.hash, flow, pack(value));
     }
+}
+
+/// Mark a flow's entry closed by the client (`FLOW_F_CLIENT_CLOSED`) where it was found: the
+/// LRU hash's copy in place (a word store: no insert, which could evict another entry), and
+/// the slot when the slot holds it. Returns the marked value.
+#[inline(always)]
+pub fn mark_closed(slot: &Slot, flow: &FlowKey, at: Found, value: FlowValue) -> FlowValue {
+    let closed = value.closed();
+    if let Some(p) = LB_CONNTRACK.get_ptr_mut(flow) {
+        // SAFETY: a map value of the hash; the word is a plain integer.
+        unsafe {
+            let id = core::ptr::addr_of_mut!((*p).backend_id);
+            id.write_volatile(id.read_volatile() | FLOW_F_CLIENT_CLOSED);
+        }
+    }
+    if at == Found::Cache && !slot.entry.is_null() {
+        put(slot.entry, flow, closed, slot.hash);
+    }
+    closed
 }
 
 /// Remember a flow's decision: in the LRU hash and in its slot. A good occupant of another

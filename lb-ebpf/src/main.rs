@@ -150,10 +150,12 @@ fn try_lb(ctx: &XdpContext, rec: explain::Rec) -> Result<Outcome, ParseError> {
         return Ok(fragment(&l3));
     }
     if has_ports(l3.proto) {
-        let (sport, dport, syn) = packet::ports(ctx, &l3)?;
+        let (sport, dport, tcp_flags) = packet::ports(ctx, &l3)?;
         let flow = flow_key(&l3, sport, dport);
-        let track = if syn {
+        let track = if tcp_flags & (packet::TCP_SYN | packet::TCP_ACK) == packet::TCP_SYN {
             Track::NewConnection
+        } else if tcp_flags & (packet::TCP_FIN | packet::TCP_RST) != 0 {
+            Track::Closing
         } else {
             Track::Yes
         };
@@ -264,12 +266,16 @@ enum Track {
     /// Look up; on a miss choose by Maglev and remember the choice.
     Yes,
     /// A TCP SYN: looked up like any packet, and a good entry (its pair still in the set) is
-    /// kept: a SYN never moves or deletes a live connection's entry, so a spoofed SYN with a
-    /// client's address and port cannot reset it (a real reuse of the 5-tuple goes to the same
-    /// backend, whose stack handles it, drained or not). On a miss (or a stale entry) it
-    /// starts a flow: Maglev, skipping backends that take no new flows, and remembered at once
-    /// so the rest of the handshake follows the SYN even if the table changes in between.
+    /// kept while its connection is open: a SYN never moves or deletes a live connection's
+    /// entry, so a spoofed SYN with a client's address and port cannot reset it. On a miss, a
+    /// stale entry, or an entry whose connection the client closed (a FIN or RST went through:
+    /// the client is reusing its port for a new connection) it starts a flow: Maglev,
+    /// skipping backends that take no new flows, and remembered at once so the rest of the
+    /// handshake follows the SYN even if the table changes in between.
     NewConnection,
+    /// A TCP FIN or RST from the client: as `Yes`, and the entry it follows is marked closed
+    /// (`FLOW_F_CLIENT_CLOSED`), so that a later SYN on the 5-tuple is placed afresh.
+    Closing,
     /// Look up, choose by Maglev on a miss, remember nothing (ICMP errors about a flow).
     LookupOnly,
 }
@@ -381,7 +387,9 @@ fn handshake_of(
     slot_backend: &BackendInfo,
     vip: &VipInfo,
 ) -> Option<(u32, &'static BackendInfo)> {
-    if track != Track::Yes || flow.proto != PROTO_TCP || slot_backend.flags & BACKEND_F_NO_NEW == 0
+    if !matches!(track, Track::Yes | Track::Closing)
+        || flow.proto != PROTO_TCP
+        || slot_backend.flags & BACKEND_F_NO_NEW == 0
     {
         return None;
     }
@@ -415,9 +423,15 @@ fn balance(
         }
     };
     let cached = found.map(|(v, _)| v);
+    // A SYN on an entry whose connection the client closed: a new connection on a reused
+    // 5-tuple, placed afresh (the entry is replaced, so the rest of its handshake follows it).
+    let reopen = track == Track::NewConnection && cached.is_some_and(|v| v.client_closed());
     explain::note(rec, |r| {
         if let Some((v, at)) = found {
-            r.entry_backend = v.backend_id;
+            r.entry_backend = v.backend();
+            if v.client_closed() {
+                r.steps |= explain_step::ENTRY_CLOSED;
+            }
             r.steps |= if at == flows::Found::Cache {
                 explain_step::ENTRY_CACHE
             } else {
@@ -429,7 +443,11 @@ fn balance(
     // 1. Fast path for established flows: the entry's pair still exists and is in its set, and
     //    this node forwards for its VIP. (The 5-tuple names the VIP service, so the entry's
     //    backend belongs to it: pairs of other services have other epochs.)
-    let valid = cached.and_then(|v| flows::entry_backend(&v));
+    let valid = if reopen {
+        None
+    } else {
+        cached.and_then(|v| flows::entry_backend(&v))
+    };
     if valid.is_some() {
         explain::steps(rec, explain_step::ENTRY_GOOD);
     }
@@ -444,10 +462,18 @@ fn balance(
             let (action, reason, _) = forward(ctx, b, track, dry);
             return (action, reason, stat::CONNTRACK_HIT);
         }
-        if let Some((v, flows::Found::Table)) = found
+        if let Some((v, at)) = found
             && track != Track::LookupOnly
         {
-            flows::promote(&slot, flow, v);
+            // The client's FIN or RST: later SYNs on this 5-tuple are new connections.
+            let v = if track == Track::Closing && !v.client_closed() {
+                flows::mark_closed(&slot, flow, at, v)
+            } else {
+                v
+            };
+            if at == flows::Found::Table {
+                flows::promote(&slot, flow, v);
+            }
         }
         // One per-CPU entry per forwarded packet: its pair's (a VIP's counters are the sum of
         // its pairs', added up by user space).
@@ -511,7 +537,7 @@ fn balance(
             // UDP flow goes where that flow's datagrams went.
             let starts_flow = match track {
                 Track::NewConnection => true,
-                Track::Yes | Track::LookupOnly => flow.proto != PROTO_TCP,
+                Track::Yes | Track::Closing | Track::LookupOnly => flow.proto != PROTO_TCP,
             };
             let picked = pick_slot(
                 vip.vip_id,
@@ -571,7 +597,7 @@ fn balance(
     });
     if dry {
         // What a real packet would do, written nowhere.
-        let flood = remember && flood_on();
+        let flood = remember && !reopen && flood_on();
         explain::note(rec, |r| {
             if flood {
                 r.steps |= explain_step::FLOOD;
@@ -587,7 +613,9 @@ fn balance(
         };
         return (action, reason, ct);
     }
-    if remember && flooded(cfg) {
+    // A reopened 5-tuple replaces its closed entry (it adds none): written in flood mode too,
+    // or the rest of its handshake would follow the closed entry to its old backend.
+    if remember && flooded(cfg) && !reopen {
         remember = false;
         explain::steps(rec, explain_step::FLOOD);
         ct = if track == Track::NewConnection {
@@ -611,6 +639,12 @@ fn balance(
         let value = FlowValue {
             backend_id: id,
             epoch: backend.epoch,
+        };
+        // A FIN or RST of a flow this node never saw: remembered as closed.
+        let value = if track == Track::Closing {
+            value.closed()
+        } else {
+            value
         };
         flows::remember(cfg, &slot, flow, value);
         if handshake {

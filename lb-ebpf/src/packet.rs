@@ -241,22 +241,28 @@ fn ipv6_fixed(
     Ok((l3, payload))
 }
 
-/// Transport facts of a TCP or UDP header: ports, and for TCP whether it is a SYN without ACK
-/// (a connection attempt). The whole header must lie inside the datagram (`l3.end`), not just
-/// inside the frame: TCP's data offset (at least 5 words, options included), UDP's length (at
-/// least the 8-byte header, at most what the IP header says is left).
+/// TCP flags (the header's 14th byte).
+pub const TCP_FIN: u8 = 0x01;
+pub const TCP_SYN: u8 = 0x02;
+pub const TCP_RST: u8 = 0x04;
+pub const TCP_ACK: u8 = 0x10;
+
+/// Transport facts of a TCP or UDP header: ports, and for TCP its flags (0 for UDP). The whole
+/// header must lie inside the datagram (`l3.end`), not just inside the frame: TCP's data offset
+/// (at least 5 words, options included), UDP's length (at least the 8-byte header, at most what
+/// the IP header says is left).
 #[inline(always)]
-pub fn ports(ctx: &XdpContext, l3: &L3) -> Result<(u16, u16, bool), ParseError> {
+pub fn ports(ctx: &XdpContext, l3: &L3) -> Result<(u16, u16, u8), ParseError> {
     let off = l3.l4_off;
     // Word loads, as in `ipv4_fixed`; the first word of both headers holds the two ports.
-    let (ports, syn_only) = if l3.proto == PROTO_TCP {
+    let (ports, tcp_flags) = if l3.proto == PROTO_TCP {
         let t = unsafe { *ptr_at::<[u32; 5]>(ctx, off)? };
         let [doff, flags, _, _] = t[3].to_ne_bytes();
         let doff = (doff >> 4) as usize * 4;
         if doff < 20 || off + doff > l3.end {
             return Err(ParseError::Malformed);
         }
-        (t[0], flags & 0x12 == 0x02)
+        (t[0], flags)
     } else {
         let u = unsafe { *ptr_at::<[u32; 2]>(ctx, off)? };
         let [len_hi, len_lo, _, _] = u[1].to_ne_bytes();
@@ -264,13 +270,13 @@ pub fn ports(ctx: &XdpContext, l3: &L3) -> Result<(u16, u16, bool), ParseError> 
         if len < 8 || off + len > l3.end {
             return Err(ParseError::Malformed);
         }
-        (u[0], false)
+        (u[0], 0)
     };
     let [s0, s1, d0, d1] = ports.to_ne_bytes();
     Ok((
         u16::from_be_bytes([s0, s1]),
         u16::from_be_bytes([d0, d1]),
-        syn_only,
+        tcp_flags,
     ))
 }
 

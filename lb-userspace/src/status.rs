@@ -211,6 +211,9 @@ pub struct FlowRow {
     /// The entry's epoch is the pair's current one: packets of this flow go to `backend`. A
     /// stale entry is ignored by the data plane (the flow hashes again).
     pub current: bool,
+    /// The client closed the connection the entry was written for (a FIN or RST went
+    /// through): its last segments still follow it, a SYN on the 5-tuple is placed afresh.
+    pub client_closed: bool,
 }
 
 /// `GET /v1/flows`: matching entries, at most `limit`.
@@ -249,6 +252,9 @@ pub struct ExplainRow {
     pub entry: Option<String>,
     pub entry_backend: Option<IpAddr>,
     pub entry_current: bool,
+    /// That entry's connection was closed by the client (a FIN or RST went through): a SYN
+    /// opens a new connection on the 5-tuple and is placed afresh.
+    pub entry_closed: bool,
     /// The decision followed that entry.
     pub entry_used: bool,
     /// The Maglev slot the flow hashes to, and the backend the live table names there.
@@ -428,6 +434,7 @@ mod tests {
                     vip_name: None,
                     backend: None,
                     current: false,
+                    client_closed: false,
                 }],
                 scanned: 1,
                 truncated: false,

@@ -365,12 +365,24 @@ fn reload_refuses_bad_config_and_applies_good_one() {
         0,
         "{hold}"
     );
-    assert!(errors(&samples).is_empty(), "{:?}", errors(&samples));
+    assert!(
+        errors(&samples).is_empty(),
+        "{:?} (SIGHUP at {hup_at}, applied at {applied_at})\nstats: {}\n{}",
+        errors(&samples),
+        l.lbctl(&["stats"]).unwrap_or_default(),
+        l.lab.log("lbd")
+    );
     let after = ids_between(&samples, applied_at + 200, u128::MAX);
     assert_eq!(
         count(&after, "b3"),
         0,
-        "weight 0 still gets new connections: {after:?}"
+        "weight 0 still gets new connections: {after:?}; b3 at {:?} (SIGHUP at {hup_at}, applied at {applied_at})\n{}",
+        samples
+            .iter()
+            .filter(|s| s.result.as_deref() == Ok("b3"))
+            .map(|s| s.at_ms)
+            .collect::<Vec<_>>(),
+        l.lab.log("lbd")
     );
     assert!(count(&after, "b1") + count(&after, "b2") > 0, "{after:?}");
     let stats = l.lbctl(&["stats"]).unwrap();

@@ -491,8 +491,10 @@ fn a_spoofed_syn_does_not_move_an_established_connection_in_flood_mode_or_out_of
 #[test]
 fn a_reused_port_follows_its_new_syn_in_flood_mode_and_out_of_it() {
     // A client reusing a 5-tuple whose entry is still good (the old connection's backend is in
-    // the set) reaches that backend again, SYN and ACK alike, in flood mode or not: its stack
-    // accepts the reuse (from TIME_WAIT) or answers as RFC 5961 says, never a reset by a move.
+    // the set) and open (no FIN or RST of the client went through: this node cannot tell the
+    // SYN from a forged one) reaches that backend again, SYN and ACK alike, in flood mode or
+    // not: its stack accepts the reuse (from TIME_WAIT) or answers as RFC 5961 says, never a
+    // reset by a move.
     for flood in [false, true] {
         let mut t = no_flood_yet();
         let client = [10, 67, 4, 4];
@@ -523,4 +525,86 @@ fn a_reused_port_follows_its_new_syn_in_flood_mode_and_out_of_it() {
             assert_eq!(backend_of(&mut t, &frame(client, *sport, ACK)), 11);
         }
     }
+}
+
+#[test]
+fn a_port_reused_after_the_clients_fin_or_rst_is_a_new_connection_in_flood_mode_or_out_of_it() {
+    // The client closed its connection (its FIN or RST went through this node) and opens a new
+    // one on the same 5-tuple, as a client whose server closed first does at once: the new SYN
+    // is placed like any new connection, so a drained backend gets none, and its handshake
+    // follows it. The closed connection's last segments still reach its backend.
+    for flood in [false, true] {
+        for close in [FIN | ACK, RST, RST | ACK] {
+            let mut t = no_flood_yet();
+            t.dp.apply(&desired(false)).unwrap();
+            let client = [10, 67, 6, 6];
+            let on_11: Vec<u16> = (35000..35300u16)
+                .filter(|sport| {
+                    backend_of(&mut t, &frame(client, *sport, SYN)) == 11
+                        && backend_of(&mut t, &frame(client, *sport, ACK)) == 11
+                })
+                .collect();
+            assert!(on_11.len() > 20);
+            // Backend 11 drained: it keeps its connections and takes no new ones.
+            t.dp.apply(&desired(true)).unwrap();
+            if flood {
+                flood_mode_on(&mut t);
+            }
+            let stale_before = counter(&t, stat::CONNTRACK_STALE);
+            for sport in &on_11 {
+                assert_eq!(backend_of(&mut t, &frame(client, *sport, ACK)), 11);
+                assert_eq!(
+                    backend_of(&mut t, &frame(client, *sport, close)),
+                    11,
+                    "the client's close goes to its connection's backend"
+                );
+                assert_eq!(
+                    backend_of(&mut t, &frame(client, *sport, ACK)),
+                    11,
+                    "the closed connection's last ACK goes to its backend"
+                );
+                let b = backend_of(&mut t, &frame(client, *sport, SYN));
+                assert_ne!(
+                    b, 11,
+                    "flood {flood}, close {close:#x}: a new connection on reused port {sport} went to the drained backend"
+                );
+                assert_eq!(
+                    backend_of(&mut t, &frame(client, *sport, ACK)),
+                    b,
+                    "flood {flood}: the new connection's ACK left its SYN's backend"
+                );
+                // The new connection is open: a forged or retransmitted SYN keeps it there.
+                assert_eq!(backend_of(&mut t, &frame(client, *sport, SYN)), b);
+                assert_eq!(backend_of(&mut t, &frame(client, *sport, ACK)), b);
+            }
+            assert!(
+                counter(&t, stat::CONNTRACK_STALE) - stale_before >= on_11.len() as u64,
+                "each reopened 5-tuple counts as a stale entry"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_fin_for_a_flow_this_node_never_saw_is_remembered_closed() {
+    // At a new VIP owner the client's FIN is the first segment seen of a connection: it goes
+    // where the table says and is remembered closed, so the client's next SYN on that 5-tuple
+    // is placed as a new connection (not sent to a drained backend's old slot).
+    let mut t = no_flood_yet();
+    t.dp.apply(&desired(true)).unwrap();
+    let client = [10, 67, 7, 7];
+    let mut reopened = 0;
+    for sport in 36000..36300u16 {
+        let b = backend_of(&mut t, &frame(client, sport, FIN | ACK));
+        if b == 11 {
+            let n = backend_of(&mut t, &frame(client, sport, SYN));
+            assert_ne!(
+                n, 11,
+                "port {sport}: a new connection went to the drained backend"
+            );
+            assert_eq!(backend_of(&mut t, &frame(client, sport, ACK)), n);
+            reopened += 1;
+        }
+    }
+    assert!(reopened > 20, "{reopened}");
 }

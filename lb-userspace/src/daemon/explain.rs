@@ -64,6 +64,7 @@ impl Owner {
             },
             entry_backend: entry_id.and_then(addr_of),
             entry_current: has(step::ENTRY_GOOD),
+            entry_closed: has(step::ENTRY_CLOSED),
             entry_used: has(step::ENTRY_USED),
             slot: has(step::MAGLEV).then_some(r.slot),
             slot_backend: slot_id.and_then(addr_of),
@@ -118,7 +119,9 @@ fn steps(r: &ExplainRow, table_size: u32, entry: Option<u32>, slot_id: Option<u3
         s.push(format!(
             "connection-table entry in the {t}: {}, {}",
             name(r.entry_backend, entry),
-            if r.entry_current {
+            if r.entry_closed && r.packet == "syn" {
+                "its connection was closed by the client: this SYN opens a new one, placed afresh"
+            } else if r.entry_current {
                 "its pair still stands"
             } else {
                 "stale (its pair left or changed): ignored"

@@ -51,7 +51,7 @@ fn row(
     if !keep {
         return None;
     }
-    let slot = view.slots.get(&v.backend_id);
+    let slot = view.slots.get(&v.backend());
     Some(FlowRow {
         table: table.into(),
         client,
@@ -63,11 +63,12 @@ fn row(
             17 => "udp".into(),
             p => p.to_string(),
         },
-        backend_id: v.backend_id,
+        backend_id: v.backend(),
         epoch: v.epoch,
         vip_name: slot.map(|s| s.0.clone()),
         backend: slot.map(|s| s.1),
         current: slot.is_some_and(|s| s.2 == v.epoch),
+        client_closed: v.client_closed(),
     })
 }
 

@@ -108,7 +108,9 @@ impl<'a> Index<'a> {
 
     /// As [`Index::exception`], saying why an entry is not one.
     pub fn classify(&self, key: &FlowKey, value: &FlowValue) -> Result<IpAddr, Skip> {
-        let (s, p) = *self.by_id.get(&value.backend_id).ok_or(Skip::Stale)?;
+        // A closed entry is shared as an open one: its last segments are harmless anywhere, and
+        // a live connection whose entry a forged FIN marked keeps its protection.
+        let (s, p) = *self.by_id.get(&value.backend()).ok_or(Skip::Stale)?;
         let svc = &self.view.services[s];
         let pair = &svc.pairs[p];
         if !pair.in_set || pair.epoch != value.epoch {

@@ -368,7 +368,6 @@ pub async fn link_state(handle: &Handle, ifname: &str) -> Result<Option<bool>> {
     }
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -41,7 +41,9 @@ pub fn tcp(sport: u16, dport: u16, flags: u8) -> Vec<u8> {
     t
 }
 
+pub const FIN: u8 = 0x01;
 pub const SYN: u8 = 0x02;
+pub const RST: u8 = 0x04;
 pub const ACK: u8 = 0x10;
 
 pub fn udp(sport: u16, dport: u16, payload_len: usize) -> Vec<u8> {
