@@ -420,6 +420,23 @@ fn flows_off_their_slot(
     opened
 }
 
+/// Open a connection (SYN, ACK) from each of `ports`; the ports whose connection is on backend
+/// 11 (more than 20 of them).
+fn opened_on_11(t: &mut TestDataplane, client: [u8; 4], ports: std::ops::Range<u16>) -> Vec<u16> {
+    let on_11: Vec<u16> = ports
+        .filter(|sport| {
+            backend_of(t, &frame(client, *sport, SYN)) == 11
+                && backend_of(t, &frame(client, *sport, ACK)) == 11
+        })
+        .collect();
+    assert!(
+        on_11.len() > 20,
+        "connections on backend 11: {}",
+        on_11.len()
+    );
+    on_11
+}
+
 /// Flood mode from now on: lbd restarted with a limit of one miss per window, then a few
 /// spoofed SYNs.
 fn flood_mode_on(t: &mut TestDataplane) {
@@ -501,13 +518,7 @@ fn a_reused_port_follows_its_new_syn_in_flood_mode_and_out_of_it() {
         let reused = flows_off_their_slot(&mut t, client, 31000..31300);
         // Connections on backend 11, which is drained next: a reuse of a 5-tuple whose entry
         // names it goes to it (the drain refuses new 5-tuples, not a connection's own).
-        let on_11: Vec<u16> = (34000..34200u16)
-            .filter(|sport| {
-                backend_of(&mut t, &frame(client, *sport, SYN)) == 11
-                    && backend_of(&mut t, &frame(client, *sport, ACK)) == 11
-            })
-            .collect();
-        assert!(on_11.len() > 20);
+        let on_11 = opened_on_11(&mut t, client, 34000..34200);
         t.dp.apply(&desired(true)).unwrap();
         if flood {
             flood_mode_on(&mut t);
@@ -538,13 +549,7 @@ fn a_port_reused_after_the_clients_fin_or_rst_is_a_new_connection_in_flood_mode_
             let mut t = no_flood_yet();
             t.dp.apply(&desired(false)).unwrap();
             let client = [10, 67, 6, 6];
-            let on_11: Vec<u16> = (35000..35300u16)
-                .filter(|sport| {
-                    backend_of(&mut t, &frame(client, *sport, SYN)) == 11
-                        && backend_of(&mut t, &frame(client, *sport, ACK)) == 11
-                })
-                .collect();
-            assert!(on_11.len() > 20);
+            let on_11 = opened_on_11(&mut t, client, 35000..35300);
             // Backend 11 drained: it keeps its connections and takes no new ones.
             t.dp.apply(&desired(true)).unwrap();
             if flood {
