@@ -27,6 +27,12 @@
 //! owner as fast as 32 concurrent clients go; a false failover is a backup that became master
 //! meanwhile (lbd's `became_master` counter). `LB_FAILOVER_RT_PRIORITY` sets the fast nodes'
 //! `vrrp_rt_priority` (0: their VRRP threads at normal priority).
+//!
+//! Advert flood: two lbd nodes; the client, as a foreign router on the segment, floods the master
+//! with adverts of the instance's VRID (another VIP set, priority 255) at `FLOOD_PPS` for
+//! `FLOOD_SECS`. The master lbd's CPU (user + system, /proc) over the flood as a share of one
+//! core, against a target of `FLOOD_CPU_TARGET`; that the VIP stayed is asserted by
+//! `lab_vrrp_trust`. `LB_FAILOVER_ONLY=advert_flood` runs it alone.
 
 use std::{
     sync::{
@@ -232,6 +238,95 @@ fn stress(secs: u64) -> Stress {
     }
 }
 
+/// Adverts per second of the flood (a real router sends 10 at 1 s adverts, 50 at 20 ms).
+const FLOOD_PPS: u64 = 20_000;
+const FLOOD_SECS: f64 = 5.0;
+/// The master may use at most this share of one core while flooded at `FLOOD_PPS`.
+const FLOOD_CPU_TARGET: f64 = 0.5;
+
+/// What the advert flood cost the master.
+struct Flood {
+    sent: u64,
+    secs: f64,
+    /// The master lbd's CPU over the flood, and over 3 s before it, as shares of one core.
+    busy: f64,
+    idle: f64,
+    /// Adverts the master counted as dropped (`other_vips`).
+    counted: u64,
+    vip_stayed: bool,
+}
+
+fn advert_flood() -> Flood {
+    let labnode = crate::bin_dir().join("labnode");
+    let opts = [150, 100]
+        .into_iter()
+        .map(|priority| NodeOpts {
+            priority,
+            ..NodeOpts::default()
+        })
+        .collect();
+    let mut l = VrrpLab::new(&labnode.display().to_string(), opts);
+    let master = l
+        .wait_one_master(&[0, 1], Duration::from_secs(30))
+        .unwrap_or_else(|| panic!("advert flood: no single master\n{}", l.logs()));
+    let cpu = |l: &VrrpLab| {
+        l.cpu_seconds(master)
+            .unwrap_or_else(|| panic!("advert flood: no CPU time of the master"))
+    };
+    let c0 = cpu(&l);
+    std::thread::sleep(Duration::from_secs(3));
+    let idle = (cpu(&l) - c0) / 3.0;
+    let src = l.lab.node("client").v4.clone();
+    let (vrid, pps, secs) = (
+        crate::vrrp_lab::VRID.to_string(),
+        FLOOD_PPS.to_string(),
+        FLOOD_SECS.to_string(),
+    );
+    let c0 = cpu(&l);
+    let t = Instant::now();
+    l.lab.spawn(
+        "client",
+        "flood",
+        &labnode,
+        &[
+            "vrrp-send",
+            "eth0",
+            src.as_str(),
+            "224.0.0.18",
+            &vrid,
+            "255",
+            "10.78.0.200",
+            &pps,
+            &secs,
+        ],
+    );
+    let done = l.lab.wait("flood", Duration::from_secs(60));
+    let wall = t.elapsed().as_secs_f64();
+    let busy = (cpu(&l) - c0) / wall;
+    assert!(
+        done.is_some_and(|s| s.success()),
+        "advert flood: {}",
+        l.lab.log("flood")
+    );
+    let log = l.lab.log("flood");
+    let line = log.lines().rev().find(|x| x.starts_with('{')).unwrap_or("");
+    let sent = serde_json::from_str::<serde_json::Value>(line).unwrap_or_default()["sent"]
+        .as_u64()
+        .unwrap_or(0);
+    let counted = l
+        .status(master)
+        .and_then(|v| v["counters"]["drops"]["other_vips"].as_u64())
+        .unwrap_or(0);
+    Flood {
+        sent,
+        secs: wall,
+        busy,
+        idle,
+        counted,
+        vip_stayed: l.holders(&[0, 1]) == vec![master],
+    }
+}
+
 fn setups() -> Vec<Setup> {
     let ka = NodeOpts {
         haproxy: true,
@@ -359,6 +454,31 @@ pub fn run() {
             }
         );
     }
+    let flood = only
+        .as_deref()
+        .is_none_or(|o| o.split(',').any(|k| k == "advert_flood"))
+        .then(advert_flood);
+    if let Some(f) = &flood {
+        println!(
+            "advert flood: {} foreign adverts in {:.1} s ({:.0}/s): master lbd {:.1}% of a core (idle {:.1}%), {} counted, VIP stayed: {}",
+            f.sent,
+            f.secs,
+            f.sent as f64 / f.secs,
+            f.busy * 100.0,
+            f.idle * 100.0,
+            f.counted,
+            f.vip_stayed
+        );
+        println!(
+            "target master below {:.0}% of a core under {FLOOD_PPS} adverts/s: {}",
+            FLOOD_CPU_TARGET * 100.0,
+            if f.busy < FLOOD_CPU_TARGET && f.vip_stayed {
+                "met"
+            } else {
+                "NOT met"
+            }
+        );
+    }
     println!("total {:.0} s", t.elapsed().as_secs_f64());
     let first_of = |key: &str| {
         results
@@ -381,6 +501,16 @@ pub fn run() {
             "lbd_fast_restored_median_ms": median_of("lbd_fast", |x| x.1),
             "false_failovers_under_stress": stressed.as_ref().map(|s| s.false_failovers),
             "vrrp_rt_priority": std::env::var("LB_FAILOVER_RT_PRIORITY").ok(),
+            "advert_flood": flood.as_ref().map(|f| json!({
+                "target_pps": FLOOD_PPS,
+                "sent": f.sent,
+                "seconds": f.secs,
+                "master_cpu_share": f.busy,
+                "idle_cpu_share": f.idle,
+                "counted": f.counted,
+                "vip_stayed": f.vip_stayed,
+                "cpu_share_target": FLOOD_CPU_TARGET,
+            })),
             "stress": stressed.as_ref().map(|s| json!({
                 "seconds": s.secs,
                 "owner_transitions": s.owner_transitions,
