@@ -10,10 +10,9 @@
 //! decides. So the fast path can only ever make a decision the full path would have made:
 //! `xdp_property.rs` holds both to the forwarding rule on mutated frames. A segment that changes
 //! its entry (the client's FIN or RST on an open entry, a SYN on a closed one) is the full
-//! path's too. When it got as far as
-//! the flow's cache slot, it hands the slot and what it held to the full path (`flows::Hint`):
-//! a new flow, a local or wrapped backend and a VIP not owned then pay the hash and the slot's
-//! read once.
+//! path's too. When it got as far as the flow's cache slot, it hands the slot and what it held
+//! to the full path (`flows::Hint`): a new flow, a local or wrapped backend and a VIP not owned
+//! then pay the hash and the slot's read once.
 //!
 //! Also decided here: an IPv4 frame of at least 54 bytes, or an IPv6 one of at least 74, whose
 //! destination fails the VIP address filter (the node's own traffic), passed as the full path
@@ -30,7 +29,7 @@ use crate::{
     maps::LB_BACKEND_STATS,
     maps::NONE,
     maps::count_traffic,
-    packet::{TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN, ptr_at},
+    packet::{closes_connection, opens_connection, ptr_at},
     shared::{count_forwarded_hit, from_peer, key_of, maybe_vip, ports_word, send_to, vip_owned},
 };
 
@@ -83,9 +82,9 @@ pub fn established(ctx: &XdpContext, cfg: &LbConfig, hint: &mut Option<Hint>) ->
 #[inline(always)]
 fn changes_entry(v: &FlowValue, tcp_flags: u8) -> bool {
     if v.client_closed() {
-        tcp_flags & (TCP_SYN | TCP_ACK) == TCP_SYN
+        opens_connection(tcp_flags)
     } else {
-        tcp_flags & (TCP_FIN | TCP_RST) != 0
+        closes_connection(tcp_flags)
     }
 }
 

@@ -152,9 +152,9 @@ fn try_lb(ctx: &XdpContext, rec: explain::Rec) -> Result<Outcome, ParseError> {
     if has_ports(l3.proto) {
         let (sport, dport, tcp_flags) = packet::ports(ctx, &l3)?;
         let flow = flow_key(&l3, sport, dport);
-        let track = if tcp_flags & (packet::TCP_SYN | packet::TCP_ACK) == packet::TCP_SYN {
+        let track = if packet::opens_connection(tcp_flags) {
             Track::NewConnection
-        } else if tcp_flags & (packet::TCP_FIN | packet::TCP_RST) != 0 {
+        } else if packet::closes_connection(tcp_flags) {
             Track::Closing
         } else {
             Track::Yes

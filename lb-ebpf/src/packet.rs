@@ -247,6 +247,18 @@ pub const TCP_SYN: u8 = 0x02;
 pub const TCP_RST: u8 = 0x04;
 pub const TCP_ACK: u8 = 0x10;
 
+/// A SYN without ACK: a connection's first segment (a new one, or a retransmission).
+#[inline(always)]
+pub fn opens_connection(tcp_flags: u8) -> bool {
+    tcp_flags & (TCP_SYN | TCP_ACK) == TCP_SYN
+}
+
+/// A FIN or RST: the client closes its connection.
+#[inline(always)]
+pub fn closes_connection(tcp_flags: u8) -> bool {
+    tcp_flags & (TCP_FIN | TCP_RST) != 0
+}
+
 /// Transport facts of a TCP or UDP header: ports, and for TCP its flags (0 for UDP). The whole
 /// header must lie inside the datagram (`l3.end`), not just inside the frame: TCP's data offset
 /// (at least 5 words, options included), UDP's length (at least the 8-byte header, at most what

@@ -48,21 +48,7 @@ fn counter(s: &Value, path: &[&str]) -> u64 {
 
 /// Run `labnode vrrp-send` in the client (the foreign router) and wait for it.
 fn send_from_client(l: &mut VrrpLab, tag: &str, args: &[&str]) -> u64 {
-    let src = l.lab.node("client").v4.clone();
-    let mut all = vec!["vrrp-send", "eth0", src.as_str()];
-    all.extend_from_slice(args);
-    l.lab.spawn("client", tag, LABNODE, &all);
-    let status = l.lab.wait(tag, Duration::from_secs(60));
-    assert!(
-        status.is_some_and(|s| s.success()),
-        "{tag}: {}",
-        l.lab.log(tag)
-    );
-    let log = l.lab.log(tag);
-    let line = log.lines().rev().find(|x| x.starts_with('{')).unwrap_or("");
-    serde_json::from_str::<Value>(line).unwrap_or_default()["sent"]
-        .as_u64()
-        .unwrap_or(0)
+    l.vrrp_send_from_client(LABNODE, tag, args)
 }
 
 /// Lines of node `i`'s log containing `needle`.

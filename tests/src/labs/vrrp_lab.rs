@@ -489,6 +489,26 @@ impl VrrpLab {
         }
     }
 
+    /// Run `labnode vrrp-send` (at `labnode`) in the client, the foreign router, with `args`
+    /// after its interface and source address; wait for it and return how many adverts it sent.
+    pub fn vrrp_send_from_client(&mut self, labnode: &str, tag: &str, args: &[&str]) -> u64 {
+        let src = self.lab.node("client").v4.clone();
+        let mut all = vec!["vrrp-send", "eth0", src.as_str()];
+        all.extend_from_slice(args);
+        self.lab.spawn("client", tag, labnode, &all);
+        let status = self.lab.wait(tag, Duration::from_secs(60));
+        assert!(
+            status.is_some_and(|s| s.success()),
+            "{tag}: {}",
+            self.lab.log(tag)
+        );
+        let log = self.lab.log(tag);
+        let line = log.lines().rev().find(|x| x.starts_with('{')).unwrap_or("");
+        serde_json::from_str::<Value>(line).unwrap_or_default()["sent"]
+            .as_u64()
+            .unwrap_or(0)
+    }
+
     /// CPU time (user + system, seconds) node `i`'s speaker has used so far.
     pub fn cpu_seconds(&self, i: usize) -> Option<f64> {
         let pid = self.lab.pid(&self.tag(i))?;
