@@ -218,6 +218,55 @@ pub fn bench_slot_floor(ctx: XdpContext) -> u32 {
     }
 }
 
+/// `bench_dsr_floor`'s backends: entry i holds in bytes 0..4 the VIP (as on the wire; entry 0's
+/// is the one matched), 4..10 backend i's MAC, 10..16 the forwarding interface's own MAC.
+#[map]
+static BENCH_DSR: Array<[u8; 16]> = Array::with_max_entries(4, 0);
+
+/// How many of `BENCH_DSR`'s entries are backends (1-4; 0 forwards nothing).
+#[map]
+static BENCH_DSR_N: Array<u32> = Array::with_max_entries(1, 0);
+
+/// Offset of the IPv4 destination address in an untagged Ethernet frame.
+const IPV4_DST: usize = 14 + 16;
+/// Offset of the TCP source port after an IPv4 header without options.
+const TCP_SRC: usize = 14 + 20;
+
+/// The floor of any L2 direct-server-return forwarder (`bench e2e`'s `floor` cases): a TCP
+/// segment for the VIP of `BENCH_DSR` gets backend i's and the interface's MACs, i = the
+/// client's port modulo `BENCH_DSR_N`, and goes back out (XDP_TX): no parsing beyond the
+/// EtherType, the IPv4 header's first bytes and the port, no table, no state. Everything else
+/// passes to the stack.
+#[xdp]
+pub fn bench_dsr_floor(ctx: XdpContext) -> u32 {
+    let n = match BENCH_DSR_N.get(0) {
+        Some(&n) if (1..=4).contains(&n) => n,
+        _ => return XDP_PASS,
+    };
+    let Ok(frame) = ptr_at::<[u8; TCP_SRC + 2]>(&ctx, 0) else {
+        return XDP_PASS;
+    };
+    // SAFETY: bounds checked by `ptr_at`.
+    let frame = unsafe { &mut *frame };
+    let Some(first) = BENCH_DSR.get(0) else {
+        return XDP_PASS;
+    };
+    // IPv4 without options, TCP, to the VIP.
+    if frame[12..14] != [0x08, 0x00]
+        || frame[14] != 0x45
+        || frame[14 + 9] != 6
+        || frame[IPV4_DST..IPV4_DST + 4] != first[..4]
+    {
+        return XDP_PASS;
+    }
+    let port = u16::from_be_bytes([frame[TCP_SRC], frame[TCP_SRC + 1]]) as u32;
+    let Some(rule) = BENCH_DSR.get(port % n) else {
+        return XDP_PASS;
+    };
+    frame[..12].copy_from_slice(&rule[4..]);
+    XDP_TX
+}
+
 #[cfg(not(test))]
 #[panic_handler]
 fn panic(_info: &core::panic::PanicInfo) -> ! {

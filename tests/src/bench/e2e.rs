@@ -13,7 +13,15 @@
 //!   `dsr_backend = false` (they are not backends), `xdp_mode = "skb"`, HTTPS `/readyz` checks;
 //! - `b1..b3`: the backends, separate nodes: `standin http` on 80 (answers its id), `standin
 //!   https` on 6443 (`/readyz` for both checkers), `labnode serve-id` on 8080 (echo, for
-//!   long-lived connections). They hold [`VIP_LBD`] on lo with arp_ignore (DSR).
+//!   long-lived connections). They hold [`VIP_LBD`] and [`VIP_FLOOR`] on lo with arp_ignore
+//!   (DSR);
+//! - `f1`: the floor of any L2 DSR load balancer in this lab: it holds [`VIP_FLOOR`] and runs
+//!   `bench_dsr_floor` (lb-ebpf's `bench_progs.rs`: two MACs rewritten, XDP_TX, no table, no
+//!   state) on its eth0, in the lbd nodes' XDP mode. The `floor` case sends every connection to
+//!   `b1`: the direct case plus exactly the hop a DSR forwarder adds (the owner's receive path
+//!   and the second pass through the bridge), with a program that costs nothing; `floor_3`
+//!   spreads connections over the three backends by the client's port, as a load balancer
+//!   does: what the lab allows a load balancer at best.
 //!
 //! CPU on the owner: haproxy's is its process's utime+stime; lbd's packet work is the XDP
 //! program, whose run time the kernel counts with `kernel.bpf_stats_enabled` (turned on for the
@@ -31,7 +39,9 @@ use serde_json::{Value, json};
 use super::{
     e2e_owner,
     e2e_report::{print_table, write_report},
-    median, write_json,
+    median,
+    throughput::BenchProgs,
+    write_json,
 };
 use crate::{
     bin_dir,
@@ -41,12 +51,14 @@ use crate::{
 
 pub const VIP_HAPROXY: &str = "10.81.0.100";
 pub const VIP_LBD: &str = "10.81.0.101";
+pub const VIP_FLOOR: &str = "10.81.0.102";
 pub const HTTP_PORT: u16 = 80;
 pub const HEALTH_PORT: u16 = 6443;
 pub const ECHO_PORT: u16 = 8080;
 const PROXIES: [&str; 3] = ["p1", "p2", "p3"];
 const LBDS: [&str; 3] = ["l1", "l2", "l3"];
 const BACKENDS: [&str; 3] = ["b1", "b2", "b3"];
+const FLOOR: &str = "f1";
 const PRIORITIES: [u8; 3] = [150, 100, 50];
 const KEEPALIVED_VRID: u8 = 51;
 const LBD_VRID: u8 = 52;
@@ -62,6 +74,7 @@ fn addr_of(node: &str) -> String {
         "p" => 20,
         "l" => 30,
         "b" => 10,
+        "f" => 40,
         _ => panic!("node {node}"),
     };
     let i: u32 = node[1..].parse().unwrap();
@@ -72,6 +85,8 @@ pub(super) struct E2eLab {
     pub(super) lab: Lab,
     /// Native mode: the data plane whose `lb_pass` program sits on the bridge-side peers.
     _pass: Option<crate::TestDataplane>,
+    /// `bench_dsr_floor` attached on the floor node (detached when dropped).
+    floor: BenchProgs,
 }
 
 /// `LB_E2E_XDP_MODE`: "skb" (default, as the other labs) or "native" (driver mode on the lbd
@@ -99,11 +114,44 @@ fn attach_pass(netns: &str, ifaces: &[&str]) -> crate::TestDataplane {
     .unwrap()
 }
 
+fn mac_of(lab: &Lab, node: &str) -> [u8; 6] {
+    let v: Vec<u8> = lab
+        .node(node)
+        .mac
+        .split(':')
+        .map(|h| u8::from_str_radix(h, 16).unwrap())
+        .collect();
+    v.try_into().unwrap()
+}
+
+/// The floor node's forwarder: `bench_dsr_floor` on `f1`'s eth0, in the lbd nodes' XDP mode
+/// (its backends set by [`E2eLab::floor_backends`]).
+fn attach_floor(lab: &Lab) -> BenchProgs {
+    let netns = lab.node(FLOOR).netns.clone();
+    std::thread::spawn(move || {
+        let f = std::fs::File::open(format!("/run/netns/{netns}")).unwrap();
+        let rc = unsafe { libc::setns(std::os::fd::AsRawFd::as_raw_fd(&f), libc::CLONE_NEWNET) };
+        assert_eq!(rc, 0, "setns {netns}");
+        let mut p = BenchProgs::load_programs(&["bench_dsr_floor"]);
+        let mode = if native() {
+            aya::programs::XdpMode::Driver
+        } else {
+            aya::programs::XdpMode::Skb
+        };
+        p.prog("bench_dsr_floor")
+            .attach("eth0", mode)
+            .expect("attach bench_dsr_floor to the floor node's eth0");
+        p
+    })
+    .join()
+    .unwrap()
+}
+
 impl E2eLab {
     fn new() -> E2eLab {
         let mut lab = Lab::new("e2");
         lab.add_node("client", "10.81.0.1", "fd81::1");
-        for n in PROXIES.iter().chain(&LBDS).chain(&BACKENDS) {
+        for n in PROXIES.iter().chain(&LBDS).chain(&BACKENDS).chain(&[FLOOR]) {
             let a = addr_of(n);
             let last = a.rsplit('.').next().unwrap().to_string();
             lab.add_node(n, &a, &format!("fd81::{last}"));
@@ -133,7 +181,7 @@ impl E2eLab {
         let standin = bin_dir().join("standin");
         let labnode = bin_dir().join("labnode");
         for n in BACKENDS {
-            lab.make_dsr_backend(n, &[VIP_LBD]);
+            lab.make_dsr_backend(n, &[VIP_LBD, VIP_FLOOR]);
             let http = format!("0.0.0.0:{HTTP_PORT}");
             lab.spawn(
                 n,
@@ -155,8 +203,18 @@ impl E2eLab {
                 &["serve-id", &ECHO_PORT.to_string(), n],
             );
         }
-        let pass = native().then(|| attach_pass(&format!("{}-sw", lab.prefix), &LBDS));
-        let mut l = E2eLab { lab, _pass: pass };
+        lab.add_address(FLOOR, VIP_FLOOR);
+        let pass = native().then(|| {
+            let peers: Vec<&str> = LBDS.iter().copied().chain([FLOOR]).collect();
+            attach_pass(&format!("{}-sw", lab.prefix), &peers)
+        });
+        let floor = attach_floor(&lab);
+        let mut l = E2eLab {
+            lab,
+            _pass: pass,
+            floor,
+        };
+        l.floor_backends(1);
         for (i, n) in PROXIES.iter().enumerate() {
             let hp = l.lab.dir.join(format!("haproxy-{n}.cfg"));
             std::fs::write(&hp, haproxy_config()).unwrap();
@@ -180,6 +238,14 @@ impl E2eLab {
             );
         }
         l
+    }
+
+    /// The floor forwards [`VIP_FLOOR`] to the first `n` backends.
+    fn floor_backends(&mut self, n: usize) {
+        let macs: Vec<[u8; 6]> = BACKENDS[..n].iter().map(|b| mac_of(&self.lab, b)).collect();
+        let own = mac_of(&self.lab, FLOOR);
+        self.floor
+            .set_dsr_rule(VIP_FLOOR.parse().unwrap(), &macs, own);
     }
 
     fn pin_name(&self, node: &str) -> String {
@@ -641,7 +707,11 @@ pub fn run() {
         panic!("lbd backends never all active:\n{}", l.lab.log("lbd-l1"));
     }
     // haproxy marks servers up at start (no check needed); make sure both paths answer.
-    for (vip, what) in [(VIP_HAPROXY, "haproxy"), (VIP_LBD, "lbd")] {
+    for (vip, what) in [
+        (VIP_HAPROXY, "haproxy"),
+        (VIP_LBD, "lbd"),
+        (VIP_FLOOR, "floor"),
+    ] {
         let ok = wait_for(Duration::from_secs(15), || {
             let (ok, n) = l.probe(vip, 12);
             (ok == n).then_some(())
@@ -675,18 +745,24 @@ pub fn run() {
     let direct = format!("{}:{HTTP_PORT}", addr_of("b1"));
     let via_haproxy = format!("{VIP_HAPROXY}:{HTTP_PORT}");
     let via_lbd = format!("{VIP_LBD}:{HTTP_PORT}");
+    let via_floor = format!("{VIP_FLOOR}:{HTTP_PORT}");
     let rounds = rounds();
     let mut cases = Vec::new();
     for (conns, short) in [("short", true), ("long", false)] {
-        let names = ["direct", "haproxy", "lbd"];
+        let names = ["direct", "floor", "floor_3", "haproxy", "lbd"];
         let mut runs: Vec<Vec<Run>> = vec![Vec::new(); names.len()];
         // Rounds interleave the cases, so drift in the machine's other load hits all alike.
         for round in 0..rounds {
             for (i, (name, target)) in names
                 .iter()
-                .zip([&direct, &via_haproxy, &via_lbd])
+                .zip([&direct, &via_floor, &via_floor, &via_haproxy, &via_lbd])
                 .enumerate()
             {
+                match *name {
+                    "floor" => l.floor_backends(1),
+                    "floor_3" => l.floor_backends(BACKENDS.len()),
+                    _ => {}
+                }
                 let hp0 = proc_cpu(haproxy_pid);
                 let x0 = xdp_run_time(&lbd_pids);
                 let (wrk, (busy, sys, soft)) = run_wrk(&l, target, short);

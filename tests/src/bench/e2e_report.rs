@@ -73,6 +73,22 @@ fn verdicts(cases: &[Case], lbd_pct: f64) -> Vec<String> {
             met(b.wrk.p99_ms <= h.wrk.p99_ms)
         ));
     }
+    for conns in ["short", "long"] {
+        let (d, f, f3, b) = (
+            find(cases, "direct", conns),
+            find(cases, "floor", conns),
+            find(cases, "floor_3", conns),
+            find(cases, "lbd", conns),
+        );
+        let x = |a: &Case, b: &Case| a.wrk.rps / b.wrk.rps.max(1e-9);
+        v.push(format!(
+            "{conns} connections: the floor (a zero-cost L2 DSR forwarder) = {:.2}x direct with \
+             one backend, {:.2}x with three; lbd = {:.2}x the three-backend floor",
+            x(f, d),
+            x(f3, d),
+            x(b, f3)
+        ));
+    }
     v.push(format!(
         "survival: lbd {lbd_pct:.1} % (target >= 99 %: {})",
         if lbd_pct >= 99.0 { "met" } else { "NOT met" }

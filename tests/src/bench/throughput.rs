@@ -173,6 +173,29 @@ impl BenchProgs {
         m.set(0, v, 0).unwrap();
     }
 
+    /// `bench_dsr_floor`'s rule: TCP for `vip` goes to one of `backends` (by the client's
+    /// port), sent from `own_mac`.
+    pub(super) fn set_dsr_rule(
+        &mut self,
+        vip: std::net::Ipv4Addr,
+        backends: &[[u8; 6]],
+        own_mac: [u8; 6],
+    ) {
+        assert!((1..=4).contains(&backends.len()), "1-4 backends");
+        let mut m: aya::maps::Array<_, [u8; 16]> =
+            aya::maps::Array::try_from(self.ebpf.map_mut("BENCH_DSR").unwrap()).unwrap();
+        for (i, mac) in backends.iter().enumerate() {
+            let mut rule = [0u8; 16];
+            rule[..4].copy_from_slice(&vip.octets());
+            rule[4..10].copy_from_slice(mac);
+            rule[10..].copy_from_slice(&own_mac);
+            m.set(i as u32, rule, 0).unwrap();
+        }
+        let mut n: aya::maps::Array<_, u32> =
+            aya::maps::Array::try_from(self.ebpf.map_mut("BENCH_DSR_N").unwrap()).unwrap();
+        n.set(0, backends.len() as u32, 0).unwrap();
+    }
+
     fn sunk(&self) -> u64 {
         let m: PerCpuArray<_, u64> =
             PerCpuArray::try_from(self.ebpf.map("BENCH_SINK").unwrap()).unwrap();
