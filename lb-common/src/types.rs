@@ -174,7 +174,9 @@ pub struct FlowCacheEntry {
     pub key: FlowKey,
     pub value: FlowValue,
     pub check: u64,
-    /// One slot per 64-byte cache line.
+    /// The slot's use mark (lb-ebpf's `flows`: set when its entry forwards a packet or is
+    /// written, cleared when a flow found only in the LRU hash asks for the slot). Not part of
+    /// the entry: readers ignore it. Makes the slot 64 bytes, one cache line.
     pub _pad: u64,
 }
 const _: () = assert!(size_of::<FlowCacheEntry>() == 64);

@@ -70,7 +70,7 @@ pub fn established(ctx: &XdpContext, cfg: &LbConfig, hint: &mut Option<Hint>) ->
     let cached = flows::cached_only(&slot, &flow);
     let decided = cached
         .filter(|v| !changes_entry(v, tcp_flags))
-        .and_then(|v| decide(p, frame, &v));
+        .and_then(|v| decide(p, frame, &v, &slot));
     if decided.is_none() {
         *hint = Some(Hint::new(&slot, cached));
     }
@@ -91,12 +91,13 @@ fn changes_entry(v: &FlowValue, tcp_flags: u8) -> bool {
 /// Forward a cached flow's segment if its entry is good, its VIP owned and its backend reached
 /// by rewriting the MACs.
 #[inline(always)]
-fn decide(p: *const u8, frame: usize, v: &FlowValue) -> Option<Outcome> {
+fn decide(p: *const u8, frame: usize, v: &FlowValue, slot: &flows::Slot) -> Option<Outcome> {
     let (id, b) = flows::entry_backend(v)?;
     if !vip_owned(b.vip_id) || b.flags & (BACKEND_F_LOCAL | BACKEND_F_ENCAP) != 0 {
         return None;
     }
     count_traffic(&LB_BACKEND_STATS, id, frame as u64, false);
+    flows::touch(slot);
     // The Ethernet header is inside the checked bytes.
     let action = send_to(p as *mut u32, b);
     count_forwarded_hit(action);

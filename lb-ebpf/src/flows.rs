@@ -15,11 +15,21 @@
 //!   cache (cache hits do not touch the LRU's recency).
 //! - **Nothing is lost when a slot changes hands.** A flow that takes an occupied slot first
 //!   writes the occupant back into the LRU hash if the occupant is still good, so a flow served
-//!   from the cache never falls back to a hash that has forgotten it. A flow found only in the
-//!   LRU hash takes its slot only if the slot is empty or its occupant is no longer good, so two
-//!   active flows on one slot do not evict each other on every packet. The write-back only ever
+//!   from the cache never falls back to a hash that has forgotten it. The write-back only ever
 //!   adds a missing entry (`BPF_NOEXIST`): an entry another CPU wrote meanwhile is newer than
 //!   the slot's copy and is never replaced by it.
+//! - **The slot goes to the flow that uses it (a second chance, as a CLOCK cache gives).** A
+//!   new decision always takes its slot. A flow found only in the LRU hash takes its slot if
+//!   the slot is empty, its occupant is no longer good, or its occupant has not forwarded a
+//!   packet since a flow found only in the LRU hash last asked for the slot: each slot has a
+//!   use mark (`FlowCacheEntry::_pad`), set when its entry forwards a packet and when it is
+//!   written, and cleared by an ask. One in `ASK_ONE_IN` of such packets asks (a random draw):
+//!   the mark is written only then and at the occupant's next packet, not twice per packet
+//!   when two active flows share a slot (with many flows every slot write is a dirty cache
+//!   line). So a flow that lost its slot to one that then went idle gets it back within a few
+//!   packets (`ASK_ONE_IN` on average, plus one), instead of paying the LRU hash for as long as
+//!   the idle flow's pair stands, and two active flows on one slot do not evict each other on
+//!   every packet (the occupant keeps the slot while it forwards a packet between asks).
 //! - **Slots are read without a lock.** Another CPU may be rewriting a slot while it is read:
 //!   the check word binds the value to the key's 64-bit hash, so words of two different entries
 //!   fail it and the packet falls back to the LRU hash. Values and checks are read once.
@@ -29,7 +39,7 @@ use lb_common::{
     moved_to,
 };
 
-use aya_ebpf::bindings::BPF_NOEXIST;
+use aya_ebpf::{bindings::BPF_NOEXIST, helpers::bpf_get_prandom_u32};
 
 use crate::maps::{LB_BACKENDS, LB_CONNTRACK, LB_FLOW_CACHE_V2};
 
@@ -182,12 +192,37 @@ pub fn entry_backend(v: &FlowValue) -> Option<(u32, &'static BackendInfo)> {
     }
 }
 
-/// A good entry found only in the LRU hash takes its slot if the slot is free: empty, holding
-/// this flow unusably (torn), or holding another flow whose pair no longer stands.
+/// The slot's use mark (see the module's rules): its entry forwarded a packet, or was written,
+/// since a flow found only in the LRU hash last asked for the slot.
+const USED: u64 = 1;
+
+/// One in this many packets of a flow found only in the LRU hash, whose slot's occupant is in
+/// use, asks for the slot (a power of two).
+const ASK_ONE_IN: u32 = 8;
+
+/// The slot's entry forwarded a packet: set its use mark (a store only when it was clear, so
+/// a flow forwarding from its slot does not write the slot's line on every packet).
 #[inline(always)]
-pub fn promote(slot: &Slot, flow: &FlowKey, value: FlowValue) {
-    if !slot.entry.is_null() {
-        take_free(slot.entry, slot.hash, flow, pack(value));
+pub fn touch(slot: &Slot) {
+    if slot.entry.is_null() {
+        return;
+    }
+    // SAFETY: a map value of the array; the word is a plain integer.
+    unsafe {
+        let mark = core::ptr::addr_of_mut!((*slot.entry)._pad);
+        if mark.read_volatile() != USED {
+            mark.write_volatile(USED);
+        }
+    }
+}
+
+/// A good entry found only in the LRU hash takes its slot if the slot is free: empty, holding
+/// this flow unusably (torn), holding another flow whose pair no longer stands, or holding
+/// one that has not used the slot since the last ask (whose entry is written back first).
+#[inline(always)]
+pub fn promote(cfg: &LbConfig, slot: &Slot, flow: &FlowKey, value: FlowValue) {
+    if !slot.entry.is_null() && claim(slot.entry, flow) {
+        take(slot.entry, slot.hash, flow, pack(value), cfg);
     }
 }
 
@@ -254,11 +289,13 @@ fn take(e: *mut FlowCacheEntry, hash: u64, flow: &FlowKey, value: u64, cfg: &LbC
     put(e, flow, unpack(value), hash);
 }
 
-/// Put `flow` in slot `e` unless another flow whose pair still stands is there. No check word
-/// is needed for this (a torn occupant only means the flow is not promoted now), so a hit in
-/// the LRU hash whose slot is taken costs no hashing.
+/// May a flow found only in the LRU hash take slot `e`? Yes if no other flow whose pair still
+/// stands is there, or if the one there has not used the slot since the last ask; an occupant
+/// that has keeps the slot, and is asked (its use mark cleared) one time in `ASK_ONE_IN`. No check word is needed for
+/// this (a torn occupant only means the flow is not promoted now), so a hit in the LRU hash
+/// whose slot is in use costs no hashing.
 #[inline(never)]
-fn take_free(e: *mut FlowCacheEntry, hash: u64, flow: &FlowKey, value: u64) {
+fn claim(e: *mut FlowCacheEntry, flow: &FlowKey) -> bool {
     // SAFETY: a map value of the array.
     let (family, v) = unsafe {
         (
@@ -266,10 +303,20 @@ fn take_free(e: *mut FlowCacheEntry, hash: u64, flow: &FlowKey, value: u64) {
             core::ptr::addr_of!((*e).value).read_volatile(),
         )
     };
-    if family != 0 && cached_key(e) != *flow && entry_backend(&v).is_some() {
-        return;
+    if family == 0 || cached_key(e) == *flow || entry_backend(&v).is_none() {
+        return true;
     }
-    put(e, flow, unpack(value), hash);
+    // SAFETY: as above; the helper has no preconditions.
+    unsafe {
+        let mark = core::ptr::addr_of_mut!((*e)._pad);
+        if mark.read_volatile() == USED {
+            if bpf_get_prandom_u32() & (ASK_ONE_IN - 1) == 0 {
+                mark.write_volatile(0);
+            }
+            return false;
+        }
+    }
+    true
 }
 
 /// The slot's key, copied word by word to the stack.
@@ -302,13 +349,14 @@ fn occupant(seed: u64, e: *mut FlowCacheEntry) -> Option<(FlowKey, FlowValue)> {
 #[inline(always)]
 fn put(e: *mut FlowCacheEntry, flow: &FlowKey, value: FlowValue, hash: u64) {
     // SAFETY: a map value of the array. Word stores: the key, the value, then the check (see
-    // `cached` for why the order matters).
+    // `cached` for why the order matters). A new occupant starts with its use mark set.
     unsafe {
         let from = flow as *const FlowKey as *const u64;
         let to = &mut (*e).key as *mut FlowKey as *mut u64;
         for i in 0..5 {
             to.add(i).write_volatile(from.add(i).read());
         }
+        core::ptr::addr_of_mut!((*e)._pad).write_volatile(USED);
         core::ptr::addr_of_mut!((*e).value).write_volatile(value);
         core::ptr::addr_of_mut!((*e).check).write_volatile(flow_cache_check(hash, value));
     }

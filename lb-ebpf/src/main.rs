@@ -471,8 +471,10 @@ fn balance(
             } else {
                 v
             };
-            if at == flows::Found::Table {
-                flows::promote(&slot, flow, v);
+            match (at, cfg) {
+                (flows::Found::Table, Some(cfg)) => flows::promote(cfg, &slot, flow, v),
+                (flows::Found::Cache, _) => flows::touch(&slot),
+                _ => {}
             }
         }
         // One per-CPU entry per forwarded packet: its pair's (a VIP's counters are the sum of

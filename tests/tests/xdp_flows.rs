@@ -4,7 +4,9 @@
 //! - a flow served from the cache keeps its backend after its LRU entry aged out and the table
 //!   changed, and still keeps it when another flow takes its slot (it is written back);
 //! - the cache is really consulted (a good slot wins over the LRU hash), and a slot whose check
-//!   word does not bind its value to its key (a torn read) is never trusted, for IPv4 and IPv6.
+//!   word does not bind its value to its key (a torn read) is never trusted, for IPv4 and IPv6;
+//! - a slot goes to the flow that uses it: a flow that lost its slot to one that went idle gets
+//!   it back at its second packet, and an occupant that keeps forwarding keeps it.
 //!
 //! Needs root; `cargo xtask test`.
 
@@ -425,6 +427,72 @@ fn the_ipv6_fast_path_leaves_extension_headers_fragments_and_bad_lengths_to_the_
     assert_eq!(t.dp.test_run("lb_xdp", &f, 1).unwrap().0, 2);
     assert_eq!(counter(&t, stat::PASS_MALFORMED), 3);
     assert_eq!(send(&mut t, &ack), b);
+}
+
+#[test]
+fn a_flow_gets_its_slot_back_from_an_idle_occupant_and_not_from_an_active_one() {
+    // Flow f loses its slot to g's SYN, and g goes idle. f's next packet, found only in the LRU
+    // hash, may ask for the slot but does not take it (g was just written); within a few more
+    // of f's packets (one in eight asks, at random) f takes it, g's entry kept in the LRU hash.
+    // Then both are active, alternating: the occupant forwards between the other's packets
+    // and keeps the slot however many ask.
+    let vip = IpAddr::from(VIP4);
+    let client = IpAddr::from([10, 68, 3, 3]);
+    let mut t = TestDataplane::new(251);
+    t.dp.apply(&desired(vip, 3)).unwrap();
+    let m = Maps::open(&t);
+    let mut checked = 0;
+    let mut taken_after = Vec::new();
+    let mut used = std::collections::HashSet::new();
+    for f in 14000..14040u16 {
+        let s = m.slot(&key(client, vip, f));
+        if !used.insert(s) {
+            continue;
+        }
+        let Some(g) = (30000..u16::MAX).find(|g| m.slot(&key(client, vip, *g)) == s) else {
+            continue;
+        };
+        let (kf, kg) = (key(client, vip, f), key(client, vip, g));
+        let bf = send(&mut t, &frame(client, vip, f, SYN));
+        let bg = send(&mut t, &frame(client, vip, g, SYN));
+        assert_eq!(m.entry(&kg).key, kg, "a new decision takes its slot");
+        let vf = m.conntrack.get(&kf, 0).expect("the occupant written back");
+        assert_eq!(send(&mut t, &frame(client, vip, f, ACK)), bf);
+        assert_eq!(
+            m.entry(&kf).key,
+            kg,
+            "an occupant keeps its slot at the first ask"
+        );
+        // (7/8)^400: never, for a correct program.
+        let packets = (1..=400)
+            .find(|_| {
+                assert_eq!(send(&mut t, &frame(client, vip, f, ACK)), bf);
+                m.entry(&kf).key == kf
+            })
+            .expect("an idle occupant gives the slot up");
+        taken_after.push(packets);
+        let e = m.entry(&kf);
+        assert_eq!(e.value, vf);
+        assert_eq!(
+            e.check,
+            flow_cache_check(flow_cache_hash(&kf, m.seed), vf),
+            "written whole"
+        );
+        let vg = m
+            .conntrack
+            .get(&kg, 0)
+            .expect("the idle occupant's entry is kept");
+        for _ in 0..64 {
+            assert_eq!(send(&mut t, &frame(client, vip, g, ACK)), bg);
+            assert_eq!(send(&mut t, &frame(client, vip, f, ACK)), bf);
+            assert_eq!(m.entry(&kf).key, kf, "an active occupant keeps its slot");
+        }
+        assert_eq!(m.conntrack.get(&kg, 0).unwrap(), vg);
+        checked += 1;
+    }
+    assert!(checked > 20, "{checked} flows checked");
+    taken_after.sort();
+    println!("packets until the slot was taken back (sorted): {taken_after:?}");
 }
 
 #[test]
