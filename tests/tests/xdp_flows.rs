@@ -79,6 +79,27 @@ impl Maps {
     fn entry(&self, k: &FlowKey) -> FlowCacheEntry {
         self.cache.get(&self.slot(k), 0).unwrap()
     }
+
+    /// Pairs of ports (f, g) from `client`, f in `fs` and g from `g_from` on, whose flows share
+    /// a slot, each pair on a slot of its own.
+    fn slot_pairs(
+        &self,
+        client: IpAddr,
+        vip: IpAddr,
+        fs: std::ops::Range<u16>,
+        g_from: u16,
+    ) -> Vec<(u16, u16)> {
+        let mut used = std::collections::HashSet::new();
+        fs.filter_map(|f| {
+            let s = self.slot(&key(client, vip, f));
+            if !used.insert(s) {
+                return None;
+            }
+            let g = (g_from..u16::MAX).find(|g| self.slot(&key(client, vip, *g)) == s)?;
+            Some((f, g))
+        })
+        .collect()
+    }
 }
 
 fn key(client: IpAddr, vip: IpAddr, sport: u16) -> FlowKey {
@@ -443,15 +464,7 @@ fn a_flow_gets_its_slot_back_from_an_idle_occupant_and_not_from_an_active_one() 
     let m = Maps::open(&t);
     let mut checked = 0;
     let mut taken_after = Vec::new();
-    let mut used = std::collections::HashSet::new();
-    for f in 14000..14040u16 {
-        let s = m.slot(&key(client, vip, f));
-        if !used.insert(s) {
-            continue;
-        }
-        let Some(g) = (30000..u16::MAX).find(|g| m.slot(&key(client, vip, *g)) == s) else {
-            continue;
-        };
+    for (f, g) in m.slot_pairs(client, vip, 14000..14040, 30000) {
         let (kf, kg) = (key(client, vip, f), key(client, vip, g));
         let bf = send(&mut t, &frame(client, vip, f, SYN));
         let bg = send(&mut t, &frame(client, vip, g, SYN));
@@ -507,16 +520,8 @@ fn a_write_back_never_replaces_an_entry_written_since() {
     let mut m = Maps::open(&t);
     let installed = t.dp.installed(&vip_key(vip, PORT, PROTO_TCP));
     let mut checked = 0;
-    let mut used = std::collections::HashSet::new();
-    for f in 12000..12040u16 {
-        // Each pair (f, g) on a slot of its own: no flow seen before.
-        let s = m.slot(&key(client, vip, f));
-        if !used.insert(s) {
-            continue;
-        }
-        let Some(g) = (20000..u16::MAX).find(|g| m.slot(&key(client, vip, *g)) == s) else {
-            continue;
-        };
+    // Each pair (f, g) on a slot of its own: no flow seen before.
+    for (f, g) in m.slot_pairs(client, vip, 12000..12040, 20000) {
         let b = send(&mut t, &frame(client, vip, f, SYN));
         let k = key(client, vip, f);
         assert_eq!(m.entry(&k).key, k);

@@ -572,8 +572,8 @@ fn parse_wrk(text: &str) -> WrkResult {
 }
 
 #[derive(Clone, Debug)]
-struct Run {
-    wrk: WrkResult,
+pub(super) struct Run {
+    pub(super) wrk: WrkResult,
     owner_cpu_s: f64,
     busy: f64,
     sys: f64,
@@ -589,7 +589,7 @@ fn rounds() -> usize {
 }
 
 pub(super) struct Case {
-    rounds: Vec<Run>,
+    pub(super) rounds: Vec<Run>,
     pub(super) name: &'static str,
     pub(super) conns: &'static str,
     pub(super) wrk: WrkResult,

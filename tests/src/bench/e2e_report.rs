@@ -51,6 +51,18 @@ fn table_lines(cases: &[Case]) -> Vec<String> {
     v
 }
 
+/// The median over rounds of `a`'s req/s over `b`'s in the same round (the cases interleave
+/// round by round, so each ratio compares runs seconds apart).
+fn per_round(a: &Case, b: &Case) -> f64 {
+    super::median(
+        a.rounds
+            .iter()
+            .zip(&b.rounds)
+            .map(|(x, y)| x.wrk.rps / y.wrk.rps.max(1e-9))
+            .collect(),
+    )
+}
+
 fn verdicts(cases: &[Case], lbd_pct: f64) -> Vec<String> {
     let mut v = Vec::new();
     for conns in ["short", "long"] {
@@ -80,13 +92,14 @@ fn verdicts(cases: &[Case], lbd_pct: f64) -> Vec<String> {
             find(cases, "floor_3", conns),
             find(cases, "lbd", conns),
         );
-        let x = |a: &Case, b: &Case| a.wrk.rps / b.wrk.rps.max(1e-9);
         v.push(format!(
-            "{conns} connections: the floor (a zero-cost L2 DSR forwarder) = {:.2}x direct with \
-             one backend, {:.2}x with three; lbd = {:.2}x the three-backend floor",
-            x(f, d),
-            x(f3, d),
-            x(b, f3)
+            "{conns} connections, medians of per-round ratios: the floor (a zero-cost L2 DSR \
+             forwarder) = {:.2}x direct with one backend, {:.2}x with three; lbd = {:.2}x direct, \
+             {:.2}x the three-backend floor",
+            per_round(f, d),
+            per_round(f3, d),
+            per_round(b, d),
+            per_round(b, f3)
         ));
     }
     v.push(format!(
