@@ -127,11 +127,7 @@ fn mac_of(lab: &Lab, node: &str) -> [u8; 6] {
 /// The floor node's forwarder: `bench_dsr_floor` on `f1`'s eth0, in the lbd nodes' XDP mode
 /// (its backends set by [`E2eLab::floor_backends`]).
 fn attach_floor(lab: &Lab) -> BenchProgs {
-    let netns = lab.node(FLOOR).netns.clone();
-    std::thread::spawn(move || {
-        let f = std::fs::File::open(format!("/run/netns/{netns}")).unwrap();
-        let rc = unsafe { libc::setns(std::os::fd::AsRawFd::as_raw_fd(&f), libc::CLONE_NEWNET) };
-        assert_eq!(rc, 0, "setns {netns}");
+    lab.in_netns(FLOOR, || {
         let mut p = BenchProgs::load_programs(&["bench_dsr_floor"]);
         let mode = if native() {
             aya::programs::XdpMode::Driver
@@ -143,8 +139,6 @@ fn attach_floor(lab: &Lab) -> BenchProgs {
             .expect("attach bench_dsr_floor to the floor node's eth0");
         p
     })
-    .join()
-    .unwrap()
 }
 
 impl E2eLab {
