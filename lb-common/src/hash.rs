@@ -2,9 +2,9 @@
 //! and the address and MAC filter bits. The same code runs in the kernel and in user space.
 use crate::{FAMILY_V4, FlowKey, FlowValue, MAX_VIPS};
 
-/// Flow-cache slots for a connection table of `conntrack_size` entries: the power of two at or
-/// above half of it (at least 64), so the cache holds about as many flows as are usually active
-/// and costs 64 bytes a slot (8 MiB at the default 262144 entries).
+/// Flow-cache lines for a connection table of `conntrack_size` entries: the power of two at or
+/// above half of it (at least 64). A line holds two IPv4 flows or one IPv6 flow
+/// (`FlowCacheLine`) and costs 64 bytes (8 MiB at the default 262144 entries).
 pub const fn flow_cache_slots(conntrack_size: u32) -> u32 {
     let half = conntrack_size / 2;
     let n = if half < 64 { 64 } else { half };
@@ -24,7 +24,7 @@ pub fn flow_cache_seed(hash_seed: u32, flow_cache: u32) -> u64 {
     (((flow_cache >> 5) as u64) << 32) | hash_seed as u64
 }
 
-/// The slot of a key whose `flow_cache_hash` is `h`.
+/// The line of a key whose `flow_cache_hash` is `h`.
 #[inline(always)]
 pub fn flow_cache_index(h: u64, flow_cache: u32) -> u32 {
     (h as u32) & (1u32 << (flow_cache & 31)).wrapping_sub(1)

@@ -13,9 +13,13 @@ pub const VIP_OWNED: &str = "LB_VIP_OWNED";
 pub const PEERS: &str = "LB_PEERS";
 pub const FLOOD: &str = "LB_FLOOD_NODE";
 pub const HANDSHAKES: &str = "LB_HANDSHAKES";
-/// Versioned: a cache laid out by another `flow_cache_hash` must never be adopted (its
-/// entries would sit in the wrong slots). Change the hash, change the version.
-pub const FLOW_CACHE: &str = "LB_FLOW_CACHE_V2";
+/// Versioned: a cache laid out by another `flow_cache_hash` or line layout (`FlowCacheLine`)
+/// must never be adopted (its entries would sit in the wrong slots or be misread). Change
+/// either, change the version.
+pub const FLOW_CACHE: &str = "LB_FLOW_CACHE_V3";
+/// The previous flow cache (one 64-byte entry per slot, not page-aligned): its entries are
+/// written back to the connection table when a new version starts, then its pin goes.
+pub const FLOW_CACHE_V2: &str = "LB_FLOW_CACHE_V2";
 pub const DECAP_PEERS: &str = "LB_DECAP_PEERS";
 pub const DECAP_STATS: &str = "LB_DECAP_STATS";
 pub const DECAP_VIPS: &str = "LB_DECAP_VIPS";
@@ -23,7 +27,7 @@ pub const DECAP_LOCAL: &str = "LB_DECAP_LOCAL";
 /// The backends' decapsulation program.
 pub const DECAP_PROGRAM: &str = "lb_decap";
 /// Pins of maps earlier versions had and this one does not.
-pub const OBSOLETE: &[&str] = &["LB_VIP_GEN", "LB_FLOOD", "LB_FLOW_CACHE"];
+pub const OBSOLETE: &[&str] = &["LB_VIP_GEN", "LB_FLOOD", "LB_FLOW_CACHE", FLOW_CACHE_V2];
 /// The XDP program's name in the object.
 pub const PROGRAM: &str = "lb_xdp";
 /// Socket load balancing (see `SockConfig`).

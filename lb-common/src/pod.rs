@@ -5,7 +5,7 @@ unsafe impl aya::Pod for VipInfo {}
 unsafe impl aya::Pod for BackendInfo {}
 unsafe impl aya::Pod for FlowKey {}
 unsafe impl aya::Pod for FlowValue {}
-unsafe impl aya::Pod for FlowCacheEntry {}
+unsafe impl aya::Pod for FlowCacheLine {}
 unsafe impl aya::Pod for DecapKey {}
 unsafe impl aya::Pod for Counters {}
 unsafe impl aya::Pod for LbConfig {}

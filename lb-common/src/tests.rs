@@ -87,9 +87,21 @@ fn the_flow_cache_hash_is_the_one_its_pin_version_names() {
     // `maps::FLOW_CACHE` (and the map's name in lb-ebpf) must get a new version, the old
     // name going to `maps::OBSOLETE`.
     let seed = flow_cache_seed(0x1b_5eed, flow_cache_config(1 << 12, 0x123));
-    assert_eq!(maps::FLOW_CACHE, "LB_FLOW_CACHE_V2");
+    assert_eq!(maps::FLOW_CACHE, "LB_FLOW_CACHE_V3");
     assert_eq!(flow_cache_hash(&v4_key(), seed), 0x8075_5e93_ac37_1144);
     assert!(maps::OBSOLETE.contains(&"LB_FLOW_CACHE"));
+    assert!(maps::OBSOLETE.contains(&"LB_FLOW_CACHE_V2"));
+    // The line layout the version names: an IPv4 way's words.
+    let mut line = FlowCacheLine::default();
+    let v = FlowValue {
+        backend_id: 7,
+        epoch: 9,
+    };
+    line.put(1, &v4_key(), v, seed);
+    assert_eq!(line.w[4] & TAIL_KEY_MASK, key_words(&v4_key())[4]);
+    assert_eq!(line.w[5], v4_addrs(&v4_key()));
+    assert_eq!(line.w[6], 7 | 9 << 32);
+    assert_eq!(line.w[0] >> 56, 1, "way 1 written last");
 }
 
 #[test]
@@ -214,4 +226,48 @@ fn table_index_separates_vips_and_halves() {
     assert_eq!(table_index(1, 0, 7, 0), 16);
     assert_eq!(table_index(1, 3, 7, 0), 24, "which is masked to one bit");
     assert_eq!(table_elements(65537) * 2, MAX_VIPS * 2 * 65538);
+}
+
+#[test]
+fn a_flow_cache_line_holds_two_ipv4_ways_or_one_ipv6_entry() {
+    let seed = flow_cache_seed(0x1b_5eed, flow_cache_config(1 << 12, 0x123));
+    let v = |b: u32| FlowValue {
+        backend_id: b,
+        epoch: 100 + b,
+    };
+    let a = v4_key();
+    let mut b = v4_key();
+    b.sport ^= 0x5a5a;
+    b.src[0] ^= 0xff;
+    let mut line = FlowCacheLine::default();
+    assert_eq!(line.entries(seed).count(), 0, "an empty line");
+    line.put(0, &a, v(1), seed);
+    line.put(1, &b, v(2), seed);
+    assert!(!line.is_v6());
+    let got: Vec<_> = line.entries(seed).collect();
+    assert_eq!(got, [(0, a, v(1)), (1, b, v(2))]);
+    assert!(line.marked(0) && line.marked(1));
+    assert_eq!(line.way_of(&b), Some(1));
+    // A torn way (another value than its check binds) is not trusted; the other way still is.
+    line.w[V4_VALUE] ^= 1;
+    let got: Vec<_> = line.entries(seed).collect();
+    assert_eq!(got, [(1, b, v(2))]);
+    // An IPv6 entry takes the whole line.
+    let mut c = v4_key();
+    c.family = FAMILY_V6;
+    c.src[15] = 1;
+    c.dst[9] = 4;
+    line.put(1, &c, v(3), seed);
+    assert!(line.is_v6());
+    let got: Vec<_> = line.entries(seed).collect();
+    assert_eq!(got, [(0, c, v(3))]);
+    assert_eq!(line.key(1), None);
+    // An IPv4 entry on an IPv6 line goes to way 0, way 1 left empty.
+    line.put(1, &b, v(2), seed);
+    let got: Vec<_> = line.entries(seed).collect();
+    assert_eq!(got, [(0, b, v(2))]);
+    assert_eq!(line.key(1), None);
+    // The marks and the last-written byte are not part of a key.
+    assert!(tail_matches(line.w[0], tail_word(&b)));
+    assert!(!tail_matches(line.w[0], tail_word(&a)));
 }

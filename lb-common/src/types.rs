@@ -162,25 +162,6 @@ impl FlowValue {
     }
 }
 
-/// One slot of the flow cache (`LB_FLOW_CACHE_V2`): a direct-mapped copy of connection-table
-/// entries in an array, which the kernel looks up inline (no hashing helper, no bucket walk), in
-/// front of the LRU hash `LB_CONNTRACK`. A slot is read without a lock while another CPU may be
-/// rewriting it: `check` binds the value to the key (`flow_cache_check`), so a reader that got
-/// words of two different entries sees a mismatch and falls back to the LRU hash. An empty slot
-/// has `key.family == 0`, which no real flow has.
-#[repr(C, align(8))]
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-pub struct FlowCacheEntry {
-    pub key: FlowKey,
-    pub value: FlowValue,
-    pub check: u64,
-    /// The slot's use mark (lb-ebpf's `flows`: set when its entry forwards a packet or is
-    /// written, cleared when a flow found only in the LRU hash asks for the slot). Not part of
-    /// the entry: readers ignore it. Makes the slot 64 bytes, one cache line.
-    pub _pad: u64,
-}
-const _: () = assert!(size_of::<FlowCacheEntry>() == 64);
-
 /// Per-VIP and per-backend traffic counters (per CPU; user space sums them).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]

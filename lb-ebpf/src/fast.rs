@@ -66,8 +66,8 @@ pub fn established(ctx: &XdpContext, cfg: &LbConfig, hint: &mut Option<Hint>) ->
     if from_peer(Some(cfg), unsafe { (p.add(6) as *const [u16; 3]).read() }) {
         return None;
     }
-    let slot = flows::slot(Some(cfg), &flow);
-    let cached = flows::cached_only(&slot, &flow);
+    let mut slot = flows::slot(Some(cfg), &flow);
+    let cached = flows::cached_only(&mut slot, &flow);
     let decided = cached
         .filter(|v| !changes_entry(v, tcp_flags))
         .and_then(|v| decide(p, frame, &v, &slot));

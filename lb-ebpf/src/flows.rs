@@ -2,10 +2,13 @@
 //!
 //! `LB_CONNTRACK` (an LRU hash keyed by the full 5-tuple) is where every remembered flow is
 //! written. A hash lookup costs a call, a jhash of the 40-byte key and a bucket walk: on its own
-//! more than twice the whole baseline program (`bench micro`'s floor cases). `LB_FLOW_CACHE_V2` is
-//! an array of 64-byte slots, one per cache line, indexed by `flow_cache_hash`: the kernel
+//! more than twice the whole baseline program (`bench micro`'s floor cases). `LB_FLOW_CACHE_V3` is
+//! an array of 64-byte lines, each one cache line, indexed by `flow_cache_hash`: the kernel
 //! inlines an array lookup, so an established flow found there costs a multiply-xorshift hash,
-//! five word compares and a check word, with no call.
+//! a few word compares and a check word, with no call and one cache miss. A line holds two IPv4
+//! entries (two ways of 32 bytes) or one IPv6 entry (lb-common `flow_cache` has the layout): with
+//! many flows, a flow whose line is shared with one other still has a way of its own, where a
+//! slot per flow would send one of the two to the LRU hash on every packet.
 //!
 //! The rules that keep the two one table:
 //! - **A write goes to both.** Remembering a flow inserts it into the LRU hash and puts it in its
@@ -13,41 +16,47 @@
 //! - **The cache is looked up first and wins.** A slot holds the last decision written for its
 //!   key; the LRU hash holds it too, unless it aged out there while the flow was served from the
 //!   cache (cache hits do not touch the LRU's recency).
-//! - **Nothing is lost when a slot changes hands.** A flow that takes an occupied slot first
-//!   writes the occupant back into the LRU hash if the occupant is still good, so a flow served
-//!   from the cache never falls back to a hash that has forgotten it. The write-back only ever
+//! - **Nothing is lost when a way changes hands.** A flow that takes an occupied way (or an IPv6
+//!   flow a line) first writes the occupants back into the LRU hash if they are still good, so
+//!   a flow served from the cache never falls back to a hash that has forgotten it. The write-back only ever
 //!   adds a missing entry (`BPF_NOEXIST`): an entry another CPU wrote meanwhile is newer than
 //!   the slot's copy and is never replaced by it.
-//! - **The slot goes to the flow that uses it (a second chance, as a CLOCK cache gives).** A
-//!   new decision always takes its slot. A flow found only in the LRU hash takes its slot if
-//!   the slot is empty, its occupant is no longer good, or its occupant has not forwarded a
-//!   packet since a flow found only in the LRU hash last asked for the slot: each slot has a
-//!   use mark (`FlowCacheEntry::_pad`), set when its entry forwards a packet and when it is
-//!   written, and cleared by an ask. One in `ASK_ONE_IN` of such packets asks (a random draw):
-//!   the mark is written only then and at the occupant's next packet, not twice per packet
-//!   when two active flows share a slot (with many flows every slot write is a dirty cache
-//!   line). So a flow that lost its slot to one that then went idle gets it back within a few
-//!   packets (`ASK_ONE_IN` on average, plus one), instead of paying the LRU hash for as long as
-//!   the idle flow's pair stands, and two active flows on one slot do not evict each other on
-//!   every packet (the occupant keeps the slot while it forwards a packet between asks).
-//! - **Slots are read without a lock.** Another CPU may be rewriting a slot while it is read:
+//! - **A way goes to the flow that uses it (a second chance, as a CLOCK cache gives).** A
+//!   new decision always takes a way: a free one (empty, its pair gone, or not used since the
+//!   last ask), else the older of the two (the one not written last, byte 7 of way 0). A flow
+//!   found only in the LRU hash takes a free way only: each way has a use mark (byte 6 of its
+//!   tail word), set when its entry forwards a packet and when it is written, and cleared by an
+//!   ask. One in `ASK_ONE_IN` of such packets asks (a random draw) and clears the line's marks:
+//!   a mark is written only then and at its occupant's next packet, not on every packet when
+//!   more active flows share a line than it has ways (with many flows every line write is a
+//!   dirty cache line). So a flow that lost its way to one that then went idle gets it back
+//!   within a few packets (`ASK_ONE_IN` on average, plus one), instead of paying the LRU hash
+//!   for as long as the idle flow's pair stands, and active flows do not evict each other on
+//!   every packet (an occupant keeps its way while it forwards a packet between asks).
+//! - **Lines are read without a lock.** Another CPU may be rewriting a way while it is read:
 //!   the check word binds the value to the key's 64-bit hash, so words of two different entries
 //!   fail it and the packet falls back to the LRU hash. Values and checks are read once.
 use lb_common::{
-    BACKEND_F_IN_SET, BACKEND_F_MOVED, BackendInfo, FLOW_F_CLIENT_CLOSED, FlowCacheEntry, FlowKey,
-    FlowValue, LbConfig, flow_cache_check, flow_cache_hash, flow_cache_index, flow_cache_seed,
-    moved_to,
+    BACKEND_F_IN_SET, BACKEND_F_MOVED, BackendInfo, FAMILY_V4, FAMILY_V6, FLOW_F_CLIENT_CLOSED,
+    FlowKey, FlowValue, LAST_BYTE, LbConfig, MARK_BYTE, MAX_BACKENDS, TAIL_KEY_MASK, V4_ADDRS,
+    V4_CHECK, V4_VALUE, V6_CHECK, V6_SRC, V6_VALUE, WAY_WORDS, flow_cache_check, flow_cache_hash,
+    flow_cache_index, flow_cache_seed, key_of_words, key_words, moved_to, tail_family,
+    tail_matches, v4_addrs, value_of, value_word,
 };
 
 use aya_ebpf::{bindings::BPF_NOEXIST, helpers::bpf_get_prandom_u32};
 
-use crate::maps::{LB_BACKENDS, LB_CONNTRACK, LB_FLOW_CACHE_V2};
+use crate::maps::{LB_BACKENDS, LB_CONNTRACK, LB_FLOW_CACHE_V3};
 
-/// A flow's place in the cache: its slot (if the cache is there) and its key's hash.
+/// A flow's place in the cache: its line (if the cache is there), its key's hash, and the way
+/// a cache hit found it in.
 pub struct Slot {
-    /// Null without a cache (no configuration yet, or an index past its end).
-    entry: *mut FlowCacheEntry,
+    /// The line's words; null without a cache (no configuration yet, or an index past its end).
+    line: *mut u64,
     hash: u64,
+    /// Word offset of the flow's way (0 or `WAY_WORDS`; an IPv6 line's entry is at 0): set by
+    /// a cache hit, read by `touch` and `mark_closed`.
+    way: usize,
 }
 
 #[inline(always)]
@@ -55,20 +64,22 @@ pub fn slot(cfg: Option<&LbConfig>, flow: &FlowKey) -> Slot {
     match cfg {
         Some(cfg) => slot_at(cfg, flow_cache_hash(flow, seed(cfg))),
         None => Slot {
-            entry: core::ptr::null_mut(),
+            line: core::ptr::null_mut(),
             hash: 0,
+            way: 0,
         },
     }
 }
 
-/// The slot of a key whose hash is `hash` (an inlined array lookup, no hashing).
+/// The line of a key whose hash is `hash` (an inlined array lookup, no hashing).
 #[inline(always)]
 pub fn slot_at(cfg: &LbConfig, hash: u64) -> Slot {
     Slot {
-        entry: LB_FLOW_CACHE_V2
+        line: LB_FLOW_CACHE_V3
             .get_ptr_mut(flow_cache_index(hash, cfg.flow_cache))
-            .unwrap_or(core::ptr::null_mut()),
+            .map_or(core::ptr::null_mut(), |l| l as *mut u64),
         hash,
+        way: 0,
     }
 }
 
@@ -84,18 +95,16 @@ pub enum Found {
     Table,
 }
 
-/// The flow's entry: from its cache slot if the slot holds it, else from the LRU hash.
+/// The flow's entry: from its cache line if the line holds it, else from the LRU hash.
 #[inline(always)]
-pub fn lookup(slot: &Slot, flow: &FlowKey) -> Option<(FlowValue, Found)> {
-    if !slot.entry.is_null()
-        && let Some(v) = cached(slot.entry, flow, slot.hash)
-    {
+pub fn lookup(slot: &mut Slot, flow: &FlowKey) -> Option<(FlowValue, Found)> {
+    if let Some(v) = cached_only(slot, flow) {
         return Some((v, Found::Cache));
     }
     table_only(flow)
 }
 
-/// The flow's entry in the LRU hash (its cache slot is known not to hold it).
+/// The flow's entry in the LRU hash (its cache line is known not to hold it).
 #[inline(always)]
 pub fn table_only(flow: &FlowKey) -> Option<(FlowValue, Found)> {
     let v = unsafe { *LB_CONNTRACK.get_ptr(flow)? };
@@ -103,68 +112,99 @@ pub fn table_only(flow: &FlowKey) -> Option<(FlowValue, Found)> {
 }
 
 /// What the fast path learned about a flow before leaving it to the full path: its key's hash
-/// and what its slot held for it, so that the full path, which builds the same key from the
-/// same headers, neither hashes nor compares the slot again. Two words: the program's stack
-/// is near its limit.
+/// and what its line held for it (and in which way), so that the full path, which builds the
+/// same key from the same headers, neither hashes nor compares the line again. Two words: the
+/// program's stack is near its limit.
 pub struct Hint {
     hash: u64,
-    /// The packed value the slot held for the flow, or `NOT_CACHED`.
+    /// The packed value the line held for the flow (`SPARE_BIT` set for way 1), or
+    /// `NOT_CACHED`.
     cached: u64,
 }
 
-/// `Hint::cached` when the slot did not hold the flow. No entry holds it: backend id
+/// `Hint::cached` when the line did not hold the flow. No entry holds it: backend id
 /// `u32::MAX` names no pair (`MAX_BACKENDS` is far below), so such a value is stale anyway.
 const NOT_CACHED: u64 = u64::MAX;
+
+/// A bit of a packed value (`pack`) no entry has (backend id bit 30): in a hint, the flow's
+/// way; in `take`'s argument, a new decision (which always takes a way).
+const SPARE_BIT: u64 = 1 << 62;
+const _: () = assert!(MAX_BACKENDS <= 1 << 30);
 
 impl Hint {
     #[inline(always)]
     pub fn new(slot: &Slot, cached: Option<FlowValue>) -> Hint {
         Hint {
             hash: slot.hash,
-            cached: cached.map_or(NOT_CACHED, pack),
+            cached: cached.map_or(NOT_CACHED, |v| {
+                pack(v) | if slot.way != 0 { SPARE_BIT } else { 0 }
+            }),
         }
     }
 
     /// The flow's slot and its entry, as `slot` and `lookup` would give them.
     #[inline(always)]
     pub fn found(&self, cfg: &LbConfig, flow: &FlowKey) -> (Slot, Option<(FlowValue, Found)>) {
-        let slot = slot_at(cfg, self.hash);
+        let mut slot = slot_at(cfg, self.hash);
         if self.cached != NOT_CACHED {
-            return (slot, Some((unpack(self.cached), Found::Cache)));
+            if self.cached & SPARE_BIT != 0 {
+                slot.way = WAY_WORDS;
+            }
+            return (slot, Some((unpack(self.cached & !SPARE_BIT), Found::Cache)));
         }
         (slot, table_only(flow))
     }
 }
 
-/// The flow's entry if its cache slot holds it (the fast path; a miss takes the full path).
+/// The flow's entry if its cache line holds it (the fast path; a miss takes the full path);
+/// notes the way in `slot`.
 #[inline(always)]
-pub fn cached_only(slot: &Slot, flow: &FlowKey) -> Option<FlowValue> {
-    if slot.entry.is_null() {
+pub fn cached_only(slot: &mut Slot, flow: &FlowKey) -> Option<FlowValue> {
+    if slot.line.is_null() {
         return None;
     }
-    cached(slot.entry, flow, slot.hash)
+    let (v, way) = cached(slot.line, flow, slot.hash)?;
+    slot.way = way;
+    Some(v)
 }
 
-/// The slot's value if it holds `flow` and its check word matches. Read in the reverse of the
-/// order `put` writes (check, value, then the key): on a CPU that keeps stores and loads in
-/// order (x86) a reader that sees any word of a new entry then sees the rest of it too, so a
-/// mixed read never passes the key compare with another entry's value; on others the check
-/// word, keyed by this node's secret seed, is what fails.
+/// The value a way of the line holds for `flow`, with the way's word offset, if its check word
+/// matches. Each way is read in the reverse of the order `put` writes (check, value, then the
+/// key): on a CPU that keeps stores and loads in order (x86) a reader that sees any word of a
+/// new entry then sees the rest of it too, so a mixed read never passes the key compare with
+/// another entry's value; on others the check word, keyed by this node's secret seed, is what
+/// fails. An IPv4 key is compared with both ways (one cache line), an IPv6 key with the line.
 #[inline(always)]
-fn cached(e: *mut FlowCacheEntry, flow: &FlowKey, hash: u64) -> Option<FlowValue> {
-    // SAFETY: a map value of the array; the words are plain integers.
+fn cached(line: *mut u64, flow: &FlowKey, hash: u64) -> Option<(FlowValue, usize)> {
+    let k = key_words(flow);
+    // SAFETY: a map value of the array, 64 bytes; the words are plain integers.
     unsafe {
-        let check = core::ptr::addr_of!((*e).check).read_volatile();
-        let value = core::ptr::addr_of!((*e).value).read_volatile();
-        let have = &(*e).key as *const FlowKey as *const u64;
-        let want = flow as *const FlowKey as *const u64;
-        // Ports, protocol and family first: they differ most often between flows of a slot.
-        for i in [4, 3, 2, 1, 0] {
-            if have.add(i).read_volatile() != want.add(i).read() {
+        if flow.family == FAMILY_V4 {
+            let addrs = v4_addrs(flow);
+            for b in [0, WAY_WORDS] {
+                let check = line.add(b + V4_CHECK).read_volatile();
+                let value = value_of(line.add(b + V4_VALUE).read_volatile());
+                if line.add(b + V4_ADDRS).read_volatile() == addrs
+                    && tail_matches(line.add(b).read_volatile(), k[4])
+                    && check == flow_cache_check(hash, value)
+                {
+                    return Some((value, b));
+                }
+            }
+            return None;
+        }
+        let check = line.add(V6_CHECK).read_volatile();
+        let value = value_of(line.add(V6_VALUE).read_volatile());
+        // The tail (ports, protocol, family) first: it differs most often between flows.
+        if !tail_matches(line.read_volatile(), k[4]) {
+            return None;
+        }
+        for i in [3, 2, 1, 0] {
+            if line.add(V6_SRC + i).read_volatile() != k[i] {
                 return None;
             }
         }
-        (check == flow_cache_check(hash, value)).then_some(value)
+        (check == flow_cache_check(hash, value)).then_some((value, 0))
     }
 }
 
@@ -192,43 +232,39 @@ pub fn entry_backend(v: &FlowValue) -> Option<(u32, &'static BackendInfo)> {
     }
 }
 
-/// The slot's use mark (see the module's rules): its entry forwarded a packet, or was written,
-/// since a flow found only in the LRU hash last asked for the slot.
-const USED: u64 = 1;
-
-/// One in this many packets of a flow found only in the LRU hash, whose slot's occupant is in
-/// use, asks for the slot (a power of two).
+/// One in this many packets of a flow found only in the LRU hash, whose line's occupants are
+/// in use, asks for a way (a power of two).
 const ASK_ONE_IN: u32 = 8;
 
-/// The slot's entry forwarded a packet: set its use mark (a store only when it was clear, so
-/// a flow forwarding from its slot does not write the slot's line on every packet).
+/// The flow's way forwarded a packet: set its use mark (a byte store only when it was clear, so
+/// a flow forwarding from its way does not write the line on every packet).
 #[inline(always)]
 pub fn touch(slot: &Slot) {
-    if slot.entry.is_null() {
+    if slot.line.is_null() {
         return;
     }
-    // SAFETY: a map value of the array; the word is a plain integer.
+    // SAFETY: a byte of the line (way offset 0 or 4 words, mark byte 6 of its first word).
     unsafe {
-        let mark = core::ptr::addr_of_mut!((*slot.entry)._pad);
-        if mark.read_volatile() != USED {
-            mark.write_volatile(USED);
+        let mark = (slot.line as *mut u8).add((slot.way & WAY_WORDS) * 8 + MARK_BYTE);
+        if mark.read_volatile() == 0 {
+            mark.write_volatile(1);
         }
     }
 }
 
-/// A good entry found only in the LRU hash takes its slot if the slot is free: empty, holding
-/// this flow unusably (torn), holding another flow whose pair no longer stands, or holding
-/// one that has not used the slot since the last ask (whose entry is written back first).
+/// A good entry found only in the LRU hash takes a way of its line if one is free: empty,
+/// holding this flow unusably (torn), holding another flow whose pair no longer stands, or
+/// holding one that has not used it since the last ask (whose entry is written back first).
 #[inline(always)]
 pub fn promote(cfg: &LbConfig, slot: &Slot, flow: &FlowKey, value: FlowValue) {
-    if !slot.entry.is_null() && claim(slot.entry, flow) {
-        take(slot.entry, slot.hash, flow, pack(value), cfg);
+    if !slot.line.is_null() {
+        used(take(slot.line, slot.hash, flow, pack(value), cfg));
     }
 }
 
 /// Mark a flow's entry closed by the client (`FLOW_F_CLIENT_CLOSED`) where it was found: the
 /// LRU hash's copy in place (a word store: no insert, which could evict another entry), and
-/// the slot when the slot holds it. Returns the marked value.
+/// the line's way when the line holds it. Returns the marked value.
 #[inline(always)]
 pub fn mark_closed(slot: &Slot, flow: &FlowKey, at: Found, value: FlowValue) -> FlowValue {
     let closed = value.closed();
@@ -239,21 +275,21 @@ pub fn mark_closed(slot: &Slot, flow: &FlowKey, at: Found, value: FlowValue) -> 
             id.write_volatile(id.read_volatile() | FLOW_F_CLIENT_CLOSED);
         }
     }
-    if at == Found::Cache && !slot.entry.is_null() {
-        put(slot.entry, flow, closed, slot.hash);
+    if at == Found::Cache && !slot.line.is_null() {
+        put(slot.line, slot.way, flow, closed, slot.hash);
     }
     closed
 }
 
-/// Remember a flow's decision: in the LRU hash and in its slot. A good occupant of another
-/// flow is written back to the LRU hash first.
+/// Remember a flow's decision: in the LRU hash and in a way of its line (a new decision always
+/// takes one). Good occupants it displaces are written back to the LRU hash first.
 #[inline(always)]
 pub fn remember(cfg: Option<&LbConfig>, slot: &Slot, flow: &FlowKey, value: FlowValue) {
     let _ = LB_CONNTRACK.insert(flow, value, 0);
     if let Some(cfg) = cfg
-        && !slot.entry.is_null()
+        && !slot.line.is_null()
     {
-        take(slot.entry, slot.hash, flow, pack(value), cfg);
+        used(take(slot.line, slot.hash, flow, pack(value) | SPARE_BIT, cfg));
     }
 }
 
@@ -261,9 +297,6 @@ pub fn remember(cfg: Option<&LbConfig>, slot: &Slot, flow: &FlowKey, value: Flow
 fn pack(v: FlowValue) -> u64 {
     ((v.backend_id as u64) << 32) | v.epoch as u64
 }
-
-// Subprograms of at most five arguments: their stack (the occupant's copy) is not added to the caller's,
-// whose frame is near the limit.
 
 #[inline(always)]
 fn unpack(v: u64) -> FlowValue {
@@ -273,91 +306,228 @@ fn unpack(v: u64) -> FlowValue {
     }
 }
 
-/// Put `flow` in slot `e`, writing a good occupant of another flow back to the LRU hash.
-#[inline(never)]
-fn take(e: *mut FlowCacheEntry, hash: u64, flow: &FlowKey, value: u64, cfg: &LbConfig) {
-    if let Some((key, v)) = occupant(seed(cfg), e)
-        && key != *flow
-    {
-        // Usually still there (written with it; the lookup refreshes it): a lookup costs far
-        // less than an insert into a full LRU hash. An entry there, whatever it holds, is kept:
-        // it may be newer than this copy.
-        if LB_CONNTRACK.get_ptr(&key).is_none() {
-            let _ = LB_CONNTRACK.insert(&key, v, BPF_NOEXIST as u64);
-        }
-    }
-    put(e, flow, unpack(value), hash);
+/// Keep a subprogram's result: a result no caller reads is dropped by the compiler, and the
+/// return register may then still hold a pointer into the caller's frame, which the verifier
+/// refuses.
+#[inline(always)]
+fn used(x: u64) {
+    // SAFETY: a volatile read of a local.
+    unsafe { core::ptr::read_volatile(&x) };
 }
 
-/// May a flow found only in the LRU hash take slot `e`? Yes if no other flow whose pair still
-/// stands is there, or if the one there has not used the slot since the last ask; an occupant
-/// that has keeps the slot, and is asked (its use mark cleared) one time in `ASK_ONE_IN`. No check word is needed for
-/// this (a torn occupant only means the flow is not promoted now), so a hit in the LRU hash
-/// whose slot is in use costs no hashing.
+/// `choose`'s answer when the flow takes no way now.
+const NO_WAY: usize = 2 * WAY_WORDS;
+
+// Subprograms of at most five arguments: their stack (the occupants' copies) is not added to
+// the caller's, whose frame is near the limit.
+
+/// Put `flow` in a way of `line` (`value` packed; with `SPARE_BIT`, a new decision, which always
+/// takes one), writing the good occupants it displaces back to the LRU hash. Whether it took
+/// one (a value, so that no pointer to this frame is left in the return register, which the
+/// verifier refuses).
 #[inline(never)]
-fn claim(e: *mut FlowCacheEntry, flow: &FlowKey) -> bool {
+fn take(line: *mut u64, hash: u64, flow: &FlowKey, value: u64, cfg: &LbConfig) -> u64 {
+    let way = choose(line, flow, value & SPARE_BIT != 0);
+    if way == NO_WAY {
+        return 0;
+    }
+    let way = way & WAY_WORDS;
+    let seed = seed(cfg);
     // SAFETY: a map value of the array.
-    let (family, v) = unsafe {
+    let v6_line = tail_family(unsafe { line.read_volatile() }) == FAMILY_V6;
+    if v6_line {
+        // Whatever takes a way of an IPv6 line displaces its one entry.
+        write_back(line, 0, true, flow, seed);
+    } else {
+        write_back(line, way, false, flow, seed);
+        if flow.family != FAMILY_V4 {
+            write_back(line, WAY_WORDS, false, flow, seed);
+        }
+    }
+    put(line, way, flow, unpack(value & !SPARE_BIT), hash);
+    1
+}
+
+/// The way `flow` takes (word offset), or `NO_WAY`. A way that holds the flow (torn, or being
+/// rewritten); else the free ways, the older first (the one not written last); else, for a new
+/// decision, the older. An IPv4 flow on an IPv6 line takes way 0, an IPv6 flow the line, if
+/// what is there is free or for a new decision. A flow that takes nothing asks (one time in
+/// `ASK_ONE_IN`): the line's use marks are cleared, and an occupant that forwards a packet
+/// before the next ask sets its own again.
+#[inline(always)]
+fn choose(line: *mut u64, flow: &FlowKey, new: bool) -> usize {
+    // SAFETY: a map value of the array.
+    let w0 = unsafe { line.read_volatile() };
+    let k = key_words(flow);
+    if tail_family(w0) == FAMILY_V6 {
+        if new || free(line, 0, V6_VALUE) || (flow.family == FAMILY_V6 && holds_v6(line, k)) {
+            return 0;
+        }
+        ask(line, false);
+        return NO_WAY;
+    }
+    if flow.family != FAMILY_V4 {
+        if new || (free(line, 0, V4_VALUE) && free(line, WAY_WORDS, WAY_WORDS + V4_VALUE)) {
+            return 0;
+        }
+        ask(line, true);
+        return NO_WAY;
+    }
+    let addrs = v4_addrs(flow);
+    for b in [0, WAY_WORDS] {
+        // SAFETY: words of the line.
+        let holds = unsafe {
+            tail_matches(line.add(b).read_volatile(), k[4])
+                && line.add(b + V4_ADDRS).read_volatile() == addrs
+        };
+        if holds {
+            return b;
+        }
+    }
+    let older = if (w0 >> (8 * LAST_BYTE)) & 1 == 0 {
+        WAY_WORDS
+    } else {
+        0
+    };
+    let newer = WAY_WORDS - older;
+    if free(line, older, older + V4_VALUE) {
+        return older;
+    }
+    if free(line, newer, newer + V4_VALUE) {
+        return newer;
+    }
+    if new {
+        return older;
+    }
+    ask(line, true);
+    NO_WAY
+}
+
+/// Is the entry whose tail word is at word `b` (value at word `value_at`) free for another
+/// flow: empty, its pair gone, or its use mark clear? No check word is needed for this (a torn
+/// occupant only means the flow does not take the way now), so a hit in the LRU hash whose
+/// line is in use costs no hashing.
+#[inline(always)]
+fn free(line: *mut u64, b: usize, value_at: usize) -> bool {
+    // SAFETY: words of the line.
+    let (tail, v) = unsafe {
         (
-            core::ptr::addr_of!((*e).key.family).read_volatile(),
-            core::ptr::addr_of!((*e).value).read_volatile(),
+            line.add(b).read_volatile(),
+            value_of(line.add(value_at).read_volatile()),
         )
     };
-    if family == 0 || cached_key(e) == *flow || entry_backend(&v).is_none() {
-        return true;
-    }
-    // SAFETY: as above; the helper has no preconditions.
-    unsafe {
-        let mark = core::ptr::addr_of_mut!((*e)._pad);
-        if mark.read_volatile() == USED {
-            if bpf_get_prandom_u32() & (ASK_ONE_IN - 1) == 0 {
-                mark.write_volatile(0);
-            }
-            return false;
-        }
-    }
-    true
+    tail_family(tail) == 0
+        || (tail >> (8 * MARK_BYTE)) as u8 == 0
+        || entry_backend(&v).is_none()
 }
 
-/// The slot's key, copied word by word to the stack.
+/// Does an IPv6 line hold this IPv6 key (words `k`)?
 #[inline(always)]
-fn cached_key(e: *mut FlowCacheEntry) -> FlowKey {
-    // SAFETY: a map value of the array; every bit pattern is a FlowKey.
+fn holds_v6(line: *mut u64, k: &[u64; 5]) -> bool {
+    // SAFETY: words of the line.
     unsafe {
-        let mut key = FlowKey::default();
-        let from = &(*e).key as *const FlowKey as *const u64;
-        let to = &mut key as *mut FlowKey as *mut u64;
-        for i in 0..5 {
-            to.add(i).write(from.add(i).read_volatile());
-        }
-        key
+        tail_matches(line.read_volatile(), k[4])
+            && (0..4).all(|i| line.add(V6_SRC + i).read_volatile() == k[i])
     }
 }
 
-/// The slot's occupant, copied, if it is a good entry (check holds, pair still stands).
+/// One time in `ASK_ONE_IN`, clear the use marks of the line's ways (`both`: the two IPv4
+/// ways; else the IPv6 entry's, way 0's byte).
 #[inline(always)]
-fn occupant(seed: u64, e: *mut FlowCacheEntry) -> Option<(FlowKey, FlowValue)> {
-    let key = cached_key(e);
-    if key.family == 0 {
+fn ask(line: *mut u64, both: bool) {
+    // SAFETY: the helper has no preconditions; mark bytes of the line.
+    unsafe {
+        if bpf_get_prandom_u32() & (ASK_ONE_IN - 1) != 0 {
+            return;
+        }
+        let bytes = line as *mut u8;
+        bytes.add(MARK_BYTE).write_volatile(0);
+        if both {
+            bytes.add(WAY_WORDS * 8 + MARK_BYTE).write_volatile(0);
+        }
+    }
+}
+
+/// Write the occupant of the way at word `b` (`v6`: the line's IPv6 entry) back to the LRU hash
+/// if it is a good entry of another flow than `flow`. Usually still there (written with it;
+/// the lookup refreshes it): a lookup costs far less than an insert into a full LRU hash. An
+/// entry there, whatever it holds, is kept: it may be newer than this copy.
+#[inline(always)]
+fn write_back(line: *mut u64, b: usize, v6: bool, flow: &FlowKey, seed: u64) {
+    if let Some((key, v)) = occupant(line, b & WAY_WORDS, v6, seed)
+        && key != *flow
+        && LB_CONNTRACK.get_ptr(&key).is_none()
+    {
+        let _ = LB_CONNTRACK.insert(&key, v, BPF_NOEXIST as u64);
+    }
+}
+
+/// The occupant at word `b` (an IPv4 way, or with `v6` the IPv6 line), copied, if it is a good
+/// entry (check holds, pair still stands).
+#[inline(always)]
+fn occupant(line: *mut u64, b: usize, v6: bool, seed: u64) -> Option<(FlowKey, FlowValue)> {
+    // SAFETY: words of the line; every bit pattern is a key.
+    let (key, value, check) = unsafe {
+        let tail = line.add(b).read_volatile() & TAIL_KEY_MASK;
+        if v6 {
+            let w = |i: usize| line.add(V6_SRC + i).read_volatile();
+            (
+                key_of_words([w(0), w(1), w(2), w(3), tail]),
+                line.add(V6_VALUE).read_volatile(),
+                line.add(V6_CHECK).read_volatile(),
+            )
+        } else {
+            let a = line.add(b + V4_ADDRS).read_volatile();
+            (
+                key_of_words([a & 0xffff_ffff, 0, a >> 32, 0, tail]),
+                line.add(b + V4_VALUE).read_volatile(),
+                line.add(b + V4_CHECK).read_volatile(),
+            )
+        }
+    };
+    let want = if v6 { FAMILY_V6 } else { FAMILY_V4 };
+    if key.family != want {
         return None;
     }
-    let value = cached(e, &key, flow_cache_hash(&key, seed))?;
+    let value = value_of(value);
+    if check != flow_cache_check(flow_cache_hash(&key, seed), value) {
+        return None;
+    }
     entry_backend(&value)?;
     Some((key, value))
 }
 
+/// Write `flow`'s entry into the way at word `b` (an IPv6 flow: the line). Word stores: the
+/// key, the value, then the check (see `cached` for why the order matters). A new occupant
+/// starts with its use mark set; writing way 1 notes it as the line's last written, and an
+/// IPv4 entry written over an IPv6 line leaves way 1 empty.
 #[inline(always)]
-fn put(e: *mut FlowCacheEntry, flow: &FlowKey, value: FlowValue, hash: u64) {
-    // SAFETY: a map value of the array. Word stores: the key, the value, then the check (see
-    // `cached` for why the order matters). A new occupant starts with its use mark set.
+fn put(line: *mut u64, b: usize, flow: &FlowKey, value: FlowValue, hash: u64) {
+    let k = key_words(flow);
+    let check = flow_cache_check(hash, value);
+    let tail = (k[4] & TAIL_KEY_MASK) | 1 << (8 * MARK_BYTE);
+    // SAFETY: words and bytes of the line.
     unsafe {
-        let from = flow as *const FlowKey as *const u64;
-        let to = &mut (*e).key as *mut FlowKey as *mut u64;
-        for i in 0..5 {
-            to.add(i).write_volatile(from.add(i).read());
+        if flow.family == FAMILY_V4 {
+            let b = b & WAY_WORDS;
+            let was_v6 = tail_family(line.read_volatile()) == FAMILY_V6;
+            line.add(b + V4_ADDRS).write_volatile(v4_addrs(flow));
+            // Way 0's tail word also says way 0 was written last (byte 7 zero).
+            line.add(b).write_volatile(tail);
+            line.add(b + V4_VALUE).write_volatile(value_word(value));
+            line.add(b + V4_CHECK).write_volatile(check);
+            if b != 0 {
+                (line as *mut u8).add(LAST_BYTE).write_volatile(1);
+            } else if was_v6 {
+                line.add(WAY_WORDS).write_volatile(0);
+            }
+            return;
         }
-        core::ptr::addr_of_mut!((*e)._pad).write_volatile(USED);
-        core::ptr::addr_of_mut!((*e).value).write_volatile(value);
-        core::ptr::addr_of_mut!((*e).check).write_volatile(flow_cache_check(hash, value));
+        for i in 0..4 {
+            line.add(V6_SRC + i).write_volatile(k[i]);
+        }
+        line.write_volatile(tail);
+        line.add(V6_VALUE).write_volatile(value_word(value));
+        line.add(V6_CHECK).write_volatile(check);
     }
 }

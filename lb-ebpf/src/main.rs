@@ -417,8 +417,8 @@ fn balance(
     let (slot, found) = match (hint, cfg) {
         (Some(h), Some(cfg)) => h.found(cfg, flow),
         _ => {
-            let slot = flows::slot(cfg, flow);
-            let found = flows::lookup(&slot, flow);
+            let mut slot = flows::slot(cfg, flow);
+            let found = flows::lookup(&mut slot, flow);
             (slot, found)
         }
     };

@@ -9,7 +9,7 @@ use aya_ebpf::{
 };
 use lb_common::{
     BackendInfo, Counters, DEFAULT_CONNTRACK_SIZE, DEFAULT_TABLE_SIZE, DecapKey, FloodState,
-    FlowCacheEntry, FlowKey, FlowValue, HANDSHAKE_TABLE_SIZE, LbConfig, MAX_BACKENDS,
+    FlowCacheLine, FlowKey, FlowValue, HANDSHAKE_TABLE_SIZE, LbConfig, MAX_BACKENDS,
     MAX_DECAP_LOCAL, MAX_DECAP_PEERS, MAX_DECAP_VIPS, MAX_PEERS, MAX_VIP_ADDRS, MAX_VIPS, VipInfo,
     VipKey, decap_stat, flow_cache_slots, stat,
 };
@@ -61,8 +61,8 @@ pub static LB_CONNTRACK: LruHashMap<FlowKey, FlowValue> =
 /// The flow cache in front of `LB_CONNTRACK` (see `flows`): direct-mapped slots, looked up
 /// inline by the kernel. Size at load time (`lb_common::flow_cache_slots`).
 #[map]
-pub static LB_FLOW_CACHE_V2: Array<FlowCacheEntry> =
-    Array::pinned(flow_cache_slots(DEFAULT_CONNTRACK_SIZE), 0);
+pub static LB_FLOW_CACHE_V3: Array<FlowCacheLine> =
+    Array::pinned(flow_cache_slots(DEFAULT_CONNTRACK_SIZE), BPF_F_MMAPABLE);
 
 /// Handshakes whose SYN skipped a slot that takes no new flows in SYN flood mode: their ACK
 /// follows the SYN whatever the flood state is by then. Small and apart from `LB_CONNTRACK`, so

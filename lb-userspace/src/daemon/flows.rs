@@ -6,14 +6,12 @@
 use std::{collections::HashMap, net::IpAddr, path::PathBuf};
 
 use anyhow::Result;
-use aya::maps::{Array, HashMap as BpfHashMap, Map, MapData};
-use lb_common::{
-    FAMILY_V4, FlowCacheEntry, FlowKey, FlowValue, LbConfig, flow_cache_check, flow_cache_hash,
-    flow_cache_seed, maps,
-};
+use aya::maps::{HashMap as BpfHashMap, Map, MapData};
+use lb_common::{FAMILY_V4, FlowKey, FlowValue, maps};
 
 use crate::{
     api::FlowFilter,
+    dataplane::sync_view::FlowCachePins,
     status::{FlowRow, FlowsRow},
 };
 
@@ -95,30 +93,18 @@ pub fn walk(view: &FlowsView, f: &FlowFilter) -> Result<FlowsRow> {
             out.flows.push(r);
         }
     }
-    // The cache's hash seed, as the program computes it from LB_CONFIG.
-    let data = MapData::from_pin(view.pin_dir.join(maps::CONFIG))?;
-    let config: Array<MapData, LbConfig> = Array::try_from(Map::Array(data))?;
-    let c = config.get(&0, 0)?;
-    let seed = flow_cache_seed(c.hash_seed, c.flow_cache);
-    let data = MapData::from_pin(view.pin_dir.join(maps::FLOW_CACHE))?;
-    let cache: Array<MapData, FlowCacheEntry> = Array::try_from(Map::Array(data))?;
     let mut cached = Vec::new();
-    for i in 0..cache.len() {
-        let Ok(e) = cache.get(&i, 0) else { continue };
-        // An empty slot; or one read while a CPU rewrote it (its check does not bind the value
-        // to the key): the data plane ignores both.
-        if e.key.family == 0 || flow_cache_check(flow_cache_hash(&e.key, seed), e.value) != e.check
-        {
-            continue;
+    FlowCachePins::open(&view.pin_dir)?.for_each(|k, v| {
+        let Some(r) = row(view, "cache", &k, &v, f) else {
+            return true;
+        };
+        if cached.len() == limit {
+            out.truncated = true;
+            return false;
         }
-        if let Some(r) = row(view, "cache", &e.key, &e.value, f) {
-            if cached.len() == limit {
-                out.truncated = true;
-                break;
-            }
-            cached.push(r);
-        }
-    }
+        cached.push(r);
+        true
+    })?;
     out.flows.extend(cached);
     Ok(out)
 }

@@ -45,7 +45,9 @@ pub struct Shape {
 /// again.
 pub fn drop_unadoptable_pins(dir: &Path, shapes: &[Shape]) -> Result<()> {
     for name in lb_common::maps::OBSOLETE {
-        remove(dir, name, "pinned map of an earlier version")?;
+        if *name != maps::FLOW_CACHE_V2 {
+            remove(dir, name, "pinned map of an earlier version")?;
+        }
     }
     let mut identity_lost = false;
     for shape in shapes {
@@ -82,8 +84,52 @@ pub fn drop_unadoptable_pins(dir: &Path, shapes: &[Shape]) -> Result<()> {
                 "pair epochs start afresh; dropping the connection table",
             )?;
         }
+    } else {
+        retire_v2_cache(dir);
     }
-    Ok(())
+    remove(dir, maps::FLOW_CACHE_V2, "pinned map of an earlier version")
+}
+
+/// The previous version's flow cache (`maps::FLOW_CACHE_V2`: one 64-byte entry per slot, the
+/// key's five words, the value, the check word) may hold flows that aged out of the connection
+/// table while served from it: its good entries go into the adopted connection table
+/// (`BPF_NOEXIST`: an entry there is as new or newer) before its pin is removed, so an upgrade
+/// keeps every flow. Best effort: a cache or table that cannot be read is only logged.
+fn retire_v2_cache(dir: &Path) {
+    use aya::maps::{Array, HashMap as BpfHashMap, Map, MapData};
+    use lb_common::{flow_cache_check, flow_cache_hash, flow_cache_seed, key_of_words, value_of};
+    let path = dir.join(maps::FLOW_CACHE_V2);
+    if !path.exists() || !dir.join(maps::CONNTRACK).exists() {
+        return;
+    }
+    let moved = (|| -> Result<usize> {
+        let old: Array<MapData, [u64; 8]> = Array::try_from(Map::Array(MapData::from_pin(&path)?))?;
+        let config: Array<MapData, LbConfig> =
+            Array::try_from(Map::Array(MapData::from_pin(dir.join(maps::CONFIG))?))?;
+        let mut table: BpfHashMap<MapData, FlowKey, FlowValue> = BpfHashMap::try_from(
+            Map::LruHashMap(MapData::from_pin(dir.join(maps::CONNTRACK))?),
+        )?;
+        let c = config.get(&0, 0)?;
+        let seed = flow_cache_seed(c.hash_seed, c.flow_cache);
+        let mut moved = 0;
+        for i in 0..old.len() {
+            let Ok(w) = old.get(&i, 0) else { continue };
+            let key = key_of_words([w[0], w[1], w[2], w[3], w[4]]);
+            let value = value_of(w[5]);
+            if key.family == 0 || flow_cache_check(flow_cache_hash(&key, seed), value) != w[6] {
+                continue;
+            }
+            const BPF_NOEXIST: u64 = 1;
+            if table.insert(key, value, BPF_NOEXIST).is_ok() {
+                moved += 1;
+            }
+        }
+        Ok(moved)
+    })();
+    match moved {
+        Ok(n) => tracing::info!(entries = n, "flow cache of the earlier version written back to the connection table"),
+        Err(e) => tracing::warn!(error = %e, "could not write the earlier flow cache back"),
+    }
 }
 
 fn is_identity(name: &str) -> bool {
@@ -126,7 +172,7 @@ pub fn map_shapes(table_entries: u32, conntrack: u32) -> Vec<Shape> {
         shape(
             maps::FLOW_CACHE,
             4,
-            size_of::<lb_common::FlowCacheEntry>(),
+            size_of::<lb_common::FlowCacheLine>(),
             Some(lb_common::flow_cache_slots(conntrack)),
         ),
         shape(

@@ -6,10 +6,7 @@ use std::{path::Path, sync::Arc};
 
 use anyhow::Result;
 use aya::maps::{Array, HashMap as BpfHashMap, Map, MapData};
-use lb_common::{
-    FlowCacheEntry, FlowKey, FlowValue, LbConfig, flow_cache_check, flow_cache_hash,
-    flow_cache_seed, maps,
-};
+use lb_common::{FlowCacheLine, FlowKey, FlowValue, LbConfig, flow_cache_seed, maps};
 
 use super::Dataplane;
 use crate::sync::view::{Pair, Service, View};
@@ -45,11 +42,45 @@ impl Dataplane {
     }
 }
 
+/// The pinned flow cache, opened by path, read as the program reads it.
+pub struct FlowCachePins {
+    cache: Array<MapData, FlowCacheLine>,
+    config: Array<MapData, LbConfig>,
+}
+
+impl FlowCachePins {
+    pub fn open(pin_dir: &Path) -> Result<FlowCachePins> {
+        let cache = Array::try_from(Map::Array(MapData::from_pin(
+            pin_dir.join(maps::FLOW_CACHE),
+        )?))?;
+        let config = Array::try_from(Map::Array(MapData::from_pin(pin_dir.join(maps::CONFIG))?))?;
+        Ok(FlowCachePins { cache, config })
+    }
+
+    /// Every entry the program would trust, line by line, until `f` returns false: an empty
+    /// way, or one read while a CPU rewrote it (its check word does not bind the value to the
+    /// key under the node's seed), is skipped as the data plane skips it.
+    pub fn for_each(&self, mut f: impl FnMut(FlowKey, FlowValue) -> bool) -> Result<()> {
+        let cfg = self.config.get(&0, 0)?;
+        let seed = flow_cache_seed(cfg.hash_seed, cfg.flow_cache);
+        for i in 0..self.cache.len() {
+            let Ok(line) = self.cache.get(&i, 0) else {
+                continue;
+            };
+            for (_, k, v) in line.entries(seed) {
+                if !f(k, v) {
+                    return Ok(());
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
 /// The pinned connection table, opened by path.
 pub struct ConntrackPins {
     lru: BpfHashMap<MapData, FlowKey, FlowValue>,
-    cache: Array<MapData, FlowCacheEntry>,
-    config: Array<MapData, LbConfig>,
+    cache: FlowCachePins,
 }
 
 impl ConntrackPins {
@@ -57,17 +88,13 @@ impl ConntrackPins {
         let lru = BpfHashMap::try_from(Map::LruHashMap(MapData::from_pin(
             pin_dir.join(maps::CONNTRACK),
         )?))?;
-        let cache = Array::try_from(Map::Array(MapData::from_pin(
-            pin_dir.join(maps::FLOW_CACHE),
-        )?))?;
-        let config = Array::try_from(Map::Array(MapData::from_pin(pin_dir.join(maps::CONFIG))?))?;
-        Ok(ConntrackPins { lru, cache, config })
+        let cache = FlowCachePins::open(pin_dir)?;
+        Ok(ConntrackPins { lru, cache })
     }
 
     /// Every entry that passes `keep`, from the LRU hash and the flow cache (a long-lived flow
-    /// served from the cache may have aged out of the LRU hash), at most `limit`. A cache slot
-    /// counts only when its check word matches its key and value (a slot being rewritten
-    /// while read fails it).
+    /// served from the cache may have aged out of the LRU hash), at most `limit`; from the
+    /// cache, what the program would trust (`FlowCachePins::for_each`).
     pub fn scan(
         &self,
         limit: usize,
@@ -86,25 +113,15 @@ impl ConntrackPins {
                 out.push((k, v));
             }
         }
-        let cfg = self.config.get(&0, 0)?;
-        let seed = flow_cache_seed(cfg.hash_seed, cfg.flow_cache);
-        for i in 0..self.cache.len() {
+        self.cache.for_each(|k, v| {
             if out.len() >= limit {
-                break;
+                return false;
             }
-            let Ok(e) = self.cache.get(&i, 0) else {
-                continue;
-            };
-            if e.key.family == 0 {
-                continue;
+            if keep(&k, &v) && seen.insert(k) {
+                out.push((k, v));
             }
-            if flow_cache_check(flow_cache_hash(&e.key, seed), e.value) != e.check {
-                continue;
-            }
-            if keep(&e.key, &e.value) && seen.insert(e.key) {
-                out.push((e.key, e.value));
-            }
-        }
+            true
+        })?;
         Ok(out)
     }
 
