@@ -133,7 +133,11 @@ impl FlowCacheLine {
 
     /// Way `way`'s use mark.
     pub fn marked(&self, way: usize) -> bool {
-        let b = if self.is_v6() { 0 } else { WAY_WORDS * (way & 1) };
+        let b = if self.is_v6() {
+            0
+        } else {
+            WAY_WORDS * (way & 1)
+        };
         (self.w[b] >> (8 * MARK_BYTE)) & 0xff != 0
     }
 

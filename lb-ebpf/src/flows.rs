@@ -289,7 +289,13 @@ pub fn remember(cfg: Option<&LbConfig>, slot: &Slot, flow: &FlowKey, value: Flow
     if let Some(cfg) = cfg
         && !slot.line.is_null()
     {
-        used(take(slot.line, slot.hash, flow, pack(value) | SPARE_BIT, cfg));
+        used(take(
+            slot.line,
+            slot.hash,
+            flow,
+            pack(value) | SPARE_BIT,
+            cfg,
+        ));
     }
 }
 
@@ -416,9 +422,7 @@ fn free(line: *mut u64, b: usize, value_at: usize) -> bool {
             value_of(line.add(value_at).read_volatile()),
         )
     };
-    tail_family(tail) == 0
-        || (tail >> (8 * MARK_BYTE)) as u8 == 0
-        || entry_backend(&v).is_none()
+    tail_family(tail) == 0 || (tail >> (8 * MARK_BYTE)) as u8 == 0 || entry_backend(&v).is_none()
 }
 
 /// Does an IPv6 line hold this IPv6 key (words `k`)?

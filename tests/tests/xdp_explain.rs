@@ -12,7 +12,7 @@
 
 use std::net::IpAddr;
 
-use lb_common::{FlowCacheEntry, PROTO_TCP, explain::step};
+use lb_common::{FlowCacheLine, PROTO_TCP, explain::step};
 use lb_tests::{TestDataplane, backend, frames::*};
 use lb_userspace::{
     dataplane::{Desired, ServiceSpec, vip_key},
@@ -61,7 +61,7 @@ type State = (
     usize,
     Vec<u64>,
     (u64, u64, u64),
-    usize,
+    Vec<FlowCacheLine>,
 );
 
 fn state(t: &TestDataplane) -> State {
@@ -85,10 +85,9 @@ fn state(t: &TestDataplane) -> State {
     );
     let cache = {
         let m = pin(lb_common::maps::FLOW_CACHE);
-        let a: Array<MapData, FlowCacheEntry> = Array::try_from(Map::Array(m)).unwrap();
-        (0..a.len())
-            .filter(|i| a.get(i, 0).map(|e| e.key.family != 0).unwrap_or(false))
-            .count()
+        let a: Array<MapData, FlowCacheLine> = Array::try_from(Map::Array(m)).unwrap();
+        // Whole lines: entries, use marks and the last-written way.
+        (0..a.len()).map(|i| a.get(&i, 0).unwrap()).collect()
     };
     (
         dp.global_stats().unwrap(),

@@ -127,7 +127,10 @@ fn retire_v2_cache(dir: &Path) {
         Ok(moved)
     })();
     match moved {
-        Ok(n) => tracing::info!(entries = n, "flow cache of the earlier version written back to the connection table"),
+        Ok(n) => tracing::info!(
+            entries = n,
+            "flow cache of the earlier version written back to the connection table"
+        ),
         Err(e) => tracing::warn!(error = %e, "could not write the earlier flow cache back"),
     }
 }
