@@ -6,9 +6,12 @@
 //! an array of 64-byte lines, each one cache line, indexed by `flow_cache_hash`: the kernel
 //! inlines an array lookup, so an established flow found there costs a multiply-xorshift hash,
 //! a few word compares and a check word, with no call and one cache miss. A line holds two IPv4
-//! entries (two ways of 32 bytes) or one IPv6 entry (lb-common `flow_cache` has the layout): with
-//! many flows, a flow whose line is shared with one other still has a way of its own, where a
-//! slot per flow would send one of the two to the LRU hash on every packet.
+//! entries (two ways of 32 bytes) or one IPv6 entry (lb-common `flow_cache` has the layout). A
+//! flow's home line has a buddy, the other line of its aligned pair (the same 128 bytes, the
+//! same page): a flow goes there when its home line's ways are taken, and is looked up there
+//! when its home line does not hold it. So with many flows nearly every flow has a way of its
+//! own (100k flows in 131,072 lines: about 1.4 % without one, against 30 % with one 64-byte
+//! slot per flow), and a flow in its home line costs one line.
 //!
 //! The rules that keep the two one table:
 //! - **A write goes to both.** Remembering a flow inserts it into the LRU hash and puts it in its
@@ -23,10 +26,12 @@
 //!   the slot's copy and is never replaced by it.
 //! - **A way goes to the flow that uses it (a second chance, as a CLOCK cache gives).** A
 //!   new decision always takes a way: a free one (empty, its pair gone, or not used since the
-//!   last ask), else the older of the two (the one not written last, byte 7 of way 0). A flow
+//!   last ask; the home line's, then the buddy's), else the home line's older way (the one not
+//!   written last, byte 7 of way 0). A way that holds the flow is always the one rewritten:
+//!   a flow is never in both lines. A flow
 //!   found only in the LRU hash takes a free way only: each way has a use mark (byte 6 of its
 //!   tail word), set when its entry forwards a packet and when it is written, and cleared by an
-//!   ask. One in `ASK_ONE_IN` of such packets asks (a random draw) and clears the line's marks:
+//!   ask. One in `ASK_ONE_IN` of such packets asks (a random draw) and clears both lines' marks:
 //!   a mark is written only then and at its occupant's next packet, not on every packet when
 //!   more active flows share a line than it has ways (with many flows every line write is a
 //!   dirty cache line). So a flow that lost its way to one that then went idle gets it back
@@ -48,16 +53,23 @@ use aya_ebpf::{bindings::BPF_NOEXIST, helpers::bpf_get_prandom_u32};
 
 use crate::maps::{LB_BACKENDS, LB_CONNTRACK, LB_FLOW_CACHE_V3};
 
-/// A flow's place in the cache: its line (if the cache is there), its key's hash, and the way
-/// a cache hit found it in.
+/// A flow's place in the cache: its home line (if the cache is there), its key's hash, and
+/// where a cache hit found it (the home line or its buddy, and the way).
 pub struct Slot {
-    /// The line's words; null without a cache (no configuration yet, or an index past its end).
+    /// The words of the line the flow was found in, else of its home line; null without a
+    /// cache (no configuration yet, or an index past its end).
     line: *mut u64,
     hash: u64,
-    /// Word offset of the flow's way (0 or `WAY_WORDS`; an IPv6 line's entry is at 0): set by
-    /// a cache hit, read by `touch` and `mark_closed`.
-    way: usize,
+    /// Word offset of the flow's way (0 or `WAY_WORDS`; an IPv6 line's entry is at 0), with
+    /// `IN_BUDDY` when the hit was in the buddy line: set by a cache hit, read by `touch` and
+    /// `mark_closed`.
+    way: u32,
+    /// `LbConfig::flow_cache`: the cache's size, to find the buddy line.
+    cache: u32,
 }
+
+/// `Slot::way`: the flow was found in its buddy line.
+const IN_BUDDY: u32 = 0x100;
 
 #[inline(always)]
 pub fn slot(cfg: Option<&LbConfig>, flow: &FlowKey) -> Slot {
@@ -67,20 +79,36 @@ pub fn slot(cfg: Option<&LbConfig>, flow: &FlowKey) -> Slot {
             line: core::ptr::null_mut(),
             hash: 0,
             way: 0,
+            cache: 0,
         },
     }
 }
 
-/// The line of a key whose hash is `hash` (an inlined array lookup, no hashing).
+/// The home line of a key whose hash is `hash` (an inlined array lookup, no hashing).
 #[inline(always)]
 pub fn slot_at(cfg: &LbConfig, hash: u64) -> Slot {
     Slot {
-        line: LB_FLOW_CACHE_V3
-            .get_ptr_mut(flow_cache_index(hash, cfg.flow_cache))
-            .map_or(core::ptr::null_mut(), |l| l as *mut u64),
+        line: line_at(flow_cache_index(hash, cfg.flow_cache)),
         hash,
         way: 0,
+        cache: cfg.flow_cache,
     }
+}
+
+/// Line `i`'s words, or null.
+#[inline(always)]
+fn line_at(i: u32) -> *mut u64 {
+    LB_FLOW_CACHE_V3
+        .get_ptr_mut(i)
+        .map_or(core::ptr::null_mut(), |l| l as *mut u64)
+}
+
+/// The buddy of the home line of a key whose hash is `hash`: the other line of its aligned
+/// pair (one 128-byte block, the same page), where the flow goes when its home line's ways
+/// are taken.
+#[inline(always)]
+fn buddy_of(hash: u64, cache: u32) -> *mut u64 {
+    line_at(flow_cache_index(hash, cache) ^ 1)
 }
 
 #[inline(always)]
@@ -95,10 +123,13 @@ pub enum Found {
     Table,
 }
 
-/// The flow's entry: from its cache line if the line holds it, else from the LRU hash.
+/// The flow's entry: from its home line or its buddy if one holds it, else from the LRU hash.
 #[inline(always)]
 pub fn lookup(slot: &mut Slot, flow: &FlowKey) -> Option<(FlowValue, Found)> {
     if let Some(v) = cached_only(slot, flow) {
+        return Some((v, Found::Cache));
+    }
+    if let Some(v) = in_buddy_line(slot, flow) {
         return Some((v, Found::Cache));
     }
     table_only(flow)
@@ -129,7 +160,9 @@ const NOT_CACHED: u64 = u64::MAX;
 /// A bit of a packed value (`pack`) no entry has (backend id bit 30): in a hint, the flow's
 /// way; in `take`'s argument, a new decision (which always takes a way).
 const SPARE_BIT: u64 = 1 << 62;
-const _: () = assert!(MAX_BACKENDS <= 1 << 30);
+/// Another (backend id bit 29): in a hint, the flow was found in its buddy line.
+const BUDDY_BIT: u64 = 1 << 61;
+const _: () = assert!(MAX_BACKENDS <= 1 << 29);
 
 impl Hint {
     #[inline(always)]
@@ -137,7 +170,17 @@ impl Hint {
         Hint {
             hash: slot.hash,
             cached: cached.map_or(NOT_CACHED, |v| {
-                pack(v) | if slot.way != 0 { SPARE_BIT } else { 0 }
+                pack(v)
+                    | if slot.way & WAY_WORDS as u32 != 0 {
+                        SPARE_BIT
+                    } else {
+                        0
+                    }
+                    | if slot.way & IN_BUDDY != 0 {
+                        BUDDY_BIT
+                    } else {
+                        0
+                    }
             }),
         }
     }
@@ -148,24 +191,76 @@ impl Hint {
         let mut slot = slot_at(cfg, self.hash);
         if self.cached != NOT_CACHED {
             if self.cached & SPARE_BIT != 0 {
-                slot.way = WAY_WORDS;
+                slot.way = WAY_WORDS as u32;
             }
-            return (slot, Some((unpack(self.cached & !SPARE_BIT), Found::Cache)));
+            if self.cached & BUDDY_BIT != 0 {
+                slot.line = buddy_line(self.hash, slot.cache as u64);
+                slot.way |= IN_BUDDY;
+            }
+            let v = self.cached & !(SPARE_BIT | BUDDY_BIT);
+            return (slot, Some((unpack(v), Found::Cache)));
+        }
+        if let Some(v) = in_buddy_line(&mut slot, flow) {
+            return (slot, Some((v, Found::Cache)));
         }
         (slot, table_only(flow))
     }
 }
 
-/// The flow's entry if its cache line holds it (the fast path; a miss takes the full path);
-/// notes the way in `slot`.
+/// The flow's entry if its home line holds it (the fast path; a miss, even one the buddy line
+/// would answer, takes the full path, so that the fast path makes no call); notes the way in
+/// `slot`.
 #[inline(always)]
 pub fn cached_only(slot: &mut Slot, flow: &FlowKey) -> Option<FlowValue> {
     if slot.line.is_null() {
         return None;
     }
     let (v, way) = cached(slot.line, flow, slot.hash)?;
-    slot.way = way;
+    slot.way = way as u32;
     Some(v)
+}
+
+/// The flow's entry if its buddy line holds it (its home line is known not to); then `slot`
+/// names the buddy line and the way.
+#[inline(always)]
+fn in_buddy_line(slot: &mut Slot, flow: &FlowKey) -> Option<FlowValue> {
+    if slot.line.is_null() {
+        return None;
+    }
+    let found = in_buddy(slot.hash, slot.cache as u64, flow);
+    if found == NOT_CACHED {
+        return None;
+    }
+    slot.line = buddy_line(slot.hash, slot.cache as u64);
+    slot.way = IN_BUDDY
+        | if found & SPARE_BIT != 0 {
+            WAY_WORDS as u32
+        } else {
+            0
+        };
+    Some(unpack(found & !SPARE_BIT))
+}
+
+/// `buddy_of` as a subprogram: the array lookup's key stays out of the caller's frame, which is
+/// near the limit.
+#[inline(never)]
+fn buddy_line(hash: u64, cache: u64) -> *mut u64 {
+    buddy_of(hash, cache as u32)
+}
+
+/// What the buddy line holds for `flow`: its packed value (`SPARE_BIT` set for way 1), or
+/// `NOT_CACHED`. A subprogram: its work stays out of the fast path's frame, which is near the
+/// limit, and runs only when the home line does not hold the flow.
+#[inline(never)]
+fn in_buddy(hash: u64, cache: u64, flow: &FlowKey) -> u64 {
+    let buddy = buddy_of(hash, cache as u32);
+    if buddy.is_null() {
+        return NOT_CACHED;
+    }
+    match cached(buddy, flow, hash) {
+        Some((v, way)) => pack(v) | if way != 0 { SPARE_BIT } else { 0 },
+        None => NOT_CACHED,
+    }
 }
 
 /// The value a way of the line holds for `flow`, with the way's word offset, if its check word
@@ -245,7 +340,7 @@ pub fn touch(slot: &Slot) {
     }
     // SAFETY: a byte of the line (way offset 0 or 4 words, mark byte 6 of its first word).
     unsafe {
-        let mark = (slot.line as *mut u8).add((slot.way & WAY_WORDS) * 8 + MARK_BYTE);
+        let mark = (slot.line as *mut u8).add((slot.way as usize & WAY_WORDS) * 8 + MARK_BYTE);
         if mark.read_volatile() == 0 {
             mark.write_volatile(1);
         }
@@ -258,7 +353,7 @@ pub fn touch(slot: &Slot) {
 #[inline(always)]
 pub fn promote(cfg: &LbConfig, slot: &Slot, flow: &FlowKey, value: FlowValue) {
     if !slot.line.is_null() {
-        used(take(slot.line, slot.hash, flow, pack(value), cfg));
+        used(take(slot.hash, flow, pack(value), cfg));
     }
 }
 
@@ -276,7 +371,13 @@ pub fn mark_closed(slot: &Slot, flow: &FlowKey, at: Found, value: FlowValue) -> 
         }
     }
     if at == Found::Cache && !slot.line.is_null() {
-        put(slot.line, slot.way, flow, closed, slot.hash);
+        put(
+            slot.line,
+            slot.way as usize & WAY_WORDS,
+            flow,
+            closed,
+            slot.hash,
+        );
     }
     closed
 }
@@ -289,13 +390,7 @@ pub fn remember(cfg: Option<&LbConfig>, slot: &Slot, flow: &FlowKey, value: Flow
     if let Some(cfg) = cfg
         && !slot.line.is_null()
     {
-        used(take(
-            slot.line,
-            slot.hash,
-            flow,
-            pack(value) | SPARE_BIT,
-            cfg,
-        ));
+        used(take(slot.hash, flow, pack(value) | SPARE_BIT, cfg));
     }
 }
 
@@ -321,63 +416,71 @@ fn used(x: u64) {
     unsafe { core::ptr::read_volatile(&x) };
 }
 
-/// `choose`'s answer when the flow takes no way now.
-const NO_WAY: usize = 2 * WAY_WORDS;
-
 // Subprograms of at most five arguments: their stack (the occupants' copies) is not added to
 // the caller's, whose frame is near the limit.
 
-/// Put `flow` in a way of `line` (`value` packed; with `SPARE_BIT`, a new decision, which always
-/// takes one), writing the good occupants it displaces back to the LRU hash. Whether it took
-/// one (a value, so that no pointer to this frame is left in the return register, which the
-/// verifier refuses).
+/// Put `flow` in a way of its home line or its buddy (`value` packed; with `SPARE_BIT`, a new
+/// decision, which always takes one), writing the good occupants it displaces back to the LRU
+/// hash. Whether it took one (a value, so that no pointer to this frame is left in the return
+/// register, which the verifier refuses).
 #[inline(never)]
-fn take(line: *mut u64, hash: u64, flow: &FlowKey, value: u64, cfg: &LbConfig) -> u64 {
-    let way = choose(line, flow, value & SPARE_BIT != 0);
-    if way == NO_WAY {
+fn take(hash: u64, flow: &FlowKey, value: u64, cfg: &LbConfig) -> u64 {
+    let home = line_at(flow_cache_index(hash, cfg.flow_cache));
+    let buddy = buddy_of(hash, cfg.flow_cache);
+    if home.is_null() || buddy.is_null() {
         return 0;
     }
+    // A line that holds the flow (torn, or being rewritten) first: never two copies of a flow.
+    let (line, way) = if let Some(w) = holding(home, flow) {
+        (home, w)
+    } else if let Some(w) = holding(buddy, flow) {
+        (buddy, w)
+    } else if let Some(w) = free_way(home, flow) {
+        (home, w)
+    } else if let Some(w) = free_way(buddy, flow) {
+        (buddy, w)
+    } else if value & SPARE_BIT != 0 {
+        (home, victim(home))
+    } else {
+        ask(home, buddy);
+        return 0;
+    };
     let way = way & WAY_WORDS;
     let seed = seed(cfg);
     // SAFETY: a map value of the array.
     let v6_line = tail_family(unsafe { line.read_volatile() }) == FAMILY_V6;
     if v6_line {
         // Whatever takes a way of an IPv6 line displaces its one entry.
-        write_back(line, 0, true, flow, seed);
+        used(write_back(line, 0, true, flow, seed));
+    } else if flow.family == FAMILY_V4 {
+        used(write_back(line, way, false, flow, seed));
     } else {
-        write_back(line, way, false, flow, seed);
-        if flow.family != FAMILY_V4 {
-            write_back(line, WAY_WORDS, false, flow, seed);
-        }
+        // An IPv6 flow takes the whole line.
+        used(write_back(line, 0, false, flow, seed));
+        used(write_back(line, WAY_WORDS, false, flow, seed));
     }
-    put(line, way, flow, unpack(value & !SPARE_BIT), hash);
+    put(
+        line,
+        way,
+        flow,
+        unpack(value & !(SPARE_BIT | BUDDY_BIT)),
+        hash,
+    );
     1
 }
 
-/// The way `flow` takes (word offset), or `NO_WAY`. A way that holds the flow (torn, or being
-/// rewritten); else the free ways, the older first (the one not written last); else, for a new
-/// decision, the older. An IPv4 flow on an IPv6 line takes way 0, an IPv6 flow the line, if
-/// what is there is free or for a new decision. A flow that takes nothing asks (one time in
-/// `ASK_ONE_IN`): the line's use marks are cleared, and an occupant that forwards a packet
-/// before the next ask sets its own again.
+/// The way of `line` that holds `flow` (word offset; an IPv6 line's entry is at 0), whatever
+/// its check word says.
 #[inline(always)]
-fn choose(line: *mut u64, flow: &FlowKey, new: bool) -> usize {
-    // SAFETY: a map value of the array.
-    let w0 = unsafe { line.read_volatile() };
+fn holding(line: *mut u64, flow: &FlowKey) -> Option<usize> {
     let k = key_words(flow);
+    // SAFETY: words of the line.
+    let w0 = unsafe { line.read_volatile() };
     if tail_family(w0) == FAMILY_V6 {
-        if new || free(line, 0, V6_VALUE) || (flow.family == FAMILY_V6 && holds_v6(line, k)) {
-            return 0;
-        }
-        ask(line, false);
-        return NO_WAY;
+        return (flow.family == FAMILY_V6 && holds_v6(line, k)).then_some(0);
     }
     if flow.family != FAMILY_V4 {
-        if new || (free(line, 0, V4_VALUE) && free(line, WAY_WORDS, WAY_WORDS + V4_VALUE)) {
-            return 0;
-        }
-        ask(line, true);
-        return NO_WAY;
+        return None;
     }
     let addrs = v4_addrs(flow);
     for b in [0, WAY_WORDS] {
@@ -387,26 +490,55 @@ fn choose(line: *mut u64, flow: &FlowKey, new: bool) -> usize {
                 && line.add(b + V4_ADDRS).read_volatile() == addrs
         };
         if holds {
-            return b;
+            return Some(b);
         }
     }
-    let older = if (w0 >> (8 * LAST_BYTE)) & 1 == 0 {
+    None
+}
+
+/// A way of `line` free for `flow`: for an IPv4 flow a free way (the older first, the one not
+/// written last), or way 0 of an IPv6 line whose entry is free; for an IPv6 flow the line, if
+/// all it holds is free.
+#[inline(always)]
+fn free_way(line: *mut u64, flow: &FlowKey) -> Option<usize> {
+    // SAFETY: a word of the line.
+    let w0 = unsafe { line.read_volatile() };
+    if tail_family(w0) == FAMILY_V6 {
+        return free(line, 0, V6_VALUE).then_some(0);
+    }
+    if flow.family != FAMILY_V4 {
+        return (free(line, 0, V4_VALUE) && free(line, WAY_WORDS, WAY_WORDS + V4_VALUE))
+            .then_some(0);
+    }
+    let older = older_way(w0);
+    let newer = WAY_WORDS - older;
+    if free(line, older, older + V4_VALUE) {
+        return Some(older);
+    }
+    free(line, newer, newer + V4_VALUE).then_some(newer)
+}
+
+/// The way a new decision takes when nothing is free: the older way of an IPv4 line; an IPv6
+/// line's entry (way 0), whichever the flow's family.
+#[inline(always)]
+fn victim(line: *mut u64) -> usize {
+    // SAFETY: a word of the line.
+    let w0 = unsafe { line.read_volatile() };
+    if tail_family(w0) == FAMILY_V6 {
+        0
+    } else {
+        older_way(w0)
+    }
+}
+
+/// The IPv4 way not written last (way 0's tail word `w0` names the last).
+#[inline(always)]
+fn older_way(w0: u64) -> usize {
+    if (w0 >> (8 * LAST_BYTE)) & 1 == 0 {
         WAY_WORDS
     } else {
         0
-    };
-    let newer = WAY_WORDS - older;
-    if free(line, older, older + V4_VALUE) {
-        return older;
     }
-    if free(line, newer, newer + V4_VALUE) {
-        return newer;
-    }
-    if new {
-        return older;
-    }
-    ask(line, true);
-    NO_WAY
 }
 
 /// Is the entry whose tail word is at word `b` (value at word `value_at`) free for another
@@ -435,19 +567,23 @@ fn holds_v6(line: *mut u64, k: &[u64; 5]) -> bool {
     }
 }
 
-/// One time in `ASK_ONE_IN`, clear the use marks of the line's ways (`both`: the two IPv4
-/// ways; else the IPv6 entry's, way 0's byte).
+/// One time in `ASK_ONE_IN`, clear the use marks of both lines' ways (an IPv6 line has one
+/// mark, way 0's byte).
 #[inline(always)]
-fn ask(line: *mut u64, both: bool) {
-    // SAFETY: the helper has no preconditions; mark bytes of the line.
-    unsafe {
-        if bpf_get_prandom_u32() & (ASK_ONE_IN - 1) != 0 {
-            return;
-        }
-        let bytes = line as *mut u8;
-        bytes.add(MARK_BYTE).write_volatile(0);
-        if both {
-            bytes.add(WAY_WORDS * 8 + MARK_BYTE).write_volatile(0);
+fn ask(home: *mut u64, buddy: *mut u64) {
+    // SAFETY: the helper has no preconditions.
+    if unsafe { bpf_get_prandom_u32() } & (ASK_ONE_IN - 1) != 0 {
+        return;
+    }
+    for line in [home, buddy] {
+        // SAFETY: words and mark bytes of the line.
+        unsafe {
+            let v6 = tail_family(line.read_volatile()) == FAMILY_V6;
+            let bytes = line as *mut u8;
+            bytes.add(MARK_BYTE).write_volatile(0);
+            if !v6 {
+                bytes.add(WAY_WORDS * 8 + MARK_BYTE).write_volatile(0);
+            }
         }
     }
 }
@@ -456,14 +592,17 @@ fn ask(line: *mut u64, both: bool) {
 /// if it is a good entry of another flow than `flow`. Usually still there (written with it;
 /// the lookup refreshes it): a lookup costs far less than an insert into a full LRU hash. An
 /// entry there, whatever it holds, is kept: it may be newer than this copy.
-#[inline(always)]
-fn write_back(line: *mut u64, b: usize, v6: bool, flow: &FlowKey, seed: u64) {
+/// A subprogram of its own: the occupant's copy is in its frame, not in `take`'s (whose
+/// caller's frame is near the limit). Whether it wrote one.
+#[inline(never)]
+fn write_back(line: *mut u64, b: usize, v6: bool, flow: &FlowKey, seed: u64) -> u64 {
     if let Some((key, v)) = occupant(line, b & WAY_WORDS, v6, seed)
         && key != *flow
         && LB_CONNTRACK.get_ptr(&key).is_none()
     {
-        let _ = LB_CONNTRACK.insert(&key, v, BPF_NOEXIST as u64);
+        return LB_CONNTRACK.insert(&key, v, BPF_NOEXIST as u64).is_ok() as u64;
     }
+    0
 }
 
 /// The occupant at word `b` (an IPv4 way, or with `v6` the IPv6 line), copied, if it is a good

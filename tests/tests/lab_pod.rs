@@ -356,10 +356,18 @@ fn pod_restart_of_the_owner_with_sigterm_resets_no_connection() {
             p.logs(&api)
         )
     });
+    // Should the pid's namespace not be readable (the process gone), the message says what the
+    // pod did meanwhile.
+    let netns = Pods::netns_of_pid(pid);
     assert_eq!(
-        Pods::netns_of_pid(pid),
+        netns,
         Pods::netns_of_node(&c.lab, &api),
-        "the restarted pod runs in its node's network namespace"
+        "the restarted pod runs in its node's network namespace (pid {pid}; now pid {:?}, \
+         {} restarts, state {:?})\n{}",
+        p.pid(&api),
+        p.restart_count(&api),
+        p.inspect(&api, "{{.State.Status}} {{.State.Error}}"),
+        p.logs(&api)
     );
     let held = json_of(hold);
     let new = json_of(stream);
