@@ -1,8 +1,8 @@
 //! The fast path: the most common packet a load balancer sees, decided with one bounds check.
 //!
 //! A TCP segment, IPv4 with a 20-byte header and not a fragment or IPv6 without extension
-//! headers, whose flow is in the flow cache with a good entry, for a VIP this node forwards for,
-//! not from another lbd node, to a backend reached by rewriting the MACs. A SYN too: the full
+//! headers, whose flow is in its home line of the flow cache with a good entry, for a VIP this
+//! node forwards for, not from another lbd node, to a backend reached by rewriting the MACs. A SYN too: the full
 //! path keeps a good entry for a SYN and forwards it as any segment of its flow (a
 //! retransmitted SYN, or a SYN reusing a live 5-tuple). Every check below is one the full path
 //! (`try_lb`) makes for such a packet, with the same outcome; a packet that fails any of them,
@@ -10,9 +10,9 @@
 //! decides. So the fast path can only ever make a decision the full path would have made:
 //! `xdp_property.rs` holds both to the forwarding rule on mutated frames. A segment that changes
 //! its entry (the client's FIN or RST on an open entry, a SYN on a closed one) is the full
-//! path's too. When it got as far as the flow's cache slot, it hands the slot and what it held
-//! to the full path (`flows::Hint`): a new flow, a local or wrapped backend and a VIP not owned
-//! then pay the hash and the slot's read once.
+//! path's too. When it got as far as the flow's home line, it hands the line and what it held
+//! to the full path (`flows::Hint`): a new flow, a flow in its buddy line, a local or wrapped
+//! backend and a VIP not owned then pay the hash and the home line's read once.
 //!
 //! Also decided here: an IPv4 frame of at least 54 bytes, or an IPv6 one of at least 74, whose
 //! destination fails the VIP address filter (the node's own traffic), passed as the full path
