@@ -14,22 +14,21 @@
 //! slot per flow), and a flow in its home line costs one line.
 //!
 //! The rules that keep the two one table:
-//! - **A write goes to both.** Remembering a flow inserts it into the LRU hash and puts it in its
-//!   slot.
-//! - **The cache is looked up first and wins.** A slot holds the last decision written for its
+//! - **A write goes to both.** Remembering a flow inserts it into the LRU hash and puts it in a
+//!   way of its home line or its buddy.
+//! - **The cache is looked up first and wins.** A way holds the last decision written for its
 //!   key; the LRU hash holds it too, unless it aged out there while the flow was served from the
 //!   cache (cache hits do not touch the LRU's recency).
 //! - **Nothing is lost when a way changes hands.** A flow that takes an occupied way (or an IPv6
 //!   flow a line) first writes the occupants back into the LRU hash if they are still good, so
-//!   a flow served from the cache never falls back to a hash that has forgotten it. The write-back only ever
-//!   adds a missing entry (`BPF_NOEXIST`): an entry another CPU wrote meanwhile is newer than
-//!   the slot's copy and is never replaced by it.
+//!   a flow served from the cache never falls back to a hash that has forgotten it. The
+//!   write-back only ever adds a missing entry (`BPF_NOEXIST`): an entry another CPU wrote
+//!   meanwhile is newer than the cache's copy and is never replaced by it.
 //! - **A way goes to the flow that uses it (a second chance, as a CLOCK cache gives).** A
 //!   new decision always takes a way: a free one (empty, its pair gone, or not used since the
 //!   last ask; the home line's, then the buddy's), else the home line's older way (the one not
 //!   written last, byte 7 of way 0). A way that holds the flow is always the one rewritten:
-//!   a flow is never in both lines. A flow
-//!   found only in the LRU hash takes a free way only: each way has a use mark (byte 6 of its
+//!   a flow is never in both lines. A flow found only in the LRU hash takes a free way only: each way has a use mark (byte 6 of its
 //!   tail word), set when its entry forwards a packet and when it is written, and cleared by an
 //!   ask. One in `ASK_ONE_IN` of such packets asks (a random draw) and clears both lines' marks:
 //!   a mark is written only then and at its occupant's next packet, not on every packet when
