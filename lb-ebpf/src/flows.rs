@@ -28,11 +28,11 @@
 //!   new decision always takes a way: a free one (empty, its pair gone, or not used since the
 //!   last ask; the home line's, then the buddy's), else the home line's older way (the one not
 //!   written last, byte 7 of way 0). A way that holds the flow is always the one rewritten:
-//!   a flow is never in both lines. A flow found only in the LRU hash takes a free way only: each way has a use mark (byte 6 of its
-//!   tail word), set when its entry forwards a packet and when it is written, and cleared by an
-//!   ask. One in `ASK_ONE_IN` of such packets asks (a random draw) and clears both lines' marks:
+//!   a flow is never in both lines. A flow found only in the LRU hash takes a free way only:
+//!   each way has a use mark (byte 6 of its tail word), set when its entry forwards a packet
+//!   and when it is written, and cleared by an ask. One in `ASK_ONE_IN` of such packets asks (a random draw) and clears both lines' marks:
 //!   a mark is written only then and at its occupant's next packet, not on every packet when
-//!   more active flows share a line than it has ways (with many flows every line write is a
+//!   more active flows share a pair of lines than it has ways (with many flows every line write is a
 //!   dirty cache line). So a flow that lost its way to one that then went idle gets it back
 //!   within a few packets (`ASK_ONE_IN` on average, plus one), instead of paying the LRU hash
 //!   for as long as the idle flow's pair stands, and active flows do not evict each other on
