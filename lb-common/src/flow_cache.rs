@@ -69,6 +69,12 @@ pub fn v4_addrs(key: &FlowKey) -> u64 {
     (k[0] & 0xffff_ffff) | (k[2] << 32)
 }
 
+/// The IPv4 key of a way's tail word (key bytes only) and addresses word (`v4_addrs`).
+#[inline(always)]
+pub fn v4_key(tail: u64, addrs: u64) -> FlowKey {
+    key_of_words([addrs & 0xffff_ffff, 0, addrs >> 32, 0, tail])
+}
+
 /// A value as the slot holds it: `FlowValue`'s own bytes read as one word.
 #[inline(always)]
 pub fn value_word(v: FlowValue) -> u64 {
@@ -118,8 +124,7 @@ impl FlowCacheLine {
         if tail_family(tail) != FAMILY_V4 {
             return None;
         }
-        let a = self.w[b + V4_ADDRS];
-        Some(key_of_words([a & 0xffff_ffff, 0, a >> 32, 0, tail]))
+        Some(v4_key(tail, self.w[b + V4_ADDRS]))
     }
 
     /// The value and check word stored in way `way`.

@@ -45,7 +45,7 @@ use lb_common::{
     FlowKey, FlowValue, LAST_BYTE, LbConfig, MARK_BYTE, MAX_BACKENDS, TAIL_KEY_MASK, V4_ADDRS,
     V4_CHECK, V4_VALUE, V6_CHECK, V6_SRC, V6_VALUE, WAY_WORDS, flow_cache_check, flow_cache_hash,
     flow_cache_index, flow_cache_seed, key_of_words, key_words, moved_to, tail_family,
-    tail_matches, v4_addrs, value_of, value_word,
+    tail_matches, v4_addrs, v4_key, value_of, value_word,
 };
 
 use aya_ebpf::{bindings::BPF_NOEXIST, helpers::bpf_get_prandom_u32};
@@ -278,10 +278,7 @@ fn cached(line: *mut u64, flow: &FlowKey, hash: u64) -> Option<(FlowValue, usize
             for b in [0, WAY_WORDS] {
                 let check = line.add(b + V4_CHECK).read_volatile();
                 let value = value_of(line.add(b + V4_VALUE).read_volatile());
-                if line.add(b + V4_ADDRS).read_volatile() == addrs
-                    && tail_matches(line.add(b).read_volatile(), k[4])
-                    && check == flow_cache_check(hash, value)
-                {
+                if v4_way_holds(line, b, k[4], addrs) && check == flow_cache_check(hash, value) {
                     return Some((value, b));
                 }
             }
@@ -289,17 +286,38 @@ fn cached(line: *mut u64, flow: &FlowKey, hash: u64) -> Option<(FlowValue, usize
         }
         let check = line.add(V6_CHECK).read_volatile();
         let value = value_of(line.add(V6_VALUE).read_volatile());
-        // The tail (ports, protocol, family) first: it differs most often between flows.
+        (holds_v6(line, k) && check == flow_cache_check(hash, value)).then_some((value, 0))
+    }
+}
+
+/// Does the IPv4 way at word `b` hold the key whose tail word is `tail` and whose addresses are
+/// `addrs` (`v4_addrs`)? The tail first (it differs most often between flows), then the
+/// addresses: the reverse of the order `put` writes them (see `cached`).
+#[inline(always)]
+fn v4_way_holds(line: *mut u64, b: usize, tail: u64, addrs: u64) -> bool {
+    // SAFETY: words of the line.
+    unsafe {
+        tail_matches(line.add(b).read_volatile(), tail)
+            && line.add(b + V4_ADDRS).read_volatile() == addrs
+    }
+}
+
+/// Does an IPv6 line hold this IPv6 key (words `k`)? The tail first, then the addresses from
+/// the last word: the reverse of the order `put` writes them (see `cached`).
+#[inline(always)]
+fn holds_v6(line: *mut u64, k: &[u64; 5]) -> bool {
+    // SAFETY: words of the line.
+    unsafe {
         if !tail_matches(line.read_volatile(), k[4]) {
-            return None;
+            return false;
         }
         for i in [3, 2, 1, 0] {
             if line.add(V6_SRC + i).read_volatile() != k[i] {
-                return None;
+                return false;
             }
         }
-        (check == flow_cache_check(hash, value)).then_some((value, 0))
     }
+    true
 }
 
 /// The backend an entry names, and its slot, if the entry is still good: the pair it was
@@ -482,17 +500,9 @@ fn holding(line: *mut u64, flow: &FlowKey) -> Option<usize> {
         return None;
     }
     let addrs = v4_addrs(flow);
-    for b in [0, WAY_WORDS] {
-        // SAFETY: words of the line.
-        let holds = unsafe {
-            tail_matches(line.add(b).read_volatile(), k[4])
-                && line.add(b + V4_ADDRS).read_volatile() == addrs
-        };
-        if holds {
-            return Some(b);
-        }
-    }
-    None
+    [0, WAY_WORDS]
+        .into_iter()
+        .find(|&b| v4_way_holds(line, b, k[4], addrs))
 }
 
 /// A way of `line` free for `flow`: for an IPv4 flow a free way (the older first, the one not
@@ -556,16 +566,6 @@ fn free(line: *mut u64, b: usize, value_at: usize) -> bool {
     tail_family(tail) == 0 || (tail >> (8 * MARK_BYTE)) as u8 == 0 || entry_backend(&v).is_none()
 }
 
-/// Does an IPv6 line hold this IPv6 key (words `k`)?
-#[inline(always)]
-fn holds_v6(line: *mut u64, k: &[u64; 5]) -> bool {
-    // SAFETY: words of the line.
-    unsafe {
-        tail_matches(line.read_volatile(), k[4])
-            && (0..4).all(|i| line.add(V6_SRC + i).read_volatile() == k[i])
-    }
-}
-
 /// One time in `ASK_ONE_IN`, clear the use marks of both lines' ways (an IPv6 line has one
 /// mark, way 0's byte).
 #[inline(always)]
@@ -619,9 +619,8 @@ fn occupant(line: *mut u64, b: usize, v6: bool, seed: u64) -> Option<(FlowKey, F
                 line.add(V6_CHECK).read_volatile(),
             )
         } else {
-            let a = line.add(b + V4_ADDRS).read_volatile();
             (
-                key_of_words([a & 0xffff_ffff, 0, a >> 32, 0, tail]),
+                v4_key(tail, line.add(b + V4_ADDRS).read_volatile()),
                 line.add(b + V4_VALUE).read_volatile(),
                 line.add(b + V4_CHECK).read_volatile(),
             )
