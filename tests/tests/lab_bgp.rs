@@ -288,3 +288,33 @@ fn bgp_lost_frr_objects_and_flushed_routes_are_repaired() {
         l.router_nexthops(VIP4)
     );
 }
+
+/// A hung FRR (every read of its running config hangs, as when a daemon stops answering its
+/// vty) delays nothing that matters: a drain is withdrawn while lbd's check of FRR hangs, not
+/// after its 10 s timeout, and FRR's configuration is checked again once it answers.
+#[test]
+fn a_drain_is_withdrawn_at_once_while_vtysh_hangs() {
+    let l = BgpLab::new();
+    assert!(
+        l.hang_vtysh("lb3", Duration::from_secs(15)),
+        "lb3's lbd never checked FRR\n{}",
+        l.diagnostics()
+    );
+    l.lbctl("lb3", &["bgp", "drain"]).expect("drain lb3");
+    let took = l.wait_nexthops(2, Duration::from_secs(5));
+    assert!(
+        took.is_some(),
+        "lb3 still announced 5 s after its drain, with its FRR check hanging: {:?}\n{}",
+        l.router_nexthops(VIP4),
+        l.diagnostics()
+    );
+    assert!(!l.router_nexthops(VIP4).contains(&"10.81.0.13".to_string()));
+    l.unhang_vtysh("lb3");
+    l.lbctl("lb3", &["bgp", "undrain"]).expect("undrain lb3");
+    assert!(
+        l.wait_nexthops(3, Duration::from_secs(20)).is_some(),
+        "lb3 back: {:?}\n{}",
+        l.router_nexthops(VIP4),
+        l.diagnostics()
+    );
+}

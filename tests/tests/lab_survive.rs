@@ -337,7 +337,13 @@ fn bgp_sequence(sync: bool) -> (Value, String) {
     let mut l = BgpLab::with_sync(sync, HOLD_MS);
     let lbs = ["lb1", "lb2", "lb3"];
     l.lbctl("lb3", &["bgp", "drain"]).expect("drain lb3");
-    assert!(l.wait_nexthops(2, Duration::from_secs(10)).is_some());
+    assert!(
+        l.wait_nexthops(2, Duration::from_secs(10)).is_some(),
+        "lb3's drain never withdrew it: v4 {:?} v6 {:?}\n{}",
+        l.router_nexthops(VIP4),
+        l.router_nexthops(lb_tests::bgp_lab::VIP6),
+        l.diagnostics()
+    );
     let b1 = l.lab.node("b1").v4.clone();
     let state = |l: &BgpLab, n: &str| -> Option<String> {
         l.lbctl(n, &["backends", "list"])?
@@ -385,14 +391,20 @@ fn bgp_sequence(sync: bool) -> (Value, String) {
         // lb3 saw none of the connections: it has all of lb1's and lb2's own exceptions. lb1
         // and lb2 also install each other's, so a node's own exceptions are its exceptions
         // less what it installed from peers (summing the raw counts counts those twice).
+        // Counted only from scans that began after every node had b1 back: a node's
+        // `exceptions` is its last scan's, and a scan still running when b1 came back saw the
+        // table without it (no exceptions), which would let lb3 look complete too early.
+        let scans = |n: &str| stats(n)["scans"].as_u64().unwrap_or(0);
+        let before: Vec<u64> = lbs.iter().map(|n| scans(n)).collect();
         let ok = lb_tests::lab::wait_for(Duration::from_secs(15), || {
+            let fresh = lbs.iter().zip(&before).all(|(n, b)| scans(n) >= b + 2);
             let own = |n: &str| {
                 let s = stats(n);
                 let e = s["exceptions"].as_u64().unwrap_or(0);
                 e.saturating_sub(s["installed"].as_u64().unwrap_or(0))
             };
             let e = own("lb1") + own("lb2");
-            (e > 0 && stats("lb3")["installed"].as_u64().unwrap_or(0) >= e).then_some(())
+            (fresh && e > 0 && stats("lb3")["installed"].as_u64().unwrap_or(0) >= e).then_some(())
         });
         assert!(
             ok.is_some(),

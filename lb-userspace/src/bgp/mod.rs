@@ -14,7 +14,7 @@ pub mod decide;
 pub mod frr;
 pub mod routes;
 
-use std::{collections::BTreeSet, net::IpAddr};
+use std::{collections::BTreeSet, future::Future, net::IpAddr};
 
 use anyhow::Result;
 use serde::Serialize;
@@ -99,7 +99,7 @@ impl Announcer {
     }
 
     /// FRR has been configured (by this lbd) with a `[[bgp]]` section.
-    pub fn configured(&self) -> bool {
+    pub fn is_configured(&self) -> bool {
         self.applied.is_some()
     }
 
@@ -126,31 +126,40 @@ impl Announcer {
         self.node.stopping = true;
     }
 
-    /// Bring FRR's configuration to the config's `[[bgp]]` section (`new`, none to remove
-    /// lbd's) for its BGP VIPs (start and reload), and adopt the announcement routes a previous
-    /// lbd left.
-    pub async fn configure(&mut self, new: Option<&BgpConfig>, vips: &[BgpVip]) -> Result<()> {
-        self.installed = routes::installed(&self.handle).await?;
+    /// The vtysh work that brings FRR's configuration to the config's `[[bgp]]` section
+    /// (`new`, none to remove lbd's) for its BGP VIPs (start and reload), as a future that owns
+    /// its inputs: the BGP worker runs it beside route syncs, so a slow FRR (up to 10 s a vtysh
+    /// call) never delays a withdrawal. `None`: nothing to do. Its result goes to
+    /// [`Announcer::configured`].
+    pub fn configure_job(
+        &self,
+        new: Option<&BgpConfig>,
+        vips: &[BgpVip],
+    ) -> Option<impl Future<Output = Result<Option<BgpConfig>>> + Send + 'static> {
         let commands = match (self.applied.as_ref(), new) {
             (_, Some(new)) => frr::render(self.applied.as_ref(), new, &bgp_addresses(vips)),
             (Some(old), None) => frr::render_removal(old),
-            (None, None) => return Ok(()),
+            (None, None) => return None,
         };
-        let vtysh = frr::Vtysh::new(new.or(self.applied.as_ref()).expect("one is set"));
-        let r = async {
+        let vtysh = frr::Vtysh::new(new.or(self.applied.as_ref())?);
+        let entries = frr::prefix_list_entries(&bgp_addresses(vips));
+        let new = new.cloned();
+        Some(async move {
             let running = vtysh.running_config().await?;
-            let mut all =
-                frr::stale_entries(&running, &frr::prefix_list_entries(&bgp_addresses(vips)));
+            let mut all = frr::stale_entries(&running, &entries);
             all.extend(commands);
-            vtysh.configure(&all).await
+            vtysh.configure(&all).await?;
+            Ok(new)
+        })
+    }
+
+    /// A [`Announcer::configure_job`] ended: FRR has that section now, or the error is kept
+    /// for the status.
+    pub fn configured(&mut self, r: &Result<Option<BgpConfig>>) {
+        match r {
+            Ok(new) => self.applied = new.clone(),
+            Err(e) => self.last_error = Some(format!("{e:#}")),
         }
-        .await;
-        if let Err(e) = &r {
-            self.last_error = Some(format!("{e:#}"));
-        } else {
-            self.applied = new.cloned();
-        }
-        r
     }
 
     /// Decide and converge the kernel routes. Routes of addresses that are no longer BGP VIPs
@@ -266,9 +275,9 @@ pub async fn sessions(bgp: Option<&BgpConfig>) -> (Vec<frr::Session>, Option<Str
 /// Whether FRR's running config still holds every object lbd configured (it does not after an
 /// FRR restart: lbd's configuration lives only in FRR's running config; and an operator's own
 /// `router bgp` of the same AS is not lbd's, see [`frr::missing_objects`]).
-pub async fn frr_has_instance(applied: &BgpConfig) -> Result<bool> {
-    let running = frr::Vtysh::new(applied).running_config().await?;
-    let missing = frr::missing_objects(&running, applied);
+pub async fn frr_has_instance(applied: BgpConfig) -> Result<bool> {
+    let running = frr::Vtysh::new(&applied).running_config().await?;
+    let missing = frr::missing_objects(&running, &applied);
     if !missing.is_empty() {
         tracing::warn!(
             ?missing,

@@ -4,8 +4,13 @@
 //! the last status without waiting, and at the stop withdraws every prefix within a deadline
 //! (a vtysh call in progress is abandoned; if the worker still does not answer, the routes are
 //! removed directly).
+//!
+//! Inside the worker, FRR's configuration and the kernel routes are two lanes: one vtysh job
+//! (configure, or check that FRR still has lbd's configuration) runs at a time, and route
+//! syncs (a drain, a withdrawal because the backends failed) are done while it runs, never
+//! after it.
 
-use std::{future::Future, time::Duration};
+use std::{future::Future, pin::Pin, time::Duration};
 
 use anyhow::Result;
 use tokio::sync::{mpsc, oneshot, watch};
@@ -49,8 +54,6 @@ impl Cmd {
 pub struct BgpHandle {
     tx: mpsc::UnboundedSender<Cmd>,
     status: watch::Receiver<Status>,
-    /// Set at the stop: abandons a vtysh call in progress.
-    stopping: watch::Sender<bool>,
     task: tokio::task::JoinHandle<()>,
     handle: rtnetlink::Handle,
     /// A `[[bgp]]` section was in effect when last synced: routes may need withdrawing after
@@ -75,19 +78,18 @@ impl BgpHandle {
     pub fn spawn(handle: rtnetlink::Handle, drained: bool) -> BgpHandle {
         let (tx, rx) = mpsc::unbounded_channel();
         let (status_tx, status) = watch::channel(empty_status());
-        let (stopping, stop_rx) = watch::channel(false);
         let worker = Worker {
             a: Announcer::new(handle.clone()).with_drained(drained),
             cfg: None,
             rows: Vec::new(),
             active: false,
             status: status_tx,
-            stop: stop_rx,
+            frr: None,
+            frr_next: None,
         };
         BgpHandle {
             tx,
             status,
-            stopping,
             task: tokio::spawn(worker.run(rx)),
             handle,
             active: false,
@@ -101,7 +103,6 @@ impl BgpHandle {
 
     /// Withdraw every prefix within `deadline` (see the module doc).
     pub async fn stop(&mut self, deadline: Duration) {
-        let _ = self.stopping.send(true);
         let (reply, done) = oneshot::channel();
         let answered = self.tx.send(Cmd::Stop(reply)).is_ok()
             && matches!(tokio::time::timeout(deadline, done).await, Ok(Ok(())));
@@ -190,6 +191,23 @@ impl BgpHandle {
     }
 }
 
+/// A vtysh job of the worker, and what it tells when it ends.
+type FrrJob = Pin<Box<dyn Future<Output = FrrOutcome> + Send>>;
+
+enum FrrOutcome {
+    /// [`Announcer::configure_job`]'s result.
+    Configured(Result<Option<crate::bgp::BgpConfig>>),
+    /// Whether FRR still holds lbd's configuration.
+    Checked(Result<bool>),
+}
+
+/// What the FRR lane does next (a configure makes a check needless).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum FrrWant {
+    Check,
+    Configure,
+}
+
 struct Worker {
     a: Announcer,
     /// The last config and rows the owner sent.
@@ -197,41 +215,53 @@ struct Worker {
     rows: Vec<BackendPlan>,
     active: bool,
     status: watch::Sender<Status>,
-    stop: watch::Receiver<bool>,
+    /// The vtysh job in progress.
+    frr: Option<FrrJob>,
+    /// What to run on FRR when it ends.
+    frr_next: Option<FrrWant>,
 }
 
-/// Run `f` unless the stop comes first (then `None`; `f` is dropped, killing its vtysh).
-async fn unless_stopping<F: Future>(stop: &mut watch::Receiver<bool>, f: F) -> Option<F::Output> {
-    tokio::select! {
-        biased;
-        _ = stop.wait_for(|s| *s) => None,
-        r = f => Some(r),
+/// The end of the job in progress; never, without one.
+async fn frr_end(job: &mut Option<FrrJob>) -> FrrOutcome {
+    match job {
+        Some(j) => j.await,
+        None => std::future::pending().await,
     }
 }
 
 impl Worker {
     async fn run(mut self, mut rx: mpsc::UnboundedReceiver<Cmd>) {
-        while let Some(first) = rx.recv().await {
-            // Everything queued meanwhile (a hung FRR makes each vtysh call take 10 s): only the
-            // newest configure, sync and check matter, so the queue never grows.
-            let mut batch = vec![first];
-            while let Ok(c) = rx.try_recv() {
-                batch.push(c);
-            }
-            let kinds: Vec<Option<u8>> = batch.iter().map(Cmd::coalesced_kind).collect();
-            for (i, cmd) in batch.into_iter().enumerate() {
-                let superseded = kinds[i].is_some() && kinds[i + 1..].contains(&kinds[i]);
-                match cmd {
-                    _ if superseded => {}
-                    Cmd::Stop(reply) => {
-                        self.stop_now().await;
-                        let _ = reply.send(());
-                        return;
+        loop {
+            tokio::select! {
+                first = rx.recv() => {
+                    let Some(first) = first else { return };
+                    // Everything queued meanwhile: only the newest configure, sync and check
+                    // matter, so the queue never grows.
+                    let mut batch = vec![first];
+                    while let Ok(c) = rx.try_recv() {
+                        batch.push(c);
                     }
-                    cmd => self.handle(cmd).await,
+                    let kinds: Vec<Option<u8>> = batch.iter().map(Cmd::coalesced_kind).collect();
+                    for (i, cmd) in batch.into_iter().enumerate() {
+                        let superseded = kinds[i].is_some() && kinds[i + 1..].contains(&kinds[i]);
+                        match cmd {
+                            _ if superseded => {}
+                            Cmd::Stop(reply) => {
+                                self.stop_now().await;
+                                let _ = reply.send(());
+                                return;
+                            }
+                            cmd => self.handle(cmd).await,
+                        }
+                    }
                 }
-                self.publish();
+                out = frr_end(&mut self.frr) => {
+                    self.frr = None;
+                    self.frr_done(out);
+                }
             }
+            self.start_frr();
+            self.publish();
         }
     }
 
@@ -241,27 +271,65 @@ impl Worker {
         }
     }
 
+    /// Queue work for the FRR lane (started when the job in progress ends).
+    fn want(&mut self, w: FrrWant) {
+        self.frr_next = self.frr_next.max(Some(w));
+    }
+
+    /// Start the queued FRR work unless a job runs.
+    fn start_frr(&mut self) {
+        if self.frr.is_some() {
+            return;
+        }
+        let Some(want) = self.frr_next.take() else {
+            return;
+        };
+        let Some(cfg) = &self.cfg else { return };
+        self.frr = match want {
+            FrrWant::Configure => self
+                .a
+                .configure_job(cfg.bgp.first(), &cfg.bgp_vips())
+                .map(|j| -> FrrJob { Box::pin(async move { FrrOutcome::Configured(j.await) }) }),
+            FrrWant::Check => self.a.applied().map(|applied| -> FrrJob {
+                Box::pin(async move { FrrOutcome::Checked(bgp::frr_has_instance(applied).await) })
+            }),
+        };
+    }
+
+    fn frr_done(&mut self, out: FrrOutcome) {
+        match out {
+            FrrOutcome::Configured(r) => {
+                let was = self.a.is_configured();
+                self.a.configured(&r);
+                match (&r, self.cfg.as_ref().and_then(|c| c.bgp.first())) {
+                    (Ok(Some(_)), Some(b)) if !was => {
+                        tracing::info!(asn = b.asn, peers = b.peers.len(), "BGP: FRR configured")
+                    }
+                    (Ok(_), _) => {}
+                    (Err(e), _) => {
+                        tracing::error!(error = %format!("{e:#}"), "BGP: configuring FRR failed; will retry")
+                    }
+                }
+            }
+            FrrOutcome::Checked(Ok(true)) => {}
+            FrrOutcome::Checked(Ok(false)) => {
+                tracing::warn!(
+                    "BGP: FRR lost lbd's configuration (restarted?); configuring it again"
+                );
+                self.a.mark_unconfigured();
+                self.want(FrrWant::Configure);
+            }
+            FrrOutcome::Checked(Err(e)) => {
+                tracing::warn!(error = %format!("{e:#}"), "BGP: checking FRR")
+            }
+        }
+    }
+
     async fn handle(&mut self, cmd: Cmd) {
         match cmd {
             Cmd::Configure(cfg) => {
-                if !cfg.bgp.is_empty() || self.a.configured() {
-                    match unless_stopping(
-                        &mut self.stop,
-                        self.a.configure(cfg.bgp.first(), &cfg.bgp_vips()),
-                    )
-                    .await
-                    {
-                        Some(Ok(())) if !cfg.bgp.is_empty() => tracing::info!(
-                            asn = cfg.bgp[0].asn,
-                            peers = cfg.bgp[0].peers.len(),
-                            "BGP: FRR configured"
-                        ),
-                        Some(Ok(())) => {}
-                        Some(Err(e)) => {
-                            tracing::error!(error = %format!("{e:#}"), "BGP: configuring FRR failed; will retry")
-                        }
-                        None => return,
-                    }
+                if !cfg.bgp.is_empty() || self.a.is_configured() {
+                    self.want(FrrWant::Configure);
                 }
                 self.cfg = Some(*cfg);
             }
@@ -276,21 +344,10 @@ impl Worker {
                 self.sync().await;
             }
             Cmd::Check => {
-                let Some(applied) = self.a.applied() else {
-                    return;
-                };
-                match unless_stopping(&mut self.stop, bgp::frr_has_instance(&applied)).await {
-                    // Converge against the kernel's routes at every check: a flush is repaired.
-                    Some(Ok(true)) => self.sync().await,
-                    None => {}
-                    Some(Ok(false)) => {
-                        tracing::warn!(
-                            "BGP: FRR lost lbd's configuration (restarted?); configuring it again"
-                        );
-                        self.a.mark_unconfigured();
-                        self.sync().await;
-                    }
-                    Some(Err(e)) => tracing::warn!(error = %format!("{e:#}"), "BGP: checking FRR"),
+                // Converge against the kernel's routes at every check: a flush is repaired.
+                self.sync().await;
+                if self.a.is_configured() {
+                    self.want(FrrWant::Check);
                 }
             }
             Cmd::Drain(drained) => {
@@ -300,8 +357,8 @@ impl Worker {
         }
     }
 
-    /// Converge the kernel routes, then configure FRR if it is not (FRR started late, or lost
-    /// its configuration). Routes first: a slow FRR never delays a withdrawal.
+    /// Converge the kernel routes now, then have FRR configured if it is not (FRR started
+    /// late, or lost its configuration; the FRR lane does that).
     async fn sync(&mut self) {
         let Some(cfg) = self.cfg.clone() else {
             return;
@@ -313,21 +370,16 @@ impl Worker {
         if let Err(e) = self.a.sync(&cfg.bgp_vips(), &self.rows).await {
             tracing::error!(error = %format!("{e:#}"), "BGP: converging announcements");
         }
-        if !cfg.bgp.is_empty()
-            && !self.a.configured()
-            && let Some(Err(e)) = unless_stopping(
-                &mut self.stop,
-                self.a.configure(cfg.bgp.first(), &cfg.bgp_vips()),
-            )
-            .await
-        {
-            tracing::debug!(error = %format!("{e:#}"), "BGP: FRR still not configured")
+        if !cfg.bgp.is_empty() && !self.a.is_configured() {
+            self.want(FrrWant::Configure);
         }
     }
 
-    /// lbd is stopping: withdraw every prefix (the XDP program keeps forwarding what is still
-    /// in flight towards this node while the routers converge).
+    /// lbd is stopping: abandon the vtysh job (its vtysh is killed) and withdraw every prefix
+    /// (the XDP program keeps forwarding what is still in flight towards this node while the
+    /// routers converge).
     async fn stop_now(&mut self) {
+        self.frr = None;
         let Some(cfg) = self.cfg.clone() else {
             return;
         };

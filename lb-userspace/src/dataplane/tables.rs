@@ -6,12 +6,58 @@ use anyhow::{Result, bail};
 use aya::maps::MapData;
 use lb_common::maps;
 
+/// A `BPF_F_MMAPABLE` array's values mapped into this process (shared with the kernel: what
+/// a program writes is seen here at once, and what is written here by the program).
+pub struct Mapping {
+    ptr: *mut u8,
+    bytes: usize,
+}
+
+// The memory is the kernel's map, alive while mapped; readers and writers keep their own
+// discipline (the Maglev tables are written only through &mut Dataplane, flow cache lines are
+// read with their check words).
+unsafe impl Send for Mapping {}
+unsafe impl Sync for Mapping {}
+
+impl Mapping {
+    /// Map the first `len` bytes (rounded up to pages) of `map`'s values; `name` is for the
+    /// error.
+    pub fn new(map: &MapData, name: &str, len: usize, writable: bool) -> Result<Mapping> {
+        let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as usize;
+        let bytes = len.div_ceil(page).max(1) * page;
+        let fd = map.fd().as_fd().as_raw_fd();
+        let prot = if writable {
+            libc::PROT_READ | libc::PROT_WRITE
+        } else {
+            libc::PROT_READ
+        };
+        let ptr = unsafe { libc::mmap(std::ptr::null_mut(), bytes, prot, libc::MAP_SHARED, fd, 0) };
+        if ptr == libc::MAP_FAILED {
+            bail!("mmap of {name}: {}", std::io::Error::last_os_error());
+        }
+        Ok(Mapping {
+            ptr: ptr.cast(),
+            bytes,
+        })
+    }
+
+    pub fn ptr(&self) -> *mut u8 {
+        self.ptr
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        unsafe { libc::munmap(self.ptr.cast(), self.bytes) };
+    }
+}
+
 /// The memory-mapped `LB_TABLES` array, seen as a dense run of u32 slots (elements are
 /// `[u32; 2]`, exactly 8 bytes, so the kernel adds no padding between them).
 pub struct TableMemory {
+    _mem: Mapping,
     ptr: *mut u32,
     len: usize,
-    bytes: usize,
 }
 
 // The mapping is only touched through &mut Dataplane.
@@ -19,30 +65,11 @@ unsafe impl Send for TableMemory {}
 
 impl TableMemory {
     pub fn map(map: &MapData, slots: u32) -> Result<Self> {
-        let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as usize;
-        let bytes = (slots as usize * 4).div_ceil(page) * page;
-        let fd = map.fd().as_fd().as_raw_fd();
-        let ptr = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                bytes,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                fd,
-                0,
-            )
-        };
-        if ptr == libc::MAP_FAILED {
-            bail!(
-                "mmap of {}: {}",
-                maps::TABLES,
-                std::io::Error::last_os_error()
-            );
-        }
+        let mem = Mapping::new(map, maps::TABLES, slots as usize * 4, true)?;
         Ok(TableMemory {
-            ptr: ptr.cast(),
+            ptr: mem.ptr().cast(),
+            _mem: mem,
             len: slots as usize,
-            bytes,
         })
     }
 
@@ -57,11 +84,5 @@ impl TableMemory {
         // The flip of `active_table` that follows is a syscall (a full barrier), but make the
         // ordering explicit: every slot is visible before the table can become live.
         std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
-    }
-}
-
-impl Drop for TableMemory {
-    fn drop(&mut self) {
-        unsafe { libc::munmap(self.ptr.cast(), self.bytes) };
     }
 }

@@ -260,7 +260,8 @@ impl BgpLab {
             );
         }
         c += &format!(
-            "\n[[bgp]]\nasn = {LB_ASN}\nrouter_id = \"{v4}\"\nvty_socket = \"{}\"\ncommunities = [\"{LB_ASN}:100\"]\n[bgp.bfd]\ntransmit_ms = {BFD_MS}\nreceive_ms = {BFD_MS}\nmultiplier = {BFD_MULT}\n[[bgp.peers]]\naddress = \"10.81.0.1\"\nasn = {ROUTER_ASN}\ndescription = \"router\"\n",
+            "\n[[bgp]]\nasn = {LB_ASN}\nrouter_id = \"{v4}\"\nvtysh = \"{}\"\nvty_socket = \"{}\"\ncommunities = [\"{LB_ASN}:100\"]\n[bgp.bfd]\ntransmit_ms = {BFD_MS}\nreceive_ms = {BFD_MS}\nmultiplier = {BFD_MULT}\n[[bgp.peers]]\naddress = \"10.81.0.1\"\nasn = {ROUTER_ASN}\ndescription = \"router\"\n",
+            self.vtysh_wrapper(node).display(),
             self.frr_dir(node).display()
         );
         for (vname, vip, v6) in [("web4", VIP4, false), ("web6", VIP6, true)] {
@@ -274,6 +275,40 @@ impl BgpLab {
             }
         }
         c
+    }
+
+    /// The vtysh lbd runs on `node`: FRR's own, unless [`BgpLab::hang_vtysh`] made it hang.
+    fn vtysh_wrapper(&self, node: &str) -> PathBuf {
+        let path = self.lab.dir.join(format!("vtysh-{node}"));
+        if !path.exists() {
+            use std::os::unix::fs::PermissionsExt;
+            let m = path.display();
+            std::fs::write(
+                &path,
+                format!(
+                    "#!/bin/sh\n# lab: vtysh, or a hung one while {m}.hang exists (reads only)\nif [ -e {m}.hang ]; then\n  for a in \"$@\"; do\n    if [ \"$a\" = \"show running-config\" ]; then touch {m}.hung; exec sleep 60; fi\n  done\nfi\nexec vtysh \"$@\"\n"
+                ),
+            )
+            .unwrap();
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+        }
+        path
+    }
+
+    /// From now on `node`'s lbd finds FRR hung: its reads of the running config (the periodic
+    /// check, and a configure's first step) never answer. Returns once one such read is
+    /// hanging (within the check's period).
+    pub fn hang_vtysh(&self, node: &str, timeout: Duration) -> bool {
+        let m = self.lab.dir.join(format!("vtysh-{node}"));
+        std::fs::write(m.with_extension("hang"), b"").unwrap();
+        wait_for(timeout, || m.with_extension("hung").exists().then_some(())).is_some()
+    }
+
+    /// FRR answers `node`'s lbd again.
+    pub fn unhang_vtysh(&self, node: &str) {
+        let m = self.lab.dir.join(format!("vtysh-{node}"));
+        let _ = std::fs::remove_file(m.with_extension("hang"));
+        let _ = std::fs::remove_file(m.with_extension("hung"));
     }
 
     pub fn start_lbd(&mut self, node: &str) {
