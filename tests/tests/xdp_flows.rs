@@ -967,3 +967,94 @@ fn an_upgrade_writes_the_earlier_flow_cache_back_to_the_connection_table() {
     }
     println!("torn entries whose flows moved: {moved_torn} of 10");
 }
+
+#[test]
+fn the_connection_table_walks_see_every_entry_once() {
+    // lbd's walks of the table (the sync's scan, `lbctl flows`, the entry count) read the LRU
+    // hash in batches and the flow cache through its mapping. Each sees every entry once with
+    // its value, and the scan sees a flow that is in both places once.
+    use lb_userspace::dataplane::sync_view::{ConntrackPins, FlowCachePins, LruPins};
+    let t = TestDataplane::with_conntrack(251, 65_536);
+    let mut m = Maps::open(&t);
+    let vip = IpAddr::from(VIP4);
+    let client = |i: u32| IpAddr::from([10, 69, (i >> 8) as u8, i as u8]);
+    let value = |i: u32| FlowValue {
+        backend_id: 1 + i % 7,
+        epoch: i,
+    };
+    // 20,000 flows in the LRU hash (several batches), and 300 in the cache only, and 100 of
+    // the LRU's in the cache too.
+    let mut want = std::collections::HashMap::new();
+    for i in 0..20_000u32 {
+        let k = key(client(i), vip, 1024 + (i % 50_000) as u16);
+        m.conntrack.insert(k, value(i), 0).unwrap();
+        want.insert(k, value(i));
+    }
+    let mut cached = std::collections::HashMap::new();
+    for i in 0..20_400u32 {
+        if (100..20_000).contains(&i) {
+            continue;
+        }
+        let k = key(client(i), vip, 1024 + (i % 50_000) as u16);
+        let home = m.slot(&k);
+        let Some(at) = [home, home ^ 1]
+            .into_iter()
+            .find(|at| m.line_at(*at).entries(m.seed).count() == 0)
+        else {
+            continue;
+        };
+        let mut line = m.line_at(at);
+        line.put(0, &k, value(i), m.seed);
+        m.set_line_at(at, line);
+        cached.insert(k, value(i));
+    }
+    assert!(
+        cached.len() > 350,
+        "{} flows placed in the cache",
+        cached.len()
+    );
+
+    let pins = t.opts.pin_dir();
+    let mut seen = std::collections::HashMap::new();
+    LruPins::open(&pins.join(lb_common::maps::CONNTRACK))
+        .unwrap()
+        .for_each(|k, v| {
+            assert!(seen.insert(*k, *v).is_none(), "{k:?} seen twice");
+            true
+        })
+        .unwrap();
+    assert_eq!(seen, want, "the LRU hash walk");
+
+    let mut from_cache = std::collections::HashMap::new();
+    FlowCachePins::open(&pins)
+        .unwrap()
+        .for_each(|k, v| {
+            assert!(from_cache.insert(k, v).is_none(), "{k:?} cached twice");
+            true
+        })
+        .unwrap();
+    assert_eq!(from_cache, cached, "the flow cache walk");
+
+    let all = ConntrackPins::open(&pins).unwrap();
+    let scanned = all.scan(usize::MAX, |_, _| true).unwrap();
+    let mut union = want.clone();
+    union.extend(cached.iter());
+    assert_eq!(scanned.len(), union.len(), "each flow once");
+    assert_eq!(
+        scanned
+            .into_iter()
+            .collect::<std::collections::HashMap<_, _>>(),
+        union
+    );
+    // A walk stops where it is told to.
+    assert_eq!(all.scan(1000, |_, _| true).unwrap().len(), 1000);
+    let mut n = 0;
+    LruPins::open(&pins.join(lb_common::maps::CONNTRACK))
+        .unwrap()
+        .for_each(|_, _| {
+            n += 1;
+            n < 4100
+        })
+        .unwrap();
+    assert_eq!(n, 4100);
+}

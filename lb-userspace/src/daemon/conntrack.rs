@@ -15,8 +15,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use aya::maps::{HashMap as BpfHashMap, Map, MapData};
-use lb_common::{FlowKey, FlowValue};
+use crate::dataplane::sync_view::LruPins;
 
 /// How often the table is counted.
 pub const COUNT_EVERY: Duration = Duration::from_secs(10);
@@ -45,10 +44,11 @@ impl ConntrackCount {
     /// Walk the pinned map once (blocking; run it off the async threads).
     fn count(&self, pin: &std::path::Path) -> anyhow::Result<()> {
         let t = Instant::now();
-        let data = MapData::from_pin(pin)?;
-        let map: BpfHashMap<MapData, FlowKey, FlowValue> =
-            BpfHashMap::try_from(Map::LruHashMap(data))?;
-        let n = map.keys().filter(|k| k.is_ok()).count() as u64;
+        let mut n = 0u64;
+        LruPins::open(pin)?.for_each(|_, _| {
+            n += 1;
+            true
+        })?;
         self.entries.store(n, Relaxed);
         self.walk_ms.store(t.elapsed().as_millis() as u64, Relaxed);
         let now = std::time::SystemTime::now()

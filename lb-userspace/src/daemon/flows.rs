@@ -6,12 +6,11 @@
 use std::{collections::HashMap, net::IpAddr, path::PathBuf};
 
 use anyhow::Result;
-use aya::maps::{HashMap as BpfHashMap, Map, MapData};
 use lb_common::{FAMILY_V4, FlowKey, FlowValue, maps};
 
 use crate::{
     api::FlowFilter,
-    dataplane::sync_view::FlowCachePins,
+    dataplane::sync_view::{FlowCachePins, LruPins},
     status::{FlowRow, FlowsRow},
 };
 
@@ -78,21 +77,18 @@ pub fn walk(view: &FlowsView, f: &FlowFilter) -> Result<FlowsRow> {
         scanned: 0,
         truncated: false,
     };
-    let data = MapData::from_pin(view.pin_dir.join(maps::CONNTRACK))?;
-    let ct: BpfHashMap<MapData, FlowKey, FlowValue> = BpfHashMap::try_from(Map::LruHashMap(data))?;
-    // An entry may be evicted between reading its key and its value: skipped, not an error.
-    for k in ct.keys() {
-        let Ok(k) = k else { continue };
+    LruPins::open(&view.pin_dir.join(maps::CONNTRACK))?.for_each(|k, v| {
         out.scanned += 1;
-        let Ok(v) = ct.get(&k, 0) else { continue };
-        if let Some(r) = row(view, "conntrack", &k, &v, f) {
-            if out.flows.len() == limit {
-                out.truncated = true;
-                break;
-            }
-            out.flows.push(r);
+        let Some(r) = row(view, "conntrack", k, v, f) else {
+            return true;
+        };
+        if out.flows.len() == limit {
+            out.truncated = true;
+            return false;
         }
-    }
+        out.flows.push(r);
+        true
+    })?;
     let mut cached = Vec::new();
     FlowCachePins::open(&view.pin_dir)?.for_each(|k, v| {
         let Some(r) = row(view, "cache", &k, &v, f) else {

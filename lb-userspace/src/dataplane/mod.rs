@@ -19,6 +19,7 @@
 //!   still forwards goes where the pair pointed; a retired id is handed out again only after
 //!   every other free one (`alloc_backend_id`).
 
+mod batch;
 mod counters;
 pub mod decap;
 mod explain;

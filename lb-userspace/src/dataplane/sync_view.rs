@@ -2,10 +2,10 @@
 //! [`View`], and the pinned connection table through descriptors of its own (walked beside the
 //! owner, as the count in `daemon/conntrack.rs` is).
 
-use std::{path::Path, sync::Arc};
+use std::{os::fd::AsFd, path::Path, sync::Arc};
 
 use anyhow::{Result, bail};
-use aya::maps::{Array, HashMap as BpfHashMap, Map, MapData};
+use aya::maps::{Array, HashMap as BpfHashMap, IterableMap, Map, MapData};
 use lb_common::{FlowCacheLine, FlowKey, FlowValue, LbConfig, flow_cache_seed, maps};
 
 use super::{Dataplane, tables::Mapping};
@@ -98,17 +98,61 @@ impl FlowCachePins {
     }
 }
 
-/// The pinned connection table, opened by path.
+/// The pinned connection table's LRU hash, opened by path.
+pub struct LruPins {
+    map: BpfHashMap<MapData, FlowKey, FlowValue>,
+}
+
+impl LruPins {
+    /// `pin`: the map's pin (`<pin dir>/` [`maps::CONNTRACK`]).
+    pub fn open(pin: &Path) -> Result<LruPins> {
+        let map = BpfHashMap::try_from(Map::LruHashMap(MapData::from_pin(pin)?))?;
+        Ok(LruPins { map })
+    }
+
+    /// Every entry, until `f` returns false: in batches of thousands per syscall where the
+    /// kernel has them (`batch`), else key by key (an entry evicted between its key and its
+    /// value is skipped).
+    pub fn for_each(&self, mut f: impl FnMut(&FlowKey, &FlowValue) -> bool) -> Result<()> {
+        let fd = self.map.map().fd().as_fd();
+        if super::batch::for_each::<FlowKey, FlowValue>(fd, &mut f)? {
+            return Ok(());
+        }
+        for k in self.map.keys() {
+            let Ok(k) = k else { continue };
+            let Ok(v) = self.map.get(&k, 0) else { continue };
+            if !f(&k, &v) {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    /// Add an entry unless the table has one for the flow (`BPF_NOEXIST`): what this node
+    /// decided itself is never replaced. `Ok(false)`: one was there.
+    pub fn insert_absent(&mut self, key: &FlowKey, value: FlowValue) -> Result<bool> {
+        const BPF_NOEXIST: u64 = 1;
+        match self.map.insert(key, value, BPF_NOEXIST) {
+            Ok(()) => Ok(true),
+            Err(aya::maps::MapError::SyscallError(e))
+                if e.io_error.raw_os_error() == Some(libc::EEXIST) =>
+            {
+                Ok(false)
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+}
+
+/// The pinned connection table, opened by path: the LRU hash and the flow cache.
 pub struct ConntrackPins {
-    lru: BpfHashMap<MapData, FlowKey, FlowValue>,
+    lru: LruPins,
     cache: FlowCachePins,
 }
 
 impl ConntrackPins {
     pub fn open(pin_dir: &Path) -> Result<ConntrackPins> {
-        let lru = BpfHashMap::try_from(Map::LruHashMap(MapData::from_pin(
-            pin_dir.join(maps::CONNTRACK),
-        )?))?;
+        let lru = LruPins::open(&pin_dir.join(maps::CONNTRACK))?;
         let cache = FlowCachePins::open(pin_dir)?;
         Ok(ConntrackPins { lru, cache })
     }
@@ -123,41 +167,22 @@ impl ConntrackPins {
     ) -> Result<Vec<(FlowKey, FlowValue)>> {
         let mut out = Vec::new();
         let mut seen = std::collections::HashSet::new();
-        for k in self.lru.keys() {
-            if out.len() >= limit {
-                return Ok(out);
-            }
-            let Ok(k) = k else { continue };
-            // Gone since the key was listed: nothing to share.
-            let Ok(v) = self.lru.get(&k, 0) else { continue };
-            if keep(&k, &v) && seen.insert(k) {
-                out.push((k, v));
-            }
-        }
-        self.cache.for_each(|k, v| {
+        let mut add = |k: &FlowKey, v: &FlowValue| {
             if out.len() >= limit {
                 return false;
             }
-            if keep(&k, &v) && seen.insert(k) {
-                out.push((k, v));
+            if keep(k, v) && seen.insert(*k) {
+                out.push((*k, *v));
             }
             true
-        })?;
+        };
+        self.lru.for_each(&mut add)?;
+        self.cache.for_each(|k, v| add(&k, &v))?;
         Ok(out)
     }
 
-    /// Add an entry unless the table has one for the flow (`BPF_NOEXIST`): what this node
-    /// decided itself is never replaced. `Ok(false)`: one was there.
+    /// [`LruPins::insert_absent`].
     pub fn insert_absent(&mut self, key: &FlowKey, value: FlowValue) -> Result<bool> {
-        const BPF_NOEXIST: u64 = 1;
-        match self.lru.insert(key, value, BPF_NOEXIST) {
-            Ok(()) => Ok(true),
-            Err(aya::maps::MapError::SyscallError(e))
-                if e.io_error.raw_os_error() == Some(libc::EEXIST) =>
-            {
-                Ok(false)
-            }
-            Err(e) => Err(e.into()),
-        }
+        self.lru.insert_absent(key, value)
     }
 }
