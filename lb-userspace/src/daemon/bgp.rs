@@ -23,7 +23,7 @@ use crate::{
 };
 
 enum Cmd {
-    /// Bring FRR to the config's `[[bgp]]` section (start, reload), then re-decide.
+    /// Bring FRR to the config's `[[bgp]]` section (start, reload; queued on the FRR lane).
     Configure(Box<Config>),
     /// Re-decide the announcements from the current plan and converge the kernel routes.
     Sync {
@@ -31,7 +31,8 @@ enum Cmd {
         rows: Vec<BackendPlan>,
         attached: bool,
     },
-    /// Periodic: configure FRR again if it lost lbd's configuration.
+    /// Periodic: converge the kernel routes, and configure FRR again if it lost lbd's
+    /// configuration (the check is queued on the FRR lane).
     Check,
     /// `lbctl bgp drain` / `undrain`.
     Drain(bool),
