@@ -264,8 +264,11 @@ pub async fn sessions(bgp: Option<&BgpConfig>) -> (Vec<frr::Session>, Option<Str
         return (Vec::new(), None);
     };
     let v = frr::Vtysh::new(b);
-    let summary = v.show_json("show bgp summary json").await;
-    let bfd = v.show_json("show bfd peers json").await;
+    // Both at once: a hung FRR costs one vtysh timeout, not two.
+    let (summary, bfd) = tokio::join!(
+        v.show_json("show bgp summary json"),
+        v.show_json("show bfd peers json")
+    );
     match (summary, bfd) {
         (Ok(s), Ok(f)) => (frr::sessions(b, &s, &f), None),
         (Err(e), _) | (_, Err(e)) => (Vec::new(), Some(format!("{e:#}"))),
