@@ -300,10 +300,9 @@ impl Worker {
     fn frr_done(&mut self, out: FrrOutcome) {
         match out {
             FrrOutcome::Configured(r) => {
-                let was = self.a.is_configured();
                 self.a.configured(&r);
                 match (&r, self.cfg.as_ref().and_then(|c| c.bgp.first())) {
-                    (Ok(Some(_)), Some(b)) if !was => {
+                    (Ok(Some(_)), Some(b)) => {
                         tracing::info!(asn = b.asn, peers = b.peers.len(), "BGP: FRR configured")
                     }
                     (Ok(_), _) => {}

@@ -17,7 +17,6 @@ pub struct Mapping {
 // discipline (the Maglev tables are written only through &mut Dataplane, flow cache lines are
 // read with their check words).
 unsafe impl Send for Mapping {}
-unsafe impl Sync for Mapping {}
 
 impl Mapping {
     /// Map the first `len` bytes (rounded up to pages) of `map`'s values; `name` is for the
@@ -55,32 +54,31 @@ impl Drop for Mapping {
 /// The memory-mapped `LB_TABLES` array, seen as a dense run of u32 slots (elements are
 /// `[u32; 2]`, exactly 8 bytes, so the kernel adds no padding between them).
 pub struct TableMemory {
-    _mem: Mapping,
-    ptr: *mut u32,
+    mem: Mapping,
     len: usize,
 }
-
-// The mapping is only touched through &mut Dataplane.
-unsafe impl Send for TableMemory {}
 
 impl TableMemory {
     pub fn map(map: &MapData, slots: u32) -> Result<Self> {
         let mem = Mapping::new(map, maps::TABLES, slots as usize * 4, true)?;
         Ok(TableMemory {
-            ptr: mem.ptr().cast(),
-            _mem: mem,
+            mem,
             len: slots as usize,
         })
     }
 
+    fn ptr(&self) -> *mut u32 {
+        self.mem.ptr().cast()
+    }
+
     pub fn slice(&self, start: usize, len: usize) -> &[u32] {
         assert!(start + len <= self.len);
-        unsafe { std::slice::from_raw_parts(self.ptr.add(start), len) }
+        unsafe { std::slice::from_raw_parts(self.ptr().add(start), len) }
     }
 
     pub fn write(&mut self, start: usize, data: &[u32]) {
         assert!(start + data.len() <= self.len);
-        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.ptr.add(start), data.len()) };
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.ptr().add(start), data.len()) };
         // The flip of `active_table` that follows is a syscall (a full barrier), but make the
         // ordering explicit: every slot is visible before the table can become live.
         std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
