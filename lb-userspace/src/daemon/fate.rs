@@ -1,35 +1,18 @@
 //! Fate sharing: when we take over an instance because its master went silent (our
 //! master-down timer expired, not a priority-0 resignation), that node is most likely dead,
 //! and so are the backends at its address. They take no new flows from now on instead of
-//! after their health checks fail; they come back through the normal rise count.
+//! after their health checks fail; they come back through the normal rise count. The report
+//! reaches the owner before the mastership it caused (`daemon/vrrp.rs`), so this node forwards
+//! only once they are out.
 
 use std::net::IpAddr;
 
 use anyhow::Result;
 
-use super::owner::{Msg, Owner};
-use crate::{
-    plan::{self, HealthFact},
-    vrrp::Instance,
-};
+use super::owner::Owner;
+use crate::plan::{self, HealthFact};
 
 impl Owner {
-    /// Pass `instance`'s reports of dead masters on to the owner.
-    pub(super) fn watch_peer_failures(&self, instance: &mut Instance, name: &str) {
-        let Some(mut rx) = instance.take_peer_failures() else {
-            return;
-        };
-        let (tx, name) = (self.tx.clone(), name.to_string());
-        tokio::spawn(async move {
-            while let Some(peer) = rx.recv().await {
-                let name = name.clone();
-                if tx.send(Msg::PeerFailed { name, peer }).is_err() {
-                    return;
-                }
-            }
-        });
-    }
-
     /// The master `peer` of `instance` died: its backends leave every VIP's table now.
     pub(super) fn peer_failed(&mut self, instance: &str, peer: IpAddr) -> Result<()> {
         let reason = format!(

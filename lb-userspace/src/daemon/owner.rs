@@ -122,6 +122,7 @@ impl Owner {
         // A link pinned to a device that was deleted since (the interface was recreated) must
         // not make every start fail: drop it and attach afresh.
         churn::drop_stale_link_pin(&churn::link_pin(&load_options(&cfg), &cfg.interface), &link)?;
+        super::vrrp::prepare_dsr_backend(&cfg, netlink.handle()).await?;
         let mut dp = Dataplane::load(load_options(&cfg))?;
         let lock = lock.with_pins(&load_options(&cfg))?;
         dp.attach(&cfg.interface, cfg.xdp_mode)?;

@@ -33,22 +33,14 @@ pub fn interface_of(r: &InstanceConfig, cfg: &Config) -> String {
 }
 
 impl Owner {
-    /// Hold the static VIPs, prepare this node as a DSR backend of its VRRP VIPs, then start
-    /// the VRRP instances; each instance's master state drives the ownership of its VIPs in
-    /// the data plane.
+    /// Hold the static VIPs, then start the VRRP instances (this node was prepared as a DSR
+    /// backend of their VIPs at start, see [`prepare_dsr_backend`]); each instance's master
+    /// state drives the ownership of its VIPs in the data plane.
     pub async fn start_vrrp(&mut self) -> Result<()> {
         let cfg = self.cfg.clone();
         self.static_vips.set(self.netlink.handle(), &cfg).await?;
         if cfg.vrrp.is_empty() {
             return Ok(());
-        }
-        if cfg.dsr_backend {
-            netlink::set_arp_sysctls(&cfg.interface, &super::rollback::saved_sysctls(&cfg))?;
-            for r in &cfg.vrrp {
-                for vip in r.vips.iter().filter(|v| cfg.backend_here(r, **v)) {
-                    netlink::ensure_local_vip(self.netlink.handle(), *vip).await?;
-                }
-            }
         }
         // VIPs an earlier configuration left (our label, no instance owns them now). Each
         // instance removes its own stale VIPs itself when it starts, and only those.
@@ -85,7 +77,7 @@ impl Owner {
         .with_context(|| format!("start VRRP instance {}", r.name))?;
         self.next_instance_id += 1;
         let id = self.next_instance_id;
-        self.watch_peer_failures(&mut instance, &r.name);
+        let mut failures = instance.take_peer_failures();
         let mut owned = instance.ownership();
         let forwarding = instance.forwarding_ack();
         let (tx, name) = (self.tx.clone(), r.name.clone());
@@ -104,7 +96,19 @@ impl Owner {
             // Mastership drives forwarding, through the handover grace (see `handover`).
             let mut handover = Handover::adopted(grace, hold, Instant::now());
             let mut f = handover.observe(*owned.borrow_and_update(), Instant::now());
-            loop {
+            'watch: loop {
+                // A master that went silent is reported before our mastership (the instance
+                // sends it first, and the owner takes messages in order): its backends leave
+                // the new-flow tables before this node forwards, so no SYN at the takeover is
+                // placed on a dead backend (see `fate.rs`).
+                if let Some(rx) = failures.as_mut() {
+                    while let Ok(peer) = rx.try_recv() {
+                        let name = name.clone();
+                        if tx.send(Msg::PeerFailed { name, peer }).is_err() {
+                            break 'watch;
+                        }
+                    }
+                }
                 tracing::info!(instance = %name, master = *owned.borrow(), forward = f.forward, grace_until = ?f.until, "VRRP ownership");
                 let (done, applied) = tokio::sync::oneshot::channel();
                 let msg = Msg::Ownership {
@@ -115,7 +119,7 @@ impl Owner {
                 };
                 // The owner is gone: lbd is stopping, and the stop owns forwarding now.
                 if tx.send(msg).is_err() || applied.await.is_err() {
-                    break;
+                    break 'watch;
                 }
                 // The instance announces its VIPs only once the data plane forwards them.
                 if let Some(ack) = &forwarding {
@@ -124,21 +128,22 @@ impl Owner {
                 // When the instance is gone (lbd stopping, or a reload replacing it) this
                 // watcher stops without another write: the stop runs the grace, and a
                 // replacing instance's watcher owns the fact from then on.
-                f = match f.until {
-                    Some(until) => tokio::select! {
+                let until = f.until;
+                f = loop {
+                    tokio::select! {
                         r = owned.changed() => {
                             if r.is_err() {
-                                break;
+                                break 'watch;
                             }
-                            handover.observe(*owned.borrow_and_update(), Instant::now())
+                            break handover.observe(*owned.borrow_and_update(), Instant::now());
                         }
-                        _ = tokio::time::sleep_until(until.into()) => handover.at(Instant::now()),
-                    },
-                    None => {
-                        if owned.changed().await.is_err() {
-                            break;
+                        _ = sleep_until(until) => break handover.at(Instant::now()),
+                        Some(peer) = next_failure(&mut failures) => {
+                            let name = name.clone();
+                            if tx.send(Msg::PeerFailed { name, peer }).is_err() {
+                                break 'watch;
+                            }
                         }
-                        handover.observe(*owned.borrow_and_update(), Instant::now())
                     }
                 };
             }
@@ -250,5 +255,41 @@ impl Owner {
                 }
             })
             .collect()
+    }
+}
+
+/// Prepare this node as a DSR backend of its VRRP VIPs: the ARP sysctls that keep a VIP on
+/// `lo` unannounced first, then the VIPs on `lo`. lbd does it first thing at start, before the
+/// data plane loads (seconds on a fresh node, for the verifier): the peers take a backend back
+/// as soon as its checks pass, and until its VIPs are on `lo` the packets they send it are
+/// dropped. (Across an lbd restart the VIPs stay on `lo`; only `lbd teardown` removes them.)
+pub async fn prepare_dsr_backend(cfg: &Config, handle: &rtnetlink::Handle) -> Result<()> {
+    if !cfg.dsr_backend || cfg.vrrp.is_empty() {
+        return Ok(());
+    }
+    netlink::set_arp_sysctls(&cfg.interface, &super::rollback::saved_sysctls(cfg))?;
+    for r in &cfg.vrrp {
+        for vip in r.vips.iter().filter(|v| cfg.backend_here(r, **v)) {
+            netlink::ensure_local_vip(handle, *vip).await?;
+        }
+    }
+    Ok(())
+}
+
+/// Until `until`, or forever.
+async fn sleep_until(until: Option<Instant>) {
+    match until {
+        Some(u) => tokio::time::sleep_until(u.into()).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// The next master of the instance reported dead (None once the instance is gone).
+async fn next_failure(
+    failures: &mut Option<tokio::sync::mpsc::UnboundedReceiver<IpAddr>>,
+) -> Option<IpAddr> {
+    match failures {
+        Some(rx) => rx.recv().await,
+        None => std::future::pending().await,
     }
 }

@@ -148,18 +148,19 @@ fn upgrade_order(case: Case, owner: &str) -> Vec<String> {
 /// gracefully (SIGTERM: a VIP it holds moves); its services (backend) stop; its link goes down;
 /// after `down` it comes back as a clean node. Returns the long-lived connections its backend
 /// held when the backend stopped: those are lost with it, and no others may be.
-fn upgrade_node(ch: &mut Chaos, node: &str, down: Duration) -> u64 {
+fn upgrade_node(ch: &mut Chaos, node: &str, down: Duration) -> (u64, BTreeMap<String, u64>) {
     let ready = ch.flavor.lab().dir.join(format!("{node}.ready"));
     let _ = std::fs::remove_file(&ready);
     std::thread::sleep(Duration::from_millis(ch.flavor.drain_ms()));
     ch.flavor.stop_daemon(node, libc::SIGTERM);
-    let on = ch.load.long_by_backend().get(node).copied().unwrap_or(0);
+    let all = ch.load.long_by_backend();
+    let on = all.get(node).copied().unwrap_or(0);
     ch.flavor.stop_services(node);
     ch.set_link(node, false);
     std::thread::sleep(down);
     std::fs::write(&ready, "").unwrap();
     revive(ch, node);
-    on
+    (on, all)
 }
 
 fn inject(ch: &mut Chaos, case: Case, owner: &str, seed: u64) -> Injected {
@@ -182,7 +183,7 @@ fn inject(ch: &mut Chaos, case: Case, owner: &str, seed: u64) -> Injected {
             let order = upgrade_order(case, owner);
             for (i, node) in order.iter().enumerate() {
                 let before = ch.owner().unwrap_or_else(|| "?".into());
-                let on = upgrade_node(ch, node, secs(5));
+                let (on, all) = upgrade_node(ch, node, secs(5));
                 *expected.entry(node.clone()).or_default() += on;
                 dead.push(node.clone());
                 let at = ch.now_ms();
@@ -194,7 +195,7 @@ fn inject(ch: &mut Chaos, case: Case, owner: &str, seed: u64) -> Injected {
                     Ok(())
                 };
                 notes.push(format!(
-                    "{node} down: {on} long-lived connections on its backend; API VIP {before}>{}{}",
+                    "{node} down: {on} long-lived connections on its backend (all up: {all:?}); API VIP {before}>{}{}",
                     ch.owner().unwrap_or_else(|| "?".into()),
                     match healthy {
                         Ok(()) => String::new(),
@@ -494,6 +495,26 @@ pub fn run_case(ch: &mut Chaos, case: Case, seed: u64) -> CaseResult {
             *r.errors.entry(e.clone()).or_default() += 1;
         }
     }
+    // When the failed ones started, per target (ms from the case's start).
+    let mut failed_at: BTreeMap<usize, (u64, u64, u64)> = BTreeMap::new();
+    for s in shorts.iter().filter(|s| s.result.is_err()) {
+        let e = failed_at
+            .entry(s.target)
+            .or_insert((0, s.start - start, s.start - start));
+        e.0 += 1;
+        e.1 = e.1.min(s.start - start);
+        e.2 = e.2.max(s.start - start);
+    }
+    if !failed_at.is_empty() {
+        r.notes.push(format!(
+            "failed new connections by target: {}",
+            failed_at
+                .iter()
+                .map(|(t, (n, a, b))| format!("target {t}: {n} started {a}-{b} ms"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
+    }
     r.skipped_slots = ch.load.skipped(start, end) as u64;
     let targets = shorts.iter().map(|s| s.target).max().map_or(0, |m| m + 1);
     r.max_gap_ms = (0..targets.max(2))
@@ -572,6 +593,27 @@ pub fn run_case(ch: &mut Chaos, case: Case, seed: u64) -> CaseResult {
     if !beyond.is_empty() {
         miss.push(format!(
             "long-lived lost on backends that stayed up (or more than their node held): {beyond:?}"
+        ));
+        // Which connections, opened when (ms from the case's start; negative: before it):
+        // enough to tell a connection lost twice from one the count missed.
+        let ms = |t: u64| t as i64 - start as i64;
+        let each: Vec<String> = lost
+            .iter()
+            .map(|l| {
+                format!(
+                    "#{} to {} opened {} on {} lost {}: {}",
+                    l.conn,
+                    l.target,
+                    ms(l.opened),
+                    l.backend,
+                    ms(l.at),
+                    l.error
+                )
+            })
+            .collect();
+        r.notes.push(format!(
+            "connections on each backend at the start: {on_backend:?}; lost: {}",
+            each.join(", ")
         ));
     }
     match case.budget() {

@@ -58,10 +58,13 @@ pub struct Short {
     pub result: Result<String, String>,
 }
 
-/// A long-lived connection lost: when (ms), its target index, its backend id, why.
+/// A long-lived connection lost: when (ms), which connection (its index in the load), when
+/// it had been opened (ms, its backend's id read), its target index, its backend id, why.
 #[derive(Clone, Debug)]
 pub struct Lost {
     pub at: u64,
+    pub conn: usize,
+    pub opened: u64,
     pub target: usize,
     pub backend: String,
     pub error: String,
@@ -303,6 +306,7 @@ fn long_lived(sh: Arc<Shared>, i: usize, ti: usize, t: Target) {
     let mut n = 0u64;
     while !sh.stop.load(Ordering::SeqCst) {
         let mut backend = String::from("?");
+        let mut opened = 0;
         let generation = sh.long_generation.load(Ordering::SeqCst);
         let outcome = (|| -> Result<(), String> {
             let s = TcpStream::connect_timeout(&t.addr, Duration::from_secs(3))
@@ -319,6 +323,7 @@ fn long_lived(sh: Arc<Shared>, i: usize, ti: usize, t: Target) {
                 return Err("closed before the id".into());
             }
             backend = line.trim().to_string();
+            opened = sh.now_ms();
             {
                 let mut g = sh.long[i].lock().unwrap();
                 g.backend = Some(backend.clone());
@@ -357,6 +362,8 @@ fn long_lived(sh: Arc<Shared>, i: usize, ti: usize, t: Target) {
                 if backend != "?" {
                     sh.record.lock().unwrap().lost.push(Lost {
                         at: sh.now_ms(),
+                        conn: i,
+                        opened,
                         target: ti,
                         backend,
                         error,
