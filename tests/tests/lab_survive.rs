@@ -555,6 +555,128 @@ fn a_drain_then_crash_loses_the_exceptions_no_scan_sent() {
     assert!(o.failed > 0, "{}", o.detail);
 }
 
+/// A client reuses a 5-tuple (its ports wrap; a NAT in front of many clients reuses them
+/// sooner): the first connection on it was an exception (its slot's backend drained), synced to
+/// the peers; the second, after the undrain, is placed on its slot. The owner withdraws the old
+/// exception from its peers (a retraction), so when the VIP then moves, the new owner does not
+/// send the second connection to the first one's backend, which would reset it.
+#[test]
+fn a_reused_5_tuple_keeps_its_new_backend_across_a_vip_move() {
+    const N: u64 = 60;
+    const FIRST: &str = "41000";
+    let mut l = lab(true, false, 500);
+    let all = [0usize, 1, 2];
+    let m = l
+        .wait_one_master(&all, Duration::from_secs(20))
+        .unwrap_or_else(|| panic!("no master\n{}", l.logs()));
+    let k = (m + 1) % 3;
+    let kaddr = l.addr(&l.nodes[k].clone());
+    for n in l.nodes.clone() {
+        wait_backend(&l, &all, &l.addr(&n), true);
+    }
+    assert!(l.wait_serving(Duration::from_secs(20)), "{}", l.logs());
+    // The client may reuse a port whose last connection it closed (TIME_WAIT), as clients do.
+    let client = l.lab.node("client").netns.clone();
+    l.lab.sysctl(&client, "net.ipv4.tcp_tw_reuse", "1");
+    let drain = |l: &VrrpLab, verb: &str| {
+        for i in all {
+            l.lbctl(i, &["backends", verb, "api", &kaddr])
+                .unwrap_or_else(|| panic!("lbctl backends {verb}"));
+        }
+    };
+    drain(&l, "drain");
+    wait_backend(&l, &all, &kaddr, false);
+    // First connections: none on k; those whose slot is k are exceptions.
+    l.lab.spawn(
+        "client",
+        "first",
+        LABNODE,
+        &[
+            "hold-ids",
+            l.vip,
+            PORT,
+            &N.to_string(),
+            "1",
+            "200",
+            "3",
+            FIRST,
+        ],
+    );
+    assert!(l.lab.wait("first", Duration::from_secs(30)).is_some());
+    let first = last_json(&l.lab.log("first"));
+    assert_eq!(
+        sum(&first["survived_by_id"]),
+        N,
+        "first connections: {first}"
+    );
+    let peers: Vec<usize> = all.iter().copied().filter(|i| *i != m).collect();
+    let installed = || -> u64 {
+        peers
+            .iter()
+            .map(|i| sync_stats(&l, *i)["installed"].as_u64().unwrap_or(0))
+            .sum()
+    };
+    assert!(
+        lb_tests::lab::wait_for(Duration::from_secs(10), || (installed() > 0).then_some(()))
+            .is_some(),
+        "the peers never installed the exceptions\n{}",
+        l.logs()
+    );
+    drain(&l, "undrain");
+    wait_backend(&l, &all, &kaddr, true);
+    // TIME_WAIT reuse needs a second since the last segment.
+    std::thread::sleep(Duration::from_millis(1500));
+    // The same 5-tuples again: those whose slot is k go to k now.
+    l.lab.spawn(
+        "client",
+        "second",
+        LABNODE,
+        &[
+            "hold-ids",
+            l.vip,
+            PORT,
+            &N.to_string(),
+            "12",
+            "200",
+            "8",
+            FIRST,
+        ],
+    );
+    // Two scans of the owner (500 ms apart), then its lbd stops: the VIP moves.
+    std::thread::sleep(Duration::from_secs(3));
+    let retracted_before: u64 = peers
+        .iter()
+        .map(|i| sync_stats(&l, *i)["retracted"].as_u64().unwrap_or(0))
+        .sum();
+    l.signal(m, libc::SIGTERM);
+    let new_master = l
+        .wait_one_master(&peers, Duration::from_secs(20))
+        .unwrap_or_else(|| panic!("no new master\n{}", l.logs()));
+    assert!(l.lab.wait("second", Duration::from_secs(40)).is_some());
+    let second = last_json(&l.lab.log("second"));
+    let detail = format!(
+        "owner n{} -> n{}, drained n{}; first {first}; second {second}; retracted on the peers before the move {retracted_before}; new owner's sync {}",
+        m + 1,
+        new_master + 1,
+        k + 1,
+        sync_stats(&l, new_master)
+    );
+    println!("{detail}");
+    // The case is there: some reused 5-tuples changed backend (to k).
+    assert!(
+        second["survived_by_id"][&l.nodes[k]].as_u64().unwrap_or(0)
+            + second["failed_by_id"][&l.nodes[k]].as_u64().unwrap_or(0)
+            > 0,
+        "no reused 5-tuple moved to n{}: {detail}",
+        k + 1
+    );
+    assert_eq!(
+        (sum(&second["survived_by_id"]), sum(&second["failed_by_id"])),
+        (N, 0),
+        "every connection on a reused 5-tuple survives the move: {detail}"
+    );
+}
+
 /// Send `n` UDP datagrams of `len` bytes (an authentic-looking header, a tag of garbage) from
 /// `node` to `to`'s sync port.
 fn send_forged(l: &VrrpLab, node: &str, to: &str, n: usize, len: usize) {

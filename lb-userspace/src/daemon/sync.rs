@@ -8,7 +8,7 @@
 //! descriptors of its own, so a scan never holds up the owner.
 
 use std::{
-    collections::{BTreeMap, HashMap},
+    collections::{BTreeMap, HashMap, HashSet},
     net::{IpAddr, Ipv6Addr, SocketAddr},
     path::PathBuf,
     sync::{
@@ -71,6 +71,8 @@ pub struct SyncStats {
     refused_service: AtomicU64,
     refused_backend: AtomicU64,
     install_errors: AtomicU64,
+    retractions_sent: AtomicU64,
+    retracted: AtomicU64,
     flushes: AtomicU64,
     peers: Mutex<BTreeMap<IpAddr, SyncPeerRow>>,
 }
@@ -98,6 +100,8 @@ impl SyncStats {
             installed: g(&self.installed),
             already_present: g(&self.already_present),
             install_errors: g(&self.install_errors),
+            retractions_sent: g(&self.retractions_sent),
+            retracted: g(&self.retracted),
             flushes: g(&self.flushes),
             refused: RefusedRow {
                 not_a_peer: g(&self.refused_peer),
@@ -285,10 +289,12 @@ impl Task {
         };
         let limit = self.cfg.max_entries as usize;
         let t = Instant::now();
+        let was_sent = Arc::new(self.sent.clone());
         let found = tokio::task::spawn_blocking(move || {
             let ix = Index::new(&view);
             let pins = pins.lock().unwrap();
             let mut scanned = [0u64; 4];
+            let mut on_slot_now = HashSet::new();
             pins.scan(limit, |k, v| {
                 let r = ix.classify(k, v);
                 scanned[match r {
@@ -297,24 +303,44 @@ impl Task {
                     Err(Skip::NotForwarded) => 2,
                     Err(Skip::OnSlot) => 3,
                 }] += 1;
+                // Sent as an exception to another backend, now on its slot: a new connection
+                // on the 5-tuple. (On its slot with the backend sent, the table changed: the
+                // peers' entry does no harm.)
+                if matches!(r, Err(Skip::OnSlot))
+                    && let Some(sent) = was_sent.get(k)
+                    && ix.backend_addr(v) != Some(*sent)
+                {
+                    on_slot_now.insert(*k);
+                }
                 r.is_ok()
             })
             .map(|entries| {
+                let complete = entries.len() < limit;
                 let found = entries
                     .into_iter()
                     .filter_map(|(k, v)| ix.exception(&k, &v).map(|b| (k, b)))
                     .collect::<HashMap<FlowKey, IpAddr>>();
-                (scanned, found)
+                // Only from a complete scan: one cut short at `limit` may not have seen the
+                // exception that still stands in the other table.
+                let moved: Vec<FlowKey> = if complete {
+                    on_slot_now
+                        .into_iter()
+                        .filter(|k| !found.contains_key(k))
+                        .collect()
+                } else {
+                    Vec::new()
+                };
+                (scanned, found, moved)
             })
         })
         .await;
-        let found = match found {
-            Ok(Ok((scanned, f))) => {
+        let (found, moved) = match found {
+            Ok(Ok((scanned, f, moved))) => {
                 self.stats.scanned.store(scanned.iter().sum(), Relaxed);
                 self.stats.scanned_stale.store(scanned[1], Relaxed);
                 self.stats.scanned_not_forwarded.store(scanned[2], Relaxed);
                 self.stats.scanned_on_slot.store(scanned[3], Relaxed);
-                f
+                (f, moved)
             }
             Ok(Err(e)) => {
                 tracing::warn!(error = %format!("{e:#}"), "sync: scanning the connection table");
@@ -323,7 +349,7 @@ impl Task {
             }
             Err(_) => return,
         };
-        let s = &self.stats;
+        let s = self.stats.clone();
         s.scans.fetch_add(1, Relaxed);
         s.scan_ms.store(t.elapsed().as_millis() as u64, Relaxed);
         s.last_scan_unix_ms.store(unix_us() / 1000, Relaxed);
@@ -336,16 +362,38 @@ impl Task {
                 backend: *b,
             })
             .collect();
+        // Connections this node sent as exceptions that now sit on their slot: the client
+        // reused the 5-tuple for a new connection, placed afresh here. The peers still hold
+        // the old backend for it, and would send the new connection there after a VIP move.
+        let retract: Vec<Record> = moved
+            .iter()
+            .filter_map(|k| {
+                self.sent.get(k).map(|b| Record {
+                    key: *k,
+                    backend: *b,
+                })
+            })
+            .collect();
         self.sent = found;
+        // Hello during the first two periods (a peer may miss the first datagrams).
+        let hello = if self.periodic <= 2 { wire::F_HELLO } else { 0 };
+        if !retract.is_empty() {
+            self.send(hello | wire::F_RETRACT, &retract).await;
+        }
         if send.is_empty() && !full {
             return;
         }
-        let mut chunks: Vec<&[Record]> = send.chunks(wire::MAX_RECORDS).collect();
+        self.send(hello, &send).await;
+    }
+
+    /// Send `records` to every peer in datagrams of at most [`wire::MAX_RECORDS`] (one empty
+    /// datagram when there are none).
+    async fn send(&mut self, flags: u8, records: &[Record]) {
+        let s = self.stats.clone();
+        let mut chunks: Vec<&[Record]> = records.chunks(wire::MAX_RECORDS).collect();
         if chunks.is_empty() {
             chunks.push(&[]);
         }
-        // Hello during the first two periods (a peer may miss the first datagrams).
-        let flags = if self.periodic <= 2 { wire::F_HELLO } else { 0 };
         for chunk in chunks {
             let d = wire::seal(&self.key, self.counter.next(unix_us()), flags, chunk);
             for peer in self.cfg.peers.clone() {
@@ -358,6 +406,10 @@ impl Task {
                     .send_to(&d, SocketAddr::new(to, self.cfg.port))
                     .await
                 {
+                    Ok(_) if flags & wire::F_RETRACT != 0 => {
+                        s.sent_datagrams.fetch_add(1, Relaxed);
+                        s.retractions_sent.fetch_add(chunk.len() as u64, Relaxed);
+                    }
                     Ok(_) => {
                         s.sent_datagrams.fetch_add(1, Relaxed);
                         s.sent_entries.fetch_add(chunk.len() as u64, Relaxed);
@@ -411,6 +463,7 @@ impl Task {
         s.received_entries.fetch_add(records.len() as u64, Relaxed);
         let mut installed = 0;
         let view = self.view.borrow().clone();
+        let retraction = flags & wire::F_RETRACT != 0;
         if !records.is_empty()
             && let Some(view) = view
             && let Ok(pins) = self.pins()
@@ -418,6 +471,23 @@ impl Task {
             let ix = Index::new(&view);
             let mut pins = pins.lock().unwrap();
             for r in &records {
+                if retraction {
+                    // The entry goes only if it names the backend retracted (this node's own
+                    // decision for the flow, or another peer's, stays).
+                    if let Ok(v) = ix.resolve(r) {
+                        match pins.remove_if(&r.key, v) {
+                            Ok(true) => {
+                                s.retracted.fetch_add(1, Relaxed);
+                            }
+                            Ok(false) => {}
+                            Err(e) => {
+                                s.install_errors.fetch_add(1, Relaxed);
+                                tracing::debug!(error = %format!("{e:#}"), "sync: retract");
+                            }
+                        }
+                    }
+                    continue;
+                }
                 match ix.resolve(r) {
                     Ok(v) => match pins.insert_absent(&r.key, v) {
                         Ok(true) => installed += 1,

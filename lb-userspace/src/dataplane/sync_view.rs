@@ -142,6 +142,25 @@ impl LruPins {
             Err(e) => Err(e.into()),
         }
     }
+
+    /// Remove the flow's entry if it names `value`'s pair (closed or not). `Ok(true)`: removed.
+    pub fn remove_if(&mut self, key: &FlowKey, value: FlowValue) -> Result<bool> {
+        let Ok(now) = self.map.get(key, 0) else {
+            return Ok(false);
+        };
+        if now.backend() != value.backend() || now.epoch != value.epoch {
+            return Ok(false);
+        }
+        match self.map.remove(key) {
+            Ok(()) => Ok(true),
+            Err(aya::maps::MapError::SyscallError(e))
+                if e.io_error.raw_os_error() == Some(libc::ENOENT) =>
+            {
+                Ok(false)
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
 }
 
 /// The pinned connection table, opened by path: the LRU hash and the flow cache.
@@ -184,5 +203,11 @@ impl ConntrackPins {
     /// [`LruPins::insert_absent`].
     pub fn insert_absent(&mut self, key: &FlowKey, value: FlowValue) -> Result<bool> {
         self.lru.insert_absent(key, value)
+    }
+
+    /// [`LruPins::remove_if`]. (Entries a peer sent are installed in the LRU hash only; this
+    /// node's flow cache holds only flows it forwarded itself.)
+    pub fn remove_if(&mut self, key: &FlowKey, value: FlowValue) -> Result<bool> {
+        self.lru.remove_if(key, value)
     }
 }

@@ -108,6 +108,13 @@ pub struct SyncRow {
     /// Received entries not installed because this node had an entry for the flow.
     pub already_present: u64,
     pub install_errors: u64,
+    /// Retractions sent, summed over the peers: connections sent as exceptions that now sit
+    /// on their slot (their 5-tuple reused by a new connection).
+    #[serde(default)]
+    pub retractions_sent: u64,
+    /// Entries removed on a peer's retraction.
+    #[serde(default)]
+    pub retracted: u64,
     /// Last scans before a stop.
     pub flushes: u64,
     pub refused: RefusedRow,
@@ -124,7 +131,7 @@ pub fn summary(sync: &SyncRow) -> String {
         .map(|(k, n)| format!("{k} {n}"))
         .collect();
     format!(
-        "{:<20} {} exceptions of {} entries scanned ({} ms); sent {} entries in {} datagrams; installed {} (already present {}); refused {refused}{}\n",
+        "{:<20} {} exceptions of {} entries scanned ({} ms); sent {} entries in {} datagrams; installed {} (already present {}); retracted {} sent, {} removed; refused {refused}{}\n",
         "sync",
         sync.exceptions,
         sync.scanned,
@@ -133,6 +140,8 @@ pub fn summary(sync: &SyncRow) -> String {
         sync.sent_datagrams,
         sync.installed,
         sync.already_present,
+        sync.retractions_sent,
+        sync.retracted,
         if reasons.is_empty() {
             String::new()
         } else {
@@ -206,6 +215,16 @@ pub fn render_metrics(r: &mut Registry, sync: &SyncRow) {
             "sync_present_entries",
             sync.already_present,
             "Peers' entries not installed because this node had an entry for the flow.",
+        ),
+        (
+            "sync_retractions_sent",
+            sync.retractions_sent,
+            "Retractions sent to peers (one per peer): exceptions whose 5-tuple a new connection took on its slot.",
+        ),
+        (
+            "sync_retracted_entries",
+            sync.retracted,
+            "Entries removed from this node's connection table on a peer's retraction.",
         ),
         (
             "sync_send_errors",

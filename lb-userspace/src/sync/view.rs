@@ -106,6 +106,12 @@ impl<'a> Index<'a> {
         self.classify(key, value).ok()
     }
 
+    /// The backend address an entry names (its pair's, whatever its state).
+    pub fn backend_addr(&self, value: &FlowValue) -> Option<IpAddr> {
+        let (s, p) = *self.by_id.get(&value.backend())?;
+        Some(self.view.services[s].pairs[p].addr)
+    }
+
     /// As [`Index::exception`], saying why an entry is not one.
     pub fn classify(&self, key: &FlowKey, value: &FlowValue) -> Result<IpAddr, Skip> {
         // A closed entry is shared as an open one: its last segments are harmless anywhere, and

@@ -8,7 +8,8 @@
 //! ```
 //!
 //! Flags: [`F_HELLO`] (the sender started lately and has nothing of its peers: send it
-//! everything). ring's HMAC (already linked for TLS, through rustls) compares tags in constant time.
+//! everything), [`F_RETRACT`] (the records are retractions). A receiver of another version
+//! refuses a datagram with a flag it does not know. ring's HMAC (already linked for TLS, through rustls) compares tags in constant time.
 
 use std::net::IpAddr;
 
@@ -26,6 +27,10 @@ pub const MAX_RECORDS: usize = 22;
 pub const MAX_DATAGRAM: usize = HEADER + MAX_RECORDS * RECORD + TAG;
 /// The sender just started: its peers send it all their exceptions at once.
 pub const F_HELLO: u8 = 1;
+/// The records are retractions: each names a connection the sender had sent as an exception
+/// to that backend and now holds on its slot (the client reused the 5-tuple for a new
+/// connection); a receiver drops its entry for the flow if it still names that backend.
+pub const F_RETRACT: u8 = 2;
 
 /// One connection: its 5-tuple (as the connection table keys it) and its backend's address.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -105,7 +110,7 @@ pub fn open(key: &hmac::Key, buf: &[u8]) -> Result<(u64, u8, Vec<Record>), WireE
     }
     let (body, tag) = buf.split_at(buf.len() - TAG);
     hmac::verify(key, body, tag).map_err(|_| WireError::Auth)?;
-    if body[..4] != MAGIC || body[4] != VERSION || body[5] & !F_HELLO != 0 {
+    if body[..4] != MAGIC || body[4] != VERSION || body[5] & !(F_HELLO | F_RETRACT) != 0 {
         return Err(WireError::Version);
     }
     let count = u16::from_be_bytes([body[6], body[7]]) as usize;
@@ -185,7 +190,13 @@ mod tests {
             open(&k, &seal(&k, 1, F_HELLO, &[])),
             Ok((1, F_HELLO, vec![]))
         );
-        assert_eq!(open(&k, &seal(&k, 1, 2, &[])), Err(WireError::Version));
+        let r = vec![rec(3, true)];
+        assert_eq!(
+            open(&k, &seal(&k, 2, F_HELLO | F_RETRACT, &r)),
+            Ok((2, F_HELLO | F_RETRACT, r))
+        );
+        // A flag this version does not know: refused, not read as installs.
+        assert_eq!(open(&k, &seal(&k, 1, 4, &[])), Err(WireError::Version));
     }
 
     #[test]

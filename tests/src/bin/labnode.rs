@@ -6,8 +6,10 @@
 //!   datagram with `ID\n` (a DNS-like request/response).
 //! - `labnode connect-many ADDR PORT COUNT CONCURRENCY TIMEOUT_MS`: COUNT short connections
 //!   (connect, read the id line, close); prints JSON `{"ok", "failed", "by_id", "errors"}`.
-//! - `labnode hold-ids ADDR PORT COUNT SECONDS INTERVAL_MS [READ_TIMEOUT_S]`: COUNT long-lived
-//!   connections that send a line every INTERVAL_MS and expect it echoed, for SECONDS; JSON
+//! - `labnode hold-ids ADDR PORT COUNT SECONDS INTERVAL_MS [READ_TIMEOUT_S] [FIRST_SPORT]`: COUNT
+//!   long-lived connections (connection i from source port FIRST_SPORT + i when given, so a
+//!   test can open the same 5-tuples again) that send a line every INTERVAL_MS and expect it
+//!   echoed, for SECONDS; JSON
 //!   `{"survived_by_id", "failed_by_id", "errors"}` by the backend id each connection got (a
 //!   connection that failed before reading its id counts under `"?"`).
 //! - `labnode connect-for ADDR PORT SECONDS CONCURRENCY TIMEOUT_MS`: as `connect-many`, but for
@@ -158,7 +160,14 @@ fn short_connections(addr: SocketAddr, until: Until, conc: u64, timeout: Duratio
 
 /// Long-lived connections: each sends a line every `interval` and expects it echoed back;
 /// outcomes tallied per backend id.
-fn hold_ids(addr: SocketAddr, count: u64, secs: u64, interval: Duration, read_timeout: Duration) {
+fn hold_ids(
+    addr: SocketAddr,
+    count: u64,
+    secs: u64,
+    interval: Duration,
+    read_timeout: Duration,
+    first_sport: Option<u16>,
+) {
     type ByKey = BTreeMap<String, u64>;
     let deadline = Instant::now() + Duration::from_secs(secs);
     let results = Arc::new(Mutex::new((ByKey::new(), ByKey::new(), ByKey::new())));
@@ -168,8 +177,11 @@ fn hold_ids(addr: SocketAddr, count: u64, secs: u64, interval: Duration, read_ti
             std::thread::spawn(move || {
                 let mut id = String::from("?");
                 let outcome = (|| -> Result<(), String> {
-                    let s = TcpStream::connect_timeout(&addr, Duration::from_secs(3))
-                        .map_err(|e| format!("connect: {}", e.kind()))?;
+                    let s = match first_sport {
+                        Some(p) => connect_bound(addr, p + i as u16, Duration::from_secs(3))?,
+                        None => TcpStream::connect_timeout(&addr, Duration::from_secs(3))
+                            .map_err(|e| format!("connect: {}", e.kind()))?,
+                    };
                     s.set_read_timeout(Some(read_timeout)).ok();
                     let mut r = BufReader::new(s.try_clone().map_err(|e| e.to_string())?);
                     let mut w = s;
@@ -217,13 +229,13 @@ fn hold_ids(addr: SocketAddr, count: u64, secs: u64, interval: Duration, read_ti
     );
 }
 
-/// One connection from a chosen source port (a 5-tuple a test can name in advance).
-fn connect_from(addr: SocketAddr, sport: u16, timeout: Duration) {
+/// A connection from source port `sport` (0: any), blocking.
+fn connect_bound(addr: SocketAddr, sport: u16, timeout: Duration) -> Result<TcpStream, String> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap();
-    let r: Result<(String, u16), String> = rt.block_on(async {
+    rt.block_on(async {
         let sock = if addr.is_ipv4() {
             tokio::net::TcpSocket::new_v4()
         } else {
@@ -243,13 +255,21 @@ fn connect_from(addr: SocketAddr, sport: u16, timeout: Duration) {
             .await
             .map_err(|_| "connect: timed out".to_string())?
             .map_err(|e| format!("connect: {e}"))?;
-        let local = s.local_addr().map_err(|e| e.to_string())?.port();
         let s = s.into_std().map_err(|e| e.to_string())?;
         s.set_nonblocking(false).ok();
+        Ok(s)
+    })
+}
+
+/// One connection from a chosen source port (a 5-tuple a test can name in advance).
+fn connect_from(addr: SocketAddr, sport: u16, timeout: Duration) {
+    let r = (|| -> Result<(String, u16), String> {
+        let s = connect_bound(addr, sport, timeout)?;
+        let local = s.local_addr().map_err(|e| e.to_string())?.port();
         s.set_read_timeout(Some(timeout)).ok();
         let id = read_line(&s).map_err(|e| format!("read: {}", e.kind()))?;
         Ok((id, local))
-    });
+    })();
     match r {
         Ok((id, port)) => println!("{}", serde_json::json!({"id": id, "local_port": port})),
         Err(e) => println!("{}", serde_json::json!({"error": e})),
@@ -285,6 +305,7 @@ fn main() {
                 arg(5).parse().unwrap(),
                 Duration::from_millis(arg(6).parse().unwrap()),
                 Duration::from_secs(read_timeout),
+                args.get(8).map(|s| s.parse().unwrap()),
             )
         }
         Some("connect-for") => {
