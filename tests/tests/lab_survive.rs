@@ -116,6 +116,22 @@ fn sync_stats(l: &VrrpLab, i: usize) -> Value {
         .unwrap_or(Value::Null)
 }
 
+/// A synced lab once it serves: its master, and the node after it (whose backend a test
+/// drains) with that node's address.
+fn serving(l: &VrrpLab) -> (usize, usize, String) {
+    let all = [0usize, 1, 2];
+    let m = l
+        .wait_one_master(&all, Duration::from_secs(20))
+        .unwrap_or_else(|| panic!("no master\n{}", l.logs()));
+    let k = (m + 1) % 3;
+    let kaddr = l.addr(&l.nodes[k].clone());
+    for n in l.nodes.clone() {
+        wait_backend(l, &all, &l.addr(&n), true);
+    }
+    assert!(l.wait_serving(Duration::from_secs(20)), "{}", l.logs());
+    (m, k, kaddr)
+}
+
 /// How the owner's node goes.
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Move {
@@ -467,15 +483,7 @@ fn upgrade_sequence_over_ipv6_loses_no_connection() {
 fn drain_then_stop(signal: i32) -> Outcome {
     let mut l = lab(true, false, 60_000);
     let all = [0usize, 1, 2];
-    let m = l
-        .wait_one_master(&all, Duration::from_secs(20))
-        .unwrap_or_else(|| panic!("no master\n{}", l.logs()));
-    let k = (m + 1) % 3;
-    let kaddr = l.addr(&l.nodes[k].clone());
-    for n in l.nodes.clone() {
-        wait_backend(&l, &all, &l.addr(&n), true);
-    }
-    assert!(l.wait_serving(Duration::from_secs(20)), "{}", l.logs());
+    let (m, k, kaddr) = serving(&l);
     for i in all {
         l.lbctl(i, &["backends", "drain", "api", &kaddr])
             .expect("lbctl backends drain");
@@ -566,15 +574,7 @@ fn a_reused_5_tuple_keeps_its_new_backend_across_a_vip_move() {
     const FIRST: &str = "41000";
     let mut l = lab(true, false, 500);
     let all = [0usize, 1, 2];
-    let m = l
-        .wait_one_master(&all, Duration::from_secs(20))
-        .unwrap_or_else(|| panic!("no master\n{}", l.logs()));
-    let k = (m + 1) % 3;
-    let kaddr = l.addr(&l.nodes[k].clone());
-    for n in l.nodes.clone() {
-        wait_backend(&l, &all, &l.addr(&n), true);
-    }
-    assert!(l.wait_serving(Duration::from_secs(20)), "{}", l.logs());
+    let (m, k, kaddr) = serving(&l);
     // The client may reuse a port whose last connection it closed (TIME_WAIT), as clients do.
     let client = l.lab.node("client").netns.clone();
     l.lab.sysctl(&client, "net.ipv4.tcp_tw_reuse", "1");
