@@ -147,7 +147,7 @@ impl SyncHandle {
             stats: stats.clone(),
             counter: Counter::default(),
             windows: HashMap::new(),
-            sent: HashMap::new(),
+            sent: Arc::new(HashMap::new()),
             periodic: 0,
             full_due: false,
         };
@@ -211,7 +211,7 @@ struct Task {
     counter: Counter,
     windows: HashMap<IpAddr, Window>,
     /// What the last scan found (and sent): a later scan sends only what changed.
-    sent: HashMap<FlowKey, IpAddr>,
+    sent: Arc<HashMap<FlowKey, IpAddr>>,
     periodic: u64,
     /// A peer said it just started (`F_HELLO`): the next scan sends everything.
     full_due: bool,
@@ -289,7 +289,7 @@ impl Task {
         };
         let limit = self.cfg.max_entries as usize;
         let t = Instant::now();
-        let was_sent = Arc::new(self.sent.clone());
+        let was_sent = self.sent.clone();
         let found = tokio::task::spawn_blocking(move || {
             let ix = Index::new(&view);
             let pins = pins.lock().unwrap();
@@ -374,7 +374,7 @@ impl Task {
                 })
             })
             .collect();
-        self.sent = found;
+        self.sent = Arc::new(found);
         // Hello during the first two periods (a peer may miss the first datagrams).
         let hello = if self.periodic <= 2 { wire::F_HELLO } else { 0 };
         if !retract.is_empty() {
