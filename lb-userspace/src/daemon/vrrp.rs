@@ -96,6 +96,11 @@ impl Owner {
             // Mastership drives forwarding, through the handover grace (see `handover`).
             let mut handover = Handover::adopted(grace, hold, Instant::now());
             let mut f = handover.observe(*owned.borrow_and_update(), Instant::now());
+            // Pass a dead master on to the owner; false once the owner is gone.
+            let report = |peer| {
+                let name = name.clone();
+                tx.send(Msg::PeerFailed { name, peer }).is_ok()
+            };
             'watch: loop {
                 // A master that went silent is reported before our mastership (the instance
                 // sends it first, and the owner takes messages in order): its backends leave
@@ -103,8 +108,7 @@ impl Owner {
                 // placed on a dead backend (see `fate.rs`).
                 if let Some(rx) = failures.as_mut() {
                     while let Ok(peer) = rx.try_recv() {
-                        let name = name.clone();
-                        if tx.send(Msg::PeerFailed { name, peer }).is_err() {
+                        if !report(peer) {
                             break 'watch;
                         }
                     }
@@ -139,8 +143,7 @@ impl Owner {
                         }
                         _ = sleep_until(until) => break handover.at(Instant::now()),
                         Some(peer) = next_failure(&mut failures) => {
-                            let name = name.clone();
-                            if tx.send(Msg::PeerFailed { name, peer }).is_err() {
+                            if !report(peer) {
                                 break 'watch;
                             }
                         }
