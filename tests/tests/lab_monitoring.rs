@@ -244,6 +244,11 @@ fn prometheus_scrapes_every_lbd_over_tls_and_each_alert_fires_and_resolves() {
     write("stranger.crt", &crt);
     write("stranger.key", &key);
     write("sync.key", "monitoring-lab-cluster-key-0123456789abcdef");
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let key = dir.join("sync.key");
+        std::fs::set_permissions(key, std::fs::Permissions::from_mode(0o600)).unwrap();
+    }
     let addrs: Vec<String> = l.nodes.iter().map(|n| l.addr(n)).collect();
     for i in 0..3 {
         let n = l.nodes[i].clone();
