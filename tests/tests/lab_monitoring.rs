@@ -354,12 +354,21 @@ fn prometheus_scrapes_every_lbd_over_tls_and_each_alert_fires_and_resolves() {
     );
     w.quiet(&l, "start");
 
-    // A VRID collision: a foreign router on our VRID with another VIP, at a low priority.
-    let dsts = addrs.join(",");
+    // A VRID collision: adverts on our VRID with another VIP, at a low priority, from a peer's
+    // address (unicast instances drop adverts from non-peers before looking at them).
+    let dsts = addrs[..2].join(",");
     let sent = l.vrrp_send_from_client(
         LABNODE,
         "foreign",
-        &[&dsts, &VRID.to_string(), "1", "10.78.0.200", "20", "2"],
+        &[
+            &dsts,
+            &VRID.to_string(),
+            "1",
+            "10.78.0.200",
+            "20",
+            "2",
+            &format!("from={}", addrs[2]),
+        ],
     );
     assert!(sent > 0);
     w.fires(&l, "LbVrrpVridCollision", "foreign adverts on our VRID");
