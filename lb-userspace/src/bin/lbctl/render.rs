@@ -239,7 +239,7 @@ mod tests {
                 let text = data_url(f["contents"]["source"].as_str().unwrap());
                 if path == r::STATIC_POD_PATH {
                     pods.push(yaml(&text));
-                } else {
+                } else if path.starts_with(r::NODE_CONFIG_DIR) && path.ends_with(".toml") {
                     let cfg = lb_userspace::config::Config::parse(&text).unwrap();
                     let tls = cfg
                         .metrics_tls
