@@ -258,7 +258,7 @@ fn route(
     Ok(req)
 }
 
-async fn serve_conn<S, H>(io: S, handler: Arc<H>, full_api: bool, limits: Limits)
+pub(crate) async fn serve_conn<S, H>(io: S, handler: Arc<H>, full_api: bool, limits: Limits)
 where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
     H: Handler,

@@ -175,6 +175,12 @@ pub async fn run(config_path: PathBuf) -> Result<()> {
             crate::api::serve_tcp(addr, front.clone()),
         ));
     }
+    if let Some(tls) = cfg.metrics_tls.clone() {
+        tasks.push(front.supervise(
+            "metrics TLS listener",
+            crate::metrics_tls::serve(tls, front.clone()),
+        ));
+    }
     // Whatever ends the loop, the stop runs: VIPs and routes are given back first.
     let failure = match owner.run().await {
         Ok(f) => f,

@@ -87,6 +87,11 @@ pub struct ClusterSpec {
     /// OpenShift's on-prem pods bind ([`OPENSHIFT_HOST_PORTS`]).
     #[serde(default = "default_metrics")]
     pub metrics_listen: Option<std::net::SocketAddr>,
+    /// The port of lbd's HTTPS /metrics listener on every node (`[metrics_tls]`: the kubelet's
+    /// serving certificate and client CA, see [`crate::metrics_tls`]), which cluster monitoring
+    /// scrapes (deploy/monitoring/service-monitor.yaml names the same port). 0: none.
+    #[serde(default = "default_metrics_tls_port")]
+    pub metrics_tls_port: u16,
     /// The connection sync (`[sync]` of every node): the cluster key's path on the nodes; the
     /// peers come from the node list.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -164,6 +169,19 @@ fn default_socket() -> PathBuf {
 fn default_metrics() -> Option<std::net::SocketAddr> {
     Some(([127, 0, 0, 1], DEFAULT_METRICS_PORT).into())
 }
+
+fn default_metrics_tls_port() -> u16 {
+    DEFAULT_METRICS_TLS_PORT
+}
+
+/// The port of the authenticated /metrics listener cluster monitoring scrapes, next to
+/// [`DEFAULT_METRICS_PORT`] and, like it, outside [`OPENSHIFT_HOST_PORTS`].
+pub const DEFAULT_METRICS_TLS_PORT: u16 = 29445;
+
+/// The kubelet's files on an OpenShift node that the metrics TLS listener uses (rotated by the
+/// kubelet and the machine-config daemon; lbd reads them again when they change).
+pub const KUBELET_SERVING_CERT: &str = "/var/lib/kubelet/pki/kubelet-server-current.pem";
+pub const KUBELET_CLIENT_CA: &str = "/etc/kubernetes/kubelet-ca.crt";
 
 /// lbd's metrics and probe port on rendered nodes: outside every range of
 /// [`OPENSHIFT_HOST_PORTS`] (9444, the earlier default, is haproxy's health port).
@@ -303,6 +321,18 @@ impl ClusterSpec {
                 format!(
                     "port {} is one OpenShift's on-prem pods bind or reserve (haproxy 9443-9445, 9000-9999, 6443, 22623-22624, 1936...); the default is {DEFAULT_METRICS_PORT}",
                     m.port()
+                ),
+            ));
+        }
+        if self.metrics_tls_port != 0
+            && (openshift_port(self.metrics_tls_port)
+                || self.metrics_listen.map(|m| m.port()) == Some(self.metrics_tls_port))
+        {
+            return Err(invalid(
+                "metrics_tls_port",
+                format!(
+                    "port {} is one OpenShift's on-prem pods bind or reserve, or metrics_listen's; the default is {DEFAULT_METRICS_TLS_PORT}",
+                    self.metrics_tls_port
                 ),
             ));
         }
@@ -504,6 +534,23 @@ impl ClusterSpec {
             name: self.lb_name.clone(),
             api_socket: self.api_socket.clone(),
             metrics_listen: self.metrics_listen,
+            metrics_tls: (self.metrics_tls_port != 0).then(|| {
+                crate::metrics_tls::MetricsTlsConfig {
+                    // Every address of the node's family: Prometheus scrapes the pod's IP.
+                    listen: match me.address {
+                        IpAddr::V4(_) => {
+                            (std::net::Ipv4Addr::UNSPECIFIED, self.metrics_tls_port).into()
+                        }
+                        IpAddr::V6(_) => {
+                            (std::net::Ipv6Addr::UNSPECIFIED, self.metrics_tls_port).into()
+                        }
+                    },
+                    cert_file: KUBELET_SERVING_CERT.into(),
+                    key_file: KUBELET_SERVING_CERT.into(),
+                    client_ca_file: KUBELET_CLIENT_CA.into(),
+                    allowed_clients: vec![crate::metrics_tls::PROMETHEUS_K8S.into()],
+                }
+            }),
             xdp_mode: self.xdp_mode,
             hash_seed: crate::config::DEFAULT_HASH_SEED,
             table_size: lb_common::DEFAULT_TABLE_SIZE,
@@ -1160,7 +1207,27 @@ roles = ["worker"]
         for r in spec.render().unwrap() {
             let m = r.config.metrics_listen.expect("probes need the listener");
             assert!(!openshift_port(m.port()), "{m}");
+            let t = r
+                .config
+                .metrics_tls
+                .as_ref()
+                .expect("cluster monitoring scrapes it");
+            assert!(!openshift_port(t.listen.port()), "{}", t.listen);
+            assert_ne!(t.listen.port(), m.port());
+            assert_eq!(t.cert_file, std::path::Path::new(KUBELET_SERVING_CERT));
+            assert_eq!(t.client_ca_file, std::path::Path::new(KUBELET_CLIENT_CA));
         }
+        for port in [9445, 29444] {
+            let e = err(&format!("metrics_tls_port = {port}\n{SPLIT}"));
+            assert!(e.starts_with("metrics_tls_port:"), "{port}: {e}");
+        }
+        let off = ClusterSpec::parse(&format!("metrics_tls_port = 0\n{SPLIT}")).unwrap();
+        assert!(
+            off.render()
+                .unwrap()
+                .iter()
+                .all(|r| r.config.metrics_tls.is_none())
+        );
         for port in [
             9443, 9444, 9445, 6443, 22623, 22624, 1936, 80, 443, 10250, 30080,
         ] {

@@ -6,6 +6,7 @@ pub mod bench;
 pub mod chaos;
 pub mod labs;
 pub mod lbctl;
+pub mod monitoring;
 pub mod xdp;
 
 // Each lab and tool is also named at the crate root, as tests and tools use them.

@@ -87,6 +87,9 @@ const DEBIAN_PACKAGES: &[&str] = &[
     // The OpenShift-style check scripts of the keepalived labs and the migration rehearsal,
     // and the metrics scrapes of the operator labs.
     "curl",
+    // The monitoring lab: a real Prometheus scraping lbd, and promtool (same package in
+    // bookworm) for the alert rules' unit tests.
+    "prometheus",
 ];
 
 fn root() -> PathBuf {

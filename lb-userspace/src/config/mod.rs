@@ -98,6 +98,11 @@ pub struct Config {
     /// Optional TCP listener for /metrics, /healthz and /readyz only (e.g. "0.0.0.0:9444").
     #[serde(default)]
     pub metrics_listen: Option<std::net::SocketAddr>,
+    /// The authenticated /metrics listener cluster monitoring scrapes (HTTPS with client
+    /// certificates, see [`crate::metrics_tls`] and docs/metrics.md). Restart to change; its
+    /// certificate files are read again when they change.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metrics_tls: Option<crate::metrics_tls::MetricsTlsConfig>,
     #[serde(default)]
     pub xdp_mode: XdpMode,
     /// Flow-hash seed; must be the same on every node so flows keep their backend on failover.
@@ -456,6 +461,9 @@ impl Config {
         }
         if let Some(s) = &self.sync {
             s.validate()?;
+        }
+        if let Some(t) = &self.metrics_tls {
+            t.validate().map_err(|(f, r)| invalid(f, r))?;
         }
         if self.conntrack_size < 1024 {
             return Err(invalid("conntrack_size", "must be at least 1024"));
