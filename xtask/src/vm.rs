@@ -125,8 +125,13 @@ pub fn run_kernel(
     std::fs::create_dir_all(&dir)?;
     let script = dir.join(format!("guest-{release}.sh"));
     std::fs::write(&script, guest_script(root, tests))?;
-    let mut c = Command::new("vng");
-    c.arg("--run")
+    // A guest that hangs (a kernel that never boots) must not hang the run: `timeout` ends
+    // the VM it started (LB_VM_TIMEOUT seconds, default an hour).
+    let limit = std::env::var("LB_VM_TIMEOUT").unwrap_or_else(|_| "3600".into());
+    let mut c = Command::new("timeout");
+    c.arg(limit)
+        .arg("vng")
+        .arg("--run")
         .arg(vmlinuz)
         .args(["--memory", "2G", "--cpus", "2"]);
     if std::env::var_os("LB_VM_KVM").is_none() {
