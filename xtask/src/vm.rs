@@ -227,8 +227,14 @@ pub fn matrix(root: &Path, cargo: Command) -> Result<()> {
         bail!("no distribution kernel under /boot: `cargo xtask setup` installs linux-image-amd64");
     }
     let exes = test_executables(cargo)?;
+    // LB_VM_TESTS=kernel_load,xdp: only these of GUEST_TESTS (a quicker look at one kernel).
+    let only = std::env::var("LB_VM_TESTS").ok();
     let tests: Vec<(String, PathBuf, Vec<String>)> = GUEST_TESTS
         .iter()
+        .filter(|(name, _)| {
+            only.as_deref()
+                .is_none_or(|o| o.split(',').any(|n| n.trim() == *name))
+        })
         .map(|(name, args)| {
             let exe = exes
                 .get(*name)
