@@ -1013,7 +1013,7 @@ weight = 2
         // The same address as lbd's own labelled /32 (held since before a restart): fine.
         let ours = host(&[
             ("eth0", "192.168.111.20", 24, Some("eth0"), false),
-            ("eth0", "192.168.111.5", 32, Some("eth0:lb"), false),
+            ("eth0", "192.168.111.5", 32, Some("eth0:lbvip"), false),
         ]);
         c.check_host(&ours).unwrap();
         // Another interface's address is not this interface's.

@@ -124,12 +124,20 @@ impl Owner {
         churn::drop_stale_link_pin(&churn::link_pin(&load_options(&cfg), &cfg.interface), &link)?;
         super::vrrp::prepare_dsr_backend(&cfg, netlink.handle()).await?;
         let mut dp = Dataplane::load(load_options(&cfg))?;
+        // A kernel whose number suggests it lacks an optional feature: what lbd does without.
+        if let Some(release) = crate::dataplane::kernel::Release::current() {
+            for line in crate::dataplane::kernel::without_optional(&release) {
+                tracing::warn!("{line}");
+            }
+        }
         let lock = lock.with_pins(&load_options(&cfg))?;
         dp.attach(&cfg.interface, cfg.xdp_mode)?;
         if cfg.socket_lb
             && let Err(e) = dp.attach_sock()
         {
-            tracing::error!(error = %format!("{e:#}"), "socket load balancing is off: this node's own connections to a VIP go to its local stack");
+            let kernel = crate::dataplane::kernel::Release::current()
+                .map_or_else(|| "unknown".to_string(), |r| r.to_string());
+            tracing::error!(error = %format!("{e:#}"), kernel, "socket load balancing is off: this node's own connections to a VIP go to its local stack");
         }
         dp.spawn_log_reader()?;
         let conntrack = conntrack::spawn_counter(

@@ -23,6 +23,7 @@ mod batch;
 mod counters;
 pub mod decap;
 mod explain;
+pub mod kernel;
 mod pins;
 mod pmtu;
 pub mod sock;
@@ -206,8 +207,17 @@ impl Dataplane {
                 .program_mut(name)
                 .ok_or_else(|| anyhow!("program {name} missing"))?
                 .try_into()?;
-            prog.load()
-                .with_context(|| format!("verify and load {name}"))?;
+            // A refusal names the kernel and the verifier's reason; the whole log goes to the
+            // debug log.
+            if let Err(e) = prog.load() {
+                let text = e.to_string();
+                tracing::debug!(program = name, log = %text, "the verifier refused a program");
+                bail!(kernel::refused(
+                    kernel::Release::current().as_ref(),
+                    name,
+                    &text
+                ));
+            }
         }
         explain::arm(&mut ebpf).context("arm lbctl explain")?;
         // The program's rare-path log lines (aya-log); optional so a missing map is not fatal.
