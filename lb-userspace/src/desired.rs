@@ -44,6 +44,10 @@ pub struct BackendSpec {
     pub failing: bool,
     /// A routed backend reached by IP-in-IP (`mac` is then the next hop's).
     pub encap: Option<Encap>,
+    /// Slow start: its weight in the new-flow table is `weight * step / SLOW_START_STEPS`
+    /// (`SLOW_START_STEPS`: full). The table of established flows keeps the full weight: a
+    /// flow a step placed elsewhere is a connection-table entry (and a sync exception).
+    pub step: u32,
 }
 
 /// How a routed backend's packets are wrapped (see `lb_common::BACKEND_F_ENCAP`).

@@ -350,6 +350,7 @@ impl Dataplane {
                         healthy: in_set,
                         drained: b.flags & lb_common::BACKEND_F_DRAINED != 0,
                         failing: false,
+                        step: crate::plan::SLOW_START_STEPS,
                         encap: (b.flags & lb_common::BACKEND_F_ENCAP != 0).then(|| Encap {
                             src: key_addr(&b.encap_src, b.family),
                             mtu: b.encap_mtu,
@@ -701,7 +702,11 @@ impl Dataplane {
                     id: installed.id,
                 };
                 if b.in_table() {
-                    new_entries.push(e.clone());
+                    // Slow start scales only the new-flow table (see `BackendSpec::step`).
+                    new_entries.push(maglev::Entry {
+                        weight: b.weight * b.step.clamp(1, crate::plan::SLOW_START_STEPS),
+                        ..e.clone()
+                    });
                 }
                 entries.push(e);
             }

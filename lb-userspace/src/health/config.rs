@@ -148,7 +148,22 @@ pub struct HealthConfig {
     pub fall: u32,
     /// Status codes that mean healthy (`http`, `https`).
     pub expect_status: StatusRange,
+    /// Slow start: a backend that returns (or first passes its checks after lbd has seen it
+    /// fail) takes new flows gradually over this period, in [`SLOW_START_STEPS`] weight steps of
+    /// the new-flow table; 0: at once. Established flows are not affected.
+    pub slow_start_ms: u64,
+    /// Fail-open: when every backend of the service fails its checks at once by being slow or
+    /// answering wrong (not by refusing or resetting connections), new flows keep going to
+    /// them rather than nowhere (see `plan`).
+    pub fail_open: bool,
+    /// A refused connection means "nothing here to serve", not "down": the backend is not
+    /// expected up (`lbd_backend_expected 0`), e.g. a node of the ingress VIP without a router.
+    pub absent_when_refused: bool,
 }
+
+/// Slow start climbs in this many equal steps of the weight (the first step at once).
+pub const SLOW_START_STEPS: u32 = 20;
+const MAX_SLOW_START_MS: u64 = 3_600_000;
 
 pub const DEFAULT_INTERVAL_MS: u64 = 200;
 pub const DEFAULT_TIMEOUT_MS: u64 = 200;
@@ -172,6 +187,9 @@ impl Default for HealthConfig {
             rise: DEFAULT_RISE,
             fall: DEFAULT_FALL,
             expect_status: StatusRange::default(),
+            slow_start_ms: 0,
+            fail_open: true,
+            absent_when_refused: false,
         }
     }
 }
@@ -223,6 +241,12 @@ impl HealthConfig {
                     "{path}.{name}: must be between 1 and {MAX_RISE_FALL}, got {v}"
                 ));
             }
+        }
+        if self.slow_start_ms > MAX_SLOW_START_MS {
+            return Err(format!(
+                "{path}.slow_start_ms: must be at most {MAX_SLOW_START_MS} (an hour), got {}",
+                self.slow_start_ms
+            ));
         }
         if self.port == Some(0) {
             return Err(format!("{path}.port: must be 1-65535, got 0"));
