@@ -22,9 +22,13 @@
 //! description (`nodes[2].address: ...`) or, for a rendered node, the node and the field of its
 //! config, in the same `field: reason` form as lbd's own config errors.
 
+mod checks;
 mod manifests;
+mod shards;
 
+pub use checks::{api_health, router_health};
 pub use manifests::{machine_config, node_disruption_policy};
+pub use shards::IngressShard;
 
 use std::{collections::HashSet, net::IpAddr, path::PathBuf};
 
@@ -96,6 +100,10 @@ pub struct ClusterSpec {
     /// `vrrp_sync_group`, see [`crate::vrrp::group`]).
     #[serde(default)]
     pub platform: Platform,
+    /// IngressController shards, each with its own VIPs, ports, router stats port and node
+    /// selection, rendered beside the default ingress VIP (see [`shards`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ingress_shards: Vec<IngressShard>,
     pub nodes: Vec<NodeSpec>,
 }
 
@@ -136,6 +144,10 @@ pub struct NodeSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub secondary_address: Option<IpAddr>,
     pub roles: Vec<Role>,
+    /// The Node object's labels that IngressController shards select on
+    /// (`ingress_shards[].node_selector`).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub labels: std::collections::BTreeMap<String, String>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -380,7 +392,7 @@ impl ClusterSpec {
                 "ingress VIPs are set but no node has the worker role (routers)",
             ));
         }
-        Ok(())
+        self.validate_shards()
     }
 
     /// `(api, ingress)` VRIDs: OpenShift's, from the cluster name, unless overridden. Every
@@ -541,6 +553,7 @@ impl ClusterSpec {
                 t.address = Some(std::net::SocketAddr::new(loopback(vip), port));
                 t.health.kind = kind;
                 t.health.path = path.into();
+                (t.health.rise, t.health.fall) = checks::track_counts(script);
             }
             t
         };
@@ -556,12 +569,7 @@ impl ClusterSpec {
                     protocol: crate::config::Protocol::Tcp,
                     owned: None,
                     vrrp: Some(name.clone()),
-                    health: HealthConfig {
-                        kind: CheckKind::Https,
-                        path: "/readyz".into(),
-                        port: Some(6443),
-                        ..HealthConfig::default()
-                    },
+                    health: api_health(),
                     backends: group
                         .iter()
                         .filter_map(|n| node_address(n, vip.is_ipv4()))
@@ -615,12 +623,7 @@ impl ClusterSpec {
                 protocol: crate::config::Protocol::Tcp,
                 owned: None,
                 vrrp: Some(name.clone()),
-                health: HealthConfig {
-                    kind: CheckKind::Http,
-                    path: "/healthz".into(),
-                    port: Some(ROUTER_STATS_PORT),
-                    ..HealthConfig::default()
-                },
+                health: router_health(ROUTER_STATS_PORT),
                 backends: routers
                     .iter()
                     .filter_map(|n| node_address(n, vip.is_ipv4()))
@@ -667,6 +670,7 @@ impl ClusterSpec {
         if self.platform == Platform::Openstack {
             group_roles(&mut cfg.vrrp);
         }
+        self.render_shards(me, &mut cfg);
         cfg
     }
 }
@@ -675,8 +679,13 @@ impl ClusterSpec {
 /// [`Platform::Openstack`]); the first VIP's instance leads.
 fn group_roles(vrrp: &mut [InstanceConfig]) {
     for role in ["api", "ingress"] {
-        let of_role =
-            |r: &InstanceConfig| r.name == role || r.name.starts_with(&format!("{role}-"));
+        // `ingress-1`, not a shard's `ingress-<shard>` (grouped by its own rule).
+        let of_role = |r: &InstanceConfig| {
+            r.name == role
+                || r.name
+                    .strip_prefix(&format!("{role}-"))
+                    .is_some_and(|i| i.parse::<usize>().is_ok())
+        };
         if vrrp.iter().filter(|r| of_role(r)).count() > 1 {
             for r in vrrp.iter_mut().filter(|r| of_role(r)) {
                 r.group = Some(role.to_string());
