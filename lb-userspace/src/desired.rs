@@ -44,9 +44,10 @@ pub struct BackendSpec {
     pub failing: bool,
     /// A routed backend reached by IP-in-IP (`mac` is then the next hop's).
     pub encap: Option<Encap>,
-    /// Slow start: its weight in the new-flow table is `weight * step / SLOW_START_STEPS`
-    /// (`SLOW_START_STEPS`: full). The table of established flows keeps the full weight: a
-    /// flow a step placed elsewhere is a connection-table entry (and a sync exception).
+    /// Slow start: its Maglev weight is `weight * step / SLOW_START_STEPS` (`SLOW_START_STEPS`:
+    /// full). Each step moves some slots to it; the flows that started on those slots before
+    /// stay where they are through their connection-table entries (and, on the peers, the
+    /// sync's exceptions).
     pub step: u32,
 }
 

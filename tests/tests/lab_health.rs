@@ -461,3 +461,172 @@ fn sigkill_restart_drops_nothing() {
         assert!(count(&after, id) > 0, "{id} after the restart: {after:?}");
     }
 }
+
+/// The VIP's rows of `lbctl vips list` (one per port).
+fn vip_rows(l: &HttpsLab) -> Vec<Value> {
+    l.lbctl(&["vips", "list"])
+        .and_then(|v| v.as_array().cloned())
+        .unwrap_or_default()
+}
+
+/// e. Every `/readyz` turns slow (an etcd latency spike), not dead: every backend fails its
+/// checks at once and the VIP fails open, still serving; a backend that refuses connections
+/// meanwhile is out at once; fail-open ends as soon as one backend passes.
+#[test]
+fn every_readyz_slow_the_vip_fails_open_and_keeps_serving() {
+    let mut l = three();
+    // Slower than the 200 ms check timeout; fast enough for the client's 3 s.
+    for n in ["b1", "b2", "b3"] {
+        l.set_slow(n, Some(600));
+    }
+    for n in ["b1", "b2", "b3"] {
+        assert!(
+            l.wait_state(n, "fail-open", Duration::from_secs(10))
+                .is_some(),
+            "{n}: {:?}\n{}",
+            l.rows(n),
+            l.lab.log("lbd")
+        );
+    }
+    for r in l.rows("b1").unwrap() {
+        let reason = r["reason"].as_str().unwrap_or("");
+        assert!(
+            reason.starts_with("fail-open") && reason.contains("timeout"),
+            "{r}"
+        );
+        println!("b1 fail-open, reason: {reason}");
+    }
+    let vips = vip_rows(&l);
+    assert!(
+        !vips.is_empty() && vips.iter().all(|v| v["fail_open"] == true),
+        "{vips:?}"
+    );
+    assert!(
+        l.lab
+            .log("lbd")
+            .contains("fail-open: every backend fails its checks"),
+        "lbd says so in its log"
+    );
+    let r = l.get_many(150, 4);
+    println!("every /readyz slow, https through the VIP: {r}");
+    assert_eq!(r["ok"], 150, "the VIP keeps serving: {r}");
+    let ids = by_id(&r, "by_id");
+    assert!(["b1", "b2", "b3"].iter().all(|n| count(&ids, n) > 0), "{r}");
+
+    // b1's server dies: refused, out at once (a hard failure is never failed open to).
+    l.lab.stop("https-b1", libc::SIGTERM);
+    assert!(
+        l.wait_state("b1", "down", Duration::from_secs(10))
+            .is_some(),
+        "{:?}",
+        l.rows("b1")
+    );
+    assert_eq!(l.rows("b2").unwrap()[0]["state"], "fail-open");
+    let r = l.get_many(100, 4);
+    assert_eq!(r["ok"], 100, "{r}");
+    assert_eq!(count(&by_id(&r, "by_id"), "b1"), 0, "{r}");
+
+    // b2 answers in time again: fail-open is over, b2 alone takes new flows.
+    l.set_slow("b2", None);
+    assert!(
+        l.wait_state("b2", "active", Duration::from_secs(10))
+            .is_some()
+    );
+    assert!(
+        l.wait_state("b3", "down", Duration::from_secs(10))
+            .is_some(),
+        "{:?}",
+        l.rows("b3")
+    );
+    assert!(vip_rows(&l).iter().all(|v| v["fail_open"] == false));
+    assert!(l.lab.log("lbd").contains("fail-open over"));
+    let r = l.get_many(100, 4);
+    assert_eq!(r["ok"], 100, "{r}");
+    assert_eq!(count(&by_id(&r, "by_id"), "b2"), 100, "{r}");
+}
+
+/// b1's share of the stream's new connections between `from` and `to` (Unix ms).
+fn share(samples: &[Sample], node: &str, from: u128, to: u128) -> (f64, u64) {
+    let m = ids_between(samples, from, to);
+    let all: u64 = m.values().sum();
+    (count(&m, node) as f64 / all.max(1) as f64, all)
+}
+
+/// f. Slow start: a backend that returns takes new connections gradually (weight steps of the
+/// new-flow table over `slow_start_ms`), and the connections opened during the climb all
+/// survive its steps.
+#[test]
+fn a_returning_backend_slow_starts_and_its_steps_keep_connections() {
+    let mut l = HttpsLab::setup_with(
+        &[
+            ("b1", Kind::Https),
+            ("b2", Kind::Https),
+            ("b3", Kind::Https),
+        ],
+        "slow_start_ms = 12000",
+    );
+    l.set_ready("b1", false);
+    assert!(
+        l.wait_state("b1", "down", Duration::from_secs(10))
+            .is_some()
+    );
+    let vip_target = format!("{VIP}:{HTTPS_PORT}");
+    l.start_stream("stream", &vip_target, 2, 10);
+    std::thread::sleep(Duration::from_millis(500));
+
+    l.set_ready("b1", true);
+    assert!(
+        l.wait_state("b1", "active", Duration::from_secs(10))
+            .is_some()
+    );
+    let back_at = now_ms();
+    let reason = l.rows("b1").unwrap()[0]["reason"]
+        .as_str()
+        .unwrap_or("")
+        .to_string();
+    println!("b1 back: {reason}");
+    assert!(reason.starts_with("slow start:"), "{reason}");
+    // Long-lived connections opened while the table climbs, held past its last step.
+    start_hold(&mut l, "hold", 40, 15);
+    std::thread::sleep(Duration::from_millis(15_000));
+    l.lab.stop("stream", libc::SIGTERM);
+    let samples = l.samples("stream");
+    let early = share(&samples, "b1", back_at, back_at + 2000);
+    let late = share(&samples, "b1", back_at + 12_500, back_at + 14_500);
+    println!(
+        "b1's share of new connections: {:.1}% of {} in the first 2 s back, {:.1}% of {} after the climb",
+        early.0 * 100.0,
+        early.1,
+        late.0 * 100.0,
+        late.1
+    );
+    assert!(
+        early.1 > 20 && late.1 > 20,
+        "too few samples: {early:?} {late:?}"
+    );
+    assert!(
+        late.0 > 0.2,
+        "b1 has its full share after the climb: {late:?}"
+    );
+    // Without slow start both are a third; with it the first 2 s of 12 average well under a
+    // tenth (steps of 1/20 of the weight every 0.6 s).
+    assert!(
+        early.0 < late.0 * 0.6,
+        "no gradual climb: {early:?} then {late:?}"
+    );
+    let reason = l.rows("b1").unwrap()[0]["reason"]
+        .as_str()
+        .unwrap_or("")
+        .to_string();
+    assert!(!reason.starts_with("slow start"), "{reason}");
+
+    let hold = finish(&mut l, "hold", Duration::from_secs(30));
+    println!("hold: {hold}");
+    assert!(
+        by_id(&hold, "failed_by_id").is_empty(),
+        "connections opened during the climb broke: {hold}"
+    );
+    assert!(count(&by_id(&hold, "survived_by_id"), "b1") > 0, "{hold}");
+    let errs = errors(&samples);
+    assert!(errs.len() <= 2, "failed requests: {errs:?}");
+}

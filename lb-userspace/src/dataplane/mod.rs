@@ -696,17 +696,15 @@ impl Dataplane {
             };
             // Backends that take no new flows keep their slots (flagged): see BACKEND_F_NO_NEW.
             if b.in_set() && b.weight > 0 {
+                // Slow start: weight steps (see `BackendSpec::step`). Every step rebuilds the
+                // tables; the connection table keeps each flow where it started.
                 let e = maglev::Entry {
                     addr: b.addr,
-                    weight: b.weight,
+                    weight: b.weight * b.step.clamp(1, crate::plan::SLOW_START_STEPS),
                     id: installed.id,
                 };
                 if b.in_table() {
-                    // Slow start scales only the new-flow table (see `BackendSpec::step`).
-                    new_entries.push(maglev::Entry {
-                        weight: b.weight * b.step.clamp(1, crate::plan::SLOW_START_STEPS),
-                        ..e.clone()
-                    });
+                    new_entries.push(e.clone());
                 }
                 entries.push(e);
             }
