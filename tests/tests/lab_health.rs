@@ -630,3 +630,179 @@ fn a_returning_backend_slow_starts_and_its_steps_keep_connections() {
     let errs = errors(&samples);
     assert!(errs.len() <= 2, "failed requests: {errs:?}");
 }
+
+/// Two IngressControllers' routers on one node, as `lbctl render` describes shards: the default
+/// (traffic on 80, readiness on 1936) and `internal` (10080, readiness on 10936), each behind its
+/// own VIP. w1 runs both, w2 only the default.
+struct Shards {
+    lab: lb_tests::lab::Lab,
+    socket: String,
+}
+
+const DEFAULT_VIP: &str = "10.79.0.100";
+const SHARD_VIP: &str = "10.79.0.101";
+
+impl Shards {
+    fn setup() -> Shards {
+        let mut lab = lb_tests::lab::Lab::new("shd");
+        lab.add_node("client", "10.79.0.1", "fd79::1");
+        lab.add_node("lb", "10.79.0.2", "fd79::2");
+        let standin = bin_dir().join("standin");
+        let routers: [(&str, &str, &[(&str, u16, u16)]); 2] = [
+            (
+                "w1",
+                "10.79.0.11",
+                &[("default", 80, 1936), ("internal", 10080, 10936)],
+            ),
+            ("w2", "10.79.0.12", &[("default", 80, 1936)]),
+        ];
+        let mut cfg_backends = (String::new(), String::new());
+        for (n, v4, shards) in routers {
+            lab.add_node(n, v4, &format!("fd79::{}", &v4[8..]));
+            lab.make_dsr_backend(n, &[DEFAULT_VIP, SHARD_VIP]);
+            for (shard, port, stats) in shards {
+                let ready = lab.dir.join(format!("{n}-{shard}.ready"));
+                std::fs::write(&ready, "").unwrap();
+                let id = format!("{n}-{shard}");
+                lab.spawn(
+                    n,
+                    &format!("route-{id}"),
+                    &standin,
+                    &["http", "--listen", &format!("0.0.0.0:{port}"), "--id", &id],
+                );
+                lab.spawn(
+                    n,
+                    &format!("stats-{id}"),
+                    &standin,
+                    &[
+                        "http",
+                        "--listen",
+                        &format!("0.0.0.0:{stats}"),
+                        "--id",
+                        &id,
+                        "--path-file",
+                        &format!("/healthz/ready={}", ready.display()),
+                    ],
+                );
+            }
+            for b in [&mut cfg_backends.0, &mut cfg_backends.1] {
+                *b += &format!("[[vips.backends]]\naddress = \"{v4}\"\n");
+            }
+        }
+        let pin_name = lab.prefix.replace('-', "_");
+        let socket = lab.dir.join("lbd.sock").display().to_string();
+        lab.cleanup(std::path::PathBuf::from("/sys/fs/bpf").join(&pin_name));
+        // What `lbctl render` gives each VIP: the router's readiness on its stats port, a node
+        // where nothing listens there is absent.
+        let vip = |name: &str, addr: &str, port: u16, stats: u16, backends: &str| {
+            format!(
+                "[[vips]]\nname = \"{name}\"\naddress = \"{addr}\"\nports = [{port}]\nowned = true\n\
+                 [vips.health]\nkind = \"http\"\npath = \"/healthz/ready\"\nport = {stats}\n\
+                 absent_when_refused = true\n{backends}"
+            )
+        };
+        let cfg = format!(
+            "interface = \"eth0\"\nname = \"{pin_name}\"\napi_socket = \"{socket}\"\nxdp_mode = \"skb\"\n\n{}{}",
+            vip("ingress", DEFAULT_VIP, 80, 1936, &cfg_backends.0),
+            vip("ingress-internal", SHARD_VIP, 10080, 10936, &cfg_backends.1),
+        );
+        let cfg_path = lab.dir.join("lbd.toml");
+        std::fs::write(&cfg_path, cfg).unwrap();
+        let cfg_path = cfg_path.display().to_string();
+        lab.spawn("lb", "lbd", bin_dir().join("lbd"), &["--config", &cfg_path]);
+        Shards { lab, socket }
+    }
+
+    /// `(state, expected)` of `backend` in VIP `vip`.
+    fn state(&self, vip: &str, backend: &str) -> Option<(String, bool)> {
+        let rows = lb_tests::lbctl_json(&self.socket, &["backends", "list"])?;
+        let r = rows
+            .as_array()?
+            .iter()
+            .find(|r| r["vip_name"] == vip && r["backend"] == backend)?
+            .clone();
+        Some((r["state"].as_str()?.to_string(), r["expected"].as_bool()?))
+    }
+
+    fn wait(&self, vip: &str, backend: &str, state: &str, expected: bool) {
+        let got = wait_for(Duration::from_secs(15), || {
+            (self.state(vip, backend)? == (state.to_string(), expected)).then_some(())
+        });
+        assert!(
+            got.is_some(),
+            "{vip}/{backend}: want {state} (expected {expected}), have {:?}\n{}",
+            self.state(vip, backend),
+            self.lab.log("lbd")
+        );
+    }
+
+    /// Who answered `count` requests to `vip:port`.
+    fn answers(&self, vip: &str, port: u16, count: u64) -> BTreeMap<String, u64> {
+        let out = self.lab.run(
+            "client",
+            bin_dir().join("standin"),
+            &[
+                "get-many",
+                "--target",
+                &format!("{vip}:{port}"),
+                "--count",
+                &count.to_string(),
+            ],
+        );
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(v["ok"], count, "{vip}:{port}: {v}");
+        by_id(&v, "by_id")
+    }
+
+    fn set_ready(&self, id: &str, ready: bool) {
+        let p = self.lab.dir.join(format!("{id}.ready"));
+        if ready {
+            std::fs::write(&p, "").unwrap();
+        } else {
+            std::fs::remove_file(&p).unwrap();
+        }
+    }
+}
+
+/// g. Two routers of different IngressController shards on one node: each VIP follows the
+/// readiness of its own router only; a node without a router of a shard is absent from that
+/// shard's VIP (not expected up), not down.
+#[test]
+fn two_routers_of_different_shards_on_one_node() {
+    let l = Shards::setup();
+    let (w1, w2) = ("10.79.0.11", "10.79.0.12");
+    l.wait("ingress", w1, "active", true);
+    l.wait("ingress", w2, "active", true);
+    l.wait("ingress-internal", w1, "active", true);
+    l.wait("ingress-internal", w2, "absent", false);
+    let d = l.answers(DEFAULT_VIP, 80, 100);
+    assert!(
+        count(&d, "w1-default") > 0 && count(&d, "w2-default") > 0,
+        "{d:?}"
+    );
+    let s = l.answers(SHARD_VIP, 10080, 50);
+    assert_eq!(count(&s, "w1-internal"), 50, "{s:?}");
+
+    // w1's default router drains: the default VIP leaves w1, the shard's keeps it.
+    l.set_ready("w1-default", false);
+    l.wait("ingress", w1, "down", true);
+    assert_eq!(
+        l.state("ingress-internal", w1),
+        Some(("active".into(), true))
+    );
+    let d = l.answers(DEFAULT_VIP, 80, 60);
+    assert_eq!(count(&d, "w2-default"), 60, "{d:?}");
+    let s = l.answers(SHARD_VIP, 10080, 30);
+    assert_eq!(count(&s, "w1-internal"), 30, "{s:?}");
+
+    // And the other way round: w1's shard router is not ready; it is the shard's only router,
+    // so its VIP fails open to it (nothing better to send to); the default VIP has w1 back.
+    l.set_ready("w1-default", true);
+    l.set_ready("w1-internal", false);
+    l.wait("ingress", w1, "active", true);
+    l.wait("ingress-internal", w1, "fail-open", true);
+    assert_eq!(
+        l.state("ingress-internal", w2),
+        Some(("absent".into(), false))
+    );
+}
