@@ -12,8 +12,11 @@
 //!   active backend, +5 while the local kube-apiserver is ready, +3 while the local
 //!   machine-config server accepts connections (when 22623 is served).
 //! - `worker`: the ingress VIP (80 and 443), backends are the nodes that run routers (workers;
-//!   on a compact cluster, the control-plane nodes that are also workers), priority 20, +50
-//!   while the local router's /healthz on 1936 answers.
+//!   on a compact cluster, the control-plane nodes that are also workers), checked on the
+//!   router's readiness (`/healthz/ready` on 1936; a node without a router is absent),
+//!   priority 20, +50 while the local router is ready.
+//! - IngressController shards (`[[ingress_shards]]`): a VIP each, on the nodes they select
+//!   ([`shards`]). The checks and their timing beside OpenShift's: [`checks`].
 //!
 //! A node with both roles (compact three-node clusters) gets one config with both VIPs and
 //! both VRRP instances: one lbd, one XDP attach, one API socket.

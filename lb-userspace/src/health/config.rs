@@ -6,10 +6,11 @@
 //! about one second, where haproxy with OpenShift's settings (`inter 5s fall 3`) needs ~15 s.
 //!
 //! - `interval_ms = 200`, `timeout_ms = 200`, `fall = 3`, `rise = 2`.
-//! - A backend that fails fast (apiserver answering 500 on `/readyz` while it shuts down,
-//!   connection refused after the process died): the probe already running may still pass,
-//!   then `fall` failing probes one interval apart are needed, so at worst
-//!   `fall * interval = 600 ms`, about 500 ms on average.
+//! - A backend that answers an error (apiserver answering 500 on `/readyz` while it shuts
+//!   down): the probe already running may still pass, then `fall` failing probes one interval
+//!   apart are needed, so at worst `fall * interval = 600 ms`, about 500 ms on average.
+//! - A backend that refuses or resets the connection (its process died) is out at the first
+//!   probe that sees it, whatever `fall` says: at worst one interval.
 //! - A backend that went silent (node powered off, black-holed packets): each failing probe
 //!   lasts the whole timeout, so at worst `fall * interval + timeout = 800 ms`.
 //! - Both leave room inside the 1 s budget for the Maglev table swap (tens of ms).

@@ -331,6 +331,11 @@ impl HttpsLab {
     /// Start haproxy in the LB node as a TCP proxy on [`HAPROXY_PORT`] to every backend's
     /// HTTPS port, with the check settings of OpenShift's haproxy static pod.
     pub fn start_haproxy(&mut self) {
+        self.start_haproxy_with("check check-ssl verify none inter 5s fall 3 rise 1")
+    }
+
+    /// As [`HttpsLab::start_haproxy`], with these `server` options.
+    pub fn start_haproxy_with(&mut self, server_opts: &str) {
         let mut c = String::from(
             "global\n  maxconn 4096\n\ndefaults\n  mode tcp\n  timeout connect 5s\n  \
              timeout client 30m\n  timeout server 30m\n  timeout check 10s\n\n",
@@ -341,9 +346,7 @@ impl HttpsLab {
             self.addr("lb")
         );
         for (n, a, _) in &self.backends {
-            c += &format!(
-                "  server {n} {a}:{HTTPS_PORT} check check-ssl verify none inter 5s fall 3 rise 1\n"
-            );
+            c += &format!("  server {n} {a}:{HTTPS_PORT} {server_opts}\n");
         }
         let path = self.lab.dir.join("haproxy.cfg");
         std::fs::write(&path, c).unwrap();
