@@ -72,6 +72,18 @@ pub fn run() {
     std::thread::sleep(Duration::from_millis(AFTER_MS as u64 + 500));
     l.lab.stop("s-lbd", libc::SIGTERM);
     l.lab.stop("s-hp", libc::SIGTERM);
+    // lbd's failed checks per backend over the run: on a loaded machine a 200 ms check times
+    // out now and then, and three in a row take a backend out (and restart b1's climb).
+    let failed_checks: std::collections::BTreeMap<String, u64> = ["b1", "b2", "b3"]
+        .iter()
+        .map(|n| {
+            let failed = l
+                .rows(n)
+                .and_then(|r| r[0]["check"]["checks_failed"].as_u64())
+                .unwrap_or(0);
+            (n.to_string(), failed)
+        })
+        .collect();
     let (lbd, hp) = (l.samples("s-lbd"), l.samples("s-hp"));
     let (lb_b, hp_b) = (buckets(&lbd, back_at), buckets(&hp, back_at));
     println!(
@@ -92,6 +104,7 @@ pub fn run() {
     }
     let (lf, hf) = (first_after(&lbd, back_at), first_after(&hp, back_at));
     println!("first new connection to b1 after its return: lbd {lf:?} ms, haproxy {hf:?} ms");
+    println!("lbd's failed checks over the run (b1's 15 s unready included): {failed_checks:?}");
     let errors = |s: &[Sample]| s.iter().filter(|x| x.result.is_err()).count();
     println!(
         "failed requests: lbd {}, haproxy {}; total {:.0} s",
@@ -118,6 +131,7 @@ pub fn run() {
             "lbd_first_ms": lf.map(|v| v as u64),
             "haproxy_first_ms": hf.map(|v| v as u64),
             "lbd_failed": errors(&lbd),
+            "lbd_failed_checks": failed_checks,
             "haproxy_failed": errors(&hp),
         }),
     );
