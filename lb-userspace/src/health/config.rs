@@ -150,8 +150,9 @@ pub struct HealthConfig {
     /// Status codes that mean healthy (`http`, `https`).
     pub expect_status: StatusRange,
     /// Slow start: a backend that returns (or first passes its checks after lbd has seen it
-    /// fail) takes new flows gradually over this period, in [`SLOW_START_STEPS`] steps of its
-    /// Maglev weight; 0: at once. Established flows stay where they are (connection table).
+    /// fail; not one that passes its first check, which was serving already) takes new flows
+    /// gradually over this period, in [`SLOW_START_STEPS`] steps of its Maglev weight; 0: at
+    /// once. Established flows stay where they are (connection table).
     pub slow_start_ms: u64,
     /// Fail-open: when every backend of the service fails its checks at once by being slow or
     /// answering wrong (not by refusing or resetting connections), new flows keep going to
