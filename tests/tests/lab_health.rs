@@ -586,9 +586,11 @@ fn a_returning_backend_slow_starts_and_its_steps_keep_connections() {
         .to_string();
     println!("b1 back: {reason}");
     assert!(reason.starts_with("slow start:"), "{reason}");
-    // Long-lived connections opened while the table climbs, held past its last step.
-    start_hold(&mut l, "hold", 40, 15);
-    std::thread::sleep(Duration::from_millis(15_000));
+    // Long-lived connections opened while the table climbs (a third of the way up, so some land
+    // on b1), held past its last step.
+    std::thread::sleep(Duration::from_millis(4000));
+    start_hold(&mut l, "hold", 60, 11);
+    std::thread::sleep(Duration::from_millis(11_000));
     l.lab.stop("stream", libc::SIGTERM);
     let samples = l.samples("stream");
     let early = share(&samples, "b1", back_at, back_at + 2000);

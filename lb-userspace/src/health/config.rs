@@ -310,12 +310,17 @@ mod tests {
             rise = 1
             fall = 2
             expect_status = "200"
+            slow_start_ms = 60000
+            fail_open = false
+            absent_when_refused = true
             "#,
         )
         .unwrap();
         assert_eq!(c.kind, CheckKind::Http);
         assert_eq!(c.port, Some(1936));
         assert_eq!(c.expect_status, StatusRange::new(200, 200));
+        assert_eq!(c.slow_start_ms, 60_000);
+        assert!(!c.fail_open && c.absent_when_refused);
         let back = parse(&toml::to_string(&c).unwrap()).unwrap();
         assert_eq!(back, c);
     }
@@ -379,6 +384,13 @@ mod tests {
                     ..base.clone()
                 },
                 "vips[1].health.port:",
+            ),
+            (
+                HealthConfig {
+                    slow_start_ms: 3_600_001,
+                    ..base.clone()
+                },
+                "vips[1].health.slow_start_ms:",
             ),
             (
                 HealthConfig {
