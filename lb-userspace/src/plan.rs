@@ -98,6 +98,22 @@ pub fn slow_start_step(elapsed: Duration, period: Duration) -> u32 {
 
 pub use crate::health::config::SLOW_START_STEPS;
 
+/// A backend out for less than this is back at full weight at once: a blip (a few slow checks
+/// on a loaded node) is not the restart slow start is for (a rebooted apiserver is out for
+/// minutes), and each climb is a stretch in which this node's table differs from the peers'.
+pub const SLOW_START_MIN_OUTAGE: Duration = Duration::from_secs(10);
+
+/// When a backend that passes at `now` starts its slow start: after it was down (`was_down`;
+/// not a first result, lbd starting: it was serving, and the peers give it its full weight),
+/// unless it went down less than [`SLOW_START_MIN_OUTAGE`] ago after having been up (`old`,
+/// its fact until now). A backend never seen up climbs: it is ready for the first time.
+pub fn slow_start_from(was_down: bool, old: Option<&HealthFact>, now: Instant) -> Option<Instant> {
+    let blip = old
+        .and_then(|h| h.down_since)
+        .is_some_and(|t| now.saturating_duration_since(t) < SLOW_START_MIN_OUTAGE);
+    (was_down && !blip).then_some(now)
+}
+
 /// Whether a failing backend still keeps its established flows at `now`.
 pub fn flows_held(h: &HealthFact, now: Option<Instant>) -> bool {
     !h.healthy && h.hold_until.is_some_and(|t| now.is_none_or(|n| n < t))
@@ -964,6 +980,27 @@ address = "10.0.0.1"
             rows[0].reason.contains("nothing serves here"),
             "{}",
             rows[0].reason
+        );
+    }
+
+    #[test]
+    fn slow_start_follows_a_real_outage_not_a_blip_nor_lbd_starting() {
+        let t0 = Instant::now();
+        let secs = Duration::from_secs;
+        let down_at = |t| HealthFact::failed("timeout".into(), t, Duration::ZERO);
+        // lbd starting: the first result is up.
+        assert_eq!(slow_start_from(false, None, t0), None);
+        // Never seen up, ready now: it climbs.
+        let never = HealthFact::default();
+        assert_eq!(slow_start_from(true, Some(&never), t0), Some(t0));
+        // Out for 3 s: a blip, full weight at once; out for a minute: it climbs.
+        assert_eq!(
+            slow_start_from(true, Some(&down_at(t0)), t0 + secs(3)),
+            None
+        );
+        assert_eq!(
+            slow_start_from(true, Some(&down_at(t0)), t0 + secs(60)),
+            Some(t0 + secs(60))
         );
     }
 

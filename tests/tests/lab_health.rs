@@ -572,7 +572,8 @@ fn a_returning_backend_slow_starts_and_its_steps_keep_connections() {
     );
     let vip_target = format!("{VIP}:{HTTPS_PORT}");
     l.start_stream("stream", &vip_target, 2, 10);
-    std::thread::sleep(Duration::from_millis(500));
+    // Out long enough to be a restart, not a blip (`plan::SLOW_START_MIN_OUTAGE`).
+    std::thread::sleep(Duration::from_millis(10_500));
 
     l.set_ready("b1", true);
     assert!(

@@ -463,13 +463,11 @@ impl Owner {
         let hard = e.failure.is_hard();
         let refused = e.failure == FailureClass::Refused;
         let fact = match self.facts.health.get(&pair) {
-            // Back, or ready for the first time after failing: slow start runs from now. Not
-            // a first result (lbd starting): that backend was serving, and the peers give it
-            // its full weight.
-            _ if e.healthy => HealthFact {
+            // Back, or ready for the first time after failing: slow start (see `plan`).
+            old if e.healthy => HealthFact {
                 healthy: true,
                 reason: e.reason.clone(),
-                up_since: (e.previous == Health::Down).then_some(now),
+                up_since: plan::slow_start_from(e.previous == Health::Down, old, now),
                 ..Default::default()
             },
             // Already failing (e.g. taken out by fate sharing): its hold runs on; the kind of
