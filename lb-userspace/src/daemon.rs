@@ -114,7 +114,7 @@ pub(crate) fn initial_health(
                 HealthFact {
                     healthy,
                     reason: reason.into(),
-                    hold_until: None,
+                    ..Default::default()
                 },
             );
         }

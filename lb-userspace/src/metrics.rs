@@ -234,6 +234,13 @@ pub fn render(
     );
     gauge_family(
         r,
+        "vip_fail_open",
+        "1 while every backend of the VIP service fails its checks by being slow or answering wrong and new flows go to them anyway (fail-open).",
+        None,
+        vips.iter().map(|v| (vip_labels(v), v.fail_open as i64)),
+    );
+    gauge_family(
+        r,
         "vip_backends",
         "Backends of the VIP service, in any state.",
         None,
@@ -284,6 +291,13 @@ pub fn render(
         "1 if the backend's last health verdict is up (or it is not checked).",
         None,
         backends.iter().map(|b| (be_labels(b), b.healthy as i64)),
+    );
+    gauge_family(
+        r,
+        "backend_expected",
+        "1 if the backend is expected to serve; 0 while its check finds nothing listening on a VIP with absent_when_refused (an ingress node without a router).",
+        None,
+        backends.iter().map(|b| (be_labels(b), b.expected as i64)),
     );
     gauge_family(
         r,
@@ -612,6 +626,7 @@ mod tests {
             vrrp: Some("api".into()),
             backends_active: 1,
             backends_total: 2,
+            fail_open: false,
             packets: 10,
             bytes: 1500,
             new_flows: 3,
@@ -629,6 +644,7 @@ mod tests {
             local: false,
             healthy,
             drained: false,
+            expected: true,
             packets: 7,
             bytes: 700,
             new_flows: 2,

@@ -12,8 +12,11 @@
 //!   active backend, +5 while the local kube-apiserver is ready, +3 while the local
 //!   machine-config server accepts connections (when 22623 is served).
 //! - `worker`: the ingress VIP (80 and 443), backends are the nodes that run routers (workers;
-//!   on a compact cluster, the control-plane nodes that are also workers), priority 20, +50
-//!   while the local router's /healthz on 1936 answers.
+//!   on a compact cluster, the control-plane nodes that are also workers), checked on the
+//!   router's readiness (`/healthz/ready` on 1936; a node without a router is absent),
+//!   priority 20, +50 while the local router is ready.
+//! - IngressController shards (`[[ingress_shards]]`): a VIP each, on the nodes they select
+//!   ([`shards`]). The checks and their timing beside OpenShift's: [`checks`].
 //!
 //! A node with both roles (compact three-node clusters) gets one config with both VIPs and
 //! both VRRP instances: one lbd, one XDP attach, one API socket.
@@ -22,9 +25,13 @@
 //! description (`nodes[2].address: ...`) or, for a rendered node, the node and the field of its
 //! config, in the same `field: reason` form as lbd's own config errors.
 
+mod checks;
 mod manifests;
+mod shards;
 
+pub use checks::{api_health, router_health};
 pub use manifests::{machine_config, node_disruption_policy};
+pub use shards::IngressShard;
 
 use std::{collections::HashSet, net::IpAddr, path::PathBuf};
 
@@ -101,6 +108,10 @@ pub struct ClusterSpec {
     /// `vrrp_sync_group`, see [`crate::vrrp::group`]).
     #[serde(default)]
     pub platform: Platform,
+    /// IngressController shards, each with its own VIPs, ports, router stats port and node
+    /// selection, rendered beside the default ingress VIP (see [`shards`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ingress_shards: Vec<IngressShard>,
     pub nodes: Vec<NodeSpec>,
 }
 
@@ -141,6 +152,10 @@ pub struct NodeSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub secondary_address: Option<IpAddr>,
     pub roles: Vec<Role>,
+    /// The Node object's labels that IngressController shards select on
+    /// (`ingress_shards[].node_selector`).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub labels: std::collections::BTreeMap<String, String>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -410,7 +425,7 @@ impl ClusterSpec {
                 "ingress VIPs are set but no node has the worker role (routers)",
             ));
         }
-        Ok(())
+        self.validate_shards()
     }
 
     /// `(api, ingress)` VRIDs: OpenShift's, from the cluster name, unless overridden. Every
@@ -588,6 +603,7 @@ impl ClusterSpec {
                 t.address = Some(std::net::SocketAddr::new(loopback(vip), port));
                 t.health.kind = kind;
                 t.health.path = path.into();
+                (t.health.rise, t.health.fall) = checks::track_counts(script);
             }
             t
         };
@@ -603,12 +619,7 @@ impl ClusterSpec {
                     protocol: crate::config::Protocol::Tcp,
                     owned: None,
                     vrrp: Some(name.clone()),
-                    health: HealthConfig {
-                        kind: CheckKind::Https,
-                        path: "/readyz".into(),
-                        port: Some(6443),
-                        ..HealthConfig::default()
-                    },
+                    health: api_health(),
                     backends: group
                         .iter()
                         .filter_map(|n| node_address(n, vip.is_ipv4()))
@@ -662,12 +673,7 @@ impl ClusterSpec {
                 protocol: crate::config::Protocol::Tcp,
                 owned: None,
                 vrrp: Some(name.clone()),
-                health: HealthConfig {
-                    kind: CheckKind::Http,
-                    path: "/healthz".into(),
-                    port: Some(ROUTER_STATS_PORT),
-                    ..HealthConfig::default()
-                },
+                health: router_health(ROUTER_STATS_PORT),
                 backends: routers
                     .iter()
                     .filter_map(|n| node_address(n, vip.is_ipv4()))
@@ -714,6 +720,7 @@ impl ClusterSpec {
         if self.platform == Platform::Openstack {
             group_roles(&mut cfg.vrrp);
         }
+        self.render_shards(me, &mut cfg);
         cfg
     }
 }
@@ -722,8 +729,13 @@ impl ClusterSpec {
 /// [`Platform::Openstack`]); the first VIP's instance leads.
 fn group_roles(vrrp: &mut [InstanceConfig]) {
     for role in ["api", "ingress"] {
-        let of_role =
-            |r: &InstanceConfig| r.name == role || r.name.starts_with(&format!("{role}-"));
+        // `ingress-1`, not a shard's `ingress-<shard>` (grouped by its own rule).
+        let of_role = |r: &InstanceConfig| {
+            r.name == role
+                || r.name
+                    .strip_prefix(&format!("{role}-"))
+                    .is_some_and(|i| i.parse::<usize>().is_ok())
+        };
         if vrrp.iter().filter(|r| of_role(r)).count() > 1 {
             for r in vrrp.iter_mut().filter(|r| of_role(r)) {
                 r.group = Some(role.to_string());

@@ -99,6 +99,7 @@ pub fn backend(addr: &str, n: u8) -> BackendSpec {
         drained: false,
         failing: false,
         encap: None,
+        step: lb_userspace::plan::SLOW_START_STEPS,
     }
 }
 

@@ -59,7 +59,7 @@ enum Cmd {
     Kernels,
     /// Setup, build (release), and run benchmarks; JSON under target/bench/.
     Bench {
-        /// micro | throughput | table | failover | detect | e2e | insns | scale | chaos | sock | migrate | all
+        /// micro | throughput | table | failover | detect | slowstart | e2e | insns | scale | chaos | sock | migrate | all
         #[arg(default_value = "micro")]
         part: String,
     },

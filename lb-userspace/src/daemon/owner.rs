@@ -24,7 +24,7 @@ use crate::{
     api::{Request, Response},
     config::Config,
     dataplane::Dataplane,
-    health::{Health, HealthEvent, HealthMonitor},
+    health::{FailureClass, Health, HealthEvent, HealthMonitor},
     netlink::{self, Netlink},
     plan::{self, BackendPlan, Facts, HealthFact},
 };
@@ -300,6 +300,12 @@ impl Owner {
 
     fn on_tick(&mut self) {
         self.shared.tick();
+        // Slow start climbs with time alone: the next step, if one is due.
+        if self.rows.iter().any(|r| r.ramping())
+            && let Err(e) = self.apply()
+        {
+            tracing::error!(error = %format!("{e:#}"), "applying a slow-start step");
+        }
         self.sync_view();
         self.start_gather();
         self.check_vrrp_tasks();
@@ -409,6 +415,7 @@ impl Owner {
         self.in_sync = false;
         self.dp.apply(&desired).context("apply to the data plane")?;
         self.in_sync = true;
+        log_fail_open(&self.rows, &rows);
         self.rows = rows;
         Ok(())
     }
@@ -460,25 +467,37 @@ impl Owner {
         tracing::info!(vip, backend = %addr, healthy = e.healthy, reason = %e.reason, "backend health changed");
         let pair = (vip.to_string(), addr);
         let hold = Duration::from_millis(self.cfg.failed_backend_hold_ms);
+        let now = Instant::now();
+        let hard = e.failure.is_hard();
+        let refused = e.failure == FailureClass::Refused;
         let fact = match self.facts.health.get(&pair) {
-            _ if e.healthy => HealthFact {
+            // Back, or ready for the first time after failing: slow start (see `plan`).
+            old if e.healthy => HealthFact {
                 healthy: true,
                 reason: e.reason.clone(),
-                hold_until: None,
+                up_since: plan::slow_start_from(e.previous == Health::Down, old, now),
+                ..Default::default()
             },
-            // Already failing (e.g. taken out by fate sharing): its hold runs on.
+            // Already failing (e.g. taken out by fate sharing): its hold runs on; the kind of
+            // failure may have changed (slow, then refused).
             Some(old) if !old.healthy => HealthFact {
                 reason: e.reason.clone(),
+                hard,
+                refused,
                 ..old.clone()
             },
             // Up until now: it may hold established flows.
-            Some(_) if e.previous == Health::Up => {
-                HealthFact::failed(e.reason.clone(), Instant::now(), hold)
-            }
+            Some(_) if e.previous == Health::Up => HealthFact {
+                hard,
+                refused,
+                ..HealthFact::failed(e.reason.clone(), now, hold)
+            },
             _ => HealthFact {
                 healthy: false,
                 reason: e.reason.clone(),
-                hold_until: None,
+                hard,
+                refused,
+                ..Default::default()
             },
         };
         self.facts.health.insert(pair, fact);
@@ -506,5 +525,19 @@ impl Owner {
             self.facts.drained.remove(&pair);
         }
         self.apply()
+    }
+}
+
+/// Say when a VIP starts or stops serving by fail-open (see `plan::fail_open`).
+fn log_fail_open(before: &[BackendPlan], after: &[BackendPlan]) {
+    let (was, is) = (plan::failing_open(before), plan::failing_open(after));
+    for vip in is.iter().filter(|v| !was.contains(v)) {
+        tracing::warn!(
+            vip,
+            "fail-open: every backend fails its checks by being slow or answering wrong; new flows still go to them until one passes"
+        );
+    }
+    for vip in was.iter().filter(|v| !is.contains(v)) {
+        tracing::info!(vip, "fail-open over");
     }
 }

@@ -360,6 +360,7 @@ impl Dataplane {
                         healthy: in_set,
                         drained: b.flags & lb_common::BACKEND_F_DRAINED != 0,
                         failing: false,
+                        step: crate::plan::SLOW_START_STEPS,
                         encap: (b.flags & lb_common::BACKEND_F_ENCAP != 0).then(|| Encap {
                             src: key_addr(&b.encap_src, b.family),
                             mtu: b.encap_mtu,
@@ -705,9 +706,11 @@ impl Dataplane {
             };
             // Backends that take no new flows keep their slots (flagged): see BACKEND_F_NO_NEW.
             if b.in_set() && b.weight > 0 {
+                // Slow start: weight steps (see `BackendSpec::step`). Every step rebuilds the
+                // tables; the connection table keeps each flow where it started.
                 let e = maglev::Entry {
                     addr: b.addr,
-                    weight: b.weight,
+                    weight: b.weight * b.step.clamp(1, crate::plan::SLOW_START_STEPS),
                     id: installed.id,
                 };
                 if b.in_table() {
