@@ -333,7 +333,13 @@ impl Config {
             path: path.to_owned(),
             error,
         })?;
-        let cfg = Self::parse(&text)?;
+        Self::from_file_text(&text)
+    }
+
+    /// A config file's text as [`Config::load`] takes it: parsed, validated and checked
+    /// against this host (for a caller that has read the file already, once).
+    pub fn from_file_text(text: &str) -> Result<Config, ConfigError> {
+        let cfg = Self::parse(text)?;
         // Without the host's addresses (no /proc?), the parse-time checks are all there is.
         if let Ok(host) = crate::vrrp::io::host_addresses() {
             cfg.check_host(&host)?;

@@ -357,9 +357,11 @@ impl Owner {
                 }
             }
             Msg::ConfigChanged => {
-                let now = std::fs::read(&self.config_path).ok();
-                if crate::config_watch::reload_due(&self.config_bytes, &now) {
-                    let _ = self.reload().await;
+                // One read: what is compared is what is reloaded.
+                let read = std::fs::read(&self.config_path);
+                if crate::config_watch::reload_due(&self.config_bytes, &read.as_ref().ok().cloned())
+                {
+                    let _ = self.reload_bytes(read).await;
                 }
             }
         }
