@@ -508,7 +508,24 @@ impl ClusterSpec {
                 .filter_map(|p| node_address(p, v4))
                 .collect(),
             check_unicast_src: true,
-            unicast_peer_ttl: Vec::new(),
+            // Every node runs lbd (not the migration profile), and lbd sends every advert with
+            // hop limit 255: IPv6 unicast adverts from fewer hops away than on-link are
+            // refused, so an off-link host that spoofs a peer's address cannot move the VIP.
+            // (keepalived sends IPv6 unicast with hop limit 64: no bounds while it may run.)
+            unicast_peer_ttl: if v4 || migrating {
+                Vec::new()
+            } else {
+                group
+                    .iter()
+                    .filter(|p| p.name != me.name)
+                    .filter_map(|p| node_address(p, v4))
+                    .map(|address| crate::vrrp::config::PeerTtl {
+                        address,
+                        min_ttl: 255,
+                        max_ttl: 255,
+                    })
+                    .collect()
+            },
             garp_master_delay_s: 5,
             v2_compat: migrating && v4,
             vips: vec![vip],
@@ -1355,6 +1372,26 @@ roles = ["worker"]
             (3, false, Some(1000))
         );
         assert_eq!(r.auth_pass, None);
+        // Every node runs lbd: IPv6 unicast adverts only from on-link (hop limit 255), every
+        // peer; while keepalived may run (it sends 64), no bounds.
+        for r in &out[0].config.vrrp {
+            assert!(!r.unicast_peers.is_empty());
+            let bounded: Vec<(IpAddr, u8, u8)> = r
+                .unicast_peer_ttl
+                .iter()
+                .map(|t| (t.address, t.min_ttl, t.max_ttl))
+                .collect();
+            let want: Vec<(IpAddr, u8, u8)> =
+                r.unicast_peers.iter().map(|a| (*a, 255, 255)).collect();
+            assert_eq!(bounded, want, "{}", r.name);
+        }
+        assert!(
+            mig[0]
+                .config
+                .vrrp
+                .iter()
+                .all(|r| r.unicast_peer_ttl.is_empty())
+        );
     }
 
     #[test]

@@ -194,7 +194,7 @@ pub struct TrackConfig {
     /// OpenShift's `chk_ocp_both`.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub or_lb_ready: bool,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "health_table")]
     pub health: HealthConfig,
 }
 
@@ -221,7 +221,7 @@ pub struct VipConfig {
     /// `"bgp"`: announced by every ready node through `[[bgp]]` instead of one owner.
     #[serde(default)]
     pub announce: Announce,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "health_table")]
     pub health: HealthConfig,
     #[serde(default)]
     pub backends: Vec<BackendConfig>,
@@ -282,6 +282,22 @@ fn default_seed() -> u32 {
 fn default_table_size() -> u32 {
     lb_common::DEFAULT_TABLE_SIZE
 }
+/// A `health` table, never an array: serde's reading of a struct also takes a sequence, so
+/// `health = []` would pass as a table of defaults and hide the mistake.
+fn health_table<'de, D: serde::Deserializer<'de>>(d: D) -> Result<HealthConfig, D::Error> {
+    struct Table;
+    impl<'de> serde::de::Visitor<'de> for Table {
+        type Value = HealthConfig;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("a health table (`[vips.health]` or `health = { ... }`)")
+        }
+        fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<HealthConfig, A::Error> {
+            HealthConfig::deserialize(serde::de::value::MapAccessDeserializer::new(map))
+        }
+    }
+    d.deserialize_map(Table)
+}
+
 fn default_conntrack_size() -> u32 {
     lb_common::DEFAULT_CONNTRACK_SIZE
 }
@@ -322,7 +338,13 @@ impl Config {
             path: path.to_owned(),
             error,
         })?;
-        let cfg = Self::parse(&text)?;
+        Self::from_file_text(&text)
+    }
+
+    /// A config file's text as [`Config::load`] takes it: parsed, validated and checked
+    /// against this host (for a caller that has read the file already, once).
+    pub fn from_file_text(text: &str) -> Result<Config, ConfigError> {
+        let cfg = Self::parse(text)?;
         // Without the host's addresses (no /proc?), the parse-time checks are all there is.
         if let Ok(host) = crate::vrrp::io::host_addresses() {
             cfg.check_host(&host)?;
@@ -848,6 +870,26 @@ weight = 2
 
     fn err(text: &str) -> String {
         Config::parse(text).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn a_health_array_is_refused_naming_the_field() {
+        let e = err(&GOOD.replace("owned = true\n", "owned = true\nhealth = []\n"));
+        assert!(e.contains("vips[0].health"), "{e}");
+        assert!(e.contains("health table"), "{e}");
+        // A table (inline or not) still reads, with defaults for what it leaves out.
+        let c = Config::parse(&GOOD.replace(
+            "owned = true\n",
+            "owned = true\nhealth = { kind = \"tcp\" }\n",
+        ))
+        .unwrap();
+        assert_eq!(c.vips[0].health.kind, crate::health::CheckKind::Tcp);
+        assert_eq!(c.vips[0].health.interval_ms, 200);
+        let track = format!(
+            "{GOOD}[[vrrp]]\nname = \"a\"\nvrid = 5\nvips = [\"192.168.111.9\"]\n[[track]]\ninstance = \"a\"\nname = \"t\"\nweight = 10\nhealth = []\n"
+        );
+        let e = err(&track);
+        assert!(e.contains("track[0].health"), "{e}");
     }
 
     #[test]

@@ -4,6 +4,12 @@
 //! handler is short: anything that can block (netlink dumps, vtysh) runs in a task beside the
 //! owner and reports back as a message, with a deadline, so a stuck FRR or kernel call never
 //! delays a stop, a health change or a VIP move.
+//!
+//! API requests (lbctl, `/metrics`, `/readyz`) come on an inbox of their own, bounded
+//! ([`API_QUEUE`]) and served last: any local process can send them as fast as it likes, and
+//! they must never stand between the owner and a health event, a VRRP ownership change, a
+//! neighbour notification or SIGHUP. Under API load a ready event waits for at most the one
+//! API answer being computed; the clients wait for room in the queue.
 
 use std::{
     collections::{HashMap, HashSet},
@@ -56,6 +62,9 @@ pub enum Msg {
     ConfigChanged,
 }
 
+/// API requests queued for the owner at most; more wait in their connection's task.
+pub const API_QUEUE: usize = 16;
+
 /// The main loop ticks every second; this long without a tick means lbd is wedged.
 pub const LIVENESS_STALE: Duration = Duration::from_secs(10);
 
@@ -106,6 +115,9 @@ pub struct Owner {
     pub(super) shared: Arc<Shared>,
     pub(super) tx: mpsc::UnboundedSender<Msg>,
     pub(super) rx: mpsc::UnboundedReceiver<Msg>,
+    /// API requests ([`Msg::Api`], [`Msg::BgpView`], [`Msg::FlowsView`]): served after
+    /// everything else that is ready.
+    pub(super) api_rx: mpsc::Receiver<Msg>,
     /// Held until the process exits: a second lbd with this config refuses to start.
     _lock: InstanceLock,
 }
@@ -168,6 +180,7 @@ impl Owner {
             crate::bgp::drain_marker(&cfg.api_socket).exists(),
         );
         let (tx, rx) = mpsc::unbounded_channel();
+        let (api_tx, api_rx) = mpsc::channel(API_QUEUE);
         let shared = Arc::new(Shared::new());
         let config_bytes = std::fs::read(&config_path).ok();
         let mut owner = Owner {
@@ -203,6 +216,7 @@ impl Owner {
             shared: shared.clone(),
             tx: tx.clone(),
             rx,
+            api_rx,
             _lock: lock,
         };
         // The first facts before anything is announced (start-up may wait for them).
@@ -224,7 +238,7 @@ impl Owner {
                 None
             }
         };
-        Ok((owner, Arc::new(Front::new(tx, shared, trace))))
+        Ok((owner, Arc::new(Front::new(api_tx, shared, trace))))
     }
 
     /// Start the VIP guardian and tell it what to give back.
@@ -250,7 +264,8 @@ impl Owner {
         let mut last_neigh = Instant::now() - Duration::from_secs(1);
         let shared = self.shared.clone();
         loop {
-            // Biased: a stop is seen before any other work that is ready at the same time.
+            // Biased: a stop is seen before any other work that is ready at the same time, and
+            // API requests come after every event (see the module doc).
             tokio::select! {
                 biased;
                 _ = term.recv() => return Ok(None),
@@ -288,6 +303,8 @@ impl Owner {
                 }
                 _ = frr_check.tick() => self.bgp.check(),
                 _ = hup.recv() => { let _ = self.reload().await; }
+                // (Closed only when the front is gone: the branch is then off.)
+                Some(m) = self.api_rx.recv() => self.handle(m).await,
             }
         }
     }
@@ -296,6 +313,8 @@ impl Owner {
     pub(super) fn close_inbox(&mut self) {
         self.rx.close();
         while self.rx.try_recv().is_ok() {}
+        self.api_rx.close();
+        while self.api_rx.try_recv().is_ok() {}
     }
 
     fn on_tick(&mut self) {
@@ -352,9 +371,11 @@ impl Owner {
                 }
             }
             Msg::ConfigChanged => {
-                let now = std::fs::read(&self.config_path).ok();
-                if crate::config_watch::reload_due(&self.config_bytes, &now) {
-                    let _ = self.reload().await;
+                // One read: what is compared is what is reloaded.
+                let read = std::fs::read(&self.config_path);
+                if crate::config_watch::reload_due(&self.config_bytes, &read.as_ref().ok().cloned())
+                {
+                    let _ = self.reload_bytes(read).await;
                 }
             }
         }
