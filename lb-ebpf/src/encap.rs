@@ -14,8 +14,8 @@ use aya_ebpf::{
     programs::XdpContext,
 };
 use lb_common::{
-    BackendInfo, DecapKey, ENCAP_HLEN_V4, ENCAP_HLEN_V6, FAMILY_V4, FAMILY_V6, PROTO_ICMP,
-    PROTO_ICMPV6, PROTO_TCP, PROTO_UDP, decap_stat, stat,
+    BackendInfo, DecapKey, ENCAP_HLEN_V4, ENCAP_HLEN_V6, FAMILY_V4, FAMILY_V6, IPV6_MIN_MTU,
+    PROTO_ICMP, PROTO_ICMPV6, PROTO_TCP, PROTO_UDP, decap_stat, stat,
 };
 
 use crate::{
@@ -98,6 +98,11 @@ pub fn encapsulate(ctx: &XdpContext, b: &BackendInfo, may_answer: bool, dry: boo
         let mtu = u32::from(b.encap_mtu) - outer_hlen;
         return if inner_family == FAMILY_V4 {
             too_big4(ctx, mtu)
+        } else if mtu < IPV6_MIN_MTU {
+            // No IPv6 client lowers its path MTU below 1280 (RFC 8201): any answer would be
+            // a wrong one, and its packets would still not fit. Dropped; user space gives such
+            // a pair no new IPv6 flows (lb-userspace `plan`).
+            (XDP_DROP, stat::ENCAP_TOO_BIG, NONE)
         } else {
             too_big6(ctx, mtu)
         };
@@ -286,7 +291,7 @@ fn too_big6(ctx: &XdpContext, mtu: u32) -> Outcome {
     let icmp = &mut head[ICMP..Q];
     icmp.fill(0);
     icmp[0] = 2; // packet too big
-    icmp[4..8].copy_from_slice(&mtu.max(1280).to_be_bytes());
+    icmp[4..8].copy_from_slice(&mtu.to_be_bytes());
     let (Ok(addrs), Ok(icmph)) = (
         ptr_at::<[u8; 32]>(ctx, ETH_HLEN + 8),
         ptr_at::<[u8; 8 + QUOTE]>(ctx, ICMP),

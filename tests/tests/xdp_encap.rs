@@ -675,3 +675,28 @@ fn only_tcp_udp_and_icmp_are_unwrapped() {
     assert_eq!(decap_count(&d, decap_stat::DECAPSULATED), 5);
     assert_eq!(decap_count(&d, decap_stat::INNER_PROTO), 7);
 }
+
+#[test]
+fn an_ipv6_packet_is_never_told_a_path_mtu_that_its_packets_still_do_not_fit() {
+    // A client never lowers its IPv6 path MTU below 1280 (RFC 8201: a smaller "packet too big"
+    // is discarded or read as 1280). So where a 1280-byte packet does not fit once wrapped (a
+    // 1300-byte IPv6 path takes 1260 inside), telling it 1280 only makes it resend packets that
+    // are dropped again: a black hole dressed as an answer. Such a packet is dropped and
+    // counted, never answered with a wrong MTU (user space takes such a pair out of new IPv6
+    // flows: `plan`).
+    let vip: IpAddr = VIP6.parse().unwrap();
+    let client: IpAddr = CLIENT6.parse().unwrap();
+    let mut t = setup(vip, PROTO_UDP, vec![routed("fd99:4::2", LB6, 1300)]);
+    for size in [1281usize, 1400] {
+        let big = ipv6_frame(v6(client), v6(vip), PROTO_UDP, &udp(5000, 53, size - 48));
+        let (v, _, _) = t.dp.test_run("lb_xdp", &big, 1).unwrap();
+        assert_eq!(v, DROP, "a {size}-byte packet: no PTB the client could use");
+    }
+    assert_eq!(counter(&t, stat::ENCAP_TOO_BIG), 2);
+    // Where 1280 fits (a 1320-byte path), the true value is told, whatever the packet's size.
+    let mut t = setup(vip, PROTO_UDP, vec![routed("fd99:4::2", LB6, 1320)]);
+    let big = ipv6_frame(v6(client), v6(vip), PROTO_UDP, &udp(5000, 53, 1400 - 48));
+    let (v, out, _) = t.dp.test_run("lb_xdp", &big, 1).unwrap();
+    assert_eq!(v, TX);
+    assert_eq!(u32::from_be_bytes(out[58..62].try_into().unwrap()), 1280);
+}
