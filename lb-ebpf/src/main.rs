@@ -378,21 +378,18 @@ fn flooded(cfg: Option<&LbConfig>) -> bool {
     }
 }
 
-/// For a TCP packet without a connection-table entry whose slot's backend takes no new flows:
-/// the backend its SYN chose if that SYN skipped the slot in flood mode (`LB_HANDSHAKES`) and
-/// the pair still stands. The handshake entry stays until a connection-table entry replaces it
-/// (in flood mode none is written, and every packet of the connection comes here).
+/// For a TCP packet without a connection-table entry (or an ICMP error about one): the backend
+/// its SYN chose if that SYN skipped its slot in flood mode (`LB_HANDSHAKES`) and the pair still
+/// stands, whatever the slot's backend takes now. The handshake entry stays until a
+/// connection-table entry replaces it (in flood mode none is written, and every packet of the
+/// connection comes here) or a SYN on the 5-tuple is placed on its slot in flood mode.
 #[inline(always)]
 fn handshake_of(
     track: Track,
     flow: &FlowKey,
-    slot_backend: &BackendInfo,
     vip: &VipInfo,
 ) -> Option<(u32, &'static BackendInfo)> {
-    if !matches!(track, Track::Yes | Track::Closing)
-        || flow.proto != PROTO_TCP
-        || slot_backend.flags & BACKEND_F_NO_NEW == 0
-    {
+    if track == Track::NewConnection || flow.proto != PROTO_TCP {
         return None;
     }
     let v = unsafe { *LB_HANDSHAKES.get_ptr(flow)? };
@@ -578,9 +575,10 @@ fn balance(
             let Some(b) = backend_of(&vip, id) else {
                 return (XDP_DROP, stat::DROP_BAD_BACKEND, ct);
             };
-            // A TCP packet without an entry whose slot takes no new flows: the ACK of a
-            // handshake whose SYN skipped that slot in SYN flood mode follows its SYN.
-            match handshake_of(track, flow, b, &vip) {
+            // A TCP packet without an entry (or an ICMP error about one): a connection whose
+            // SYN skipped its slot in SYN flood mode follows its SYN, whatever the slot's
+            // backend takes by now (a drain that ended, a backend that recovered).
+            match handshake_of(track, flow, &vip) {
                 Some(h) => {
                     handshake = true;
                     explain::steps(rec, explain_step::HANDSHAKE);
@@ -629,18 +627,37 @@ fn balance(
         } else {
             stat::FLOOD_UNTRACKED
         };
-        if skipped && track == Track::NewConnection {
-            let _ = LB_HANDSHAKES.insert(
-                flow,
-                FlowValue {
-                    backend_id: id,
-                    epoch: backend.epoch,
-                },
-                0,
-            );
+        if track == Track::NewConnection {
+            if skipped {
+                let _ = LB_HANDSHAKES.insert(
+                    flow,
+                    FlowValue {
+                        backend_id: id,
+                        epoch: backend.epoch,
+                    },
+                    0,
+                );
+            } else {
+                // A new connection on its slot: an earlier one's handshake entry on this
+                // 5-tuple must not send it elsewhere.
+                let _ = LB_HANDSHAKES.remove(flow);
+            }
         }
     }
-    if remember {
+    if remember && reopen && flood_on() {
+        // A reopened 5-tuple in flood mode: its entry rewritten where it is (the LRU hash's copy
+        // in place, the cache's way), so that it adds no entry to either.
+        explain::steps(rec, explain_step::WOULD_REMEMBER);
+        flows::replace(
+            &slot,
+            flow,
+            found.map_or(flows::Found::Table, |(_, at)| at),
+            FlowValue {
+                backend_id: id,
+                epoch: backend.epoch,
+            },
+        );
+    } else if remember {
         explain::steps(rec, explain_step::WOULD_REMEMBER);
         let value = FlowValue {
             backend_id: id,

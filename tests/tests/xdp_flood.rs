@@ -652,3 +652,66 @@ fn a_port_reused_after_the_clients_close_on_a_pair_taking_new_flows_is_placed_af
         }
     }
 }
+
+#[test]
+fn a_connection_placed_by_a_skip_in_flood_mode_keeps_its_backend_through_undrain_and_recovery() {
+    // In flood mode a SYN on a slot whose backend takes no new flows (11 drained, or 13 failing
+    // in its hold) goes elsewhere and writes no connection-table entry. When the drain ends or
+    // the backend recovers, during the flood or after it, the connection's later segments and
+    // the ICMP errors about it still go where its SYN went (its slot's backend would reset it).
+    let client = [10, 67, 9, 9];
+    let mut probe = TestDataplane::new(251);
+    probe.dp.apply(&desired(false)).unwrap();
+    let slot_of: Vec<(u16, u8)> = (39000..39400u16)
+        .map(|p| (p, backend_of(&mut probe, &frame(client, p, ACK))))
+        .collect();
+    drop(probe);
+    for out in [0usize, 2] {
+        let victim = [11u8, 12, 13][out];
+        let on_victim: Vec<u16> = slot_of
+            .iter()
+            .filter(|(_, b)| *b == victim)
+            .map(|(p, _)| *p)
+            .collect();
+        assert!(on_victim.len() > 40);
+        let mut t = no_flood_yet();
+        let mut d = desired(false);
+        if out == 0 {
+            d.services[0].backends[0].drained = true;
+        } else {
+            d.services[0].backends[2].failing = true;
+        }
+        t.dp.apply(&d).unwrap();
+        flood_mode_on(&mut t);
+        let placed: Vec<(u16, u8)> = on_victim
+            .iter()
+            .map(|p| (*p, backend_of(&mut t, &frame(client, *p, SYN))))
+            .collect();
+        assert!(placed.iter().all(|(_, b)| *b != victim));
+        // The drain ends (the backend recovers) while the flood goes on.
+        t.dp.apply(&desired(false)).unwrap();
+        assert!(t.dp.flood_status().unwrap().active, "flood mode is on");
+        for (p, b) in &placed {
+            assert_eq!(
+                backend_of(&mut t, &frame(client, *p, ACK)),
+                *b,
+                "backend {victim} back: port {p} left its SYN's backend"
+            );
+            let too_big = icmp4_frag_needed([10, 67, 0, 254], VIP, client, 6443, *p);
+            assert_eq!(
+                backend_of(&mut t, &too_big),
+                *b,
+                "backend {victim} back: an ICMP error about port {p} went elsewhere"
+            );
+        }
+        // And after the flood.
+        std::thread::sleep(std::time::Duration::from_millis(
+            lb_common::FLOOD_HOLD_NS / 1_000_000 + 300,
+        ));
+        assert!(!t.dp.flood_status().unwrap().active, "flood mode is over");
+        for (p, b) in &placed {
+            assert_eq!(backend_of(&mut t, &frame(client, *p, ACK)), *b);
+            assert_eq!(backend_of(&mut t, &frame(client, *p, ACK)), *b);
+        }
+    }
+}
