@@ -715,3 +715,43 @@ fn a_connection_placed_by_a_skip_in_flood_mode_keeps_its_backend_through_undrain
         }
     }
 }
+
+#[test]
+fn a_reopen_in_flood_mode_adds_no_connection_table_entry() {
+    // A reopened 5-tuple is written in flood mode too (its handshake must follow it), but in
+    // place: a closed entry found only in the flow cache (aged out of the LRU hash) must not
+    // come back as an insert, which would push an established flow out.
+    use aya::maps::{HashMap as BpfHashMap, Map, MapData};
+    use lb_common::{FlowKey, FlowValue};
+    let mut t = no_flood_yet();
+    let client = [10, 67, 6, 9];
+    let off = flows_off_their_slot(&mut t, client, 40000..40300);
+    flood_mode_on(&mut t);
+    let mut lru: BpfHashMap<MapData, FlowKey, FlowValue> = BpfHashMap::try_from(Map::LruHashMap(
+        MapData::from_pin(t.opts.pin_dir().join(lb_common::maps::CONNTRACK)).unwrap(),
+    ))
+    .unwrap();
+    let keys: Vec<FlowKey> = lru
+        .keys()
+        .map(|k| k.unwrap())
+        .filter(|k| k.src == [10, 67, 6, 9, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0])
+        .collect();
+    assert_eq!(keys.len(), off.len());
+    for (sport, b) in &off {
+        assert_eq!(backend_of(&mut t, &frame(client, *sport, RST)), *b);
+    }
+    // Their LRU copies age out; the cache still holds them (closed).
+    for k in &keys {
+        lru.remove(k).unwrap();
+    }
+    let before = t.dp.conntrack_entries();
+    for (sport, _) in &off {
+        assert_eq!(backend_of(&mut t, &frame(client, *sport, SYN)), 11);
+        assert_eq!(backend_of(&mut t, &frame(client, *sport, ACK)), 11);
+    }
+    assert_eq!(
+        t.dp.conntrack_entries(),
+        before,
+        "reopens in flood mode added connection-table entries"
+    );
+}
