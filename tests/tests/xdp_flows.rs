@@ -902,9 +902,10 @@ fn pin_array64(path: &std::path::Path, entries: u32) {
 fn an_upgrade_writes_the_earlier_flow_cache_back_to_the_connection_table() {
     // An lbd of the earlier version kept a flow only in its flow cache (`LB_FLOW_CACHE_V2`:
     // one 64-byte entry per slot, the key's words, the value, the check word): the flow's LRU
-    // entry had aged out. The new version starts on the same pins: the entry goes into the
-    // connection table before the old pin is removed, and the flow keeps its backend after
-    // Maglev moved. A forged or torn old entry (its check word wrong) is not taken.
+    // entry had aged out. The new version starts on the same pins: once its program forwards
+    // (the old one may write the old cache until then), the entries go into the connection
+    // table before the old pin is removed, and the flow keeps its backend after Maglev moved.
+    // A forged or torn old entry (its check word wrong) is not taken.
     let vip = IpAddr::from(VIP4);
     let client = IpAddr::from([10, 68, 8, 8]);
     let mut t = TestDataplane::new(251);
@@ -942,9 +943,23 @@ fn an_upgrade_writes_the_earlier_flow_cache_back_to_the_connection_table() {
         old.set(i as u32, entry, 0).unwrap();
         flows.push((k, sport, b, v, torn));
     }
-    drop(old);
     drop(m);
+    // The new lbd loads: the old program still forwards (until the new one replaces it behind
+    // the link) and still writes its cache, so the cache is not retired yet.
+    let i = 38u32;
+    assert!(!flows[i as usize].4, "not a torn one");
+    let mut hidden = old.get(&i, 0).unwrap();
+    old.set(i, [0u64; 8], 0).unwrap();
     t.restart(251, t.opts.hash_seed);
+    assert!(
+        old_pin.exists(),
+        "kept while the old program may still write it"
+    );
+    // The old program's last decision, written after the new lbd loaded.
+    old.set(i, std::mem::take(&mut hidden), 0).unwrap();
+    drop(old);
+    // The attach (what `Dataplane::attach` runs once the new program forwards).
+    t.dp.retire_earlier_cache().unwrap();
     assert!(!old_pin.exists(), "the earlier cache's pin is removed");
     let m = Maps::open(&t);
     for (k, _, _, v, torn) in &flows {
