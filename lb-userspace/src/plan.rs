@@ -8,6 +8,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+use lb_common::IPV6_MIN_MTU;
 use serde::Serialize;
 
 use crate::{
@@ -259,6 +260,15 @@ pub fn fate_shared(cfg: &Config, dead: IpAddr) -> Vec<(String, IpAddr)> {
         .collect()
 }
 
+/// The outer header lb_xdp puts in front of a packet for a routed backend at `addr`.
+fn encap_hlen(addr: IpAddr) -> u32 {
+    if addr.is_ipv4() {
+        lb_common::ENCAP_HLEN_V4
+    } else {
+        lb_common::ENCAP_HLEN_V6
+    }
+}
+
 pub fn plan(cfg: &Config, facts: &Facts) -> (Desired, Vec<BackendPlan>) {
     let mut rows = Vec::new();
     let mut specs_per_vip: Vec<Vec<BackendSpec>> = Vec::new();
@@ -290,6 +300,13 @@ pub fn plan(cfg: &Config, facts: &Facts) -> (Desired, Vec<BackendPlan>) {
             let held = health.is_some_and(|h| flows_held(h, facts.now));
             let healthy = health.map(|h| h.healthy).unwrap_or(true) || held;
             let drained = facts.drained.contains(&pair);
+            // An IPv6 VIP's client never lowers its path MTU below 1280: a routed path that
+            // cannot carry 1280 bytes once wrapped would black-hole its larger packets (the
+            // data plane drops them, with no "packet too big" the client could use). Such a
+            // pair takes no new flows; its established ones stay.
+            let narrow = v.address.is_ipv6()
+                && encap.is_some_and(|e| u32::from(e.mtu) < IPV6_MIN_MTU + encap_hlen(b.address));
+            let drained = drained || narrow;
             let absent =
                 !healthy && v.health.absent_when_refused && health.is_some_and(|h| h.refused);
             let step = match (health.and_then(|h| h.up_since), facts.now) {
@@ -354,6 +371,15 @@ pub fn plan(cfg: &Config, facts: &Facts) -> (Desired, Vec<BackendPlan>) {
                     } else {
                         "no MAC in the neighbour table yet".to_string()
                     },
+                )
+            } else if narrow {
+                (
+                    BackendState::Drained,
+                    format!(
+                        "its path MTU {} cannot carry a 1280-byte IPv6 packet wrapped (needs {}): no new flows",
+                        encap.map_or(0, |e| e.mtu),
+                        IPV6_MIN_MTU + encap_hlen(b.address)
+                    ),
                 )
             } else if drained {
                 (BackendState::Drained, "drained by operator".to_string())
@@ -662,6 +688,62 @@ address = "10.0.0.3"
         let (want, rows) = plan(&cfg, &f);
         assert!(!want.services[0].backends[0].in_set());
         assert!(rows[0].reason.contains("source"), "{}", rows[0].reason);
+    }
+
+    #[test]
+    fn a_routed_path_too_narrow_for_1280_bytes_wrapped_takes_no_new_ipv6_flows() {
+        // Paths that carry less than 1280 bytes once wrapped: fine for an IPv4 VIP (any
+        // packet can be told the path's true MTU), not for an IPv6 one (no client goes below
+        // 1280, so its larger packets would never get through).
+        let cfg = Config::parse(
+            r#"
+interface = "eth0"
+[[vips]]
+name = "v4"
+address = "10.0.0.100"
+owned = true
+ports = [443]
+[[vips.backends]]
+address = "10.9.0.1"
+encap = "ipip"
+[[vips]]
+name = "v6"
+address = "fd00::100"
+owned = true
+ports = [443]
+[[vips.backends]]
+address = "fd09::1"
+encap = "ipip"
+"#,
+        )
+        .unwrap();
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        let mut f = Facts::default();
+        f.macs.insert(ip("10.0.0.254"), [2, 0, 0, 0, 0, 0xfe]);
+        f.macs.insert(ip("fd00::fe"), [2, 0, 0, 0, 0, 0xfe]);
+        let path = |hop: &str, src: &str, mtu| crate::netlink::RoutePath {
+            next_hop: ip(hop),
+            oif: 2,
+            src: Some(ip(src)),
+            mtu,
+        };
+        f.paths
+            .insert(ip("10.9.0.1"), path("10.0.0.254", "10.0.0.10", 1200));
+        f.paths
+            .insert(ip("fd09::1"), path("fd00::fe", "fd00::10", 1319));
+        let (want, rows) = plan(&cfg, &f);
+        assert!(want.services[0].backends[0].in_table(), "IPv4 VIP");
+        assert_eq!(rows[0].state, BackendState::Active);
+        let v6 = &want.services[1].backends[0];
+        assert!(v6.in_set() && !v6.in_table(), "established flows only");
+        assert_eq!(rows[1].state, BackendState::Drained);
+        assert!(rows[1].reason.contains("1319"), "{}", rows[1].reason);
+        // 1320 carries 1280 behind the 40-byte outer header.
+        f.paths
+            .insert(ip("fd09::1"), path("fd00::fe", "fd00::10", 1320));
+        let (want, rows) = plan(&cfg, &f);
+        assert!(want.services[1].backends[0].in_table());
+        assert_eq!(rows[1].state, BackendState::Active);
     }
 
     #[test]

@@ -459,7 +459,14 @@ impl Dataplane {
             tracing::info!(interface, ?mode, "attached XDP program");
         }
         self.attached = Some(interface.to_owned());
-        Ok(())
+        self.retire_earlier_cache()
+    }
+
+    /// What `attach` does once this program forwards: the previous version's flow cache, which
+    /// the old program wrote and served from until then, goes into the connection table and
+    /// its pin is removed (see `pins::retire_earlier_cache`).
+    pub fn retire_earlier_cache(&self) -> Result<()> {
+        pins::retire_earlier_cache(&self.opts.pin_dir())
     }
 
     /// Socket load balancing: attach the cgroup hooks (see `sock`). They detach when this
