@@ -490,6 +490,7 @@ impl ClusterSpec {
                 .map(|n| n.address)
                 .collect(),
             key_file: s.key_file.clone(),
+            accept_key_files: Vec::new(),
             port: s.port.unwrap_or(sc::DEFAULT_PORT),
             listen: None,
             interval_ms: s.interval_ms.unwrap_or(sc::DEFAULT_INTERVAL_MS),

@@ -5,7 +5,9 @@
 //!
 //! The owner hands it the installed services as a [`View`] (after every apply and each tick)
 //! and asks for a last flush when it stops; it reads and writes the connection table through
-//! descriptors of its own, so a scan never holds up the owner.
+//! descriptors of its own, so a scan never holds up the owner. A reload hands it a new
+//! `[sync]` ([`SyncHandle::prepare`], then [`SyncHandle::commit`]): every field applies
+//! without a restart (peers, keys, port, listen address, interval, max_entries).
 
 use std::{
     collections::{BTreeMap, HashMap, HashSet},
@@ -25,7 +27,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 use crate::{
     dataplane::sync_view::ConntrackPins,
     sync::{
-        config::{SyncConfig, read_key},
+        config::{KeyRing, SyncConfig},
         replay::{Counter, Refusal, Window},
         status::{NotExceptionsRow, RefusedRow, SyncPeerRow, SyncRow},
         view::{Index, Refused, Skip, View},
@@ -119,27 +121,39 @@ impl SyncStats {
 pub struct SyncHandle {
     view: watch::Sender<Option<Arc<View>>>,
     flush: mpsc::Sender<oneshot::Sender<()>>,
+    apply: mpsc::Sender<Prepared>,
+    /// The `[sync]` the task runs (the last one committed).
+    cfg: SyncConfig,
     pub stats: Arc<SyncStats>,
 }
 
+/// A new `[sync]` with what could fail already done (keys read, a new socket bound): handing
+/// it to the task cannot fail.
+pub struct Prepared {
+    cfg: SyncConfig,
+    keys: Vec<ring::hmac::Key>,
+    /// A socket for a new port or listen address; `None`: the running one stays.
+    sock: Option<tokio::net::UdpSocket>,
+}
+
+fn hmac_keys(ring: &KeyRing) -> Vec<ring::hmac::Key> {
+    ring.accepted().map(wire::key).collect()
+}
+
 impl SyncHandle {
-    /// Read the key, bind the socket and start the task. A bad key file or a port in use
+    /// Read the keys, bind the socket and start the task. A bad key file or a port in use
     /// refuses lbd's start, naming the field.
     pub fn spawn(cfg: &SyncConfig, pin_dir: PathBuf) -> Result<SyncHandle> {
-        let secret = read_key(&cfg.key_file)?;
+        let keys = hmac_keys(&KeyRing::load(cfg)?);
         let sock = bind(cfg).with_context(|| format!("sync.port: binding UDP {}", cfg.port))?;
         let (view_tx, view_rx) = watch::channel(None);
         let (flush_tx, flush_rx) = mpsc::channel(4);
+        let (apply_tx, apply_rx) = mpsc::channel(1);
         let stats = Arc::new(SyncStats::default());
-        {
-            let mut p = stats.peers.lock().unwrap();
-            for a in &cfg.peers {
-                p.insert(*a, SyncPeerRow::new(*a));
-            }
-        }
+        set_peer_rows(&stats, &cfg.peers);
         let task = Task {
             cfg: cfg.clone(),
-            key: wire::key(&secret),
+            keys,
             sock,
             pin_dir,
             pins: None,
@@ -151,12 +165,43 @@ impl SyncHandle {
             periodic: 0,
             full_due: false,
         };
-        tokio::spawn(task.run(flush_rx));
+        tokio::spawn(task.run(flush_rx, apply_rx));
         Ok(SyncHandle {
             view: view_tx,
             flush: flush_tx,
+            apply: apply_tx,
+            cfg: cfg.clone(),
             stats,
         })
+    }
+
+    /// The `[sync]` running.
+    pub fn config(&self) -> &SyncConfig {
+        &self.cfg
+    }
+
+    /// Check a reload's `[sync]` against this node: read its keys, bind its port if the port
+    /// or listen address changes. An error names the field; nothing changes until
+    /// [`SyncHandle::commit`].
+    pub fn prepare(&self, cfg: &SyncConfig) -> Result<Prepared> {
+        let keys = hmac_keys(&KeyRing::load(cfg)?);
+        let sock = if cfg.port != self.cfg.port || cfg.listen != self.cfg.listen {
+            Some(bind(cfg).with_context(|| format!("sync.port: binding UDP {}", cfg.port))?)
+        } else {
+            None
+        };
+        Ok(Prepared {
+            cfg: cfg.clone(),
+            keys,
+            sock,
+        })
+    }
+
+    /// Hand a prepared `[sync]` to the task: it applies it before its next datagram or scan.
+    pub async fn commit(&mut self, p: Prepared) {
+        self.cfg = p.cfg.clone();
+        set_peer_rows(&self.stats, &p.cfg.peers);
+        let _ = self.apply.send(p).await;
     }
 
     /// The services as just applied; a change is scanned shortly after.
@@ -182,6 +227,15 @@ impl SyncHandle {
     }
 }
 
+/// One row per configured peer: new peers get one, the counters of those that stay are kept.
+fn set_peer_rows(stats: &SyncStats, peers: &[IpAddr]) {
+    let mut p = stats.peers.lock().unwrap();
+    p.retain(|a, _| peers.contains(a));
+    for a in peers {
+        p.entry(*a).or_insert_with(|| SyncPeerRow::new(*a));
+    }
+}
+
 fn bind(cfg: &SyncConfig) -> Result<tokio::net::UdpSocket> {
     use socket2::{Domain, Protocol, Socket, Type};
     let addr = match cfg.listen {
@@ -192,6 +246,9 @@ fn bind(cfg: &SyncConfig) -> Result<tokio::net::UdpSocket> {
     if addr.is_ipv6() && cfg.listen.is_none() {
         s.set_only_v6(false)?;
     }
+    // A reload that moves the listen address on the same port binds the new socket while the
+    // old one is still open.
+    s.set_reuse_address(true)?;
     // A full resend is up to max_entries / 22 datagrams at once.
     let _ = s.set_recv_buffer_size(4 << 20);
     let _ = s.set_send_buffer_size(4 << 20);
@@ -202,7 +259,8 @@ fn bind(cfg: &SyncConfig) -> Result<tokio::net::UdpSocket> {
 
 struct Task {
     cfg: SyncConfig,
-    key: ring::hmac::Key,
+    /// The key signed with first, then the others accepted (a rotation's overlap).
+    keys: Vec<ring::hmac::Key>,
     sock: tokio::net::UdpSocket,
     pin_dir: PathBuf,
     pins: Option<Arc<Mutex<ConntrackPins>>>,
@@ -218,7 +276,11 @@ struct Task {
 }
 
 impl Task {
-    async fn run(mut self, mut flush: mpsc::Receiver<oneshot::Sender<()>>) {
+    async fn run(
+        mut self,
+        mut flush: mpsc::Receiver<oneshot::Sender<()>>,
+        mut apply: mpsc::Receiver<Prepared>,
+    ) {
         let mut tick = tokio::time::interval(Duration::from_millis(self.cfg.interval_ms));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut settle: Option<tokio::time::Instant> = None;
@@ -252,6 +314,17 @@ impl Task {
                     let full = self.periodic % FULL_EVERY == 1 || std::mem::take(&mut self.full_due);
                     self.scan(full).await;
                 }
+                p = apply.recv() => match p {
+                    Some(p) => {
+                        let interval = p.cfg.interval_ms != self.cfg.interval_ms;
+                        self.apply(p);
+                        if interval {
+                            tick = tokio::time::interval(Duration::from_millis(self.cfg.interval_ms));
+                            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                        }
+                    }
+                    None => return,
+                },
                 f = flush.recv() => match f {
                     Some(done) => {
                         self.stats.flushes.fetch_add(1, Relaxed);
@@ -262,6 +335,24 @@ impl Task {
                 },
             }
         }
+    }
+
+    /// A reload's `[sync]`. A peer that joined gets everything at the next scan; the replay
+    /// windows of peers that left are forgotten.
+    fn apply(&mut self, p: Prepared) {
+        let joined = p.cfg.peers.iter().any(|a| !self.cfg.peers.contains(a));
+        self.windows.retain(|a, _| p.cfg.peers.contains(a));
+        if let Some(sock) = p.sock {
+            self.sock = sock;
+        }
+        self.keys = p.keys;
+        self.cfg = p.cfg;
+        self.full_due |= joined;
+        tracing::info!(
+            peers = self.cfg.peers.len(),
+            port = self.cfg.port,
+            "sync: new config applied"
+        );
     }
 
     fn pins(&mut self) -> Result<Arc<Mutex<ConntrackPins>>> {
@@ -395,7 +486,7 @@ impl Task {
             chunks.push(&[]);
         }
         for chunk in chunks {
-            let d = wire::seal(&self.key, self.counter.next(unix_us()), flags, chunk);
+            let d = wire::seal(&self.keys[0], self.counter.next(unix_us()), flags, chunk);
             for peer in self.cfg.peers.clone() {
                 let to = match (peer, self.sock.local_addr().map(|a| a.is_ipv6())) {
                     (IpAddr::V4(v4), Ok(true)) => IpAddr::V6(v4.to_ipv6_mapped()),
@@ -436,7 +527,15 @@ impl Task {
             s.refused_peer.fetch_add(1, Relaxed);
             return;
         }
-        let (seq, flags, records) = match wire::open(&self.key, buf) {
+        // Each accepted key in turn (the signing one first): during a rotation a peer may sign
+        // with either.
+        let opened = self
+            .keys
+            .iter()
+            .map(|k| wire::open(k, buf))
+            .find(|r| !matches!(r, Err(WireError::Auth)))
+            .unwrap_or(Err(WireError::Auth));
+        let (seq, flags, records) = match opened {
             Ok(x) => x,
             Err(WireError::Auth) => {
                 s.refused_auth.fetch_add(1, Relaxed);
