@@ -27,6 +27,7 @@ mod fate;
 mod flows;
 pub mod front;
 mod lock;
+pub mod members;
 pub mod owner;
 mod query;
 mod refresh;
@@ -162,6 +163,8 @@ pub async fn run(config_path: PathBuf) -> Result<()> {
         tx.send(owner::Msg::ConfigChanged).is_ok()
     }));
     owner.start_guardian();
+    // A joining node elects only once its peers know it (see `members`).
+    owner.join_members().await;
     owner.start_vrrp().await?;
     owner.start_bgp();
     tracing::info!(interface = %cfg.interface, vips = cfg.vips.len(), "lbd running");

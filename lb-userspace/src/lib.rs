@@ -36,6 +36,7 @@ pub mod guardian;
 pub mod handover;
 pub mod health;
 pub mod maglev;
+pub mod members;
 pub mod metrics;
 pub mod netlink;
 pub mod plan;

@@ -519,6 +519,7 @@ impl ClusterSpec {
             failed_backend_hold_ms: crate::config::DEFAULT_FAILED_BACKEND_HOLD_MS,
             socket_lb: true,
             sync: self.sync.as_ref().map(|s| self.sync_config(s, me)),
+            members: None,
             vrrp_rt_priority: crate::vrrp::realtime::DEFAULT_RT_PRIORITY,
         };
         // OpenShift's tracked script `script` of instance `instance` (named `script`, with a

@@ -212,6 +212,8 @@ impl Owner {
             }
             SyncStep::Stop => self.sync = None,
         }
+        // A new sync learns the members too.
+        self.apply_members().await;
         self.sync_view();
         self.health.set_targets(health_targets(&self.cfg, &up));
         self.configure_bgp();
@@ -309,14 +311,29 @@ impl Owner {
             return Err(e);
         }
         self.vrrp.extend(started);
-        // 3. In-place changes, then removals: nothing can fail from here.
-        for h in self.vrrp.iter_mut() {
-            if let Some(r) = new.vrrp.iter().find(|r| r.name == h.cfg.name)
-                && changes.in_place.contains(&h.cfg.name)
-                && *r != h.cfg
-            {
-                h.instance.reconfigure(r.clone()).await;
-                h.cfg = r.clone();
+        // 3. In-place changes, then removals: nothing can fail from here. An instance runs
+        // with the learned members beside the file's peers (see `members`).
+        let effective: Vec<Option<InstanceConfig>> = self
+            .vrrp
+            .iter()
+            .map(|h| {
+                new.vrrp
+                    .iter()
+                    .find(|r| r.name == h.cfg.name)
+                    .filter(|r| changes.in_place.contains(&h.cfg.name) && **r != h.cfg)
+                    .map(|r| self.effective_instance(r))
+            })
+            .collect();
+        for (h, e) in self.vrrp.iter_mut().zip(effective) {
+            if let Some(e) = e {
+                h.cfg = new
+                    .vrrp
+                    .iter()
+                    .find(|r| r.name == h.cfg.name)
+                    .cloned()
+                    .unwrap_or_else(|| e.clone());
+                h.peers = e.unicast_peers.clone();
+                h.instance.reconfigure(e).await;
             }
         }
         for name in &changes.remove {

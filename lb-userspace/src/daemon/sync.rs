@@ -121,10 +121,20 @@ impl SyncStats {
 pub struct SyncHandle {
     view: watch::Sender<Option<Arc<View>>>,
     flush: mpsc::Sender<oneshot::Sender<()>>,
-    apply: mpsc::Sender<Prepared>,
-    /// The `[sync]` the task runs (the last one committed).
+    apply: mpsc::Sender<Update>,
+    /// The `[sync]` the task runs (the last one committed), with the configured peers.
     cfg: SyncConfig,
+    /// The learned peers last handed to the task.
+    learned: Vec<IpAddr>,
     pub stats: Arc<SyncStats>,
+}
+
+/// What the task is handed.
+enum Update {
+    /// A reload's `[sync]`.
+    Config(Prepared),
+    /// The peers learned from membership announcements (on top of `peers`).
+    Learned(Vec<IpAddr>),
 }
 
 /// A new `[sync]` with what could fail already done (keys read, a new socket bound): handing
@@ -148,11 +158,13 @@ impl SyncHandle {
         let sock = bind(cfg).with_context(|| format!("sync.port: binding UDP {}", cfg.port))?;
         let (view_tx, view_rx) = watch::channel(None);
         let (flush_tx, flush_rx) = mpsc::channel(4);
-        let (apply_tx, apply_rx) = mpsc::channel(1);
+        let (apply_tx, apply_rx) = mpsc::channel::<Update>(4);
         let stats = Arc::new(SyncStats::default());
         set_peer_rows(&stats, &cfg.peers);
         let task = Task {
             cfg: cfg.clone(),
+            configured: cfg.peers.clone(),
+            learned: Vec::new(),
             keys,
             sock,
             pin_dir,
@@ -171,6 +183,7 @@ impl SyncHandle {
             flush: flush_tx,
             apply: apply_tx,
             cfg: cfg.clone(),
+            learned: Vec::new(),
             stats,
         })
     }
@@ -200,8 +213,23 @@ impl SyncHandle {
     /// Hand a prepared `[sync]` to the task: it applies it before its next datagram or scan.
     pub async fn commit(&mut self, p: Prepared) {
         self.cfg = p.cfg.clone();
-        set_peer_rows(&self.stats, &p.cfg.peers);
-        let _ = self.apply.send(p).await;
+        set_peer_rows(&self.stats, &self.peers());
+        let _ = self.apply.send(Update::Config(p)).await;
+    }
+
+    /// The peers learned from membership announcements: sent to and heard from besides the
+    /// configured ones.
+    pub async fn learn(&mut self, learned: Vec<IpAddr>) {
+        if learned == self.learned {
+            return;
+        }
+        self.learned = learned.clone();
+        set_peer_rows(&self.stats, &self.peers());
+        let _ = self.apply.send(Update::Learned(learned)).await;
+    }
+
+    fn peers(&self) -> Vec<IpAddr> {
+        crate::members::roster::merge(&self.cfg.peers, &self.learned, None)
     }
 
     /// The services as just applied; a change is scanned shortly after.
@@ -258,7 +286,11 @@ fn bind(cfg: &SyncConfig) -> Result<tokio::net::UdpSocket> {
 }
 
 struct Task {
+    /// What runs: the configured `[sync]` with the learned peers in `peers`.
     cfg: SyncConfig,
+    /// The configured peers alone, and the learned ones.
+    configured: Vec<IpAddr>,
+    learned: Vec<IpAddr>,
     /// The key signed with first, then the others accepted (a rotation's overlap).
     keys: Vec<ring::hmac::Key>,
     sock: tokio::net::UdpSocket,
@@ -279,7 +311,7 @@ impl Task {
     async fn run(
         mut self,
         mut flush: mpsc::Receiver<oneshot::Sender<()>>,
-        mut apply: mpsc::Receiver<Prepared>,
+        mut apply: mpsc::Receiver<Update>,
     ) {
         let mut tick = tokio::time::interval(Duration::from_millis(self.cfg.interval_ms));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -315,7 +347,8 @@ impl Task {
                     self.scan(full).await;
                 }
                 p = apply.recv() => match p {
-                    Some(p) => {
+                    Some(Update::Learned(l)) => self.learn(l),
+                    Some(Update::Config(p)) => {
                         let interval = p.cfg.interval_ms != self.cfg.interval_ms;
                         self.apply(p);
                         if interval {
@@ -340,19 +373,35 @@ impl Task {
     /// A reload's `[sync]`. A peer that joined gets everything at the next scan; the replay
     /// windows of peers that left are forgotten.
     fn apply(&mut self, p: Prepared) {
-        let joined = p.cfg.peers.iter().any(|a| !self.cfg.peers.contains(a));
-        self.windows.retain(|a, _| p.cfg.peers.contains(a));
         if let Some(sock) = p.sock {
             self.sock = sock;
         }
         self.keys = p.keys;
-        self.cfg = p.cfg;
-        self.full_due |= joined;
+        self.configured = p.cfg.peers.clone();
+        let mut cfg = p.cfg;
+        cfg.peers = crate::members::roster::merge(&self.configured, &self.learned, None);
+        self.set_peers(cfg);
         tracing::info!(
             peers = self.cfg.peers.len(),
             port = self.cfg.port,
             "sync: new config applied"
         );
+    }
+
+    /// Learned peers changed: the same as a config with them.
+    fn learn(&mut self, learned: Vec<IpAddr>) {
+        self.learned = learned;
+        let mut cfg = self.cfg.clone();
+        cfg.peers = crate::members::roster::merge(&self.configured, &self.learned, None);
+        self.set_peers(cfg);
+    }
+
+    /// Run `cfg` (its peers the configured and learned ones).
+    fn set_peers(&mut self, cfg: SyncConfig) {
+        let joined = cfg.peers.iter().any(|a| !self.cfg.peers.contains(a));
+        self.windows.retain(|a, _| cfg.peers.contains(a));
+        self.cfg = cfg;
+        self.full_due |= joined;
     }
 
     fn pins(&mut self) -> Result<Arc<Mutex<ConntrackPins>>> {

@@ -132,15 +132,29 @@ impl KeyRing {
     /// Read `cfg`'s key files; an error names the field (`sync.key_file`,
     /// `sync.accept_key_files[i]`).
     pub fn load(cfg: &SyncConfig) -> Result<KeyRing, ConfigError> {
-        let sign = read_key(&cfg.key_file)?;
-        let mut also_accept: Vec<Vec<u8>> = Vec::new();
-        for (i, f) in cfg.accept_key_files.iter().enumerate() {
-            let k = read_key(f).map_err(|e| match e {
-                ConfigError::Invalid { reason, .. } => {
-                    invalid(&format!("accept_key_files[{i}]"), reason)
-                }
+        KeyRing::read("sync", &cfg.key_file, &cfg.accept_key_files)
+    }
+
+    /// Read a section's `key_file` and `accept_key_files` (the membership announcements use
+    /// the same cluster key as the sync: `section` names the fields of errors).
+    pub fn read(
+        section: &str,
+        key_file: &std::path::Path,
+        accept_key_files: &[PathBuf],
+    ) -> Result<KeyRing, ConfigError> {
+        let rename = |field: String| {
+            move |e| match e {
+                ConfigError::Invalid { reason, .. } => ConfigError::Invalid {
+                    field: format!("{section}.{field}"),
+                    reason,
+                },
                 e => e,
-            })?;
+            }
+        };
+        let sign = read_key(key_file).map_err(rename("key_file".into()))?;
+        let mut also_accept: Vec<Vec<u8>> = Vec::new();
+        for (i, f) in accept_key_files.iter().enumerate() {
+            let k = read_key(f).map_err(rename(format!("accept_key_files[{i}]")))?;
             if k != sign && !also_accept.contains(&k) {
                 also_accept.push(k);
             }
