@@ -18,10 +18,13 @@ use std::{
 
 use lb_tests::{
     lab::wait_for,
-    vrrp_lab::{NodeOpts, VrrpLab},
+    vrrp_lab::{NodeOpts, PORT, VrrpLab},
 };
 
 const LABNODE: &str = env!("CARGO_BIN_EXE_labnode");
+/// How long the long-lived connections are held (the join, leave and replace steps take
+/// about as long).
+const HOLD_S: u64 = 30;
 
 /// Write `text` over `path` as the machine-config daemon does: a new file renamed over it.
 fn replace(path: &std::path::Path, text: &str) {
@@ -229,6 +232,22 @@ fn join_leave_replace(sync: bool) {
     assert_eq!(m, 0, "n1 (the highest priority) is master");
     assert!(l.wait_serving(Duration::from_secs(20)), "{}", l.logs());
     let s = Sampler::start(&l);
+    // Long-lived connections through the VIP for the membership changes: 40 connections, a
+    // line every 200 ms each, for HOLD_S seconds.
+    l.lab.spawn(
+        "client",
+        "hold",
+        LABNODE,
+        &[
+            "hold-ids",
+            l.vip,
+            PORT,
+            "40",
+            &HOLD_S.to_string(),
+            "200",
+            "8",
+        ],
+    );
 
     // 1. Join: n4 starts; the running nodes' files do not name it.
     l.start(3);
@@ -267,6 +286,29 @@ fn join_leave_replace(sync: bool) {
     n4_stays_backup(&l, &s, "replacement");
     wait_peer(&l, &[0, 1, 2], &n4, true, sync);
 
+    assert!(
+        l.lab
+            .wait("hold", Duration::from_secs(HOLD_S + 30))
+            .is_some(),
+        "hold-ids finished"
+    );
+    let held = l
+        .lab
+        .log("hold")
+        .lines()
+        .rev()
+        .find_map(|x| serde_json::from_str::<serde_json::Value>(x).ok())
+        .unwrap_or_default();
+    let total = |k: &str| -> u64 {
+        held[k]
+            .as_object()
+            .map(|m| m.values().filter_map(|v| v.as_u64()).sum())
+            .unwrap_or(0)
+    };
+    assert!(
+        total("survived_by_id") > 0 && total("failed_by_id") == 0,
+        "long-lived connections across the membership changes: {held}"
+    );
     let (samples, doubles) = s.finish();
     eprintln!("sync {sync}: {samples} samples, {doubles} with two holders");
     assert!(samples > 50, "the sampler ran ({samples})");

@@ -118,8 +118,17 @@ impl Owner {
                 h.instance.reconfigure(e).await;
             }
         }
+        // A learned sync peer is a node the rendered lists do not know at all: one they name
+        // as a VRRP peer and not as a sync peer forwards none of this node's VIPs (a master
+        // in the ingress election without a router, say), as render decided.
         let vrids: Vec<u8> = self.cfg.vrrp.iter().map(|r| r.vrid).collect();
-        let learned = self.roster.sync_peers(&vrids);
+        let floor = super::members::floor(&self.cfg);
+        let learned: Vec<IpAddr> = self
+            .roster
+            .sync_peers(&vrids)
+            .into_iter()
+            .filter(|a| !floor.contains(a))
+            .collect();
         if let Some(s) = &mut self.sync {
             s.learn(learned).await;
         }
