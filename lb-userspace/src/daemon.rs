@@ -27,6 +27,7 @@ mod fate;
 mod flows;
 pub mod front;
 mod lock;
+pub mod members;
 pub mod owner;
 mod query;
 mod refresh;
@@ -158,10 +159,13 @@ pub async fn run(config_path: PathBuf) -> Result<()> {
     let (mut owner, front) = owner::Owner::start(config_path.clone(), cfg.clone(), lock).await?;
     // A change of the file reloads it (the MCO writes rendered configs; no `lbctl reload`).
     let tx = owner.tx.clone();
-    let watcher = tokio::spawn(crate::config_watch::watch_file(config_path, move || {
-        tx.send(owner::Msg::ConfigChanged).is_ok()
-    }));
+    let watcher = tokio::spawn(crate::config_watch::watch_file(
+        config_path.clone(),
+        move || tx.send(owner::Msg::ConfigChanged).is_ok(),
+    ));
     owner.start_guardian();
+    // A joining node elects only once its peers know it (see `members`).
+    owner.join_members().await;
     owner.start_vrrp().await?;
     owner.start_bgp();
     tracing::info!(interface = %cfg.interface, vips = cfg.vips.len(), "lbd running");
@@ -190,6 +194,19 @@ pub async fn run(config_path: PathBuf) -> Result<()> {
     watcher.abort();
     for t in tasks {
         t.abort();
+    }
+    // lb removed from this node: its config file is gone at a stop that no failure caused
+    // (the MachineConfig was deleted, or the node left the description). Under a node
+    // disruption policy that skips the reboot nothing else would clear what lbd added, so the
+    // stop tears it down (the next lbd, if any, starts afresh).
+    let removed = failure.is_none() && !config_path.exists();
+    drop(owner);
+    if removed {
+        tracing::info!(path = %config_path.display(), "config removed: tearing down what lbd added");
+        if let Err(e) = rollback::teardown(&cfg).await {
+            tracing::error!(error = %format!("{e:#}"), "teardown after the config's removal");
+        }
+        return Ok(());
     }
     let _ = std::fs::remove_file(&cfg.api_socket);
     tracing::info!("lbd stopping; the XDP program and pinned maps stay for the next lbd");

@@ -37,6 +37,7 @@ pub mod guardian;
 pub mod handover;
 pub mod health;
 pub mod maglev;
+pub mod members;
 pub mod metrics;
 pub mod metrics_tls;
 pub mod netlink;

@@ -100,7 +100,8 @@ pub struct ClusterSpec {
     #[serde(default = "default_metrics_tls_port")]
     pub metrics_tls_port: u16,
     /// The connection sync (`[sync]` of every node): the cluster key's path on the nodes; the
-    /// peers come from the node list.
+    /// peers come from the node list. On by default (the key at [`DEFAULT_KEY_FILE`], made by
+    /// `lbctl render`); `enabled = false` turns it off.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sync: Option<ClusterSync>,
     /// The install config's platform. On `openstack` the VIPs of a role (both families of a
@@ -121,8 +122,12 @@ pub struct ClusterSpec {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ClusterSync {
-    /// The cluster key file, at this path on every node (the same key everywhere).
+    /// The cluster key file, at this path on every node (the same key everywhere). The
+    /// membership announcements are signed with it too, with or without the sync.
+    #[serde(default = "default_key_file")]
     pub key_file: PathBuf,
+    #[serde(default = "default_true")]
+    pub enabled: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub port: Option<u16>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -164,6 +169,27 @@ pub enum Role {
     #[serde(alias = "master")]
     ControlPlane,
     Worker,
+}
+
+/// Where `lbctl render`'s MachineConfigs put the cluster key on every node (mode 0600).
+pub const DEFAULT_KEY_FILE: &str = "/etc/lb/cluster.key";
+
+fn default_key_file() -> PathBuf {
+    DEFAULT_KEY_FILE.into()
+}
+fn default_true() -> bool {
+    true
+}
+
+impl Default for ClusterSync {
+    fn default() -> Self {
+        ClusterSync {
+            key_file: default_key_file(),
+            enabled: true,
+            port: None,
+            interval_ms: None,
+        }
+    }
 }
 
 fn default_api_ports() -> Vec<u16> {
@@ -552,10 +578,44 @@ impl ClusterSpec {
                 .map(|n| n.address)
                 .collect(),
             key_file: s.key_file.clone(),
+            accept_key_files: Vec::new(),
             port: s.port.unwrap_or(sc::DEFAULT_PORT),
             listen: None,
             interval_ms: s.interval_ms.unwrap_or(sc::DEFAULT_INTERVAL_MS),
             max_entries: sc::DEFAULT_MAX_ENTRIES,
+        }
+    }
+
+    /// The description's `[sync]`, or the default: on, with the cluster key at
+    /// [`DEFAULT_KEY_FILE`].
+    pub fn sync_settings(&self) -> ClusterSync {
+        self.sync.clone().unwrap_or_default()
+    }
+
+    /// `me`'s `[sync]`: none when turned off, and none by default for a node nobody else
+    /// forwards with (a lone control-plane node); a `[sync]` written in the description
+    /// refuses such a node (`sync.peers`).
+    fn sync_of(&self, me: &NodeSpec) -> Option<crate::sync::config::SyncConfig> {
+        let s = self.sync_settings();
+        if !s.enabled {
+            return None;
+        }
+        let c = self.sync_config(&s, me);
+        (self.sync.is_some() || !c.peers.is_empty()).then_some(c)
+    }
+
+    /// Every node's `[members]`: the announcements that make joining and leaving nodes peers
+    /// without a new config (see [`crate::members`]), signed with the cluster key.
+    fn members_of(&self) -> crate::members::config::MembersConfig {
+        use crate::members::config as mc;
+        mc::MembersConfig {
+            key_file: self.sync_settings().key_file,
+            accept_key_files: Vec::new(),
+            port: mc::DEFAULT_PORT,
+            listen: None,
+            announce_ms: mc::DEFAULT_ANNOUNCE_MS,
+            expire_ms: mc::DEFAULT_EXPIRE_MS,
+            join_wait_ms: mc::DEFAULT_JOIN_WAIT_MS,
         }
     }
 
@@ -596,7 +656,8 @@ impl ClusterSpec {
             bgp: Vec::new(),
             failed_backend_hold_ms: crate::config::DEFAULT_FAILED_BACKEND_HOLD_MS,
             socket_lb: true,
-            sync: self.sync.as_ref().map(|s| self.sync_config(s, me)),
+            sync: self.sync_of(me),
+            members: Some(self.members_of()),
             vrrp_rt_priority: crate::vrrp::realtime::DEFAULT_RT_PRIORITY,
         };
         // OpenShift's tracked script `script` of instance `instance` (named `script`, with a
@@ -1318,7 +1379,9 @@ roles = ["worker"]
         // 127.0.0.1 is local on every host; 192.0.2.x (TEST-NET-1) is not assigned here.
         let text = SPLIT
             .replace("192.168.111.20", "127.0.0.1")
-            .replace("192.168.111.", "192.0.2.");
+            .replace("192.168.111.", "192.0.2.")
+            // A loopback address is no sync peer.
+            + "\n[sync]\nenabled = false\n";
         let out = ClusterSpec::parse(&text).unwrap().render().unwrap();
         let dir = std::env::temp_dir().join(format!("lb-render-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
@@ -1418,14 +1481,32 @@ roles = ["worker"]
         for r in &compact {
             r.config.validate().unwrap();
         }
-        // Without the section: no sync.
-        let none = ClusterSpec::parse(SPLIT).unwrap().render().unwrap();
-        assert!(none.iter().all(|r| r.config.sync.is_none()));
+        // Without the section: sync on, with the cluster key render makes.
+        let default = ClusterSpec::parse(SPLIT).unwrap().render().unwrap();
+        for r in &default {
+            let s = r.config.sync.as_ref().expect("sync on by default");
+            assert_eq!(s.key_file, PathBuf::from(DEFAULT_KEY_FILE));
+            let m = r.config.members.as_ref().expect("members on every node");
+            assert_eq!(m.key_file, PathBuf::from(DEFAULT_KEY_FILE));
+        }
+        // Turned off: no sync; the announcements stay (same key).
+        let off = ClusterSpec::parse(&format!("{SPLIT}\n[sync]\nenabled = false\n"))
+            .unwrap()
+            .render()
+            .unwrap();
+        assert!(
+            off.iter()
+                .all(|r| r.config.sync.is_none() && r.config.members.is_some())
+        );
         // A node with nobody to sync with is refused, naming the node and the field.
         let lone = SPLIT.replace("roles = [\"control-plane\"]\n[[nodes]]\nname = \"master-1\"\naddress = \"192.168.111.21\"\nroles = [\"control-plane\"]", "roles = [\"control-plane\"]");
         assert_ne!(lone, SPLIT);
         let e = err(&format!("{lone}\n[sync]\nkey_file = \"/k\"\n"));
         assert!(e.contains("(master-0): sync.peers"), "{e}");
+        // By default such a node just has no sync.
+        let lone_default = ClusterSpec::parse(&lone).unwrap().render().unwrap();
+        assert!(lone_default[0].config.sync.is_none());
+        assert!(lone_default[1].config.sync.is_some());
         let e = err(&format!(
             "{SPLIT}\n[sync]\nkey_file = \"/k\"\ninterval_ms = 5\n"
         ));

@@ -188,6 +188,9 @@ fn keepalived_and_lbd_elect_the_same_owner_for_every_check_combination() {
 
     // n2: lbd with the rendered config; only what the lab needs differs (pins, socket).
     let mut cfg = rendered[1].config.clone();
+    // The election alone: no cluster key (sync and membership) in this lab.
+    cfg.sync = None;
+    cfg.members = None;
     cfg.name = format!("{}_n2", lab.prefix.replace('-', "_"));
     cfg.api_socket = socket.clone().into();
     let cfg_path = lab.dir.join("n2.toml");

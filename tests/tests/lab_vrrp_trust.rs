@@ -988,3 +988,48 @@ fn scrapes_of_a_full_connection_table_do_not_delay_updates() {
     });
     assert!(counted.is_some(), "conntrack counted in the background");
 }
+
+/// lb removed under a node disruption policy that skips the reboot: the MCO deletes the
+/// config file and kubelet stops the pod. The stop then tears down what lbd added (issue 31).
+#[test]
+fn a_stop_after_the_config_was_removed_tears_everything_down() {
+    let mut l = VrrpLab::new(LABNODE, vec![prio(150)]);
+    assert_eq!(master_of(&l, &[0]), 0);
+    let keys = [
+        "all/arp_ignore",
+        "all/arp_announce",
+        "eth0/arp_ignore",
+        "eth0/arp_announce",
+    ];
+    assert_eq!(
+        keys.iter().map(|k| sysctl(&l, 0, k)).collect::<Vec<_>>(),
+        ["1", "2", "1", "2"]
+    );
+    assert!(addrs(&l, 0, "lo").contains(&VIP4.to_string()));
+    std::fs::remove_file(l.config_path(0)).unwrap();
+    l.stop(0, libc::SIGTERM);
+    assert_eq!(
+        keys.iter().map(|k| sysctl(&l, 0, k)).collect::<Vec<_>>(),
+        ["0", "0", "0", "0"],
+        "sysctls back to what lbd found\n{}",
+        l.logs()
+    );
+    assert!(
+        !addrs(&l, 0, "lo").contains(&VIP4.to_string()),
+        "no VIP on lo"
+    );
+    assert!(
+        !addrs(&l, 0, "eth0").contains(&VIP4.to_string()),
+        "no VIP on eth0"
+    );
+    let pins = std::fs::read_dir("/sys/fs/bpf")
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .starts_with(&l.lab.prefix.replace('-', "_"))
+        })
+        .count();
+    assert_eq!(pins, 0, "no pins left");
+}

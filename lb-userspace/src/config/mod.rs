@@ -155,6 +155,11 @@ pub struct Config {
     /// Connection sync with the other lbd nodes (see docs/architecture.md, "Connection sync").
     #[serde(default)]
     pub sync: Option<crate::sync::config::SyncConfig>,
+    /// Membership announcements: nodes that join or leave become or stop being peers of the
+    /// VRRP instances and the sync without a new config (see docs/architecture.md,
+    /// "Membership").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub members: Option<crate::members::config::MembersConfig>,
     /// Real-time priority (`SCHED_RR`, 1..=99) of each VRRP instance's thread, as keepalived's
     /// `vrrp_rt_priority`: adverts are sent and read on time on a node whose cores are busy.
     /// 0: normal scheduling. Without CAP_SYS_NICE lbd logs a warning and runs them at normal
@@ -486,6 +491,9 @@ impl Config {
         }
         if let Some(t) = &self.metrics_tls {
             t.validate().map_err(|(f, r)| invalid(f, r))?;
+        }
+        if let Some(m) = &self.members {
+            m.validate()?;
         }
         if self.conntrack_size < 1024 {
             return Err(invalid("conntrack_size", "must be at least 1024"));

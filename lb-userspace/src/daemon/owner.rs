@@ -60,6 +60,9 @@ pub enum Msg {
     Gathered(Box<Result<Gathered>>),
     /// The config file's contents changed (see `config_watch`): reload, as on SIGHUP.
     ConfigChanged,
+    /// The learned members changed (see `members`): their peers join the VRRP instances and
+    /// the sync.
+    Members(Box<crate::members::roster::Roster>),
 }
 
 /// API requests queued for the owner at most; more wait in their connection's task.
@@ -112,6 +115,9 @@ pub struct Owner {
     pub(super) conntrack: Arc<conntrack::ConntrackCount>,
     /// Connection sync with the peers (`[sync]`), if configured.
     pub(super) sync: Option<super::sync::SyncHandle>,
+    /// Membership announcements (`[members]`), if configured, and what they taught.
+    pub(super) members: Option<super::members::MembersHandle>,
+    pub(super) roster: crate::members::roster::Roster,
     pub(super) shared: Arc<Shared>,
     pub(super) tx: mpsc::UnboundedSender<Msg>,
     pub(super) rx: mpsc::UnboundedReceiver<Msg>,
@@ -164,6 +170,11 @@ impl Owner {
             )?),
             None => None,
         };
+        let (tx, rx) = mpsc::unbounded_channel();
+        let members = match &cfg.members {
+            Some(m) => Some(super::members::MembersHandle::spawn(&cfg, m, tx.clone())?),
+            None => None,
+        };
         let up = adopt::adopted_up(&cfg, &dp);
         let drained = adopt::adopted_drained(&cfg, &dp);
         let vrrp_master = adopt::adopted_ownership(&cfg, &dp);
@@ -179,7 +190,6 @@ impl Owner {
             netlink.handle().clone(),
             crate::bgp::drain_marker(&cfg.api_socket).exists(),
         );
-        let (tx, rx) = mpsc::unbounded_channel();
         let (api_tx, api_rx) = mpsc::channel(API_QUEUE);
         let shared = Arc::new(Shared::new());
         let config_bytes = std::fs::read(&config_path).ok();
@@ -213,6 +223,8 @@ impl Owner {
             guardian: None,
             conntrack,
             sync,
+            members,
+            roster: Default::default(),
             shared: shared.clone(),
             tx: tx.clone(),
             rx,
@@ -377,6 +389,10 @@ impl Owner {
                 {
                     let _ = self.reload_bytes(read).await;
                 }
+            }
+            Msg::Members(roster) => {
+                self.roster = *roster;
+                self.apply_members().await;
             }
         }
     }

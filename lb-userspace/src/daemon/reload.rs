@@ -3,7 +3,8 @@
 //! VRRP instances to start checked against this node's interfaces), then applied, and rolled
 //! back to the running one if any step fails; VRRP instances keep running through changes
 //! they can take in place (priority, track weights, interval, peers, preemption), so a reload
-//! never moves a VIP it did not have to.
+//! never moves a VIP it did not have to. `[sync]` applies whole (peers, keys, port...): its
+//! keys are read and a new port bound before anything changes.
 
 use std::{collections::HashSet, net::IpAddr};
 
@@ -14,7 +15,14 @@ use crate::{config::Config, netlink, vrrp::InstanceConfig};
 
 /// Top-level config fields a reload applies. Any other field that changes refuses the reload
 /// (the running config stays), so no setting is ever silently ignored.
-pub const APPLIED_ON_RELOAD: &[&str] = &["vips", "vrrp", "track", "bgp", "failed_backend_hold_ms"];
+pub const APPLIED_ON_RELOAD: &[&str] = &[
+    "vips",
+    "vrrp",
+    "track",
+    "bgp",
+    "failed_backend_hold_ms",
+    "sync",
+];
 
 /// Refuse a reload that changes a field lbd cannot apply while running, naming the field.
 pub fn check_reloadable(old: &Config, new: &Config) -> Result<()> {
@@ -105,6 +113,15 @@ pub fn preflight_vrrp(new: &Config, changes: &VrrpChanges) -> Result<()> {
     Ok(())
 }
 
+/// What a reload does to the connection sync, decided before anything changes.
+enum SyncStep {
+    Same,
+    /// `[sync]` was added: the task, started (its socket bound), not yet shown the services.
+    Start(super::sync::SyncHandle),
+    Change(super::sync::Prepared),
+    Stop,
+}
+
 /// What a reload replaced, to put it back if a later step fails.
 struct Undo {
     cfg: Config,
@@ -155,6 +172,16 @@ impl Owner {
         let running: Vec<InstanceConfig> = self.vrrp.iter().map(|h| h.cfg.clone()).collect();
         let changes = vrrp_changes(&running, &new.vrrp);
         preflight_vrrp(&new, &changes)?;
+        let sync = match (&self.sync, &new.sync) {
+            (None, None) => SyncStep::Same,
+            (Some(_), None) => SyncStep::Stop,
+            (Some(h), Some(s)) if h.config() == s => SyncStep::Same,
+            (Some(h), Some(s)) => SyncStep::Change(h.prepare(s)?),
+            (None, Some(s)) => SyncStep::Start(super::sync::SyncHandle::spawn(
+                s,
+                super::load_options(&new).pin_dir(),
+            )?),
+        };
 
         // Pairs that are up now stay up across the reload; new ones wait for a check.
         let up: HashSet<(String, IpAddr)> = self
@@ -189,6 +216,19 @@ impl Owner {
             return Err(e.context("VRRP instances; kept the running config"));
         }
         // Committed: what cannot fail (or is retried on its own) follows the new config.
+        match sync {
+            SyncStep::Same => {}
+            SyncStep::Start(h) => self.sync = Some(h),
+            SyncStep::Change(p) => {
+                if let Some(h) = &mut self.sync {
+                    h.commit(p).await;
+                }
+            }
+            SyncStep::Stop => self.sync = None,
+        }
+        // A new sync learns the members too.
+        self.apply_members().await;
+        self.sync_view();
         self.health.set_targets(health_targets(&self.cfg, &up));
         self.configure_bgp();
         if let Some(g) = &self.guardian {
@@ -285,14 +325,29 @@ impl Owner {
             return Err(e);
         }
         self.vrrp.extend(started);
-        // 3. In-place changes, then removals: nothing can fail from here.
-        for h in self.vrrp.iter_mut() {
-            if let Some(r) = new.vrrp.iter().find(|r| r.name == h.cfg.name)
-                && changes.in_place.contains(&h.cfg.name)
-                && *r != h.cfg
-            {
-                h.instance.reconfigure(r.clone()).await;
-                h.cfg = r.clone();
+        // 3. In-place changes, then removals: nothing can fail from here. An instance runs
+        // with the learned members beside the file's peers (see `members`).
+        let effective: Vec<Option<InstanceConfig>> = self
+            .vrrp
+            .iter()
+            .map(|h| {
+                new.vrrp
+                    .iter()
+                    .find(|r| r.name == h.cfg.name)
+                    .filter(|r| changes.in_place.contains(&h.cfg.name) && **r != h.cfg)
+                    .map(|r| self.effective_instance(r))
+            })
+            .collect();
+        for (h, e) in self.vrrp.iter_mut().zip(effective) {
+            if let Some(e) = e {
+                h.cfg = new
+                    .vrrp
+                    .iter()
+                    .find(|r| r.name == h.cfg.name)
+                    .cloned()
+                    .unwrap_or_else(|| e.clone());
+                h.peers = e.unicast_peers.clone();
+                h.instance.reconfigure(e).await;
             }
         }
         for name in &changes.remove {
@@ -380,6 +435,23 @@ mod tests {
         assert_eq!(refused(|c| c.vrrp[0].priority = 7), None);
         assert_eq!(refused(|c| c.vips[0].ports = vec![6443, 22623]), None);
         assert_eq!(refused(|c| c.vrrp.clear()), None);
+        // `[sync]` applies whole: added, changed (a peer joins, a key rotates), removed.
+        let sync = |peers: &str| {
+            toml::from_str::<Config>(&format!(
+                "interface = \"eth0\"\n[sync]\npeers = [{peers}]\nkey_file = \"/k\"\n"
+            ))
+            .unwrap()
+            .sync
+        };
+        let mut two = base();
+        two.sync = sync("\"192.0.2.12\"");
+        let mut three = two.clone();
+        three.sync = sync("\"192.0.2.12\", \"192.0.2.13\"");
+        three.sync.as_mut().unwrap().accept_key_files = vec!["/old".into()];
+        three.sync.as_mut().unwrap().port = 1950;
+        assert!(check_reloadable(&base(), &two).is_ok());
+        assert!(check_reloadable(&two, &three).is_ok());
+        assert!(check_reloadable(&three, &base()).is_ok());
         // A VRRP version switch that would split the instance is refused; through v2_compat
         // it is applied.
         assert!(field(|c| c.vrrp[0].version = 2).is_some_and(|f| f == "vrrp[0].version"),);

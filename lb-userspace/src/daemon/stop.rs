@@ -26,6 +26,8 @@ pub const STOP_BUDGET: Duration = Duration::from_secs(8);
 const VRRP_DEADLINE: Duration = Duration::from_secs(3);
 /// The connection sync's last flush, before step 1.
 const SYNC_FLUSH_DEADLINE: Duration = Duration::from_millis(1000);
+/// Telling the members this node leaves: one datagram per node.
+const MEMBERS_LEAVE_DEADLINE: Duration = Duration::from_millis(200);
 /// Step 2's share.
 const BGP_DEADLINE: Duration = Duration::from_secs(2);
 
@@ -40,6 +42,10 @@ impl Owner {
             s.flush(SYNC_FLUSH_DEADLINE).await;
         }
         self.resign_vrrp().await;
+        // After the resignation: the peers still take this node's priority-0 adverts.
+        if let Some(m) = &self.members {
+            m.leave(MEMBERS_LEAVE_DEADLINE).await;
+        }
         // The grace counts from the resignation (the priority-0 adverts), as for any move, not
         // from the end of the BGP step: a slow FRR must not lengthen it, and no grace means
         // forwarding stops now.

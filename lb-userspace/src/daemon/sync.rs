@@ -5,7 +5,9 @@
 //!
 //! The owner hands it the installed services as a [`View`] (after every apply and each tick)
 //! and asks for a last flush when it stops; it reads and writes the connection table through
-//! descriptors of its own, so a scan never holds up the owner.
+//! descriptors of its own, so a scan never holds up the owner. A reload hands it a new
+//! `[sync]` ([`SyncHandle::prepare`], then [`SyncHandle::commit`]): every field applies
+//! without a restart (peers, keys, port, listen address, interval, max_entries).
 
 use std::{
     collections::{BTreeMap, HashMap, HashSet},
@@ -25,7 +27,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 use crate::{
     dataplane::sync_view::ConntrackPins,
     sync::{
-        config::{SyncConfig, read_key},
+        config::{KeyRing, SyncConfig},
         replay::{Counter, Refusal, Window},
         status::{NotExceptionsRow, RefusedRow, SyncPeerRow, SyncRow},
         view::{Index, Refused, Skip, View},
@@ -122,27 +124,51 @@ impl SyncStats {
 pub struct SyncHandle {
     view: watch::Sender<Option<Arc<View>>>,
     flush: mpsc::Sender<oneshot::Sender<()>>,
+    apply: mpsc::Sender<Update>,
+    /// The `[sync]` the task runs (the last one committed), with the configured peers.
+    cfg: SyncConfig,
+    /// The learned peers last handed to the task.
+    learned: Vec<IpAddr>,
     pub stats: Arc<SyncStats>,
 }
 
+/// What the task is handed.
+enum Update {
+    /// A reload's `[sync]`.
+    Config(Prepared),
+    /// The peers learned from membership announcements (on top of `peers`).
+    Learned(Vec<IpAddr>),
+}
+
+/// A new `[sync]` with what could fail already done (keys read, a new socket bound): handing
+/// it to the task cannot fail.
+pub struct Prepared {
+    cfg: SyncConfig,
+    keys: Vec<ring::hmac::Key>,
+    /// A socket for a new port or listen address; `None`: the running one stays.
+    sock: Option<tokio::net::UdpSocket>,
+}
+
+fn hmac_keys(ring: &KeyRing) -> Vec<ring::hmac::Key> {
+    ring.accepted().map(wire::key).collect()
+}
+
 impl SyncHandle {
-    /// Read the key, bind the socket and start the task. A bad key file or a port in use
+    /// Read the keys, bind the socket and start the task. A bad key file or a port in use
     /// refuses lbd's start, naming the field.
     pub fn spawn(cfg: &SyncConfig, pin_dir: PathBuf) -> Result<SyncHandle> {
-        let secret = read_key(&cfg.key_file)?;
+        let keys = hmac_keys(&KeyRing::load(cfg)?);
         let sock = bind(cfg).with_context(|| format!("sync.port: binding UDP {}", cfg.port))?;
         let (view_tx, view_rx) = watch::channel(None);
         let (flush_tx, flush_rx) = mpsc::channel(4);
+        let (apply_tx, apply_rx) = mpsc::channel::<Update>(4);
         let stats = Arc::new(SyncStats::default());
-        {
-            let mut p = stats.peers.lock().unwrap();
-            for a in &cfg.peers {
-                p.insert(*a, SyncPeerRow::new(*a));
-            }
-        }
+        set_peer_rows(&stats, &cfg.peers);
         let task = Task {
             cfg: cfg.clone(),
-            key: wire::key(&secret),
+            configured: cfg.peers.clone(),
+            learned: Vec::new(),
+            keys,
             sock,
             pin_dir,
             pins: None,
@@ -154,12 +180,59 @@ impl SyncHandle {
             periodic: 0,
             full_due: false,
         };
-        tokio::spawn(task.run(flush_rx));
+        tokio::spawn(task.run(flush_rx, apply_rx));
         Ok(SyncHandle {
             view: view_tx,
             flush: flush_tx,
+            apply: apply_tx,
+            cfg: cfg.clone(),
+            learned: Vec::new(),
             stats,
         })
+    }
+
+    /// The `[sync]` running.
+    pub fn config(&self) -> &SyncConfig {
+        &self.cfg
+    }
+
+    /// Check a reload's `[sync]` against this node: read its keys, bind its port if the port
+    /// or listen address changes. An error names the field; nothing changes until
+    /// [`SyncHandle::commit`].
+    pub fn prepare(&self, cfg: &SyncConfig) -> Result<Prepared> {
+        let keys = hmac_keys(&KeyRing::load(cfg)?);
+        let sock = if cfg.port != self.cfg.port || cfg.listen != self.cfg.listen {
+            Some(bind(cfg).with_context(|| format!("sync.port: binding UDP {}", cfg.port))?)
+        } else {
+            None
+        };
+        Ok(Prepared {
+            cfg: cfg.clone(),
+            keys,
+            sock,
+        })
+    }
+
+    /// Hand a prepared `[sync]` to the task: it applies it before its next datagram or scan.
+    pub async fn commit(&mut self, p: Prepared) {
+        self.cfg = p.cfg.clone();
+        set_peer_rows(&self.stats, &self.peers());
+        let _ = self.apply.send(Update::Config(p)).await;
+    }
+
+    /// The peers learned from membership announcements: sent to and heard from besides the
+    /// configured ones.
+    pub async fn learn(&mut self, learned: Vec<IpAddr>) {
+        if learned == self.learned {
+            return;
+        }
+        self.learned = learned.clone();
+        set_peer_rows(&self.stats, &self.peers());
+        let _ = self.apply.send(Update::Learned(learned)).await;
+    }
+
+    fn peers(&self) -> Vec<IpAddr> {
+        crate::members::roster::merge(&self.cfg.peers, &self.learned, None)
     }
 
     /// The services as just applied; a change is scanned shortly after.
@@ -182,6 +255,15 @@ impl SyncHandle {
         if tokio::time::timeout(limit, rx).await.is_err() {
             tracing::warn!(?limit, "sync: the last flush did not finish in time");
         }
+    }
+}
+
+/// One row per configured peer: new peers get one, the counters of those that stay are kept.
+fn set_peer_rows(stats: &SyncStats, peers: &[IpAddr]) {
+    let mut p = stats.peers.lock().unwrap();
+    p.retain(|a, _| peers.contains(a));
+    for a in peers {
+        p.entry(*a).or_insert_with(|| SyncPeerRow::new(*a));
     }
 }
 
@@ -214,6 +296,9 @@ fn bind_with(
     if addr.is_ipv6() && cfg.listen.is_none() {
         s.set_only_v6(false)?;
     }
+    // A reload that moves the listen address on the same port binds the new socket while the
+    // old one is still open.
+    s.set_reuse_address(true)?;
     set_buffers(&s);
     s.set_nonblocking(true)?;
     s.bind(&addr.into())?;
@@ -276,8 +361,13 @@ fn socket_drops(sock: &tokio::net::UdpSocket) -> Option<u64> {
 }
 
 struct Task {
+    /// What runs: the configured `[sync]` with the learned peers in `peers`.
     cfg: SyncConfig,
-    key: ring::hmac::Key,
+    /// The configured peers alone, and the learned ones.
+    configured: Vec<IpAddr>,
+    learned: Vec<IpAddr>,
+    /// The key signed with first, then the others accepted (a rotation's overlap).
+    keys: Vec<ring::hmac::Key>,
     sock: tokio::net::UdpSocket,
     pin_dir: PathBuf,
     pins: Option<Arc<Mutex<ConntrackPins>>>,
@@ -293,7 +383,11 @@ struct Task {
 }
 
 impl Task {
-    async fn run(mut self, mut flush: mpsc::Receiver<oneshot::Sender<()>>) {
+    async fn run(
+        mut self,
+        mut flush: mpsc::Receiver<oneshot::Sender<()>>,
+        mut apply: mpsc::Receiver<Update>,
+    ) {
         let mut tick = tokio::time::interval(Duration::from_millis(self.cfg.interval_ms));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut settle: Option<tokio::time::Instant> = None;
@@ -327,6 +421,18 @@ impl Task {
                     let full = self.periodic % FULL_EVERY == 1 || std::mem::take(&mut self.full_due);
                     self.scan(full).await;
                 }
+                p = apply.recv() => match p {
+                    Some(Update::Learned(l)) => self.learn(l),
+                    Some(Update::Config(p)) => {
+                        let interval = p.cfg.interval_ms != self.cfg.interval_ms;
+                        self.apply(p);
+                        if interval {
+                            tick = tokio::time::interval(Duration::from_millis(self.cfg.interval_ms));
+                            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                        }
+                    }
+                    None => return,
+                },
                 f = flush.recv() => match f {
                     Some(done) => {
                         self.stats.flushes.fetch_add(1, Relaxed);
@@ -337,6 +443,40 @@ impl Task {
                 },
             }
         }
+    }
+
+    /// A reload's `[sync]`. A peer that joined gets everything at the next scan; the replay
+    /// windows of peers that left are forgotten.
+    fn apply(&mut self, p: Prepared) {
+        if let Some(sock) = p.sock {
+            self.sock = sock;
+        }
+        self.keys = p.keys;
+        self.configured = p.cfg.peers.clone();
+        let mut cfg = p.cfg;
+        cfg.peers = crate::members::roster::merge(&self.configured, &self.learned, None);
+        self.set_peers(cfg);
+        tracing::info!(
+            peers = self.cfg.peers.len(),
+            port = self.cfg.port,
+            "sync: new config applied"
+        );
+    }
+
+    /// Learned peers changed: the same as a config with them.
+    fn learn(&mut self, learned: Vec<IpAddr>) {
+        self.learned = learned;
+        let mut cfg = self.cfg.clone();
+        cfg.peers = crate::members::roster::merge(&self.configured, &self.learned, None);
+        self.set_peers(cfg);
+    }
+
+    /// Run `cfg` (its peers the configured and learned ones).
+    fn set_peers(&mut self, cfg: SyncConfig) {
+        let joined = cfg.peers.iter().any(|a| !self.cfg.peers.contains(a));
+        self.windows.retain(|a, _| cfg.peers.contains(a));
+        self.cfg = cfg;
+        self.full_due |= joined;
     }
 
     fn pins(&mut self) -> Result<Arc<Mutex<ConntrackPins>>> {
@@ -473,7 +613,7 @@ impl Task {
             chunks.push(&[]);
         }
         for chunk in chunks {
-            let d = wire::seal(&self.key, self.counter.next(unix_us()), flags, chunk);
+            let d = wire::seal(&self.keys[0], self.counter.next(unix_us()), flags, chunk);
             for peer in self.cfg.peers.clone() {
                 let to = match (peer, self.sock.local_addr().map(|a| a.is_ipv6())) {
                     (IpAddr::V4(v4), Ok(true)) => IpAddr::V6(v4.to_ipv6_mapped()),
@@ -514,7 +654,15 @@ impl Task {
             s.refused_peer.fetch_add(1, Relaxed);
             return;
         }
-        let (seq, flags, records) = match wire::open(&self.key, buf) {
+        // Each accepted key in turn (the signing one first): during a rotation a peer may sign
+        // with either.
+        let opened = self
+            .keys
+            .iter()
+            .map(|k| wire::open(k, buf))
+            .find(|r| !matches!(r, Err(WireError::Auth)))
+            .unwrap_or(Err(WireError::Auth));
+        let (seq, flags, records) = match opened {
             Ok(x) => x,
             Err(WireError::Auth) => {
                 s.refused_auth.fetch_add(1, Relaxed);

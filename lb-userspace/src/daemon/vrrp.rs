@@ -19,7 +19,10 @@ use crate::{
 
 /// A running VRRP instance and what its tracked checks last added to its priority.
 pub struct VrrpHandle {
+    /// The instance as configured (the file's peers: the floor).
     pub cfg: InstanceConfig,
+    /// The peers it runs with: the floor and the learned members (see `members`).
+    pub peers: Vec<IpAddr>,
     pub instance: Instance,
     /// What its tracked checks last added to its priority, and whether one holds it in FAULT.
     pub weight: crate::vrrp::track::Tracking,
@@ -65,10 +68,78 @@ impl Owner {
         Ok(())
     }
 
+    /// Before the VRRP instances start: wait until the rendered peers know this node (its
+    /// announcement answered), so that their adverts reach it before it could elect itself.
+    pub async fn join_members(&mut self) {
+        if let Some(m) = &self.members {
+            let wait = self.cfg.members.as_ref().map_or(0, |m| m.join_wait_ms);
+            m.joined(Duration::from_millis(wait)).await;
+            // What it learned meanwhile is in the queue: take it before the instances start;
+            // anything else waits for the loop, in its order.
+            let mut later = Vec::new();
+            while let Ok(msg) = self.rx.try_recv() {
+                match msg {
+                    Msg::Members(r) => self.roster = *r,
+                    other => later.push(other),
+                }
+            }
+            for m in later {
+                let _ = self.tx.send(m);
+            }
+        }
+    }
+
+    /// Instance `r` as it runs: its peers are the floor and the learned members of its VRID
+    /// and family (a multicast instance, or one without `unicast_src`, as configured).
+    pub(super) fn effective_instance(&self, r: &InstanceConfig) -> InstanceConfig {
+        let mut e = r.clone();
+        if let (false, Some(src)) = (r.unicast_peers.is_empty(), r.unicast_src) {
+            e.unicast_peers = crate::members::roster::merge(
+                &r.unicast_peers,
+                &self.roster.peers_for(r.vrid, src),
+                Some(src),
+            );
+        }
+        e
+    }
+
+    /// The learned members changed: each instance whose peers change takes them in place,
+    /// and the sync its learned peers.
+    pub(super) async fn apply_members(&mut self) {
+        let effective: Vec<InstanceConfig> = self
+            .vrrp
+            .iter()
+            .map(|h| self.effective_instance(&h.cfg))
+            .collect();
+        for (h, e) in self.vrrp.iter_mut().zip(effective) {
+            if e.unicast_peers != h.peers {
+                tracing::info!(instance = %h.cfg.name, peers = ?e.unicast_peers, "VRRP peers follow the members");
+                h.peers = e.unicast_peers.clone();
+                h.instance.reconfigure(e).await;
+            }
+        }
+        // A learned sync peer is a node the rendered lists do not know at all: one they name
+        // as a VRRP peer and not as a sync peer forwards none of this node's VIPs (a master
+        // in the ingress election without a router, say), as render decided.
+        let vrids: Vec<u8> = self.cfg.vrrp.iter().map(|r| r.vrid).collect();
+        let floor = super::members::floor(&self.cfg);
+        let learned: Vec<IpAddr> = self
+            .roster
+            .sync_peers(&vrids)
+            .into_iter()
+            .filter(|a| !floor.contains(a))
+            .collect();
+        if let Some(s) = &mut self.sync {
+            s.learn(learned).await;
+        }
+    }
+
     /// Start one instance and the watcher that turns its mastership into forwarding.
     pub(super) async fn spawn_instance(&mut self, r: InstanceConfig) -> Result<VrrpHandle> {
+        let running = self.effective_instance(&r);
+        let peers = running.unicast_peers.clone();
         let mut instance = Instance::spawn(
-            r.clone(),
+            running,
             &self.cfg.interface,
             self.netlink.handle().clone(),
             self.cfg.vrrp_rt_priority,
@@ -153,6 +224,7 @@ impl Owner {
         });
         Ok(VrrpHandle {
             cfg: r,
+            peers,
             instance,
             weight: Default::default(),
             id,

@@ -1,4 +1,12 @@
-//! The `[sync]` section (pure validation; the key file is read when lbd starts).
+//! The `[sync]` section: its validation (pure) and the cluster keys (read when lbd starts and on
+//! every reload). Every field applies on reload (`daemon/sync.rs`).
+//!
+//! Key rotation needs an overlap, so that no node ever refuses a datagram of a node that has
+//! not changed its key yet (a rolling restart's last flush above all): `key_file` is the key
+//! this node signs with, and `accept_key_files` are keys it accepts besides. Rotating is three
+//! roll-outs, each in any order across nodes: add the new key to `accept_key_files`; make it
+//! `key_file` and the old one accepted; drop the old one (docs/config.md, *Rotating the key*).
+//! [`KeyRing`] is the one place keys are read and checked.
 
 use std::{net::IpAddr, path::PathBuf};
 
@@ -16,8 +24,11 @@ pub struct SyncConfig {
     /// datagrams' source). Only these are sent to and only these are listened to.
     pub peers: Vec<IpAddr>,
     /// A file holding the cluster key (at least 32 bytes, the same on every node, readable by
-    /// root only).
+    /// root only): datagrams are signed with it, and accepted with it.
     pub key_file: PathBuf,
+    /// Other keys accepted (not signed with): the overlap of a key rotation.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub accept_key_files: Vec<PathBuf>,
     /// UDP port, the same on every node.
     #[serde(default = "default_port")]
     pub port: u16,
@@ -58,9 +69,8 @@ impl SyncConfig {
         if self.peers.is_empty() {
             return Err(invalid("peers", "must name at least one peer"));
         }
-        if self.peers.len() > 16 {
-            return Err(invalid("peers", "at most 16 peers"));
-        }
+        // No cap on the number of peers: a scan's datagrams go to each peer in turn, so the
+        // cost grows with peers x exceptions (bounded by `max_entries`), not with a limit here.
         for (i, p) in self.peers.iter().enumerate() {
             if p.is_unspecified() || p.is_multicast() || p.is_loopback() {
                 return Err(invalid(
@@ -93,7 +103,68 @@ impl SyncConfig {
         if self.key_file.as_os_str().is_empty() {
             return Err(invalid("key_file", "must be a path"));
         }
+        for (i, f) in self.accept_key_files.iter().enumerate() {
+            if f.as_os_str().is_empty() {
+                return Err(invalid(&format!("accept_key_files[{i}]"), "must be a path"));
+            }
+        }
         Ok(())
+    }
+}
+
+/// The keys of a `[sync]` section, read and checked: the one signed with and every one
+/// accepted (that one first).
+#[derive(Clone, PartialEq, Eq)]
+pub struct KeyRing {
+    pub sign: Vec<u8>,
+    /// Accepted besides `sign` (duplicates of it left out).
+    pub also_accept: Vec<Vec<u8>>,
+}
+
+impl std::fmt::Debug for KeyRing {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never the key bytes.
+        write!(f, "KeyRing({} accepted)", 1 + self.also_accept.len())
+    }
+}
+
+impl KeyRing {
+    /// Read `cfg`'s key files; an error names the field (`sync.key_file`,
+    /// `sync.accept_key_files[i]`).
+    pub fn load(cfg: &SyncConfig) -> Result<KeyRing, ConfigError> {
+        KeyRing::read("sync", &cfg.key_file, &cfg.accept_key_files)
+    }
+
+    /// Read a section's `key_file` and `accept_key_files` (the membership announcements use
+    /// the same cluster key as the sync: `section` names the fields of errors).
+    pub fn read(
+        section: &str,
+        key_file: &std::path::Path,
+        accept_key_files: &[PathBuf],
+    ) -> Result<KeyRing, ConfigError> {
+        let rename = |field: String| {
+            move |e| match e {
+                ConfigError::Invalid { reason, .. } => ConfigError::Invalid {
+                    field: format!("{section}.{field}"),
+                    reason,
+                },
+                e => e,
+            }
+        };
+        let sign = read_key(key_file).map_err(rename("key_file".into()))?;
+        let mut also_accept: Vec<Vec<u8>> = Vec::new();
+        for (i, f) in accept_key_files.iter().enumerate() {
+            let k = read_key(f).map_err(rename(format!("accept_key_files[{i}]")))?;
+            if k != sign && !also_accept.contains(&k) {
+                also_accept.push(k);
+            }
+        }
+        Ok(KeyRing { sign, also_accept })
+    }
+
+    /// Every key accepted, the signing one first.
+    pub fn accepted(&self) -> impl Iterator<Item = &[u8]> {
+        std::iter::once(self.sign.as_slice()).chain(self.also_accept.iter().map(|k| k.as_slice()))
     }
 }
 
@@ -139,6 +210,7 @@ mod tests {
         SyncConfig {
             peers: vec!["10.0.0.2".parse().unwrap()],
             key_file: "/etc/lb/sync.key".into(),
+            accept_key_files: Vec::new(),
             port: 1940,
             listen: None,
             interval_ms: 2000,
@@ -174,6 +246,56 @@ mod tests {
         let mut c = base();
         c.port = 0;
         assert_eq!(field(&c), "sync.port");
+        let mut c = base();
+        c.accept_key_files = vec!["".into()];
+        assert_eq!(field(&c), "sync.accept_key_files[0]");
+    }
+
+    #[test]
+    fn more_than_sixteen_peers_are_accepted() {
+        // An ingress pool of 250 routers: every other one is a sync peer of each.
+        let mut c = base();
+        c.peers = (1..250u8).map(|i| IpAddr::from([10, 0, 1, i])).collect();
+        assert!(c.validate().is_ok());
+    }
+
+    #[test]
+    fn a_key_ring_signs_with_key_file_and_accepts_the_others() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = std::env::temp_dir().join(format!("lb-sync-ring-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let write = |name: &str, b: u8, mode: u32| {
+            let p = dir.join(name);
+            std::fs::write(&p, [b; 32]).unwrap();
+            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode)).unwrap();
+            p
+        };
+        let new = write("new", b'n', 0o600);
+        let old = write("old", b'o', 0o600);
+        let open = write("open", b'x', 0o644);
+        let mut c = base();
+        c.key_file = new.clone();
+        c.accept_key_files = vec![old.clone(), new.clone()];
+        let ring = KeyRing::load(&c).unwrap();
+        assert_eq!(ring.sign, vec![b'n'; 32]);
+        assert_eq!(
+            ring.also_accept,
+            vec![vec![b'o'; 32]],
+            "the signing key is not listed twice"
+        );
+        assert_eq!(ring.accepted().count(), 2);
+        assert!(
+            !format!("{ring:?}").contains("nnnn"),
+            "Debug never shows a key"
+        );
+        c.accept_key_files = vec![old, open];
+        match KeyRing::load(&c) {
+            Err(ConfigError::Invalid { field, .. }) => {
+                assert_eq!(field, "sync.accept_key_files[1]")
+            }
+            other => panic!("{other:?}"),
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -678,6 +678,10 @@ impl Workers {
         r.config.api_socket = self.socket(l, k).into();
         r.config.name = self.pin_name(l, k);
         r.config.xdp_mode = XdpMode::Skb;
+        // The rehearsal is of the election and the procedure; the cluster key (sync and
+        // membership, on by default) is not part of it.
+        r.config.sync = None;
+        r.config.members = None;
         std::fs::write(self.path(l, k, "toml"), to_toml("ostest", &r)).unwrap();
     }
 

@@ -658,6 +658,7 @@ fn new_flows_sync(
     let cfg = SyncConfig {
         peers: vec![SyncPeer::PEER_ADDR.parse().unwrap()],
         key_file: key.clone(),
+        accept_key_files: Vec::new(),
         port: lb_userspace::sync::config::DEFAULT_PORT,
         listen: Some(SyncPeer::LB_ADDR.parse().unwrap()),
         interval_ms: lb_userspace::sync::config::DEFAULT_INTERVAL_MS,

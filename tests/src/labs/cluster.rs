@@ -356,12 +356,39 @@ impl Cluster {
                     Config::load(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
                 cfg.name = self.pin_name(n);
                 self.apply_options(n, &mut cfg);
+                if !self.opts.sync {
+                    self.place_cluster_key(n, &out.join("cluster.key"), &mut cfg);
+                }
                 if matches!(self.runner, Runner::Process) {
                     cfg.api_socket = self.socket(n).into();
                 }
                 (n.to_string(), cfg)
             })
             .collect()
+    }
+
+    /// The cluster key `lbctl render` made (sync and membership are on by default): where the
+    /// node reads it. A pod reads the rendered path under its /etc/lb; a process the file in
+    /// the render's output directory.
+    fn place_cluster_key(&self, node: &str, key: &std::path::Path, cfg: &mut Config) {
+        match self.runner {
+            Runner::Process => {
+                if let Some(s) = cfg.sync.as_mut() {
+                    s.key_file = key.to_owned();
+                }
+                if let Some(m) = cfg.members.as_mut() {
+                    m.key_file = key.to_owned();
+                }
+            }
+            Runner::Pod(_) => {
+                use std::os::unix::fs::PermissionsExt;
+                let dir = self.config_dir(node);
+                std::fs::create_dir_all(&dir).unwrap();
+                let to = dir.join("cluster.key");
+                std::fs::copy(key, &to).unwrap();
+                std::fs::set_permissions(&to, std::fs::Permissions::from_mode(0o600)).unwrap();
+            }
+        }
     }
 
     /// [`Options`] on a rendered config.

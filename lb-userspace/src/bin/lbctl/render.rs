@@ -57,7 +57,39 @@ struct Rendered {
     api_vrid: u8,
     ingress_vrid: u8,
     nodes: Vec<NodeFile>,
+    /// The cluster key in the output directory (kept from an earlier render, or made).
+    cluster_key: PathBuf,
+    cluster_key_made: bool,
     machine_configs: Vec<PathBuf>,
+}
+
+/// The cluster key `render` ships (`cluster.key` in the output directory, mode 0600): kept
+/// if it is there (rendering again must not change the key under running nodes; rotating is
+/// a procedure, docs/config.md), made from the system's random source otherwise: 32 random
+/// bytes, hex, 64 characters. Returns its text and whether it was made now.
+fn cluster_key(out: &std::path::Path) -> Result<(PathBuf, String, bool)> {
+    use std::{io::Write, os::unix::fs::OpenOptionsExt};
+    let path = out.join("cluster.key");
+    if path.exists() {
+        let ring = lb_userspace::sync::config::KeyRing::read("cluster_key", &path, &[])
+            .map_err(|e| anyhow!("{}: {e}", path.display()))?;
+        let text = String::from_utf8(ring.sign)
+            .map_err(|_| anyhow!("{}: not text (render writes hex)", path.display()))?;
+        return Ok((path, text + "\n", false));
+    }
+    let mut bytes = [0u8; 32];
+    ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut bytes)
+        .map_err(|_| anyhow!("no random bytes from the system"))?;
+    let text: String = bytes.iter().map(|b| format!("{b:02x}")).collect::<String>() + "\n";
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&path)
+        .map_err(|e| anyhow!("write {}: {e}", path.display()))?;
+    f.write_all(text.as_bytes())
+        .map_err(|e| anyhow!("write {}: {e}", path.display()))?;
+    Ok((path, text, true))
 }
 
 /// A static pod manifest with its `image:` set to `image`.
@@ -87,6 +119,7 @@ pub fn run(ctx: &Ctx, a: Args) -> Result<()> {
         .map_err(|e| anyhow!("{}: {e}", cluster.display()))?;
     std::fs::create_dir_all(&out).map_err(|e| anyhow!("create {}: {e}", out.display()))?;
     let (api, ingress) = spec.vrids();
+    let (key_path, key_text, key_made) = cluster_key(&out)?;
     let mut nodes = Vec::new();
     for n in &rendered {
         let path = out.join(format!("{}.toml", n.node));
@@ -127,6 +160,12 @@ pub fn run(ctx: &Ctx, a: Args) -> Result<()> {
                 })
                 .collect();
             files.push((r::STATIC_POD_PATH.into(), pod, 0o644));
+            // The cluster key: root-only on the node (lbd refuses a key others can read).
+            files.push((
+                spec.sync_settings().key_file.display().to_string(),
+                key_text.clone(),
+                0o600,
+            ));
             let path = out.join(format!("99-{pool}-lb.yaml"));
             std::fs::write(&path, r::machine_config(pool, &files))
                 .map_err(|e| anyhow!("write {}: {e}", path.display()))?;
@@ -143,6 +182,8 @@ pub fn run(ctx: &Ctx, a: Args) -> Result<()> {
         api_vrid: api,
         ingress_vrid: ingress,
         nodes,
+        cluster_key: key_path,
+        cluster_key_made: key_made,
         machine_configs,
     };
     ctx.show(&v, |v| {
@@ -162,6 +203,15 @@ pub fn run(ctx: &Ctx, a: Args) -> Result<()> {
                     ]
                 })
                 .collect(),
+        );
+        println!(
+            "cluster key: {} ({})",
+            v.cluster_key.display(),
+            if v.cluster_key_made {
+                "made now"
+            } else {
+                "kept"
+            }
         );
         for p in &v.machine_configs {
             println!("machine config: {}", p.display());
