@@ -736,3 +736,46 @@ fn outsiders_and_holders_of_another_key_cannot_write_a_connection_table() {
         sync_stats(&l, m)
     );
 }
+
+/// A backup restarted with no exception of its own still says hello, so the owner sends it
+/// every exception at once, not at its next full send (five periods: 5 min here).
+#[test]
+fn a_restarted_backup_without_exceptions_gets_the_owners_by_its_hello() {
+    let mut l = lab(true, false, 60_000);
+    let all = [0usize, 1, 2];
+    let (m, k, kaddr) = serving(&l);
+    // Exceptions at the owner: k's backend is drained, so connections on its slots go to the
+    // others.
+    for i in all {
+        l.lbctl(i, &["backends", "drain", "api", &kaddr])
+            .expect("lbctl backends drain");
+    }
+    wait_backend(&l, &all, &kaddr, false);
+    l.lab.spawn(
+        "client",
+        "hold",
+        LABNODE,
+        &["hold-ids", l.vip, PORT, "60", "20", "200", "8"],
+    );
+    // The connections open; the owner scans only after a table change or every 60 s, so
+    // what it finds goes out at its next full send, or at once to a peer that says hello.
+    std::thread::sleep(Duration::from_secs(3));
+    let b = (m + 2) % 3;
+    l.stop(b, libc::SIGTERM);
+    l.start(b);
+    let got = lb_tests::lab::wait_for(Duration::from_secs(20), || {
+        let s = sync_stats(&l, b);
+        let n = s["installed"].as_u64().unwrap_or(0) + s["already_present"].as_u64().unwrap_or(0);
+        (n > 0).then_some(n)
+    });
+    assert!(
+        got.is_some(),
+        "the restarted n{} got none of the owner's exceptions (owner n{}, drained n{}): owner {} restarted {}\n{}",
+        b + 1,
+        m + 1,
+        k + 1,
+        sync_stats(&l, m),
+        sync_stats(&l, b),
+        l.logs()
+    );
+}

@@ -179,6 +179,7 @@ impl SyncHandle {
             sent: Arc::new(HashMap::new()),
             periodic: 0,
             full_due: false,
+            hellos_left: 2,
         };
         tokio::spawn(task.run(flush_rx, apply_rx));
         Ok(SyncHandle {
@@ -380,6 +381,9 @@ struct Task {
     periodic: u64,
     /// A peer said it just started (`F_HELLO`): the next scan sends everything.
     full_due: bool,
+    /// Scans left that flag their datagrams as a hello and send one even with nothing in it:
+    /// the first two with the services in place (a peer may miss the first datagram).
+    hellos_left: u8,
 }
 
 impl Task {
@@ -593,12 +597,19 @@ impl Task {
             })
             .collect();
         self.sent = Arc::new(found);
-        // Hello during the first two periods (a peer may miss the first datagrams).
-        let hello = if self.periodic <= 2 { wire::F_HELLO } else { 0 };
+        // Hello in the first two scans with the services in place, whatever they find: a
+        // restarted backup with no exception of its own says it too, so its peers send it
+        // theirs now rather than at their next full send.
+        let hello = if self.hellos_left > 0 {
+            self.hellos_left -= 1;
+            wire::F_HELLO
+        } else {
+            0
+        };
         if !retract.is_empty() {
             self.send(hello | wire::F_RETRACT, &retract).await;
         }
-        if send.is_empty() && !full {
+        if send.is_empty() && !full && hello == 0 {
             return;
         }
         self.send(hello, &send).await;
