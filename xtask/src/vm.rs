@@ -23,7 +23,18 @@ pub const GUEST_TESTS: &[(&str, &[&str])] = &[
     ("kernel_load", &[]),
     // The forwarding rules through the kernel's BPF_PROG_TEST_RUN.
     ("xdp", &[]),
-    ("xdp_flood", &[]),
+    // Two flood tests need a flood faster than `syn_flood_rate` (10,000 misses a second), more
+    // than BPF_PROG_TEST_RUN pushes under software emulation (about 4,400 a second): flood mode
+    // never turns on there, whatever the kernel. They run on the lab kernel only.
+    (
+        "xdp_flood",
+        &[
+            "--skip",
+            "idle_established_flows_survive_a_spoofed_ack_flood_that_leaves_the_table_empty",
+            "--skip",
+            "the_flood_is_visible_next_to_the_table_size",
+        ],
+    ),
     ("xdp_flows", &[]),
     // One lab with VRRP failover and DSR traffic: connections through the VIP while its owner
     // fails and a backup takes over.
