@@ -93,7 +93,9 @@ pub mod decap_stat {
     /// IP-in-IP from a source that is not a known LB node: passed unchanged (another tunnel's
     /// traffic is the kernel's business).
     pub const NOT_FROM_PEER: u32 = 1;
-    /// IP-in-IP from an LB node whose headers do not add up (lengths, options, fragments):
+    /// IP-in-IP from an LB node whose headers do not add up (lengths, options, fragments), or
+    /// behind IPv6 extension headers (an LB node sends none; such a chain is not checked like a
+    /// bare header), or an LB node's IPv6 packet whose extension headers cannot be walked:
     /// dropped.
     pub const MALFORMED: u32 = 2;
     /// Anything else: passed unchanged.
@@ -105,7 +107,11 @@ pub mod decap_stat {
     /// Outer header marked CE around a packet that is not ECN-capable: dropped (RFC 6040 4.2:
     /// the congestion signal cannot be passed on).
     pub const ECN_DROP: u32 = 6;
-    pub const COUNT: u32 = 7;
+    /// IP-in-IP from an LB node whose inner packet is not TCP, UDP or ICMP, or is a fragment:
+    /// dropped (an LB node wraps nothing else; a tunnel nested inside would reach any tunnel
+    /// device that is up on the backend).
+    pub const INNER_PROTO: u32 = 7;
+    pub const COUNT: u32 = 8;
     pub const NAMES: [&str; COUNT as usize] = [
         "decapsulated",
         "not_from_peer",
@@ -114,6 +120,7 @@ pub mod decap_stat {
         "not_local",
         "not_vip",
         "ecn_drop",
+        "inner_proto",
     ];
 }
 

@@ -72,6 +72,10 @@ const _: () = assert!(MAX_BACKENDS <= 1 << 16);
 /// Bytes the outer header adds: IPv4 and IPv6.
 pub const ENCAP_HLEN_V4: u32 = 20;
 pub const ENCAP_HLEN_V6: u32 = 40;
+/// The smallest MTU an IPv6 path may have (RFC 8200 5): no IPv6 client lowers its path MTU
+/// below it, so a routed backend whose path cannot carry that much once wrapped cannot serve
+/// IPv6 clients.
+pub const IPV6_MIN_MTU: u32 = 1280;
 
 /// One (VIP, backend) pair, indexed by backend id.
 #[repr(C)]

@@ -9,18 +9,19 @@
 
 use aya_ebpf::{
     bindings::xdp_action::{XDP_DROP, XDP_PASS, XDP_TX},
-    helpers::generated::{bpf_redirect, bpf_xdp_adjust_head, bpf_xdp_adjust_tail},
+    helpers::generated::{bpf_csum_diff, bpf_redirect, bpf_xdp_adjust_head, bpf_xdp_adjust_tail},
     macros::xdp,
     programs::XdpContext,
 };
 use lb_common::{
-    BackendInfo, DecapKey, ENCAP_HLEN_V4, ENCAP_HLEN_V6, FAMILY_V4, FAMILY_V6, decap_stat, stat,
+    BackendInfo, DecapKey, ENCAP_HLEN_V4, ENCAP_HLEN_V6, FAMILY_V4, FAMILY_V6, IPV6_MIN_MTU,
+    PROTO_ICMP, PROTO_ICMPV6, PROTO_TCP, PROTO_UDP, decap_stat, stat,
 };
 
 use crate::{
     Outcome,
     maps::{LB_DECAP_LOCAL, LB_DECAP_PEERS, LB_DECAP_STATS, LB_DECAP_VIPS, NONE, count},
-    packet::{ETH_HLEN, ETH_P_IP, ETH_P_IPV6, ptr_at, swap_macs},
+    packet::{self, ETH_HLEN, ETH_P_IP, ETH_P_IPV6, ParseError, is_ipv6_ext, ptr_at, swap_macs},
 };
 
 const IPPROTO_IPIP: u8 = 4;
@@ -46,6 +47,28 @@ fn sum_words<const N: usize>(bytes: &[u8; N]) -> u32 {
         i += 2;
     }
     sum
+}
+
+/// `sum_words` of a message in packet memory, summed by the kernel (`bpf_csum_diff`). For the
+/// ICMP answers' 36- and 56-byte messages: summed inline, the compiler loads every byte first
+/// and spills them, a frame of hundreds of bytes that counts against the 512-byte stack of the
+/// call chain (see docs/kernels.md).
+#[inline(always)]
+fn sum_packet<const N: usize>(bytes: &[u8; N]) -> u32 {
+    const { assert!(N % 4 == 0 && N <= 512) };
+    // SAFETY: the helper reads N bytes of packet memory the caller bounds-checked.
+    let sum = unsafe {
+        bpf_csum_diff(
+            core::ptr::null_mut(),
+            0,
+            bytes.as_ptr() as *mut u32,
+            N as u32,
+            0,
+        )
+    };
+    // The helper sums 16-bit words in memory order; folded and read as big-endian, that is the
+    // sum of the big-endian words (RFC 1071 2.(B), byte order independence).
+    u32::from(u16::from_be(fold(sum as u32)))
 }
 
 /// The outer header's length for this backend's address family.
@@ -75,6 +98,11 @@ pub fn encapsulate(ctx: &XdpContext, b: &BackendInfo, may_answer: bool, dry: boo
         let mtu = u32::from(b.encap_mtu) - outer_hlen;
         return if inner_family == FAMILY_V4 {
             too_big4(ctx, mtu)
+        } else if mtu < IPV6_MIN_MTU {
+            // No IPv6 client lowers its path MTU below 1280 (RFC 8201): any answer would be
+            // a wrong one, and its packets would still not fit. Dropped; user space gives such
+            // a pair no new IPv6 flows (lb-userspace `plan`).
+            (XDP_DROP, stat::ENCAP_TOO_BIG, NONE)
         } else {
             too_big6(ctx, mtu)
         };
@@ -222,9 +250,9 @@ fn too_big4(ctx: &XdpContext, mtu: u32) -> Outcome {
         return (XDP_DROP, stat::ENCAP_TOO_BIG, NONE);
     };
     let (iph, icmph) = unsafe { (&mut *iph, &mut *icmph) };
-    let c = !fold(sum_words(iph));
+    let c = !fold(sum_packet(iph));
     iph[10..12].copy_from_slice(&c.to_be_bytes());
-    let c = !fold(sum_words(icmph));
+    let c = !fold(sum_packet(icmph));
     icmph[2..4].copy_from_slice(&c.to_be_bytes());
     if unsafe { bpf_xdp_adjust_tail(ctx.ctx, OUT as i32 - frame as i32) } != 0 {
         return (XDP_DROP, stat::DROP_ENCAP, NONE);
@@ -263,7 +291,7 @@ fn too_big6(ctx: &XdpContext, mtu: u32) -> Outcome {
     let icmp = &mut head[ICMP..Q];
     icmp.fill(0);
     icmp[0] = 2; // packet too big
-    icmp[4..8].copy_from_slice(&mtu.max(1280).to_be_bytes());
+    icmp[4..8].copy_from_slice(&mtu.to_be_bytes());
     let (Ok(addrs), Ok(icmph)) = (
         ptr_at::<[u8; 32]>(ctx, ETH_HLEN + 8),
         ptr_at::<[u8; 8 + QUOTE]>(ctx, ICMP),
@@ -272,7 +300,8 @@ fn too_big6(ctx: &XdpContext, mtu: u32) -> Outcome {
     };
     let (addrs, icmph) = unsafe { (&*addrs, &mut *icmph) };
     // The pseudo-header: source, destination, upper-layer length, next header.
-    let sum = sum_words(addrs) + (8 + QUOTE) as u32 + u32::from(IPPROTO_ICMPV6) + sum_words(icmph);
+    let sum =
+        sum_packet(addrs) + (8 + QUOTE) as u32 + u32::from(IPPROTO_ICMPV6) + sum_packet(icmph);
     let c = !fold(sum);
     icmph[2..4].copy_from_slice(&c.to_be_bytes());
     if unsafe { bpf_xdp_adjust_tail(ctx.ctx, OUT as i32 - frame as i32) } != 0 {
@@ -349,8 +378,20 @@ fn try_decap(ctx: &XdpContext) -> u32 {
                 return decap_stat::PASSED;
             };
             let h = unsafe { &*h };
-            if h[6] != IPPROTO_IPIP && h[6] != IPPROTO_IPV6 {
-                return decap_stat::PASSED;
+            // An LB node wraps behind a bare header. Behind extension headers, IP-in-IP (or a
+            // chain that cannot be walked to its end, which may hide it) is not checked like
+            // that: an LB node's is dropped below, anyone else's passed as IP-in-IP is.
+            let bare = h[6] == IPPROTO_IPIP || h[6] == IPPROTO_IPV6;
+            if !bare {
+                if !is_ipv6_ext(h[6]) {
+                    return decap_stat::PASSED;
+                }
+                if let Ok(l3) = packet::ipv6(ctx, ETH_HLEN, |_| true)
+                    && l3.proto != IPPROTO_IPIP
+                    && l3.proto != IPPROTO_IPV6
+                {
+                    return decap_stat::PASSED;
+                }
             }
             let mut src = DecapKey {
                 family: FAMILY_V6,
@@ -359,6 +400,9 @@ fn try_decap(ctx: &XdpContext) -> u32 {
             src.addr.copy_from_slice(&h[8..24]);
             if LB_DECAP_PEERS.get_ptr(&src).is_none() {
                 return decap_stat::NOT_FROM_PEER;
+            }
+            if !bare {
+                return decap_stat::MALFORMED;
             }
             let mut dst = src;
             dst.addr.copy_from_slice(&h[24..40]);
@@ -452,6 +496,10 @@ fn inner4(ctx: &XdpContext, off: usize, outer_ecn: u8) -> u32 {
     {
         return decap_stat::NOT_VIP;
     }
+    // What lb_xdp forwards: TCP, UDP or ICMP, never a fragment (MF or an offset).
+    if !matches!(h[9], PROTO_TCP | PROTO_UDP | PROTO_ICMP) || (h[6] & 0x3f) != 0 || h[7] != 0 {
+        return decap_stat::INNER_PROTO;
+    }
     let old = h[1];
     let Some(ecn) = decap_ecn(outer_ecn, old & 3) else {
         return decap_stat::ECN_DROP;
@@ -485,6 +533,18 @@ fn inner6(ctx: &XdpContext, off: usize, outer_ecn: u8) -> u32 {
     if LB_DECAP_VIPS.get_ptr(&key).is_none() {
         return decap_stat::NOT_VIP;
     }
+    // What lb_xdp forwards: TCP, UDP or ICMPv6 after at most `MAX_IPV6_EXT_HEADERS` extension
+    // headers, never a fragment.
+    match packet::ipv6(ctx, off, |_| true) {
+        Ok(l3) if !l3.fragment && matches!(l3.proto, PROTO_TCP | PROTO_UDP | PROTO_ICMPV6) => {}
+        Ok(_) | Err(ParseError::ExtLimit) => return decap_stat::INNER_PROTO,
+        Err(_) => return decap_stat::MALFORMED,
+    }
+    // (Read again: the walk's bounds checks are not this pointer's.)
+    let Ok(h) = ptr_at::<[u8; 40]>(ctx, off) else {
+        return decap_stat::MALFORMED;
+    };
+    let h = unsafe { &mut *h };
     let old = (h[1] >> 4) & 3;
     let Some(ecn) = decap_ecn(outer_ecn, old) else {
         return decap_stat::ECN_DROP;

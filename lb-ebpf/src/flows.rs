@@ -399,6 +399,30 @@ pub fn mark_closed(slot: &Slot, flow: &FlowKey, at: Found, value: FlowValue) -> 
     closed
 }
 
+/// Replace a flow's entry where it was found, adding none: the LRU hash's copy in place (word
+/// stores: no insert, which could evict another entry) if it has one, and the line's way when
+/// the line holds it (no `take`, which could displace an occupant and write it back).
+#[inline(always)]
+pub fn replace(slot: &Slot, flow: &FlowKey, at: Found, value: FlowValue) {
+    if let Some(p) = LB_CONNTRACK.get_ptr_mut(flow) {
+        // SAFETY: a map value of the hash; the words are plain integers. A reader between the
+        // two stores sees an epoch that is not its pair's: a stale entry, hashed again.
+        unsafe {
+            core::ptr::addr_of_mut!((*p).backend_id).write_volatile(value.backend_id);
+            core::ptr::addr_of_mut!((*p).epoch).write_volatile(value.epoch);
+        }
+    }
+    if at == Found::Cache && !slot.line.is_null() {
+        put(
+            slot.line,
+            slot.way as usize & WAY_WORDS,
+            flow,
+            value,
+            slot.hash,
+        );
+    }
+}
+
 /// Remember a flow's decision: in the LRU hash and in a way of its line (a new decision always
 /// takes one). Good occupants it displaces are written back to the LRU hash first.
 #[inline(always)]

@@ -266,15 +266,17 @@ enum Track {
     /// Look up; on a miss choose by Maglev and remember the choice.
     Yes,
     /// A TCP SYN: looked up like any packet, and a good entry (its pair still in the set) is
-    /// kept while its connection is open: a SYN never moves or deletes a live connection's
-    /// entry, so a spoofed SYN with a client's address and port cannot reset it. On a miss, a
-    /// stale entry, or an entry whose connection the client closed (a FIN or RST went through:
-    /// the client is reusing its port for a new connection) it starts a flow: Maglev,
-    /// skipping backends that take no new flows, and remembered at once so the rest of the
-    /// handshake follows the SYN even if the table changes in between.
+    /// kept while its connection is open, and while its pair takes no new flows: a SYN never
+    /// moves or deletes a live connection's entry, so a spoofed SYN with a client's address and
+    /// port cannot reset it, nor a spoofed FIN or RST followed by one a connection on a drained
+    /// or failing backend. On a miss, a stale entry, or an entry whose connection the client
+    /// closed (a FIN or RST went through: the client is reusing its port for a new connection)
+    /// on a pair that takes new flows, it starts a flow: Maglev, skipping backends that take no
+    /// new flows, and remembered at once so the rest of the handshake follows the SYN even if
+    /// the table changes in between.
     NewConnection,
     /// A TCP FIN or RST from the client: as `Yes`, and the entry it follows is marked closed
-    /// (`FLOW_F_CLIENT_CLOSED`), so that a later SYN on the 5-tuple is placed afresh.
+    /// (`FLOW_F_CLIENT_CLOSED`), so that a later SYN on the 5-tuple may be placed afresh.
     Closing,
     /// Look up, choose by Maglev on a miss, remember nothing (ICMP errors about a flow).
     LookupOnly,
@@ -376,21 +378,18 @@ fn flooded(cfg: Option<&LbConfig>) -> bool {
     }
 }
 
-/// For a TCP packet without a connection-table entry whose slot's backend takes no new flows:
-/// the backend its SYN chose if that SYN skipped the slot in flood mode (`LB_HANDSHAKES`) and
-/// the pair still stands. The handshake entry stays until a connection-table entry replaces it
-/// (in flood mode none is written, and every packet of the connection comes here).
+/// For a TCP packet without a connection-table entry (or an ICMP error about one): the backend
+/// its SYN chose if that SYN skipped its slot in flood mode (`LB_HANDSHAKES`) and the pair still
+/// stands, whatever the slot's backend takes now. The handshake entry stays until a
+/// connection-table entry replaces it (in flood mode none is written, and every packet of the
+/// connection comes here) or a SYN on the 5-tuple is placed on its slot in flood mode.
 #[inline(always)]
 fn handshake_of(
     track: Track,
     flow: &FlowKey,
-    slot_backend: &BackendInfo,
     vip: &VipInfo,
 ) -> Option<(u32, &'static BackendInfo)> {
-    if !matches!(track, Track::Yes | Track::Closing)
-        || flow.proto != PROTO_TCP
-        || slot_backend.flags & BACKEND_F_NO_NEW == 0
-    {
+    if track == Track::NewConnection || flow.proto != PROTO_TCP {
         return None;
     }
     let v = unsafe { *LB_HANDSHAKES.get_ptr(flow)? };
@@ -423,9 +422,15 @@ fn balance(
         }
     };
     let cached = found.map(|(v, _)| v);
-    // A SYN on an entry whose connection the client closed: a new connection on a reused
-    // 5-tuple, placed afresh (the entry is replaced, so the rest of its handshake follows it).
-    let reopen = track == Track::NewConnection && cached.is_some_and(|v| v.client_closed());
+    let valid = cached.and_then(|v| flows::entry_backend(&v));
+    // A SYN on an entry whose connection the client closed, whose pair takes new flows: a new
+    // connection on a reused 5-tuple, placed afresh (the entry is replaced, so the rest of its
+    // handshake follows it). On a pair that takes no new flows (drained, failing in its hold,
+    // weight 0) it follows the entry like any SYN: nothing here checks sequence numbers, so a
+    // forged FIN or RST and a forged SYN must not move such a connection.
+    let reopen = track == Track::NewConnection
+        && cached.is_some_and(|v| v.client_closed())
+        && valid.is_some_and(|(_, b)| b.flags & BACKEND_F_NO_NEW == 0);
     explain::note(rec, |r| {
         if let Some((v, at)) = found {
             r.entry_backend = v.backend();
@@ -443,11 +448,7 @@ fn balance(
     // 1. Fast path for established flows: the entry's pair still exists and is in its set, and
     //    this node forwards for its VIP. (The 5-tuple names the VIP service, so the entry's
     //    backend belongs to it: pairs of other services have other epochs.)
-    let valid = if reopen {
-        None
-    } else {
-        cached.and_then(|v| flows::entry_backend(&v))
-    };
+    let valid = if reopen { None } else { valid };
     if valid.is_some() {
         explain::steps(rec, explain_step::ENTRY_GOOD);
     }
@@ -574,9 +575,10 @@ fn balance(
             let Some(b) = backend_of(&vip, id) else {
                 return (XDP_DROP, stat::DROP_BAD_BACKEND, ct);
             };
-            // A TCP packet without an entry whose slot takes no new flows: the ACK of a
-            // handshake whose SYN skipped that slot in SYN flood mode follows its SYN.
-            match handshake_of(track, flow, b, &vip) {
+            // A TCP packet without an entry (or an ICMP error about one): a connection whose
+            // SYN skipped its slot in SYN flood mode follows its SYN, whatever the slot's
+            // backend takes by now (a drain that ended, a backend that recovered).
+            match handshake_of(track, flow, &vip) {
                 Some(h) => {
                     handshake = true;
                     explain::steps(rec, explain_step::HANDSHAKE);
@@ -625,18 +627,37 @@ fn balance(
         } else {
             stat::FLOOD_UNTRACKED
         };
-        if skipped && track == Track::NewConnection {
-            let _ = LB_HANDSHAKES.insert(
-                flow,
-                FlowValue {
-                    backend_id: id,
-                    epoch: backend.epoch,
-                },
-                0,
-            );
+        if track == Track::NewConnection {
+            if skipped {
+                let _ = LB_HANDSHAKES.insert(
+                    flow,
+                    FlowValue {
+                        backend_id: id,
+                        epoch: backend.epoch,
+                    },
+                    0,
+                );
+            } else {
+                // A new connection on its slot: an earlier one's handshake entry on this
+                // 5-tuple must not send it elsewhere.
+                let _ = LB_HANDSHAKES.remove(flow);
+            }
         }
     }
-    if remember {
+    if remember && reopen && flood_on() {
+        // A reopened 5-tuple in flood mode: its entry rewritten where it is (the LRU hash's copy
+        // in place, the cache's way), so that it adds no entry to either.
+        explain::steps(rec, explain_step::WOULD_REMEMBER);
+        flows::replace(
+            &slot,
+            flow,
+            found.map_or(flows::Found::Table, |(_, at)| at),
+            FlowValue {
+                backend_id: id,
+                epoch: backend.epoch,
+            },
+        );
+    } else if remember {
         explain::steps(rec, explain_step::WOULD_REMEMBER);
         let value = FlowValue {
             backend_id: id,

@@ -171,12 +171,10 @@ pub fn ipv6(
     let mut fragment = false;
     for _ in 0..MAX_IPV6_EXT_HEADERS {
         // Every extension header starts with (next header, length).
-        let [hdr_next, hdr_len] = match next {
-            IPPROTO_HOPOPTS | IPPROTO_ROUTING | IPPROTO_DSTOPTS | IPPROTO_AH | IPPROTO_FRAGMENT => {
-                pair_at(ctx, l4_off)?
-            }
-            _ => break,
-        };
+        if !is_ipv6_ext(next) {
+            break;
+        }
+        let [hdr_next, hdr_len] = pair_at(ctx, l4_off)?;
         let len = match next {
             IPPROTO_HOPOPTS | IPPROTO_ROUTING | IPPROTO_DSTOPTS => (hdr_len as usize + 1) * 8,
             IPPROTO_AH => (hdr_len as usize + 2) * 4,
@@ -194,10 +192,7 @@ pub fn ipv6(
             return Err(ParseError::Malformed);
         }
     }
-    if matches!(
-        next,
-        IPPROTO_HOPOPTS | IPPROTO_ROUTING | IPPROTO_DSTOPTS | IPPROTO_AH | IPPROTO_FRAGMENT
-    ) {
+    if is_ipv6_ext(next) {
         return Err(ParseError::ExtLimit);
     }
     // Extension headers are part of the payload: they must end inside it.
@@ -208,6 +203,15 @@ pub fn ipv6(
     l3.l4_off = l4_off;
     l3.fragment = fragment;
     Ok(l3)
+}
+
+/// An IPv6 extension header this parser walks (the others end the chain as a protocol).
+#[inline(always)]
+pub fn is_ipv6_ext(next: u8) -> bool {
+    matches!(
+        next,
+        IPPROTO_HOPOPTS | IPPROTO_ROUTING | IPPROTO_DSTOPTS | IPPROTO_AH | IPPROTO_FRAGMENT
+    )
 }
 
 /// The fixed 40-byte IPv6 header through one bounds check; returns the facts (proto = the first

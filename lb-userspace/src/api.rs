@@ -258,7 +258,7 @@ fn route(
     Ok(req)
 }
 
-async fn serve_conn<S, H>(io: S, handler: Arc<H>, full_api: bool, limits: Limits)
+pub(crate) async fn serve_conn<S, H>(io: S, handler: Arc<H>, full_api: bool, limits: Limits)
 where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
     H: Handler,
@@ -394,11 +394,7 @@ pub async fn serve_unix<H: Handler>(path: std::path::PathBuf, handler: Arc<H>) -
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
     }
-    let _ = std::fs::remove_file(path);
-    let listener =
-        tokio::net::UnixListener::bind(path).with_context(|| format!("bind {}", path.display()))?;
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+    let listener = bind_private(path)?;
     serve_accepted(
         || async { listener.accept().await.map(|(s, _)| s) },
         handler,
@@ -406,6 +402,38 @@ pub async fn serve_unix<H: Handler>(path: std::path::PathBuf, handler: Arc<H>) -
         Limits::UNIX,
     )
     .await
+}
+
+/// Bind the root-only API socket at `path`: bound in a directory of its own (mode 0700), set
+/// to 0600 there, then renamed into place, so it never exists at `path` with the umask's mode
+/// (a chmod after the bind leaves a window in which anyone may connect).
+fn bind_private(path: &std::path::Path) -> Result<tokio::net::UnixListener> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    let name = path
+        .file_name()
+        .with_context(|| format!("API socket {} has no file name", path.display()))?;
+    let private = path.with_file_name(format!(
+        ".{}.{}.bind",
+        name.to_string_lossy(),
+        std::process::id()
+    ));
+    let _ = std::fs::remove_dir_all(&private);
+    std::fs::DirBuilder::new()
+        .mode(0o700)
+        .create(&private)
+        .with_context(|| format!("create {}", private.display()))?;
+    let result = (|| {
+        let staged = private.join("s");
+        let listener = tokio::net::UnixListener::bind(&staged)
+            .with_context(|| format!("bind {}", path.display()))?;
+        std::fs::set_permissions(&staged, std::fs::Permissions::from_mode(0o600))?;
+        // Replaces an old socket in one step.
+        std::fs::rename(&staged, path)
+            .with_context(|| format!("move the API socket to {}", path.display()))?;
+        Ok(listener)
+    })();
+    let _ = std::fs::remove_dir_all(&private);
+    result
 }
 
 /// Serve only /metrics, /healthz and /readyz on TCP (for probes and Prometheus).
@@ -656,6 +684,45 @@ mod tests {
             "the TCP listener serves probes and metrics only"
         );
         assert!(route(&Method::GET, "/metrics", None, b"", false).is_ok());
+    }
+
+    /// The API socket appears at its path only whole, with mode 0600: never created there
+    /// (then chmod'ed) but renamed in, replacing an old one.
+    #[tokio::test]
+    async fn the_api_socket_appears_only_with_its_mode() {
+        use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+        let dir = std::env::temp_dir().join(format!("lb-api-sock-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("lbd.sock");
+        std::fs::write(&path, "an old socket").unwrap();
+        // Every file created in the directory, from before the bind (read after it).
+        let fd = unsafe { libc::inotify_init1(libc::IN_NONBLOCK | libc::IN_CLOEXEC) };
+        assert!(fd >= 0);
+        let c = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes()).unwrap();
+        assert!(unsafe { libc::inotify_add_watch(fd, c.as_ptr(), libc::IN_CREATE) } >= 0);
+        let task = tokio::spawn(serve_unix(path.clone(), Arc::new(Ok200)));
+        let meta = loop {
+            if let Ok(m) = std::fs::metadata(&path)
+                && m.file_type().is_socket()
+            {
+                break m;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        };
+        assert_eq!(meta.permissions().mode() & 0o777, 0o600);
+        let mut buf = [0u8; 4096];
+        let n = unsafe { libc::read(fd, buf.as_mut_ptr().cast(), buf.len()) };
+        unsafe { libc::close(fd) };
+        let created = crate::config_watch::parse_events(&buf[..n.max(0) as usize]);
+        task.abort();
+        let _ = std::fs::remove_dir_all(&dir);
+        assert!(
+            !created
+                .iter()
+                .any(|n| n.as_deref() == Some("lbd.sock".as_ref())),
+            "the socket was created at its path, then chmod'ed: {created:?}"
+        );
     }
 
     struct Ok200;

@@ -27,8 +27,11 @@ use tokio::io::unix::AsyncFd;
 /// rename arrive as one change.
 pub const SETTLE: Duration = Duration::from_millis(200);
 
-/// Events that can change what the file holds.
+/// Events that can change what the file holds. `IN_MODIFY`: each write of a slow writer in
+/// place restarts the quiet time, so the file is not read halfway (a TOML cut at a table
+/// boundary parses, and drops what the rest held).
 const MASK: u32 = libc::IN_CLOSE_WRITE
+    | libc::IN_MODIFY
     | libc::IN_MOVED_TO
     | libc::IN_CREATE
     | libc::IN_DELETE
@@ -335,5 +338,61 @@ mod tests {
         assert!(!next(&mut rx), "another file");
         task.abort();
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A writer that rewrites the file in place slowly (chunks 20 ms apart, well within
+    /// [`SETTLE`]) after another change started the quiet time: the file is read whole.
+    #[tokio::test]
+    async fn a_slow_writer_in_place_is_read_whole() {
+        use std::io::Write;
+        let dir = std::env::temp_dir().join(format!("lb-watch-slow-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("node.toml");
+        std::fs::write(&file, "old").unwrap();
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let f = file.clone();
+        let task = tokio::spawn(watch_file(file.clone(), move || {
+            tx.send(std::fs::read_to_string(&f).unwrap_or_default())
+                .is_ok()
+        }));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let chunks: Vec<String> = (0..30).map(|i| format!("[[table{i}]]\n")).collect();
+        let writer = {
+            let (file, chunks) = (file.clone(), chunks.clone());
+            std::thread::spawn(move || {
+                // An attribute change first (as `install -m` or a chmod would): the watch wakes.
+                std::fs::set_permissions(
+                    &file,
+                    <std::fs::Permissions as std::os::unix::fs::PermissionsExt>::from_mode(0o644),
+                )
+                .unwrap();
+                let mut w = std::fs::OpenOptions::new()
+                    .write(true)
+                    .truncate(true)
+                    .open(&file)
+                    .unwrap();
+                for c in &chunks {
+                    w.write_all(c.as_bytes()).unwrap();
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+            })
+        };
+        tokio::task::spawn_blocking(move || writer.join().unwrap())
+            .await
+            .unwrap();
+        tokio::time::sleep(SETTLE * 3).await;
+        let whole = chunks.concat();
+        let mut seen = Vec::new();
+        while let Ok(text) = rx.try_recv() {
+            seen.push(text);
+        }
+        task.abort();
+        let _ = std::fs::remove_dir_all(&dir);
+        assert_eq!(
+            seen,
+            vec![whole],
+            "reloads asked for, with what the file held then"
+        );
     }
 }

@@ -115,7 +115,7 @@ pub(crate) fn initial_health(
                 HealthFact {
                     healthy,
                     reason: reason.into(),
-                    hold_until: None,
+                    ..Default::default()
                 },
             );
         }
@@ -177,6 +177,12 @@ pub async fn run(config_path: PathBuf) -> Result<()> {
         tasks.push(front.supervise(
             "metrics listener",
             crate::api::serve_tcp(addr, front.clone()),
+        ));
+    }
+    if let Some(tls) = cfg.metrics_tls.clone() {
+        tasks.push(front.supervise(
+            "metrics TLS listener",
+            crate::metrics_tls::serve(tls, front.clone()),
         ));
     }
     // Whatever ends the loop, the stop runs: VIPs and routes are given back first.

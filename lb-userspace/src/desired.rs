@@ -44,6 +44,11 @@ pub struct BackendSpec {
     pub failing: bool,
     /// A routed backend reached by IP-in-IP (`mac` is then the next hop's).
     pub encap: Option<Encap>,
+    /// Slow start: its Maglev weight is `weight * step / SLOW_START_STEPS` (`SLOW_START_STEPS`:
+    /// full). Each step moves some slots to it; the flows that started on those slots before
+    /// stay where they are through their connection-table entries (and, on the peers, the
+    /// sync's exceptions).
+    pub step: u32,
 }
 
 /// How a routed backend's packets are wrapped (see `lb_common::BACKEND_F_ENCAP`).

@@ -20,6 +20,7 @@
 //! - [`explain`]: `lbctl explain`'s question, frame and answer (pure; the program decides).
 //! - [`status`]: the status rows lbctl shows and metrics export.
 //! - [`metrics`]: Prometheus metrics (prometheus-client).
+//! - [`metrics_tls`]: the HTTPS /metrics listener with client-certificate authentication.
 //! - [`sync`]: connection sync between LB nodes: its config, datagram and replay window (pure).
 //! - [`api`]: the JSON HTTP API over a unix socket (server and the client lbctl uses).
 
@@ -38,6 +39,7 @@ pub mod health;
 pub mod maglev;
 pub mod members;
 pub mod metrics;
+pub mod metrics_tls;
 pub mod netlink;
 pub mod plan;
 pub mod render;

@@ -212,6 +212,9 @@ pub fn render(
             ("port", v.port_label()),
             ("protocol", v.protocol.clone()),
             ("address", v.vip.to_string()),
+            // The instance that elects the owner; empty for BGP and static VIPs, which have no
+            // single holder (the holder alerts select vrrp!="").
+            ("vrrp", v.vrrp.clone().unwrap_or_default()),
         ])
     };
     gauge_family(
@@ -228,6 +231,13 @@ pub fn render(
         None,
         vips.iter()
             .map(|v| (vip_labels(v), v.backends_active as i64)),
+    );
+    gauge_family(
+        r,
+        "vip_fail_open",
+        "1 while every backend of the VIP service fails its checks by being slow or answering wrong and new flows go to them anyway (fail-open).",
+        None,
+        vips.iter().map(|v| (vip_labels(v), v.fail_open as i64)),
     );
     gauge_family(
         r,
@@ -281,6 +291,13 @@ pub fn render(
         "1 if the backend's last health verdict is up (or it is not checked).",
         None,
         backends.iter().map(|b| (be_labels(b), b.healthy as i64)),
+    );
+    gauge_family(
+        r,
+        "backend_expected",
+        "1 if the backend is expected to serve; 0 while its check finds nothing listening on a VIP with absent_when_refused (an ingress node without a router).",
+        None,
+        backends.iter().map(|b| (be_labels(b), b.expected as i64)),
     );
     gauge_family(
         r,
@@ -375,6 +392,21 @@ fn render_vrrp(r: &mut Registry, instances: &[VrrpRow]) {
                 let mut l = inst(i);
                 l.push(("state".into(), s.as_str().to_lowercase()));
                 (l, (i.instance.state == *s) as i64)
+            })
+        }),
+    );
+    // The expected lbd nodes, as each lbd knows them: a peer no Prometheus target answers for
+    // is a node whose lbd is down or not scraped (alert LbNodeNotScraped).
+    gauge_family(
+        r,
+        "vrrp_unicast_peer",
+        "1 for each unicast peer of the instance (an address another lbd or keepalived speaks from).",
+        None,
+        instances.iter().flat_map(|i| {
+            i.instance.unicast_peers.iter().map(move |p| {
+                let mut l = inst(i);
+                l.push(("peer".into(), p.to_string()));
+                (l, 1)
             })
         }),
     );
@@ -594,6 +626,7 @@ mod tests {
             vrrp: Some("api".into()),
             backends_active: 1,
             backends_total: 2,
+            fail_open: false,
             packets: 10,
             bytes: 1500,
             new_flows: 3,
@@ -611,6 +644,7 @@ mod tests {
             local: false,
             healthy,
             drained: false,
+            expected: true,
             packets: 7,
             bytes: 700,
             new_flows: 2,
@@ -677,7 +711,7 @@ mod tests {
             "name": "api", "interface": "eth0", "vrid": 5, "version": 3, "state": "master",
             "base_priority": 40, "effective_priority": 65, "primary_addr": "192.168.111.2",
             "master": "192.168.111.2", "advert_interval_ms": 1000,
-            "master_advert_interval_ms": 1000, "vips": ["192.168.111.5"], "unicast_peers": [],
+            "master_advert_interval_ms": 1000, "vips": ["192.168.111.5"], "unicast_peers": ["192.168.111.3"],
             "owned": true, "last_transition": null, "last_split_brain": null,
             "last_send_error": null,
             "counters": {"transitions": 2, "became_master": 1, "adverts_sent": 100,

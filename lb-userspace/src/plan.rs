@@ -8,6 +8,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+use lb_common::IPV6_MIN_MTU;
 use serde::Serialize;
 
 use crate::{
@@ -41,13 +42,26 @@ pub struct Facts {
     pub now: Option<Instant>,
 }
 
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct HealthFact {
     pub healthy: bool,
     pub reason: String,
     /// A backend that went down after taking flows keeps its established flows until then (see
     /// [`flows_held`]); `None`: no hold (never up, or the hold is over).
     pub hold_until: Option<Instant>,
+    /// Failing because the backend itself said no (refused or reset a connection) or its node
+    /// was seen to die: never a fail-open target.
+    pub hard: bool,
+    /// Failing because nothing listens on the check port: with `absent_when_refused`, the
+    /// backend is not expected up (no router on this node).
+    pub refused: bool,
+    /// When it stopped passing after having passed (fail-open takes the backends that failed
+    /// together, see [`FAIL_OPEN_WINDOW`]); `None` when failing or never seen up.
+    pub down_since: Option<Instant>,
+    /// When it passed again after failing (not its first result: a backend lbd finds serving
+    /// when it starts has its full weight on every node): slow start runs from then (see
+    /// [`slow_start_step`]); `None`: full weight.
+    pub up_since: Option<Instant>,
 }
 
 impl HealthFact {
@@ -60,8 +74,45 @@ impl HealthFact {
             healthy: false,
             reason,
             hold_until: (!hold.is_zero()).then(|| now + hold),
+            down_since: Some(now),
+            ..Default::default()
         }
     }
+}
+
+/// Fail-open takes the backends that stopped passing within this long of the last one to stop:
+/// a latency spike (etcd, the network) fails every backend within a few check periods of each
+/// other; a backend that went down long before the others did so on its own, and stays out.
+pub const FAIL_OPEN_WINDOW: Duration = Duration::from_secs(10);
+
+/// Slow start: the step (1..=[`SLOW_START_STEPS`]) of a backend's weight it has for new flows
+/// `elapsed` after it returned; `SLOW_START_STEPS` is full weight. The first step is taken at
+/// once (1/20 of the weight, about haproxy's first `slowstart` step), the last one `period`
+/// after the return.
+pub fn slow_start_step(elapsed: Duration, period: Duration) -> u32 {
+    if period.is_zero() || elapsed >= period {
+        return SLOW_START_STEPS;
+    }
+    let step = elapsed.as_nanos() * SLOW_START_STEPS as u128 / period.as_nanos();
+    (step as u32 + 1).min(SLOW_START_STEPS)
+}
+
+pub use crate::health::config::SLOW_START_STEPS;
+
+/// A backend out for less than this is back at full weight at once: a blip (a few slow checks
+/// on a loaded node) is not the restart slow start is for (a rebooted apiserver is out for
+/// minutes), and each climb is a stretch in which this node's table differs from the peers'.
+pub const SLOW_START_MIN_OUTAGE: Duration = Duration::from_secs(10);
+
+/// When a backend that passes at `now` starts its slow start: after it was down (`was_down`;
+/// not a first result, lbd starting: it was serving, and the peers give it its full weight),
+/// unless it went down less than [`SLOW_START_MIN_OUTAGE`] ago after having been up (`old`,
+/// its fact until now). A backend never seen up climbs: it is ready for the first time.
+pub fn slow_start_from(was_down: bool, old: Option<&HealthFact>, now: Instant) -> Option<Instant> {
+    let blip = old
+        .and_then(|h| h.down_since)
+        .is_some_and(|t| now.saturating_duration_since(t) < SLOW_START_MIN_OUTAGE);
+    (was_down && !blip).then_some(now)
 }
 
 /// Whether a failing backend still keeps its established flows at `now`.
@@ -83,9 +134,20 @@ pub enum BackendState {
     Unresolved,
     /// Weight 0.
     Disabled,
+    /// Failing its checks, but every backend of the service is, by being slow or answering
+    /// wrong: new flows go to it anyway rather than nowhere (see [`plan`]).
+    FailOpen,
+    /// Nothing listens on its check port and the check says that means "not here"
+    /// (`absent_when_refused`: a node without a router): out, and not expected up.
+    Absent,
 }
 
 impl BackendState {
+    /// Takes new flows: active, or serving by fail-open.
+    pub fn serves(self) -> bool {
+        matches!(self, BackendState::Active | BackendState::FailOpen)
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             BackendState::Active => "active",
@@ -93,6 +155,8 @@ impl BackendState {
             BackendState::Down => "down",
             BackendState::Unresolved => "unresolved",
             BackendState::Disabled => "disabled",
+            BackendState::FailOpen => "fail-open",
+            BackendState::Absent => "absent",
         }
     }
 }
@@ -107,6 +171,18 @@ pub struct BackendPlan {
     pub local: bool,
     pub state: BackendState,
     pub reason: String,
+    /// Expected to serve: false for an absent backend (see [`BackendState::Absent`]), which a
+    /// "backend down" alert should leave alone.
+    pub expected: bool,
+    /// Slow start: the step of its weight it has for new flows, out of [`SLOW_START_STEPS`].
+    pub step: u32,
+}
+
+impl BackendPlan {
+    /// Still climbing through slow start (the plan changes with time alone).
+    pub fn ramping(&self) -> bool {
+        self.state == BackendState::Active && self.step < SLOW_START_STEPS
+    }
 }
 
 /// What the tracked checks of VRRP instance `instance` add up to, by keepalived's rules
@@ -138,7 +214,8 @@ pub fn track_weight(
 }
 
 /// The load balancer's own readiness for a VRRP instance: every VIP of the instance has an
-/// active backend here.
+/// active backend here. Failing open does not count: OpenShift's election sees a node none of
+/// whose backends pass as not ready, and when every node fails open they all lose the same.
 pub fn lb_ready(cfg: &Config, instance: &str, rows: &[BackendPlan]) -> bool {
     let vips: Vec<&str> = cfg
         .vips
@@ -183,6 +260,15 @@ pub fn fate_shared(cfg: &Config, dead: IpAddr) -> Vec<(String, IpAddr)> {
         .collect()
 }
 
+/// The outer header lb_xdp puts in front of a packet for a routed backend at `addr`.
+fn encap_hlen(addr: IpAddr) -> u32 {
+    if addr.is_ipv4() {
+        lb_common::ENCAP_HLEN_V4
+    } else {
+        lb_common::ENCAP_HLEN_V6
+    }
+}
+
 pub fn plan(cfg: &Config, facts: &Facts) -> (Desired, Vec<BackendPlan>) {
     let mut rows = Vec::new();
     let mut specs_per_vip: Vec<Vec<BackendSpec>> = Vec::new();
@@ -214,7 +300,23 @@ pub fn plan(cfg: &Config, facts: &Facts) -> (Desired, Vec<BackendPlan>) {
             let held = health.is_some_and(|h| flows_held(h, facts.now));
             let healthy = health.map(|h| h.healthy).unwrap_or(true) || held;
             let drained = facts.drained.contains(&pair);
-            let spec = BackendSpec {
+            // An IPv6 VIP's client never lowers its path MTU below 1280: a routed path that
+            // cannot carry 1280 bytes once wrapped would black-hole its larger packets (the
+            // data plane drops them, with no "packet too big" the client could use). Such a
+            // pair takes no new flows; its established ones stay.
+            let narrow = v.address.is_ipv6()
+                && encap.is_some_and(|e| u32::from(e.mtu) < IPV6_MIN_MTU + encap_hlen(b.address));
+            let drained = drained || narrow;
+            let absent =
+                !healthy && v.health.absent_when_refused && health.is_some_and(|h| h.refused);
+            let step = match (health.and_then(|h| h.up_since), facts.now) {
+                (Some(t), Some(now)) if healthy && !held => slow_start_step(
+                    now.saturating_duration_since(t),
+                    Duration::from_millis(v.health.slow_start_ms),
+                ),
+                _ => SLOW_START_STEPS,
+            };
+            let mut spec = BackendSpec {
                 addr: b.address,
                 weight: b.weight,
                 mac,
@@ -225,6 +327,7 @@ pub fn plan(cfg: &Config, facts: &Facts) -> (Desired, Vec<BackendPlan>) {
                 drained,
                 failing: held,
                 encap,
+                step: SLOW_START_STEPS,
             };
             let (state, reason) = if held {
                 let h = health.expect("held implies a fact");
@@ -236,6 +339,14 @@ pub fn plan(cfg: &Config, facts: &Facts) -> (Desired, Vec<BackendPlan>) {
                 (
                     BackendState::Down,
                     format!("{}; established flows stay for {left:.0}s more", h.reason),
+                )
+            } else if absent {
+                (
+                    BackendState::Absent,
+                    format!(
+                        "{}: nothing serves here (absent_when_refused)",
+                        health.map(|h| h.reason.as_str()).unwrap_or_default()
+                    ),
                 )
             } else if !healthy {
                 (
@@ -261,10 +372,37 @@ pub fn plan(cfg: &Config, facts: &Facts) -> (Desired, Vec<BackendPlan>) {
                         "no MAC in the neighbour table yet".to_string()
                     },
                 )
+            } else if narrow {
+                (
+                    BackendState::Drained,
+                    format!(
+                        "its path MTU {} cannot carry a 1280-byte IPv6 packet wrapped (needs {}): no new flows",
+                        encap.map_or(0, |e| e.mtu),
+                        IPV6_MIN_MTU + encap_hlen(b.address)
+                    ),
+                )
             } else if drained {
                 (BackendState::Drained, "drained by operator".to_string())
             } else if b.weight == 0 {
                 (BackendState::Disabled, "weight 0".to_string())
+            } else if step < SLOW_START_STEPS {
+                spec.step = step;
+                let full = Duration::from_millis(v.health.slow_start_ms)
+                    .saturating_sub(
+                        facts
+                            .now
+                            .zip(health.and_then(|h| h.up_since))
+                            .map(|(n, t)| n.saturating_duration_since(t))
+                            .unwrap_or_default(),
+                    )
+                    .as_secs_f64();
+                (
+                    BackendState::Active,
+                    format!(
+                        "slow start: {}% of its weight for new flows, full in {full:.0}s",
+                        step * 100 / SLOW_START_STEPS
+                    ),
+                )
             } else {
                 (
                     BackendState::Active,
@@ -280,9 +418,13 @@ pub fn plan(cfg: &Config, facts: &Facts) -> (Desired, Vec<BackendPlan>) {
                 local,
                 state,
                 reason,
+                expected: !absent,
+                step: spec.step,
             });
             specs.push(spec);
         }
+        let first = rows.len() - specs.len();
+        fail_open(v, facts, &mut specs, &mut rows[first..]);
         specs_per_vip.push(specs);
     }
     let services = cfg
@@ -299,6 +441,63 @@ pub fn plan(cfg: &Config, facts: &Facts) -> (Desired, Vec<BackendPlan>) {
         .collect();
     let peers = loop_guard_macs(cfg, facts);
     (Desired { services, peers }, rows)
+}
+
+/// Fail-open: when no backend of `v` passes its checks, the ones that failed softly (slow,
+/// wrong answer: not refused, not reset, not on a dead node) and together (within
+/// [`FAIL_OPEN_WINDOW`] of the last to fail) take new flows again, rather than the VIP dropping
+/// every new connection: an etcd latency spike that slows every apiserver's `/readyz` past the
+/// check timeout leaves the API served, as haproxy (10 s check timeout) would. It ends as soon as
+/// one backend passes. Drained, weight-0 and unresolved backends stay out; so does a service
+/// without checks or with `fail_open = false`.
+fn fail_open(
+    v: &crate::config::VipConfig,
+    facts: &Facts,
+    specs: &mut [BackendSpec],
+    rows: &mut [BackendPlan],
+) {
+    if !v.health.fail_open || v.health.kind == crate::health::CheckKind::None {
+        return;
+    }
+    let fact = |addr: IpAddr| facts.health.get(&(v.name.clone(), addr));
+    let passing = specs
+        .iter()
+        .any(|s| s.weight > 0 && fact(s.addr).is_none_or(|h| h.healthy));
+    if passing {
+        return;
+    }
+    let soft = |s: &BackendSpec| {
+        let h = fact(s.addr)?;
+        let usable = s.weight > 0 && !s.drained && (s.local || s.mac.is_some());
+        (usable && !h.healthy && !h.hard).then_some(h.down_since?)
+    };
+    let Some(last) = specs.iter().filter_map(soft).max() else {
+        return;
+    };
+    for (s, r) in specs.iter_mut().zip(rows.iter_mut()) {
+        if soft(s).is_some_and(|t| t + FAIL_OPEN_WINDOW >= last) {
+            s.healthy = true;
+            s.failing = false;
+            r.state = BackendState::FailOpen;
+            r.reason = format!(
+                "fail-open: every backend of {} fails its checks ({}); new flows still come here until one passes",
+                v.name,
+                fact(s.addr).map(|h| h.reason.as_str()).unwrap_or_default()
+            );
+            debug_assert!(s.in_table());
+        }
+    }
+}
+
+/// The VIPs (by name) some of whose backends serve by fail-open.
+pub fn failing_open(rows: &[BackendPlan]) -> Vec<String> {
+    let mut v: Vec<String> = rows
+        .iter()
+        .filter(|r| r.state == BackendState::FailOpen)
+        .map(|r| r.vip.clone())
+        .collect();
+    v.dedup();
+    v
 }
 
 /// The MACs of the other lbd nodes this one knows: its backends (on an on-premises cluster every
@@ -394,6 +593,8 @@ health.kind = "tcp"
             local: false,
             state,
             reason: String::new(),
+            expected: true,
+            step: SLOW_START_STEPS,
         };
         let passing = |both: bool, mcs: bool| {
             HashMap::from([
@@ -490,6 +691,62 @@ address = "10.0.0.3"
     }
 
     #[test]
+    fn a_routed_path_too_narrow_for_1280_bytes_wrapped_takes_no_new_ipv6_flows() {
+        // Paths that carry less than 1280 bytes once wrapped: fine for an IPv4 VIP (any
+        // packet can be told the path's true MTU), not for an IPv6 one (no client goes below
+        // 1280, so its larger packets would never get through).
+        let cfg = Config::parse(
+            r#"
+interface = "eth0"
+[[vips]]
+name = "v4"
+address = "10.0.0.100"
+owned = true
+ports = [443]
+[[vips.backends]]
+address = "10.9.0.1"
+encap = "ipip"
+[[vips]]
+name = "v6"
+address = "fd00::100"
+owned = true
+ports = [443]
+[[vips.backends]]
+address = "fd09::1"
+encap = "ipip"
+"#,
+        )
+        .unwrap();
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        let mut f = Facts::default();
+        f.macs.insert(ip("10.0.0.254"), [2, 0, 0, 0, 0, 0xfe]);
+        f.macs.insert(ip("fd00::fe"), [2, 0, 0, 0, 0, 0xfe]);
+        let path = |hop: &str, src: &str, mtu| crate::netlink::RoutePath {
+            next_hop: ip(hop),
+            oif: 2,
+            src: Some(ip(src)),
+            mtu,
+        };
+        f.paths
+            .insert(ip("10.9.0.1"), path("10.0.0.254", "10.0.0.10", 1200));
+        f.paths
+            .insert(ip("fd09::1"), path("fd00::fe", "fd00::10", 1319));
+        let (want, rows) = plan(&cfg, &f);
+        assert!(want.services[0].backends[0].in_table(), "IPv4 VIP");
+        assert_eq!(rows[0].state, BackendState::Active);
+        let v6 = &want.services[1].backends[0];
+        assert!(v6.in_set() && !v6.in_table(), "established flows only");
+        assert_eq!(rows[1].state, BackendState::Drained);
+        assert!(rows[1].reason.contains("1319"), "{}", rows[1].reason);
+        // 1320 carries 1280 behind the 40-byte outer header.
+        f.paths
+            .insert(ip("fd09::1"), path("fd00::fe", "fd00::10", 1320));
+        let (want, rows) = plan(&cfg, &f);
+        assert!(want.services[1].backends[0].in_table());
+        assert_eq!(rows[1].state, BackendState::Active);
+    }
+
+    #[test]
     fn states_follow_facts() {
         let cfg = cfg();
         let ip = |s: &str| s.parse::<IpAddr>().unwrap();
@@ -504,6 +761,7 @@ address = "10.0.0.3"
                 healthy: false,
                 reason: "timeout".into(),
                 hold_until: None,
+                ..Default::default()
             },
         );
         let (d, rows) = plan(&cfg, &f);
@@ -624,6 +882,7 @@ address = "10.0.0.1"
                     healthy: false,
                     reason: "VRRP master failed".into(),
                     hold_until: None,
+                    ..Default::default()
                 },
             );
         }
@@ -670,5 +929,206 @@ address = "10.0.0.1"
         );
         f.now = Some(t0);
         assert!(!plan(&cfg, &f).0.services[0].backends[0].in_set());
+    }
+
+    /// Every backend resolved (10.0.0.1-4), 10.0.0.4 drained: the four facts given, at `t0`.
+    fn failing_facts(t0: Instant, facts: [HealthFact; 4]) -> Facts {
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        let mut f = Facts::default();
+        for (i, fact) in facts.into_iter().enumerate() {
+            let a = ip(&format!("10.0.0.{}", i + 1));
+            f.macs.insert(a, [2, 0, 0, 0, 0, i as u8]);
+            f.health.insert(("api".into(), a), fact);
+        }
+        f.drained.insert(("api".into(), ip("10.0.0.4")));
+        f.now = Some(t0);
+        f
+    }
+
+    fn slow(at: Instant) -> HealthFact {
+        HealthFact::failed(
+            "timeout after 200 ms during response".into(),
+            at,
+            Duration::ZERO,
+        )
+    }
+
+    fn states(rows: &[BackendPlan]) -> Vec<BackendState> {
+        rows.iter().map(|r| r.state).collect()
+    }
+
+    #[test]
+    fn every_backend_slow_at_once_fails_open_to_them_until_one_passes() {
+        use BackendState::*;
+        let cfg = cfg();
+        let t0 = Instant::now();
+        let refused = HealthFact {
+            hard: true,
+            refused: true,
+            ..HealthFact::failed("connection refused".into(), t0, Duration::ZERO)
+        };
+        // 10.0.0.1 and .2 slow within the window; .3 refused (dead: stays out); .4 drained (an
+        // operator's choice: stays out).
+        let mut f = failing_facts(
+            t0 + Duration::from_secs(30),
+            [
+                slow(t0 + Duration::from_secs(20)),
+                slow(t0 + Duration::from_secs(25)),
+                refused,
+                slow(t0),
+            ],
+        );
+        let (d, rows) = plan(&cfg, &f);
+        assert_eq!(states(&rows), [FailOpen, FailOpen, Down, Down]);
+        let b = &d.services[0].backends;
+        assert!(b[0].in_table() && b[1].in_table());
+        assert!(!b[2].in_table() && !b[3].in_table());
+        assert!(
+            rows[0].reason.starts_with("fail-open"),
+            "{}",
+            rows[0].reason
+        );
+        assert_eq!(failing_open(&rows), ["api"]);
+
+        // One that failed long before the rest did so on its own: not part of the set.
+        f.health
+            .insert(("api".into(), "10.0.0.1".parse().unwrap()), slow(t0));
+        let (_, rows) = plan(&cfg, &f);
+        assert_eq!(states(&rows), [Down, FailOpen, Down, Down]);
+
+        // One passes: fail-open is over at once.
+        f.health.insert(
+            ("api".into(), "10.0.0.3".parse().unwrap()),
+            HealthFact {
+                healthy: true,
+                reason: "ok".into(),
+                ..Default::default()
+            },
+        );
+        let (_, rows) = plan(&cfg, &f);
+        assert_eq!(states(&rows), [Down, Down, Active, Down]);
+        assert!(failing_open(&rows).is_empty());
+
+        // Every failure hard (refused, reset, dead node): nothing to fail open to.
+        let hard = |at| HealthFact {
+            hard: true,
+            ..slow(at)
+        };
+        let f = failing_facts(t0, [hard(t0), hard(t0), hard(t0), hard(t0)]);
+        let (_, rows) = plan(&cfg, &f);
+        assert_eq!(states(&rows), [Down, Down, Down, Down]);
+
+        // Never seen up (lbd just started, every check slow): no set to go back to.
+        let never = || HealthFact {
+            reason: "timeout".into(),
+            ..Default::default()
+        };
+        let f = failing_facts(t0, [never(), never(), never(), never()]);
+        assert_eq!(states(&plan(&cfg, &f).1), [Down, Down, Down, Down]);
+
+        // Switched off.
+        let mut off = cfg.clone();
+        off.vips[0].health.fail_open = false;
+        let f = failing_facts(t0, [slow(t0), slow(t0), slow(t0), slow(t0)]);
+        assert_eq!(states(&plan(&off, &f).1), [Down, Down, Down, Down]);
+    }
+
+    #[test]
+    fn a_refused_check_with_absent_when_refused_is_absent_not_down() {
+        use BackendState::*;
+        let mut cfg = cfg();
+        let t0 = Instant::now();
+        let refused = || HealthFact {
+            hard: true,
+            refused: true,
+            reason: "connection refused".into(),
+            ..Default::default()
+        };
+        let ok = || HealthFact {
+            healthy: true,
+            reason: "ok".into(),
+            ..Default::default()
+        };
+        let f = failing_facts(t0, [refused(), ok(), slow(t0), ok()]);
+        let (_, rows) = plan(&cfg, &f);
+        assert_eq!(states(&rows), [Down, Active, Down, Drained]);
+        assert!(rows.iter().all(|r| r.expected));
+        cfg.vips[0].health.absent_when_refused = true;
+        let (d, rows) = plan(&cfg, &f);
+        assert_eq!(states(&rows), [Absent, Active, Down, Drained]);
+        assert!(!rows[0].expected && rows[1].expected && rows[2].expected);
+        assert!(!d.services[0].backends[0].in_set());
+        assert!(
+            rows[0].reason.contains("nothing serves here"),
+            "{}",
+            rows[0].reason
+        );
+    }
+
+    #[test]
+    fn slow_start_follows_a_real_outage_not_a_blip_nor_lbd_starting() {
+        let t0 = Instant::now();
+        let secs = Duration::from_secs;
+        let down_at = |t| HealthFact::failed("timeout".into(), t, Duration::ZERO);
+        // lbd starting: the first result is up.
+        assert_eq!(slow_start_from(false, None, t0), None);
+        // Never seen up, ready now: it climbs.
+        let never = HealthFact::default();
+        assert_eq!(slow_start_from(true, Some(&never), t0), Some(t0));
+        // Out for 3 s: a blip, full weight at once; out for a minute: it climbs.
+        assert_eq!(
+            slow_start_from(true, Some(&down_at(t0)), t0 + secs(3)),
+            None
+        );
+        assert_eq!(
+            slow_start_from(true, Some(&down_at(t0)), t0 + secs(60)),
+            Some(t0 + secs(60))
+        );
+    }
+
+    #[test]
+    fn slow_start_climbs_in_steps_of_the_new_flow_weight() {
+        let period = Duration::from_secs(60);
+        assert_eq!(slow_start_step(Duration::ZERO, period), 1);
+        assert_eq!(slow_start_step(Duration::from_secs(2), period), 1);
+        assert_eq!(slow_start_step(Duration::from_secs(3), period), 2);
+        assert_eq!(slow_start_step(Duration::from_secs(30), period), 11);
+        assert_eq!(slow_start_step(Duration::from_millis(59_999), period), 20);
+        assert_eq!(slow_start_step(period, period), SLOW_START_STEPS);
+        assert_eq!(
+            slow_start_step(Duration::ZERO, Duration::ZERO),
+            SLOW_START_STEPS
+        );
+
+        let mut cfg = cfg();
+        cfg.vips[0].health.slow_start_ms = 60_000;
+        let t0 = Instant::now();
+        let up = |since| HealthFact {
+            healthy: true,
+            reason: "ok".into(),
+            up_since: since,
+            ..Default::default()
+        };
+        let mut f = failing_facts(t0, [up(Some(t0)), up(None), up(None), up(None)]);
+        f.now = Some(t0 + Duration::from_secs(15));
+        let (d, rows) = plan(&cfg, &f);
+        assert_eq!(rows[0].state, BackendState::Active);
+        assert_eq!((rows[0].step, rows[1].step), (6, SLOW_START_STEPS));
+        assert!(rows[0].ramping() && !rows[1].ramping());
+        assert!(
+            rows[0].reason.contains("slow start: 30%"),
+            "{}",
+            rows[0].reason
+        );
+        assert!(rows[0].reason.contains("full in 45s"), "{}", rows[0].reason);
+        assert_eq!(d.services[0].backends[0].step, 6);
+        f.now = Some(t0 + period);
+        let (d, rows) = plan(&cfg, &f);
+        assert!(!rows[0].ramping());
+        assert_eq!(d.services[0].backends[0].step, SLOW_START_STEPS);
+        // Without a slow-start period: full weight at once.
+        cfg.vips[0].health.slow_start_ms = 0;
+        f.now = Some(t0);
+        assert_eq!(plan(&cfg, &f).1[0].step, SLOW_START_STEPS);
     }
 }

@@ -12,8 +12,11 @@
 //!   active backend, +5 while the local kube-apiserver is ready, +3 while the local
 //!   machine-config server accepts connections (when 22623 is served).
 //! - `worker`: the ingress VIP (80 and 443), backends are the nodes that run routers (workers;
-//!   on a compact cluster, the control-plane nodes that are also workers), priority 20, +50
-//!   while the local router's /healthz on 1936 answers.
+//!   on a compact cluster, the control-plane nodes that are also workers), checked on the
+//!   router's readiness (`/healthz/ready` on 1936; a node without a router is absent),
+//!   priority 20, +50 while the local router is ready.
+//! - IngressController shards (`[[ingress_shards]]`): a VIP each, on the nodes they select
+//!   ([`shards`]). The checks and their timing beside OpenShift's: [`checks`].
 //!
 //! A node with both roles (compact three-node clusters) gets one config with both VIPs and
 //! both VRRP instances: one lbd, one XDP attach, one API socket.
@@ -22,9 +25,13 @@
 //! description (`nodes[2].address: ...`) or, for a rendered node, the node and the field of its
 //! config, in the same `field: reason` form as lbd's own config errors.
 
+mod checks;
 mod manifests;
+mod shards;
 
+pub use checks::{api_health, router_health};
 pub use manifests::{machine_config, node_disruption_policy};
+pub use shards::IngressShard;
 
 use std::{collections::HashSet, net::IpAddr, path::PathBuf};
 
@@ -87,6 +94,11 @@ pub struct ClusterSpec {
     /// OpenShift's on-prem pods bind ([`OPENSHIFT_HOST_PORTS`]).
     #[serde(default = "default_metrics")]
     pub metrics_listen: Option<std::net::SocketAddr>,
+    /// The port of lbd's HTTPS /metrics listener on every node (`[metrics_tls]`: the kubelet's
+    /// serving certificate and client CA, see [`crate::metrics_tls`]), which cluster monitoring
+    /// scrapes (deploy/monitoring/service-monitor.yaml names the same port). 0: none.
+    #[serde(default = "default_metrics_tls_port")]
+    pub metrics_tls_port: u16,
     /// The connection sync (`[sync]` of every node): the cluster key's path on the nodes; the
     /// peers come from the node list. On by default (the key at [`DEFAULT_KEY_FILE`], made by
     /// `lbctl render`); `enabled = false` turns it off.
@@ -97,6 +109,10 @@ pub struct ClusterSpec {
     /// `vrrp_sync_group`, see [`crate::vrrp::group`]).
     #[serde(default)]
     pub platform: Platform,
+    /// IngressController shards, each with its own VIPs, ports, router stats port and node
+    /// selection, rendered beside the default ingress VIP (see [`shards`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ingress_shards: Vec<IngressShard>,
     pub nodes: Vec<NodeSpec>,
 }
 
@@ -141,6 +157,10 @@ pub struct NodeSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub secondary_address: Option<IpAddr>,
     pub roles: Vec<Role>,
+    /// The Node object's labels that IngressController shards select on
+    /// (`ingress_shards[].node_selector`).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub labels: std::collections::BTreeMap<String, String>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -190,6 +210,19 @@ fn default_socket() -> PathBuf {
 fn default_metrics() -> Option<std::net::SocketAddr> {
     Some(([127, 0, 0, 1], DEFAULT_METRICS_PORT).into())
 }
+
+fn default_metrics_tls_port() -> u16 {
+    DEFAULT_METRICS_TLS_PORT
+}
+
+/// The port of the authenticated /metrics listener cluster monitoring scrapes, next to
+/// [`DEFAULT_METRICS_PORT`] and, like it, outside [`OPENSHIFT_HOST_PORTS`].
+pub const DEFAULT_METRICS_TLS_PORT: u16 = 29445;
+
+/// The kubelet's files on an OpenShift node that the metrics TLS listener uses (rotated by the
+/// kubelet and the machine-config daemon; lbd reads them again when they change).
+pub const KUBELET_SERVING_CERT: &str = "/var/lib/kubelet/pki/kubelet-server-current.pem";
+pub const KUBELET_CLIENT_CA: &str = "/etc/kubernetes/kubelet-ca.crt";
 
 /// lbd's metrics and probe port on rendered nodes: outside every range of
 /// [`OPENSHIFT_HOST_PORTS`] (9444, the earlier default, is haproxy's health port).
@@ -332,6 +365,18 @@ impl ClusterSpec {
                 ),
             ));
         }
+        if self.metrics_tls_port != 0
+            && (openshift_port(self.metrics_tls_port)
+                || self.metrics_listen.map(|m| m.port()) == Some(self.metrics_tls_port))
+        {
+            return Err(invalid(
+                "metrics_tls_port",
+                format!(
+                    "port {} is one OpenShift's on-prem pods bind or reserve, or metrics_listen's; the default is {DEFAULT_METRICS_TLS_PORT}",
+                    self.metrics_tls_port
+                ),
+            ));
+        }
         if self.nodes.is_empty() {
             return Err(invalid("nodes", "at least one node"));
         }
@@ -406,7 +451,7 @@ impl ClusterSpec {
                 "ingress VIPs are set but no node has the worker role (routers)",
             ));
         }
-        Ok(())
+        self.validate_shards()
     }
 
     /// `(api, ingress)` VRIDs: OpenShift's, from the cluster name, unless overridden. Every
@@ -489,7 +534,24 @@ impl ClusterSpec {
                 .filter_map(|p| node_address(p, v4))
                 .collect(),
             check_unicast_src: true,
-            unicast_peer_ttl: Vec::new(),
+            // Every node runs lbd (not the migration profile), and lbd sends every advert with
+            // hop limit 255: IPv6 unicast adverts from fewer hops away than on-link are
+            // refused, so an off-link host that spoofs a peer's address cannot move the VIP.
+            // (keepalived sends IPv6 unicast with hop limit 64: no bounds while it may run.)
+            unicast_peer_ttl: if v4 || migrating {
+                Vec::new()
+            } else {
+                group
+                    .iter()
+                    .filter(|p| p.name != me.name)
+                    .filter_map(|p| node_address(p, v4))
+                    .map(|address| crate::vrrp::config::PeerTtl {
+                        address,
+                        min_ttl: 255,
+                        max_ttl: 255,
+                    })
+                    .collect()
+            },
             garp_master_delay_s: 5,
             v2_compat: migrating && v4,
             vips: vec![vip],
@@ -564,6 +626,23 @@ impl ClusterSpec {
             name: self.lb_name.clone(),
             api_socket: self.api_socket.clone(),
             metrics_listen: self.metrics_listen,
+            metrics_tls: (self.metrics_tls_port != 0).then(|| {
+                crate::metrics_tls::MetricsTlsConfig {
+                    // Every address of the node's family: Prometheus scrapes the pod's IP.
+                    listen: match me.address {
+                        IpAddr::V4(_) => {
+                            (std::net::Ipv4Addr::UNSPECIFIED, self.metrics_tls_port).into()
+                        }
+                        IpAddr::V6(_) => {
+                            (std::net::Ipv6Addr::UNSPECIFIED, self.metrics_tls_port).into()
+                        }
+                    },
+                    cert_file: KUBELET_SERVING_CERT.into(),
+                    key_file: KUBELET_SERVING_CERT.into(),
+                    client_ca_file: KUBELET_CLIENT_CA.into(),
+                    allowed_clients: vec![crate::metrics_tls::PROMETHEUS_K8S.into()],
+                }
+            }),
             xdp_mode: self.xdp_mode,
             hash_seed: crate::config::DEFAULT_HASH_SEED,
             table_size: lb_common::DEFAULT_TABLE_SIZE,
@@ -602,6 +681,7 @@ impl ClusterSpec {
                 t.address = Some(std::net::SocketAddr::new(loopback(vip), port));
                 t.health.kind = kind;
                 t.health.path = path.into();
+                (t.health.rise, t.health.fall) = checks::track_counts(script);
             }
             t
         };
@@ -617,12 +697,7 @@ impl ClusterSpec {
                     protocol: crate::config::Protocol::Tcp,
                     owned: None,
                     vrrp: Some(name.clone()),
-                    health: HealthConfig {
-                        kind: CheckKind::Https,
-                        path: "/readyz".into(),
-                        port: Some(6443),
-                        ..HealthConfig::default()
-                    },
+                    health: api_health(),
                     backends: group
                         .iter()
                         .filter_map(|n| node_address(n, vip.is_ipv4()))
@@ -676,12 +751,7 @@ impl ClusterSpec {
                 protocol: crate::config::Protocol::Tcp,
                 owned: None,
                 vrrp: Some(name.clone()),
-                health: HealthConfig {
-                    kind: CheckKind::Http,
-                    path: "/healthz".into(),
-                    port: Some(ROUTER_STATS_PORT),
-                    ..HealthConfig::default()
-                },
+                health: router_health(ROUTER_STATS_PORT),
                 backends: routers
                     .iter()
                     .filter_map(|n| node_address(n, vip.is_ipv4()))
@@ -728,6 +798,7 @@ impl ClusterSpec {
         if self.platform == Platform::Openstack {
             group_roles(&mut cfg.vrrp);
         }
+        self.render_shards(me, &mut cfg);
         cfg
     }
 }
@@ -736,8 +807,13 @@ impl ClusterSpec {
 /// [`Platform::Openstack`]); the first VIP's instance leads.
 fn group_roles(vrrp: &mut [InstanceConfig]) {
     for role in ["api", "ingress"] {
-        let of_role =
-            |r: &InstanceConfig| r.name == role || r.name.starts_with(&format!("{role}-"));
+        // `ingress-1`, not a shard's `ingress-<shard>` (grouped by its own rule).
+        let of_role = |r: &InstanceConfig| {
+            r.name == role
+                || r.name
+                    .strip_prefix(&format!("{role}-"))
+                    .is_some_and(|i| i.parse::<usize>().is_ok())
+        };
         if vrrp.iter().filter(|r| of_role(r)).count() > 1 {
             for r in vrrp.iter_mut().filter(|r| of_role(r)) {
                 r.group = Some(role.to_string());
@@ -1221,7 +1297,27 @@ roles = ["worker"]
         for r in spec.render().unwrap() {
             let m = r.config.metrics_listen.expect("probes need the listener");
             assert!(!openshift_port(m.port()), "{m}");
+            let t = r
+                .config
+                .metrics_tls
+                .as_ref()
+                .expect("cluster monitoring scrapes it");
+            assert!(!openshift_port(t.listen.port()), "{}", t.listen);
+            assert_ne!(t.listen.port(), m.port());
+            assert_eq!(t.cert_file, std::path::Path::new(KUBELET_SERVING_CERT));
+            assert_eq!(t.client_ca_file, std::path::Path::new(KUBELET_CLIENT_CA));
         }
+        for port in [9445, 29444] {
+            let e = err(&format!("metrics_tls_port = {port}\n{SPLIT}"));
+            assert!(e.starts_with("metrics_tls_port:"), "{port}: {e}");
+        }
+        let off = ClusterSpec::parse(&format!("metrics_tls_port = 0\n{SPLIT}")).unwrap();
+        assert!(
+            off.render()
+                .unwrap()
+                .iter()
+                .all(|r| r.config.metrics_tls.is_none())
+        );
         for port in [
             9443, 9444, 9445, 6443, 22623, 22624, 1936, 80, 443, 10250, 30080,
         ] {
@@ -1339,6 +1435,26 @@ roles = ["worker"]
             (3, false, Some(1000))
         );
         assert_eq!(r.auth_pass, None);
+        // Every node runs lbd: IPv6 unicast adverts only from on-link (hop limit 255), every
+        // peer; while keepalived may run (it sends 64), no bounds.
+        for r in &out[0].config.vrrp {
+            assert!(!r.unicast_peers.is_empty());
+            let bounded: Vec<(IpAddr, u8, u8)> = r
+                .unicast_peer_ttl
+                .iter()
+                .map(|t| (t.address, t.min_ttl, t.max_ttl))
+                .collect();
+            let want: Vec<(IpAddr, u8, u8)> =
+                r.unicast_peers.iter().map(|a| (*a, 255, 255)).collect();
+            assert_eq!(bounded, want, "{}", r.name);
+        }
+        assert!(
+            mig[0]
+                .config
+                .vrrp
+                .iter()
+                .all(|r| r.unicast_peer_ttl.is_empty())
+        );
     }
 
     #[test]

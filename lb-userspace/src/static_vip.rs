@@ -74,15 +74,29 @@ impl StaticVips {
     /// Hold exactly `cfg`'s static VIPs: add new ones, give back removed ones, and announce.
     pub async fn set(&mut self, handle: &Handle, cfg: &Config) -> Result<()> {
         let want = static_vips(cfg);
-        for gone in self.held.iter().filter(|a| !want.contains(a)) {
-            announce::remove_vip(handle, &self.ifname, *gone).await?;
-            tracing::info!(vip = %gone, "static VIP removed");
-        }
-        for new in want.iter().filter(|a| !self.held.contains(a)) {
-            announce::add_vip(handle, &self.ifname, *new).await?;
-            tracing::info!(vip = %new, interface = %self.ifname, "static VIP added");
-        }
+        let ifname = self.ifname.clone();
         let changed = want != self.held;
+        change_held(
+            &mut self.held,
+            &want,
+            |gone| {
+                let ifname = ifname.clone();
+                async move {
+                    announce::remove_vip(handle, &ifname, gone).await?;
+                    tracing::info!(vip = %gone, "static VIP removed");
+                    Ok(())
+                }
+            },
+            |new| {
+                let ifname = ifname.clone();
+                async move {
+                    announce::add_vip(handle, &ifname, new).await?;
+                    tracing::info!(vip = %new, interface = %ifname, "static VIP added");
+                    Ok(())
+                }
+            },
+        )
+        .await?;
         self.held = want;
         if changed || self.task.is_none() {
             if let Some(t) = self.task.take() {
@@ -97,6 +111,34 @@ impl StaticVips {
         }
         Ok(())
     }
+}
+
+/// Take `held` to `want`: remove what is not wanted, then add what is missing, `held` following
+/// each step as it succeeds. On an error `held` is what the interface holds, so setting the
+/// previous list again (a reload's rollback) puts back a VIP removed before the failure.
+async fn change_held<R, A, RF, AF>(
+    held: &mut Vec<IpAddr>,
+    want: &[IpAddr],
+    mut remove: R,
+    mut add: A,
+) -> Result<()>
+where
+    R: FnMut(IpAddr) -> RF,
+    A: FnMut(IpAddr) -> AF,
+    RF: std::future::Future<Output = Result<()>>,
+    AF: std::future::Future<Output = Result<()>>,
+{
+    let gone: Vec<IpAddr> = held.iter().copied().filter(|a| !want.contains(a)).collect();
+    for a in gone {
+        remove(a).await?;
+        held.retain(|h| *h != a);
+    }
+    let new: Vec<IpAddr> = want.iter().copied().filter(|a| !held.contains(a)).collect();
+    for a in new {
+        add(a).await?;
+        held.push(a);
+    }
+    Ok(())
 }
 
 impl Drop for StaticVips {
@@ -201,5 +243,41 @@ asn = 65000
         assert!(keep.contains(&"192.0.2.1".parse().unwrap()), "{keep:?}");
         assert!(keep.contains(&"192.0.2.3".parse().unwrap()), "{keep:?}");
         assert!(!keep.contains(&"192.0.2.4".parse().unwrap()), "{keep:?}");
+    }
+}
+
+#[cfg(test)]
+mod change_tests {
+    use super::*;
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    /// A reload swaps VIP A for B and adding B fails: the rollback (setting [A] again) adds A
+    /// back, since `held` says it was removed.
+    #[tokio::test]
+    async fn a_failed_add_leaves_held_as_the_interface_is_and_the_rollback_restores() {
+        let (a, b) = (ip("192.0.2.1"), ip("192.0.2.2"));
+        let on_if = std::cell::RefCell::new(vec![a]);
+        let remove = |x: IpAddr| {
+            on_if.borrow_mut().retain(|h| *h != x);
+            async { Ok(()) }
+        };
+        let mut held = vec![a];
+        let r = change_held(&mut held, &[b], remove, |_| async {
+            anyhow::bail!("no room")
+        })
+        .await;
+        assert!(r.is_err());
+        assert_eq!(held, Vec::<IpAddr>::new(), "A went, B never came");
+        // The rollback.
+        let add = |x: IpAddr| {
+            on_if.borrow_mut().push(x);
+            async { Ok(()) }
+        };
+        change_held(&mut held, &[a], remove, add).await.unwrap();
+        assert_eq!(held, vec![a]);
+        assert_eq!(*on_if.borrow(), vec![a]);
     }
 }

@@ -56,6 +56,10 @@ pub struct BackendRow {
     pub local: bool,
     /// The health verdict (true when not checked).
     pub healthy: bool,
+    /// Expected to serve: false when its check finds nothing listening and the VIP's check
+    /// has `absent_when_refused` (a node without a router): a "backend down" alert skips it.
+    #[serde(default = "yes")]
+    pub expected: bool,
     pub drained: bool,
     pub packets: u64,
     pub bytes: u64,
@@ -87,6 +91,9 @@ pub struct VipRow {
     pub vrrp: Option<String>,
     pub backends_active: usize,
     pub backends_total: usize,
+    /// Every backend fails its checks, softly: new flows go to them anyway (state `fail-open`).
+    #[serde(default)]
+    pub fail_open: bool,
     pub packets: u64,
     pub bytes: u64,
     pub new_flows: u64,
@@ -379,6 +386,7 @@ mod tests {
             local: true,
             healthy: true,
             drained: false,
+            expected: true,
             packets: 0,
             bytes: 0,
             new_flows: 0,
@@ -399,6 +407,7 @@ mod tests {
             vrrp: None,
             backends_active: 1,
             backends_total: 1,
+            fail_open: false,
             packets: 0,
             bytes: 0,
             new_flows: 0,
@@ -563,4 +572,8 @@ mod tests {
         let back: VrrpRow = serde_json::from_value(vrrp).unwrap();
         assert_eq!(back.instance.name, "api");
     }
+}
+
+fn yes() -> bool {
+    true
 }

@@ -6,6 +6,7 @@ pub mod bench;
 pub mod chaos;
 pub mod labs;
 pub mod lbctl;
+pub mod monitoring;
 pub mod xdp;
 
 // Each lab and tool is also named at the crate root, as tests and tools use them.
@@ -98,6 +99,7 @@ pub fn backend(addr: &str, n: u8) -> BackendSpec {
         drained: false,
         failing: false,
         encap: None,
+        step: lb_userspace::plan::SLOW_START_STEPS,
     }
 }
 

@@ -461,3 +461,351 @@ fn sigkill_restart_drops_nothing() {
         assert!(count(&after, id) > 0, "{id} after the restart: {after:?}");
     }
 }
+
+/// The VIP's rows of `lbctl vips list` (one per port).
+fn vip_rows(l: &HttpsLab) -> Vec<Value> {
+    l.lbctl(&["vips", "list"])
+        .and_then(|v| v.as_array().cloned())
+        .unwrap_or_default()
+}
+
+/// e. Every `/readyz` turns slow (an etcd latency spike), not dead: every backend fails its
+/// checks at once and the VIP fails open, still serving; a backend that refuses connections
+/// meanwhile is out at once; fail-open ends as soon as one backend passes.
+#[test]
+fn every_readyz_slow_the_vip_fails_open_and_keeps_serving() {
+    let mut l = three();
+    // Slower than the 200 ms check timeout; fast enough for the client's 3 s.
+    for n in ["b1", "b2", "b3"] {
+        l.set_slow(n, Some(600));
+    }
+    for n in ["b1", "b2", "b3"] {
+        assert!(
+            l.wait_state(n, "fail-open", Duration::from_secs(10))
+                .is_some(),
+            "{n}: {:?}\n{}",
+            l.rows(n),
+            l.lab.log("lbd")
+        );
+    }
+    for r in l.rows("b1").unwrap() {
+        let reason = r["reason"].as_str().unwrap_or("");
+        assert!(
+            reason.starts_with("fail-open") && reason.contains("timeout"),
+            "{r}"
+        );
+        println!("b1 fail-open, reason: {reason}");
+    }
+    let vips = vip_rows(&l);
+    assert!(
+        !vips.is_empty() && vips.iter().all(|v| v["fail_open"] == true),
+        "{vips:?}"
+    );
+    assert!(
+        l.lab
+            .log("lbd")
+            .contains("fail-open: every backend fails its checks"),
+        "lbd says so in its log"
+    );
+    let r = l.get_many(150, 4);
+    println!("every /readyz slow, https through the VIP: {r}");
+    assert_eq!(r["ok"], 150, "the VIP keeps serving: {r}");
+    let ids = by_id(&r, "by_id");
+    assert!(["b1", "b2", "b3"].iter().all(|n| count(&ids, n) > 0), "{r}");
+
+    // b1's server dies: refused, out at once (a hard failure is never failed open to).
+    l.lab.stop("https-b1", libc::SIGTERM);
+    assert!(
+        l.wait_state("b1", "down", Duration::from_secs(10))
+            .is_some(),
+        "{:?}",
+        l.rows("b1")
+    );
+    assert_eq!(l.rows("b2").unwrap()[0]["state"], "fail-open");
+    let r = l.get_many(100, 4);
+    assert_eq!(r["ok"], 100, "{r}");
+    assert_eq!(count(&by_id(&r, "by_id"), "b1"), 0, "{r}");
+
+    // b2 answers in time again: fail-open is over, b2 alone takes new flows.
+    l.set_slow("b2", None);
+    assert!(
+        l.wait_state("b2", "active", Duration::from_secs(10))
+            .is_some()
+    );
+    assert!(
+        l.wait_state("b3", "down", Duration::from_secs(10))
+            .is_some(),
+        "{:?}",
+        l.rows("b3")
+    );
+    assert!(vip_rows(&l).iter().all(|v| v["fail_open"] == false));
+    assert!(l.lab.log("lbd").contains("fail-open over"));
+    let r = l.get_many(100, 4);
+    assert_eq!(r["ok"], 100, "{r}");
+    assert_eq!(count(&by_id(&r, "by_id"), "b2"), 100, "{r}");
+}
+
+/// b1's share of the stream's new connections between `from` and `to` (Unix ms).
+fn share(samples: &[Sample], node: &str, from: u128, to: u128) -> (f64, u64) {
+    let m = ids_between(samples, from, to);
+    let all: u64 = m.values().sum();
+    (count(&m, node) as f64 / all.max(1) as f64, all)
+}
+
+/// f. Slow start: a backend that returns takes new connections gradually (weight steps of the
+/// new-flow table over `slow_start_ms`), and the connections opened during the climb all
+/// survive its steps.
+#[test]
+fn a_returning_backend_slow_starts_and_its_steps_keep_connections() {
+    let mut l = HttpsLab::setup_with(
+        &[
+            ("b1", Kind::Https),
+            ("b2", Kind::Https),
+            ("b3", Kind::Https),
+        ],
+        "slow_start_ms = 12000",
+    );
+    l.set_ready("b1", false);
+    assert!(
+        l.wait_state("b1", "down", Duration::from_secs(10))
+            .is_some()
+    );
+    let vip_target = format!("{VIP}:{HTTPS_PORT}");
+    l.start_stream("stream", &vip_target, 2, 10);
+    // Out long enough to be a restart, not a blip (`plan::SLOW_START_MIN_OUTAGE`).
+    std::thread::sleep(Duration::from_millis(10_500));
+
+    l.set_ready("b1", true);
+    assert!(
+        l.wait_state("b1", "active", Duration::from_secs(10))
+            .is_some()
+    );
+    let back_at = now_ms();
+    let reason = l.rows("b1").unwrap()[0]["reason"]
+        .as_str()
+        .unwrap_or("")
+        .to_string();
+    println!("b1 back: {reason}");
+    assert!(reason.starts_with("slow start:"), "{reason}");
+    // Long-lived connections opened while the table climbs (a third of the way up, so some land
+    // on b1), held past its last step.
+    std::thread::sleep(Duration::from_millis(4000));
+    start_hold(&mut l, "hold", 60, 11);
+    std::thread::sleep(Duration::from_millis(11_000));
+    l.lab.stop("stream", libc::SIGTERM);
+    let samples = l.samples("stream");
+    let early = share(&samples, "b1", back_at, back_at + 2000);
+    let late = share(&samples, "b1", back_at + 12_500, back_at + 14_500);
+    println!(
+        "b1's share of new connections: {:.1}% of {} in the first 2 s back, {:.1}% of {} after the climb",
+        early.0 * 100.0,
+        early.1,
+        late.0 * 100.0,
+        late.1
+    );
+    assert!(
+        early.1 > 20 && late.1 > 20,
+        "too few samples: {early:?} {late:?}"
+    );
+    assert!(
+        late.0 > 0.2,
+        "b1 has its full share after the climb: {late:?}"
+    );
+    // Without slow start both are a third; with it the first 2 s of 12 average well under a
+    // tenth (steps of 1/20 of the weight every 0.6 s).
+    assert!(
+        early.0 < late.0 * 0.6,
+        "no gradual climb: {early:?} then {late:?}"
+    );
+    let reason = l.rows("b1").unwrap()[0]["reason"]
+        .as_str()
+        .unwrap_or("")
+        .to_string();
+    assert!(!reason.starts_with("slow start"), "{reason}");
+
+    let hold = finish(&mut l, "hold", Duration::from_secs(30));
+    println!("hold: {hold}");
+    assert!(
+        by_id(&hold, "failed_by_id").is_empty(),
+        "connections opened during the climb broke: {hold}"
+    );
+    assert!(count(&by_id(&hold, "survived_by_id"), "b1") > 0, "{hold}");
+    let errs = errors(&samples);
+    assert!(errs.len() <= 2, "failed requests: {errs:?}");
+}
+
+/// Two IngressControllers' routers on one node, as `lbctl render` describes shards: the default
+/// (traffic on 80, readiness on 1936) and `internal` (10080, readiness on 10936), each behind its
+/// own VIP. w1 runs both, w2 only the default.
+struct Shards {
+    lab: lb_tests::lab::Lab,
+    socket: String,
+}
+
+const DEFAULT_VIP: &str = "10.79.0.100";
+const SHARD_VIP: &str = "10.79.0.101";
+
+impl Shards {
+    fn setup() -> Shards {
+        let mut lab = lb_tests::lab::Lab::new("shd");
+        lab.add_node("client", "10.79.0.1", "fd79::1");
+        lab.add_node("lb", "10.79.0.2", "fd79::2");
+        let standin = bin_dir().join("standin");
+        let routers: [(&str, &str, &[(&str, u16, u16)]); 2] = [
+            (
+                "w1",
+                "10.79.0.11",
+                &[("default", 80, 1936), ("internal", 10080, 10936)],
+            ),
+            ("w2", "10.79.0.12", &[("default", 80, 1936)]),
+        ];
+        let mut cfg_backends = (String::new(), String::new());
+        for (n, v4, shards) in routers {
+            lab.add_node(n, v4, &format!("fd79::{}", &v4[8..]));
+            lab.make_dsr_backend(n, &[DEFAULT_VIP, SHARD_VIP]);
+            for (shard, port, stats) in shards {
+                let ready = lab.dir.join(format!("{n}-{shard}.ready"));
+                std::fs::write(&ready, "").unwrap();
+                let id = format!("{n}-{shard}");
+                lab.spawn(
+                    n,
+                    &format!("route-{id}"),
+                    &standin,
+                    &["http", "--listen", &format!("0.0.0.0:{port}"), "--id", &id],
+                );
+                lab.spawn(
+                    n,
+                    &format!("stats-{id}"),
+                    &standin,
+                    &[
+                        "http",
+                        "--listen",
+                        &format!("0.0.0.0:{stats}"),
+                        "--id",
+                        &id,
+                        "--path-file",
+                        &format!("/healthz/ready={}", ready.display()),
+                    ],
+                );
+            }
+            for b in [&mut cfg_backends.0, &mut cfg_backends.1] {
+                *b += &format!("[[vips.backends]]\naddress = \"{v4}\"\n");
+            }
+        }
+        let pin_name = lab.prefix.replace('-', "_");
+        let socket = lab.dir.join("lbd.sock").display().to_string();
+        lab.cleanup(std::path::PathBuf::from("/sys/fs/bpf").join(&pin_name));
+        // What `lbctl render` gives each VIP: the router's readiness on its stats port, a node
+        // where nothing listens there is absent.
+        let vip = |name: &str, addr: &str, port: u16, stats: u16, backends: &str| {
+            format!(
+                "[[vips]]\nname = \"{name}\"\naddress = \"{addr}\"\nports = [{port}]\nowned = true\n\
+                 [vips.health]\nkind = \"http\"\npath = \"/healthz/ready\"\nport = {stats}\n\
+                 absent_when_refused = true\n{backends}"
+            )
+        };
+        let cfg = format!(
+            "interface = \"eth0\"\nname = \"{pin_name}\"\napi_socket = \"{socket}\"\nxdp_mode = \"skb\"\n\n{}{}",
+            vip("ingress", DEFAULT_VIP, 80, 1936, &cfg_backends.0),
+            vip("ingress-internal", SHARD_VIP, 10080, 10936, &cfg_backends.1),
+        );
+        let cfg_path = lab.dir.join("lbd.toml");
+        std::fs::write(&cfg_path, cfg).unwrap();
+        let cfg_path = cfg_path.display().to_string();
+        lab.spawn("lb", "lbd", bin_dir().join("lbd"), &["--config", &cfg_path]);
+        Shards { lab, socket }
+    }
+
+    /// `(state, expected)` of `backend` in VIP `vip`.
+    fn state(&self, vip: &str, backend: &str) -> Option<(String, bool)> {
+        let rows = lb_tests::lbctl_json(&self.socket, &["backends", "list"])?;
+        let r = rows
+            .as_array()?
+            .iter()
+            .find(|r| r["vip_name"] == vip && r["backend"] == backend)?
+            .clone();
+        Some((r["state"].as_str()?.to_string(), r["expected"].as_bool()?))
+    }
+
+    fn wait(&self, vip: &str, backend: &str, state: &str, expected: bool) {
+        let got = wait_for(Duration::from_secs(15), || {
+            (self.state(vip, backend)? == (state.to_string(), expected)).then_some(())
+        });
+        assert!(
+            got.is_some(),
+            "{vip}/{backend}: want {state} (expected {expected}), have {:?}\n{}",
+            self.state(vip, backend),
+            self.lab.log("lbd")
+        );
+    }
+
+    /// Who answered `count` requests to `vip:port`.
+    fn answers(&self, vip: &str, port: u16, count: u64) -> BTreeMap<String, u64> {
+        let out = self.lab.run(
+            "client",
+            bin_dir().join("standin"),
+            &[
+                "get-many",
+                "--target",
+                &format!("{vip}:{port}"),
+                "--count",
+                &count.to_string(),
+            ],
+        );
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(v["ok"], count, "{vip}:{port}: {v}");
+        by_id(&v, "by_id")
+    }
+
+    fn set_ready(&self, id: &str, ready: bool) {
+        let p = self.lab.dir.join(format!("{id}.ready"));
+        if ready {
+            std::fs::write(&p, "").unwrap();
+        } else {
+            std::fs::remove_file(&p).unwrap();
+        }
+    }
+}
+
+/// g. Two routers of different IngressController shards on one node: each VIP follows the
+/// readiness of its own router only; a node without a router of a shard is absent from that
+/// shard's VIP (not expected up), not down.
+#[test]
+fn two_routers_of_different_shards_on_one_node() {
+    let l = Shards::setup();
+    let (w1, w2) = ("10.79.0.11", "10.79.0.12");
+    l.wait("ingress", w1, "active", true);
+    l.wait("ingress", w2, "active", true);
+    l.wait("ingress-internal", w1, "active", true);
+    l.wait("ingress-internal", w2, "absent", false);
+    let d = l.answers(DEFAULT_VIP, 80, 100);
+    assert!(
+        count(&d, "w1-default") > 0 && count(&d, "w2-default") > 0,
+        "{d:?}"
+    );
+    let s = l.answers(SHARD_VIP, 10080, 50);
+    assert_eq!(count(&s, "w1-internal"), 50, "{s:?}");
+
+    // w1's default router drains: the default VIP leaves w1, the shard's keeps it.
+    l.set_ready("w1-default", false);
+    l.wait("ingress", w1, "down", true);
+    assert_eq!(
+        l.state("ingress-internal", w1),
+        Some(("active".into(), true))
+    );
+    let d = l.answers(DEFAULT_VIP, 80, 60);
+    assert_eq!(count(&d, "w2-default"), 60, "{d:?}");
+    let s = l.answers(SHARD_VIP, 10080, 30);
+    assert_eq!(count(&s, "w1-internal"), 30, "{s:?}");
+
+    // And the other way round: w1's shard router is not ready; it is the shard's only router,
+    // so its VIP fails open to it (nothing better to send to); the default VIP has w1 back.
+    l.set_ready("w1-default", true);
+    l.set_ready("w1-internal", false);
+    l.wait("ingress", w1, "active", true);
+    l.wait("ingress-internal", w1, "fail-open", true);
+    assert_eq!(
+        l.state("ingress-internal", w2),
+        Some(("absent".into(), false))
+    );
+}

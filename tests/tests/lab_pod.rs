@@ -428,3 +428,34 @@ fn the_guardian_reaps_orphans_while_the_daemon_runs() {
     assert_eq!(zombies(), Vec::<u32>::new(), "the orphan was reaped");
     assert!(c.lbctl(n, &["stats"]).is_some(), "the daemon still runs");
 }
+
+/// A crash of the daemon in the VIP owner's pod (the guardian, PID 1, stays until it has given
+/// the VIP back) while long-lived connections go through it, to every node's backend: the
+/// owner's node keeps forwarding or drops until a backup holds the VIP, and resets nothing.
+#[test]
+fn a_crash_of_the_daemon_in_the_owners_pod_resets_no_connection() {
+    let c = boot();
+    let p = pods(&c);
+    let (api, _) = elected(&c);
+    let hold = labnode(&c, &["hold-ids", API_VIP, ECHO_PORT, "90", "10", "100"]);
+    std::thread::sleep(Duration::from_millis(2000));
+    let init = p.pid(&api).unwrap();
+    let daemon = *children(init)
+        .first()
+        .unwrap_or_else(|| panic!("the daemon runs under the guardian\n{}", p.logs(&api)));
+    unsafe { libc::kill(daemon as i32, libc::SIGKILL) };
+    let held = json_of(hold);
+    let on: std::collections::BTreeSet<&String> = held["survived_by_id"]
+        .as_object()
+        .into_iter()
+        .chain(held["failed_by_id"].as_object())
+        .flat_map(|m| m.keys())
+        .collect();
+    assert!(on.len() > 1, "connections on several backends: {held}");
+    assert_eq!(
+        (sum(&held["survived_by_id"]), sum(&held["failed_by_id"])),
+        (90, 0),
+        "connections across a crash of the daemon in the owner's pod ({api}): {held}\n{}",
+        events(&c)
+    );
+}

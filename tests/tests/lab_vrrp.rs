@@ -448,7 +448,7 @@ fn a_vip_that_is_the_nodes_own_address_is_refused() {
         "dev",
         "eth0",
         "label",
-        "eth0:lb",
+        "eth0:lbvip",
     ]);
     std::fs::write(l.config_path(0), l.config(0)).unwrap();
     let (ok, text) = check();

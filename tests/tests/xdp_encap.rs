@@ -549,3 +549,154 @@ fn an_icmp_error_too_big_to_wrap_is_dropped_not_answered_with_another() {
     let (v, out, _) = t.dp.test_run("lb_xdp", &seg, 1).unwrap();
     assert_eq!((v, out[14 + 9]), (TX, 1), "answered with ICMP");
 }
+
+/// `inner` (an IPv4 or IPv6 frame) in IPv6 from `src` to `BACKEND6`, behind the outer
+/// extension headers `ext` (`ipv6_frame_ext`'s form).
+fn wrapped6_ext(src: &str, ext: &[(u8, u8)], inner: &[u8]) -> Vec<u8> {
+    let proto = if inner[14] >> 4 == 4 { 4 } else { 41 };
+    ipv6_frame_ext(
+        v6(src.parse().unwrap()),
+        v6(BACKEND6.parse().unwrap()),
+        proto,
+        ext,
+        &inner[14..],
+    )
+}
+
+#[test]
+fn an_lb_nodes_packet_with_outer_extension_headers_is_dropped_and_counted() {
+    // An LB node wraps with a bare IPv6 header. One behind extension headers (a fragment
+    // header, destination options) cannot be checked like one without: it must not reach the
+    // stack (a tunnel device there would unwrap it unchecked).
+    let mut d = decap();
+    let inner = ipv4_frame(CLIENT, VIP, PROTO_TCP, &tcp(40000, 6443, SYN));
+    let inner6 = ipv6_frame(
+        v6(CLIENT6.parse().unwrap()),
+        v6(VIP6.parse().unwrap()),
+        PROTO_TCP,
+        &tcp(40000, 6443, SYN),
+    );
+    // The same without extension headers: unwrapped.
+    let (v, out) = d.test_run(&wrapped6_ext(LB6, &[], &inner)).unwrap();
+    assert_eq!((v, &out[14..]), (PASS, &inner[14..]));
+    let chains: [(&[(u8, u8)], &str); 5] = [
+        (&[(60, 0)], "destination options"),
+        (&[(44, 0)], "a fragment header"),
+        (&[(0, 0), (60, 1)], "hop-by-hop and destination options"),
+        (&[(60, 0); 5], "more extension headers than are walked"),
+        (&[(43, 0)], "a routing header"),
+    ];
+    for (ext, why) in chains {
+        for inner in [&inner, &inner6] {
+            let (v, _) = d.test_run(&wrapped6_ext(LB6, ext, inner)).unwrap();
+            assert_eq!(v, DROP, "{why}");
+        }
+    }
+    assert_eq!(decap_count(&d, decap_stat::MALFORMED), 10);
+    assert_eq!(decap_count(&d, decap_stat::DECAPSULATED), 1);
+    // From a source that is not an LB node: not ours, passed unchanged, as IP-in-IP from any
+    // stranger is.
+    let stranger = wrapped6_ext("fd88::66", &[(60, 0)], &inner);
+    let (v, out) = d.test_run(&stranger).unwrap();
+    assert_eq!((v, out), (PASS, stranger));
+    assert_eq!(decap_count(&d, decap_stat::NOT_FROM_PEER), 1);
+    // An LB node's own traffic with extension headers that is not IP-in-IP (a fragmented
+    // datagram): not a tunnel packet, passed unchanged.
+    let own = ipv6_frame_ext(
+        v6(LB6.parse().unwrap()),
+        v6(BACKEND6.parse().unwrap()),
+        PROTO_UDP,
+        &[(44, 0)],
+        &udp(5000, 53, 64),
+    );
+    let (v, out) = d.test_run(&own).unwrap();
+    assert_eq!((v, out), (PASS, own));
+    assert_eq!(decap_count(&d, decap_stat::MALFORMED), 10);
+}
+
+#[test]
+fn only_tcp_udp_and_icmp_are_unwrapped() {
+    // An LB node wraps only what lb_xdp forwards: TCP, UDP, and ICMP errors about them, never
+    // fragments. A tunnel nested inside (IP-in-IP, GRE) addressed to a VIP would otherwise reach
+    // any tunnel device that is up on the backend (a CNI's tunl0) and be unwrapped again there.
+    let mut d = decap();
+    let lb = [10, 88, 0, 10];
+    let client6 = v6(CLIENT6.parse().unwrap());
+    let vip6 = v6(VIP6.parse().unwrap());
+    let nested = ipv4_frame(CLIENT, [10, 99, 7, 7], PROTO_TCP, &tcp(1, 22, SYN));
+    let refused: [(Vec<u8>, &str); 7] = [
+        (ipv4_frame(CLIENT, VIP, 4, &nested[14..]), "IP-in-IP inside"),
+        (ipv4_frame(CLIENT, VIP, 47, &[0u8; 24]), "GRE inside"),
+        (
+            ipv4_frame(CLIENT, VIP, 41, &[0u8; 48]),
+            "IPv6-in-IPv4 inside",
+        ),
+        (ipv4_frame(CLIENT, VIP, 132, &[0u8; 24]), "SCTP inside"),
+        (
+            ipv4_frame_opts(CLIENT, VIP, PROTO_TCP, &[], &tcp(1, 6443, ACK), 0x2000),
+            "an IPv4 fragment inside",
+        ),
+        (
+            ipv6_frame(client6, vip6, 4, &nested[14..]),
+            "IP-in-IPv6 inside",
+        ),
+        (
+            ipv6_fragment(client6, vip6, PROTO_TCP, &tcp(1, 6443, ACK)),
+            "an IPv6 fragment inside",
+        ),
+    ];
+    for (inner, why) in &refused {
+        let (v, _) = d.test_run(&wrapped4(lb, inner)).unwrap();
+        assert_eq!(v, DROP, "{why}");
+    }
+    assert_eq!(decap_count(&d, decap_stat::INNER_PROTO), 7);
+    let icmp = icmp4_frag_needed([10, 88, 9, 254], VIP, CLIENT, 6443, 40000);
+    let icmp_to_vip = ipv4_frame(CLIENT, VIP, 1, &icmp[34..]);
+    let served: [(Vec<u8>, &str); 5] = [
+        (
+            ipv4_frame(CLIENT, VIP, PROTO_TCP, &tcp(1, 6443, SYN)),
+            "TCP",
+        ),
+        (ipv4_frame(CLIENT, VIP, PROTO_UDP, &udp(1, 53, 8)), "UDP"),
+        (icmp_to_vip, "ICMP"),
+        (
+            ipv6_frame_ext(client6, vip6, PROTO_TCP, &[(60, 0)], &tcp(1, 6443, SYN)),
+            "IPv6 TCP behind destination options",
+        ),
+        (
+            ipv6_frame(client6, vip6, 58, &[2, 0, 0, 0, 0, 0, 5, 0]),
+            "ICMPv6",
+        ),
+    ];
+    for (inner, why) in &served {
+        let (v, out) = d.test_run(&wrapped4(lb, inner)).unwrap();
+        assert_eq!((v, &out[14..]), (PASS, &inner[14..]), "{why}");
+    }
+    assert_eq!(decap_count(&d, decap_stat::DECAPSULATED), 5);
+    assert_eq!(decap_count(&d, decap_stat::INNER_PROTO), 7);
+}
+
+#[test]
+fn an_ipv6_packet_is_never_told_a_path_mtu_that_its_packets_still_do_not_fit() {
+    // A client never lowers its IPv6 path MTU below 1280 (RFC 8201: a smaller "packet too big"
+    // is discarded or read as 1280). So where a 1280-byte packet does not fit once wrapped (a
+    // 1300-byte IPv6 path takes 1260 inside), telling it 1280 only makes it resend packets that
+    // are dropped again: a black hole dressed as an answer. Such a packet is dropped and
+    // counted, never answered with a wrong MTU (user space takes such a pair out of new IPv6
+    // flows: `plan`).
+    let vip: IpAddr = VIP6.parse().unwrap();
+    let client: IpAddr = CLIENT6.parse().unwrap();
+    let mut t = setup(vip, PROTO_UDP, vec![routed("fd99:4::2", LB6, 1300)]);
+    for size in [1281usize, 1400] {
+        let big = ipv6_frame(v6(client), v6(vip), PROTO_UDP, &udp(5000, 53, size - 48));
+        let (v, _, _) = t.dp.test_run("lb_xdp", &big, 1).unwrap();
+        assert_eq!(v, DROP, "a {size}-byte packet: no PTB the client could use");
+    }
+    assert_eq!(counter(&t, stat::ENCAP_TOO_BIG), 2);
+    // Where 1280 fits (a 1320-byte path), the true value is told, whatever the packet's size.
+    let mut t = setup(vip, PROTO_UDP, vec![routed("fd99:4::2", LB6, 1320)]);
+    let big = ipv6_frame(v6(client), v6(vip), PROTO_UDP, &udp(5000, 53, 1400 - 48));
+    let (v, out, _) = t.dp.test_run("lb_xdp", &big, 1).unwrap();
+    assert_eq!(v, TX);
+    assert_eq!(u32::from_be_bytes(out[58..62].try_into().unwrap()), 1280);
+}

@@ -902,9 +902,10 @@ fn pin_array64(path: &std::path::Path, entries: u32) {
 fn an_upgrade_writes_the_earlier_flow_cache_back_to_the_connection_table() {
     // An lbd of the earlier version kept a flow only in its flow cache (`LB_FLOW_CACHE_V2`:
     // one 64-byte entry per slot, the key's words, the value, the check word): the flow's LRU
-    // entry had aged out. The new version starts on the same pins: the entry goes into the
-    // connection table before the old pin is removed, and the flow keeps its backend after
-    // Maglev moved. A forged or torn old entry (its check word wrong) is not taken.
+    // entry had aged out. The new version starts on the same pins: once its program forwards
+    // (the old one may write the old cache until then), the entries go into the connection
+    // table before the old pin is removed, and the flow keeps its backend after Maglev moved.
+    // A forged or torn old entry (its check word wrong) is not taken.
     let vip = IpAddr::from(VIP4);
     let client = IpAddr::from([10, 68, 8, 8]);
     let mut t = TestDataplane::new(251);
@@ -942,9 +943,23 @@ fn an_upgrade_writes_the_earlier_flow_cache_back_to_the_connection_table() {
         old.set(i as u32, entry, 0).unwrap();
         flows.push((k, sport, b, v, torn));
     }
-    drop(old);
     drop(m);
+    // The new lbd loads: the old program still forwards (until the new one replaces it behind
+    // the link) and still writes its cache, so the cache is not retired yet.
+    let i = 38u32;
+    assert!(!flows[i as usize].4, "not a torn one");
+    let mut hidden = old.get(&i, 0).unwrap();
+    old.set(i, [0u64; 8], 0).unwrap();
     t.restart(251, t.opts.hash_seed);
+    assert!(
+        old_pin.exists(),
+        "kept while the old program may still write it"
+    );
+    // The old program's last decision, written after the new lbd loaded.
+    old.set(i, std::mem::take(&mut hidden), 0).unwrap();
+    drop(old);
+    // The attach (what `Dataplane::attach` runs once the new program forwards).
+    t.dp.retire_earlier_cache().unwrap();
     assert!(!old_pin.exists(), "the earlier cache's pin is removed");
     let m = Maps::open(&t);
     for (k, _, _, v, torn) in &flows {
@@ -1057,4 +1072,84 @@ fn the_connection_table_walks_see_every_entry_once() {
         })
         .unwrap();
     assert_eq!(n, 4100);
+}
+
+#[test]
+fn a_retraction_takes_the_flow_out_of_the_cache_too_and_nothing_writes_it_back() {
+    // A peer withdraws an entry it sent (`ConntrackPins::remove_if`): the flow's cache way must
+    // go with the LRU hash's copy, or it keeps deciding, and the program writes it back to the
+    // LRU hash when the way changes hands.
+    use lb_userspace::dataplane::sync_view::ConntrackPins;
+    let vip = IpAddr::from(VIP4);
+    let client = IpAddr::from([10, 68, 7, 1]);
+    let mut t = TestDataplane::new(251);
+    t.dp.apply(&desired(vip, 3)).unwrap();
+    let m = Maps::open(&t);
+    let mut pins = ConntrackPins::open(&t.opts.pin_dir()).unwrap();
+    let mut retracted = Vec::new();
+    for sport in 20000..20050u16 {
+        send(&mut t, &frame(client, vip, sport, SYN));
+        let k = key(client, vip, sport);
+        let (v, _) = m.entry(&k).expect("in the cache");
+        assert_eq!(m.conntrack.get(&k, 0).unwrap(), v);
+        assert!(pins.remove_if(&k, v).unwrap());
+        assert!(m.conntrack.get(&k, 0).is_err(), "the LRU hash's copy");
+        assert!(
+            pins.scan(usize::MAX, |s, _| *s == k).unwrap().is_empty(),
+            "port {sport}: the cache still holds the retracted entry"
+        );
+        retracted.push(k);
+    }
+    // Many more flows take the ways of those lines: none writes a retracted entry back.
+    for sport in 21000..29000u16 {
+        send(&mut t, &frame(client, vip, sport, SYN));
+    }
+    for k in &retracted {
+        assert!(m.conntrack.get(k, 0).is_err(), "{k:?} written back");
+    }
+}
+
+#[test]
+fn a_peer_record_never_replaces_this_nodes_own_entry_held_only_in_the_cache() {
+    // A flow served from the cache may have aged out of the LRU hash (cache hits do not
+    // refresh it). A peer's record for it must not be installed there: the scan would then
+    // advertise the peer's backend as this node's, and a write-back would keep it over the
+    // node's own decision. The scan reads what the program decides: the cache's copy.
+    use lb_userspace::dataplane::sync_view::ConntrackPins;
+    let vip = IpAddr::from(VIP4);
+    let client = IpAddr::from([10, 68, 7, 2]);
+    let mut t = TestDataplane::new(251);
+    t.dp.apply(&desired(vip, 3)).unwrap();
+    let mut m = Maps::open(&t);
+    let mut pins = ConntrackPins::open(&t.opts.pin_dir()).unwrap();
+    let flows: Vec<(u16, u8, FlowValue)> = (22000..22060u16)
+        .map(|sport| {
+            let b = send(&mut t, &frame(client, vip, sport, SYN));
+            let (v, _) = m.entry(&key(client, vip, sport)).expect("in the cache");
+            (sport, b, v)
+        })
+        .collect();
+    for (sport, b, own) in &flows {
+        let k = key(client, vip, *sport);
+        let peer = flows
+            .iter()
+            .map(|f| f.2)
+            .find(|v| v.backend() != own.backend())
+            .unwrap();
+        // Its LRU copy aged out.
+        m.conntrack.remove(&k).unwrap();
+        assert!(
+            !pins.insert_absent(&k, peer).unwrap(),
+            "port {sport}: installed over the cache's own entry"
+        );
+        assert!(m.conntrack.get(&k, 0).is_err());
+        let scanned = pins.scan(usize::MAX, |s, _| *s == k).unwrap();
+        assert_eq!(scanned, vec![(k, *own)], "the scan reads the cache's copy");
+        assert_eq!(send(&mut t, &frame(client, vip, *sport, ACK)), *b);
+        // An LRU copy that differs (written under it by another writer): the scan still
+        // reports what the program decides.
+        m.conntrack.insert(k, peer, 0).unwrap();
+        let scanned = pins.scan(usize::MAX, |s, _| *s == k).unwrap();
+        assert_eq!(scanned, vec![(k, *own)], "the scan reads the cache's copy");
+    }
 }

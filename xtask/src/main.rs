@@ -13,6 +13,8 @@ use std::{
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
 
+mod vm;
+
 #[derive(Parser)]
 #[command(name = "xtask", about = "lb project tasks")]
 struct Cli {
@@ -52,9 +54,12 @@ enum Cmd {
         #[arg(long)]
         debug: bool,
     },
+    /// Setup, build, and run the kernel matrix alone: the kernel tests in a VM on each
+    /// distribution kernel under /boot (see docs/kernels.md).
+    Kernels,
     /// Setup, build (release), and run benchmarks; JSON under target/bench/.
     Bench {
-        /// micro | throughput | table | failover | detect | e2e | insns | scale | chaos | sock | migrate | all
+        /// micro | throughput | table | failover | detect | slowstart | e2e | insns | scale | chaos | sock | migrate | all
         #[arg(default_value = "micro")]
         part: String,
     },
@@ -87,6 +92,14 @@ const DEBIAN_PACKAGES: &[&str] = &[
     // The OpenShift-style check scripts of the keepalived labs and the migration rehearsal,
     // and the metrics scrapes of the operator labs.
     "curl",
+    // The monitoring lab: a real Prometheus scraping lbd, and promtool (same package in
+    // bookworm) for the alert rules' unit tests.
+    "prometheus",
+    // The kernel matrix (xtask/src/vm.rs): Debian's kernel, booted in qemu by virtme-ng (from
+    // PyPI), whose initramfs needs busybox.
+    "qemu-system-x86",
+    "busybox-static",
+    "linux-image-amd64",
 ];
 
 fn root() -> PathBuf {
@@ -226,6 +239,8 @@ fn setup() -> Result<()> {
             }
         }
     }
+    step("setup: virtme-ng (the kernel matrix's VM runner)");
+    vm::install_vng()?;
     eprintln!("setup done in {:.1}s", t.elapsed().as_secs_f64());
     Ok(())
 }
@@ -280,6 +295,12 @@ fn test(filter: Option<String>, no_fuzz: bool) -> Result<()> {
     run(c
         .env("LB_BIN_DIR", &bin_dir)
         .env("LB_IMAGE_DIR", image_dir(true)))?;
+
+    // (Not for a filtered run: `cargo xtask kernels` runs the matrix alone.)
+    if filter.is_none() {
+        step("kernel matrix: the kernel tests in a VM on each distribution kernel");
+        vm::matrix(&root(), cargo())?;
+    }
 
     if !no_fuzz && root().join("fuzz/Cargo.toml").exists() {
         step("bounded fuzz run of the VRRP decoder");
@@ -568,6 +589,12 @@ fn main() -> Result<()> {
                 "--seed",
                 &seed.to_string(),
             ]))
+        }
+        Cmd::Kernels => {
+            setup()?;
+            require_root()?;
+            tool("lbd", false)?;
+            vm::matrix(&root(), cargo())
         }
         Cmd::Image { debug } => image(debug).map(|r| println!("{r}")),
         Cmd::Bench { part } => {

@@ -60,7 +60,7 @@ pub fn decide(vips: &[BgpVip], rows: &[BackendPlan], node: NodeState) -> Vec<Pre
             .filter(|name| {
                 !rows
                     .iter()
-                    .any(|r| &r.vip == *name && r.state == BackendState::Active)
+                    .any(|r| &r.vip == *name && r.state.serves())
             })
             .map(|name| {
                 let mine: Vec<&BackendPlan> = rows.iter().filter(|r| &r.vip == name).collect();
@@ -173,6 +173,7 @@ address = "10.0.0.21"
                 healthy: false,
                 reason: "timeout".into(),
                 hold_until: None,
+                ..Default::default()
             },
         );
         let d = run(&f, NodeState::default());

@@ -98,6 +98,11 @@ pub struct Config {
     /// Optional TCP listener for /metrics, /healthz and /readyz only (e.g. "0.0.0.0:9444").
     #[serde(default)]
     pub metrics_listen: Option<std::net::SocketAddr>,
+    /// The authenticated /metrics listener cluster monitoring scrapes (HTTPS with client
+    /// certificates, see [`crate::metrics_tls`] and docs/metrics.md). Restart to change; its
+    /// certificate files are read again when they change.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metrics_tls: Option<crate::metrics_tls::MetricsTlsConfig>,
     #[serde(default)]
     pub xdp_mode: XdpMode,
     /// Flow-hash seed; must be the same on every node so flows keep their backend on failover.
@@ -194,7 +199,7 @@ pub struct TrackConfig {
     /// OpenShift's `chk_ocp_both`.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub or_lb_ready: bool,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "health_table")]
     pub health: HealthConfig,
 }
 
@@ -221,7 +226,7 @@ pub struct VipConfig {
     /// `"bgp"`: announced by every ready node through `[[bgp]]` instead of one owner.
     #[serde(default)]
     pub announce: Announce,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "health_table")]
     pub health: HealthConfig,
     #[serde(default)]
     pub backends: Vec<BackendConfig>,
@@ -282,6 +287,22 @@ fn default_seed() -> u32 {
 fn default_table_size() -> u32 {
     lb_common::DEFAULT_TABLE_SIZE
 }
+/// A `health` table, never an array: serde's reading of a struct also takes a sequence, so
+/// `health = []` would pass as a table of defaults and hide the mistake.
+fn health_table<'de, D: serde::Deserializer<'de>>(d: D) -> Result<HealthConfig, D::Error> {
+    struct Table;
+    impl<'de> serde::de::Visitor<'de> for Table {
+        type Value = HealthConfig;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("a health table (`[vips.health]` or `health = { ... }`)")
+        }
+        fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<HealthConfig, A::Error> {
+            HealthConfig::deserialize(serde::de::value::MapAccessDeserializer::new(map))
+        }
+    }
+    d.deserialize_map(Table)
+}
+
 fn default_conntrack_size() -> u32 {
     lb_common::DEFAULT_CONNTRACK_SIZE
 }
@@ -322,7 +343,13 @@ impl Config {
             path: path.to_owned(),
             error,
         })?;
-        let cfg = Self::parse(&text)?;
+        Self::from_file_text(&text)
+    }
+
+    /// A config file's text as [`Config::load`] takes it: parsed, validated and checked
+    /// against this host (for a caller that has read the file already, once).
+    pub fn from_file_text(text: &str) -> Result<Config, ConfigError> {
+        let cfg = Self::parse(text)?;
         // Without the host's addresses (no /proc?), the parse-time checks are all there is.
         if let Ok(host) = crate::vrrp::io::host_addresses() {
             cfg.check_host(&host)?;
@@ -461,6 +488,9 @@ impl Config {
         }
         if let Some(s) = &self.sync {
             s.validate()?;
+        }
+        if let Some(t) = &self.metrics_tls {
+            t.validate().map_err(|(f, r)| invalid(f, r))?;
         }
         if let Some(m) = &self.members {
             m.validate()?;
@@ -851,6 +881,26 @@ weight = 2
     }
 
     #[test]
+    fn a_health_array_is_refused_naming_the_field() {
+        let e = err(&GOOD.replace("owned = true\n", "owned = true\nhealth = []\n"));
+        assert!(e.contains("vips[0].health"), "{e}");
+        assert!(e.contains("health table"), "{e}");
+        // A table (inline or not) still reads, with defaults for what it leaves out.
+        let c = Config::parse(&GOOD.replace(
+            "owned = true\n",
+            "owned = true\nhealth = { kind = \"tcp\" }\n",
+        ))
+        .unwrap();
+        assert_eq!(c.vips[0].health.kind, crate::health::CheckKind::Tcp);
+        assert_eq!(c.vips[0].health.interval_ms, 200);
+        let track = format!(
+            "{GOOD}[[vrrp]]\nname = \"a\"\nvrid = 5\nvips = [\"192.168.111.9\"]\n[[track]]\ninstance = \"a\"\nname = \"t\"\nweight = 10\nhealth = []\n"
+        );
+        let e = err(&track);
+        assert!(e.contains("track[0].health"), "{e}");
+    }
+
+    #[test]
     fn groups_need_two_members_of_one_priority() {
         let two = |a: &str, b: &str| {
             format!(
@@ -1013,7 +1063,7 @@ weight = 2
         // The same address as lbd's own labelled /32 (held since before a restart): fine.
         let ours = host(&[
             ("eth0", "192.168.111.20", 24, Some("eth0"), false),
-            ("eth0", "192.168.111.5", 32, Some("eth0:lb"), false),
+            ("eth0", "192.168.111.5", 32, Some("eth0:lbvip"), false),
         ]);
         c.check_host(&ours).unwrap();
         // Another interface's address is not this interface's.

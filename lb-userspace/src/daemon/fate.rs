@@ -34,9 +34,14 @@ impl Owner {
             let fact = match g.facts.health.get(&pair) {
                 Some(old) if !old.healthy => HealthFact {
                     reason: reason.clone(),
+                    hard: true,
                     ..old.clone()
                 },
-                _ => HealthFact::failed(reason.clone(), now, hold),
+                // A dead node is never a fail-open target.
+                _ => HealthFact {
+                    hard: true,
+                    ..HealthFact::failed(reason.clone(), now, hold)
+                },
             };
             g.facts.health.insert(pair, fact);
         }

@@ -20,7 +20,8 @@ const QUERY_DEADLINE: Duration = Duration::from_secs(10);
 const RELOAD_DEADLINE: Duration = Duration::from_secs(60);
 
 pub struct Front {
-    tx: mpsc::UnboundedSender<Msg>,
+    /// The owner's API inbox (bounded: see `owner`).
+    tx: mpsc::Sender<Msg>,
     shared: Arc<Shared>,
     /// `lbctl trace` (`None` when the program has no trace maps).
     trace: Option<super::trace::Hub>,
@@ -28,7 +29,7 @@ pub struct Front {
 
 impl Front {
     pub(super) fn new(
-        tx: mpsc::UnboundedSender<Msg>,
+        tx: mpsc::Sender<Msg>,
         shared: Arc<Shared>,
         trace: Option<super::trace::Hub>,
     ) -> Self {
@@ -50,10 +51,19 @@ impl Front {
         deadline: Duration,
     ) -> Result<T, Response> {
         let (reply, rx) = oneshot::channel();
-        if self.tx.send(make(reply)).is_err() {
-            return Err(Response::error(503, "lbd is stopping"));
+        let start = tokio::time::Instant::now();
+        // A full queue (API load) makes this request wait here, not the owner.
+        match tokio::time::timeout(deadline, self.tx.send(make(reply))).await {
+            Ok(Ok(())) => {}
+            Ok(Err(_)) => return Err(Response::error(503, "lbd is stopping")),
+            Err(_) => {
+                return Err(Response::error(
+                    503,
+                    format!("lbd's main loop did not answer within {deadline:?}"),
+                ));
+            }
         }
-        match tokio::time::timeout(deadline, rx).await {
+        match tokio::time::timeout_at(start + deadline, rx).await {
             Ok(Ok(v)) => Ok(v),
             Ok(Err(_)) => Err(Response::error(503, "lbd is stopping")),
             Err(_) => Err(Response::error(

@@ -4,6 +4,12 @@
 //! handler is short: anything that can block (netlink dumps, vtysh) runs in a task beside the
 //! owner and reports back as a message, with a deadline, so a stuck FRR or kernel call never
 //! delays a stop, a health change or a VIP move.
+//!
+//! API requests (lbctl, `/metrics`, `/readyz`) come on an inbox of their own, bounded
+//! ([`API_QUEUE`]) and served last: any local process can send them as fast as it likes, and
+//! they must never stand between the owner and a health event, a VRRP ownership change, a
+//! neighbour notification or SIGHUP. Under API load a ready event waits for at most the one
+//! API answer being computed; the clients wait for room in the queue.
 
 use std::{
     collections::{HashMap, HashSet},
@@ -24,7 +30,7 @@ use crate::{
     api::{Request, Response},
     config::Config,
     dataplane::Dataplane,
-    health::{Health, HealthEvent, HealthMonitor},
+    health::{FailureClass, Health, HealthEvent, HealthMonitor},
     netlink::{self, Netlink},
     plan::{self, BackendPlan, Facts, HealthFact},
 };
@@ -58,6 +64,9 @@ pub enum Msg {
     /// the sync.
     Members(Box<crate::members::roster::Roster>),
 }
+
+/// API requests queued for the owner at most; more wait in their connection's task.
+pub const API_QUEUE: usize = 16;
 
 /// The main loop ticks every second; this long without a tick means lbd is wedged.
 pub const LIVENESS_STALE: Duration = Duration::from_secs(10);
@@ -112,6 +121,9 @@ pub struct Owner {
     pub(super) shared: Arc<Shared>,
     pub(super) tx: mpsc::UnboundedSender<Msg>,
     pub(super) rx: mpsc::UnboundedReceiver<Msg>,
+    /// API requests ([`Msg::Api`], [`Msg::BgpView`], [`Msg::FlowsView`]): served after
+    /// everything else that is ready.
+    pub(super) api_rx: mpsc::Receiver<Msg>,
     /// Held until the process exits: a second lbd with this config refuses to start.
     _lock: InstanceLock,
 }
@@ -130,12 +142,20 @@ impl Owner {
         churn::drop_stale_link_pin(&churn::link_pin(&load_options(&cfg), &cfg.interface), &link)?;
         super::vrrp::prepare_dsr_backend(&cfg, netlink.handle()).await?;
         let mut dp = Dataplane::load(load_options(&cfg))?;
+        // A kernel whose number suggests it lacks an optional feature: what lbd does without.
+        if let Some(release) = crate::dataplane::kernel::Release::current() {
+            for line in crate::dataplane::kernel::without_optional(&release) {
+                tracing::warn!("{line}");
+            }
+        }
         let lock = lock.with_pins(&load_options(&cfg))?;
         dp.attach(&cfg.interface, cfg.xdp_mode)?;
         if cfg.socket_lb
             && let Err(e) = dp.attach_sock()
         {
-            tracing::error!(error = %format!("{e:#}"), "socket load balancing is off: this node's own connections to a VIP go to its local stack");
+            let kernel = crate::dataplane::kernel::Release::current()
+                .map_or_else(|| "unknown".to_string(), |r| r.to_string());
+            tracing::error!(error = %format!("{e:#}"), kernel, "socket load balancing is off: this node's own connections to a VIP go to its local stack");
         }
         dp.spawn_log_reader()?;
         let conntrack = conntrack::spawn_counter(
@@ -170,6 +190,7 @@ impl Owner {
             netlink.handle().clone(),
             crate::bgp::drain_marker(&cfg.api_socket).exists(),
         );
+        let (api_tx, api_rx) = mpsc::channel(API_QUEUE);
         let shared = Arc::new(Shared::new());
         let config_bytes = std::fs::read(&config_path).ok();
         let mut owner = Owner {
@@ -207,6 +228,7 @@ impl Owner {
             shared: shared.clone(),
             tx: tx.clone(),
             rx,
+            api_rx,
             _lock: lock,
         };
         // The first facts before anything is announced (start-up may wait for them).
@@ -228,7 +250,7 @@ impl Owner {
                 None
             }
         };
-        Ok((owner, Arc::new(Front::new(tx, shared, trace))))
+        Ok((owner, Arc::new(Front::new(api_tx, shared, trace))))
     }
 
     /// Start the VIP guardian and tell it what to give back.
@@ -254,7 +276,8 @@ impl Owner {
         let mut last_neigh = Instant::now() - Duration::from_secs(1);
         let shared = self.shared.clone();
         loop {
-            // Biased: a stop is seen before any other work that is ready at the same time.
+            // Biased: a stop is seen before any other work that is ready at the same time, and
+            // API requests come after every event (see the module doc).
             tokio::select! {
                 biased;
                 _ = term.recv() => return Ok(None),
@@ -292,6 +315,8 @@ impl Owner {
                 }
                 _ = frr_check.tick() => self.bgp.check(),
                 _ = hup.recv() => { let _ = self.reload().await; }
+                // (Closed only when the front is gone: the branch is then off.)
+                Some(m) = self.api_rx.recv() => self.handle(m).await,
             }
         }
     }
@@ -300,10 +325,18 @@ impl Owner {
     pub(super) fn close_inbox(&mut self) {
         self.rx.close();
         while self.rx.try_recv().is_ok() {}
+        self.api_rx.close();
+        while self.api_rx.try_recv().is_ok() {}
     }
 
     fn on_tick(&mut self) {
         self.shared.tick();
+        // Slow start climbs with time alone: the next step, if one is due.
+        if self.rows.iter().any(|r| r.ramping())
+            && let Err(e) = self.apply()
+        {
+            tracing::error!(error = %format!("{e:#}"), "applying a slow-start step");
+        }
         self.sync_view();
         self.start_gather();
         self.check_vrrp_tasks();
@@ -350,9 +383,11 @@ impl Owner {
                 }
             }
             Msg::ConfigChanged => {
-                let now = std::fs::read(&self.config_path).ok();
-                if crate::config_watch::reload_due(&self.config_bytes, &now) {
-                    let _ = self.reload().await;
+                // One read: what is compared is what is reloaded.
+                let read = std::fs::read(&self.config_path);
+                if crate::config_watch::reload_due(&self.config_bytes, &read.as_ref().ok().cloned())
+                {
+                    let _ = self.reload_bytes(read).await;
                 }
             }
             Msg::Members(roster) => {
@@ -417,6 +452,7 @@ impl Owner {
         self.in_sync = false;
         self.dp.apply(&desired).context("apply to the data plane")?;
         self.in_sync = true;
+        log_fail_open(&self.rows, &rows);
         self.rows = rows;
         Ok(())
     }
@@ -468,25 +504,37 @@ impl Owner {
         tracing::info!(vip, backend = %addr, healthy = e.healthy, reason = %e.reason, "backend health changed");
         let pair = (vip.to_string(), addr);
         let hold = Duration::from_millis(self.cfg.failed_backend_hold_ms);
+        let now = Instant::now();
+        let hard = e.failure.is_hard();
+        let refused = e.failure == FailureClass::Refused;
         let fact = match self.facts.health.get(&pair) {
-            _ if e.healthy => HealthFact {
+            // Back, or ready for the first time after failing: slow start (see `plan`).
+            old if e.healthy => HealthFact {
                 healthy: true,
                 reason: e.reason.clone(),
-                hold_until: None,
+                up_since: plan::slow_start_from(e.previous == Health::Down, old, now),
+                ..Default::default()
             },
-            // Already failing (e.g. taken out by fate sharing): its hold runs on.
+            // Already failing (e.g. taken out by fate sharing): its hold runs on; the kind of
+            // failure may have changed (slow, then refused).
             Some(old) if !old.healthy => HealthFact {
                 reason: e.reason.clone(),
+                hard,
+                refused,
                 ..old.clone()
             },
             // Up until now: it may hold established flows.
-            Some(_) if e.previous == Health::Up => {
-                HealthFact::failed(e.reason.clone(), Instant::now(), hold)
-            }
+            Some(_) if e.previous == Health::Up => HealthFact {
+                hard,
+                refused,
+                ..HealthFact::failed(e.reason.clone(), now, hold)
+            },
             _ => HealthFact {
                 healthy: false,
                 reason: e.reason.clone(),
-                hold_until: None,
+                hard,
+                refused,
+                ..Default::default()
             },
         };
         self.facts.health.insert(pair, fact);
@@ -514,5 +562,19 @@ impl Owner {
             self.facts.drained.remove(&pair);
         }
         self.apply()
+    }
+}
+
+/// Say when a VIP starts or stops serving by fail-open (see `plan::fail_open`).
+fn log_fail_open(before: &[BackendPlan], after: &[BackendPlan]) {
+    let (was, is) = (plan::failing_open(before), plan::failing_open(after));
+    for vip in is.iter().filter(|v| !was.contains(v)) {
+        tracing::warn!(
+            vip,
+            "fail-open: every backend fails its checks by being slow or answering wrong; new flows still go to them until one passes"
+        );
+    }
+    for vip in was.iter().filter(|v| !is.contains(v)) {
+        tracing::info!(vip, "fail-open over");
     }
 }

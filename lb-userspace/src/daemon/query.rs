@@ -41,6 +41,7 @@ impl Owner {
                 out.push(BackendRow {
                     healthy: g.facts.health.get(&pair).map(|h| h.healthy).unwrap_or(true),
                     drained: g.facts.drained.contains(&pair),
+                    expected: r.expected,
                     check,
                     vip_name: v.name.clone(),
                     vip: v.address,
@@ -88,6 +89,7 @@ impl Owner {
                     .filter(|r| r.state == plan::BackendState::Active)
                     .count(),
                 backends_total: rows.len(),
+                fail_open: rows.iter().any(|r| r.state == plan::BackendState::FailOpen),
                 packets: traffic.packets,
                 bytes: traffic.bytes,
                 new_flows: traffic.new_flows,

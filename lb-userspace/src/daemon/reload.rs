@@ -8,7 +8,7 @@
 
 use std::{collections::HashSet, net::IpAddr};
 
-use anyhow::{Result, bail};
+use anyhow::{Context, Result, bail};
 
 use super::{health_targets, initial_health, owner::Owner, vrrp::VrrpHandle};
 use crate::{config::Config, netlink, vrrp::InstanceConfig};
@@ -134,9 +134,16 @@ impl Owner {
     /// step fails, the steps already done are undone and the running config stays. Either way
     /// the outcome is counted and logged, and a failure is shown in `lbctl stats`.
     pub(super) async fn reload(&mut self) -> Result<()> {
+        let read = std::fs::read(&self.config_path);
+        self.reload_bytes(read).await
+    }
+
+    /// [`Owner::reload`] of the file's bytes as read once (a watcher that compared them reads
+    /// no second time: the file may change between two reads).
+    pub(super) async fn reload_bytes(&mut self, read: std::io::Result<Vec<u8>>) -> Result<()> {
         let path = self.config_path.clone();
-        self.config_bytes = std::fs::read(&path).ok();
-        match self.try_reload().await {
+        self.config_bytes = read.as_ref().ok().cloned();
+        match self.try_reload(read).await {
             Ok(()) => {
                 self.reloads += 1;
                 self.last_reload_error = None;
@@ -152,8 +159,15 @@ impl Owner {
         }
     }
 
-    async fn try_reload(&mut self) -> Result<()> {
-        let new = Config::load(&self.config_path)?;
+    async fn try_reload(&mut self, read: std::io::Result<Vec<u8>>) -> Result<()> {
+        let path = &self.config_path;
+        let bytes = read.map_err(|error| crate::config::ConfigError::Read {
+            path: path.clone(),
+            error,
+        })?;
+        let text = String::from_utf8(bytes)
+            .with_context(|| format!("config file {} is not UTF-8", path.display()))?;
+        let new = Config::from_file_text(&text)?;
         check_reloadable(&self.cfg, &new)?;
         let running: Vec<InstanceConfig> = self.vrrp.iter().map(|h| h.cfg.clone()).collect();
         let changes = vrrp_changes(&running, &new.vrrp);

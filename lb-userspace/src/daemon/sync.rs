@@ -62,6 +62,8 @@ pub struct SyncStats {
     sent_entries: AtomicU64,
     sent_datagrams: AtomicU64,
     send_errors: AtomicU64,
+    /// The kernel's drops on the socket (a full receive queue), as of the last scan.
+    receive_drops: AtomicU64,
     received_datagrams: AtomicU64,
     received_entries: AtomicU64,
     installed: AtomicU64,
@@ -97,6 +99,7 @@ impl SyncStats {
             sent_entries: g(&self.sent_entries),
             sent_datagrams: g(&self.sent_datagrams),
             send_errors: g(&self.send_errors),
+            receive_drops: g(&self.receive_drops),
             received_datagrams: g(&self.received_datagrams),
             received_entries: g(&self.received_entries),
             installed: g(&self.installed),
@@ -265,24 +268,96 @@ fn set_peer_rows(stats: &SyncStats, peers: &[IpAddr]) {
 }
 
 fn bind(cfg: &SyncConfig) -> Result<tokio::net::UdpSocket> {
-    use socket2::{Domain, Protocol, Socket, Type};
-    let addr = match cfg.listen {
-        Some(a) => SocketAddr::new(a, cfg.port),
-        None => SocketAddr::new(IpAddr::V6(Ipv6Addr::UNSPECIFIED), cfg.port),
+    use socket2::{Protocol, Socket, Type};
+    bind_with(cfg, |d| Socket::new(d, Type::DGRAM, Some(Protocol::UDP)))
+}
+
+/// The receive (and send) buffer asked for: a full send is up to `max_entries / 22` datagrams
+/// at once.
+const SOCKET_BUFFER: usize = 4 << 20;
+
+/// Bind the sync socket, creating it with `new`: at `listen`, else at `[::]` (both families)
+/// or, on a host without IPv6 (`ipv6.disable=1`: no AF_INET6 sockets at all), at `0.0.0.0`.
+fn bind_with(
+    cfg: &SyncConfig,
+    new: impl Fn(socket2::Domain) -> std::io::Result<socket2::Socket>,
+) -> Result<tokio::net::UdpSocket> {
+    use socket2::Domain;
+    let any6 = SocketAddr::new(IpAddr::V6(Ipv6Addr::UNSPECIFIED), cfg.port);
+    let addr = cfg.listen.map_or(any6, |a| SocketAddr::new(a, cfg.port));
+    let (s, addr) = match new(Domain::for_address(addr)) {
+        Err(e) if cfg.listen.is_none() && e.raw_os_error() == Some(libc::EAFNOSUPPORT) => {
+            tracing::info!("sync: this host has no IPv6; listening on 0.0.0.0");
+            let any4 = SocketAddr::new(IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED), cfg.port);
+            (new(Domain::IPV4)?, any4)
+        }
+        r => (r?, addr),
     };
-    let s = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP))?;
     if addr.is_ipv6() && cfg.listen.is_none() {
         s.set_only_v6(false)?;
     }
     // A reload that moves the listen address on the same port binds the new socket while the
     // old one is still open.
     s.set_reuse_address(true)?;
-    // A full resend is up to max_entries / 22 datagrams at once.
-    let _ = s.set_recv_buffer_size(4 << 20);
-    let _ = s.set_send_buffer_size(4 << 20);
+    set_buffers(&s);
     s.set_nonblocking(true)?;
     s.bind(&addr.into())?;
     Ok(tokio::net::UdpSocket::from_std(s.into())?)
+}
+
+/// [`SOCKET_BUFFER`] for both directions, past `net.core.rmem_max`/`wmem_max` when lbd may
+/// (CAP_NET_ADMIN: `SO_RCVBUFFORCE`); a smaller result is logged, never silently kept.
+fn set_buffers(s: &socket2::Socket) {
+    use std::os::fd::AsRawFd;
+    let force = |opt: i32| {
+        let v = SOCKET_BUFFER as libc::c_int;
+        // SAFETY: a plain setsockopt with an int.
+        unsafe {
+            libc::setsockopt(
+                s.as_raw_fd(),
+                libc::SOL_SOCKET,
+                opt,
+                (&v as *const libc::c_int).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        }
+    };
+    if force(libc::SO_RCVBUFFORCE) != 0 {
+        let _ = s.set_recv_buffer_size(SOCKET_BUFFER);
+    }
+    if force(libc::SO_SNDBUFFORCE) != 0 {
+        let _ = s.set_send_buffer_size(SOCKET_BUFFER);
+    }
+    // The kernel reports twice what it was asked for (its bookkeeping share included).
+    match s.recv_buffer_size() {
+        Ok(got) if got >= SOCKET_BUFFER => {}
+        got => tracing::warn!(
+            wanted = SOCKET_BUFFER,
+            got = ?got,
+            "sync: a smaller receive buffer than asked for (net.core.rmem_max, no CAP_NET_ADMIN): a large full send may be dropped; see `lbctl stats` sync drops"
+        ),
+    }
+}
+
+/// Datagrams the kernel dropped on `sock` (a full receive queue): `SK_MEMINFO_DROPS` of
+/// `SO_MEMINFO`.
+fn socket_drops(sock: &tokio::net::UdpSocket) -> Option<u64> {
+    use std::os::fd::AsRawFd;
+    const SK_MEMINFO_VARS: usize = 9;
+    const SK_MEMINFO_DROPS: usize = 8;
+    let mut info = [0u32; SK_MEMINFO_VARS];
+    let mut len = std::mem::size_of_val(&info) as libc::socklen_t;
+    // SAFETY: the kernel writes at most `len` bytes into `info`.
+    let r = unsafe {
+        libc::getsockopt(
+            sock.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_MEMINFO,
+            info.as_mut_ptr().cast(),
+            &mut len,
+        )
+    };
+    (r == 0 && len as usize > SK_MEMINFO_DROPS * 4).then(|| u64::from(info[SK_MEMINFO_DROPS]))
 }
 
 struct Task {
@@ -493,6 +568,9 @@ impl Task {
         s.scans.fetch_add(1, Relaxed);
         s.scan_ms.store(t.elapsed().as_millis() as u64, Relaxed);
         s.last_scan_unix_ms.store(unix_us() / 1000, Relaxed);
+        if let Some(d) = socket_drops(&self.sock) {
+            s.receive_drops.store(d, Relaxed);
+        }
         s.exceptions.store(found.len() as u64, Relaxed);
         let send: Vec<Record> = found
             .iter()
@@ -664,5 +742,54 @@ impl Task {
             p.last_received_unix_ms = now / 1000;
             p.lag_ms = now.saturating_sub(seq) / 1000;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg(port: u16) -> SyncConfig {
+        SyncConfig {
+            peers: vec!["192.0.2.1".parse().unwrap()],
+            key_file: "/nonexistent".into(),
+            port,
+            listen: None,
+            interval_ms: 2000,
+            max_entries: 65536,
+        }
+    }
+
+    /// On a host booted with `ipv6.disable=1` no AF_INET6 socket can be made: the sync
+    /// listens on 0.0.0.0 instead of refusing lbd's start.
+    #[tokio::test]
+    async fn without_ipv6_the_socket_listens_on_ipv4() {
+        use socket2::{Domain, Protocol, Socket, Type};
+        let no_ipv6 = |d: Domain| {
+            if d == Domain::IPV6 {
+                return Err(std::io::Error::from_raw_os_error(libc::EAFNOSUPPORT));
+            }
+            Socket::new(d, Type::DGRAM, Some(Protocol::UDP))
+        };
+        let s = bind_with(&cfg(0), no_ipv6).expect("bound without IPv6");
+        let local = s.local_addr().unwrap();
+        assert!(local.ip().is_unspecified() && local.is_ipv4(), "{local}");
+        // With IPv6, both families on one socket, as before.
+        let s = bind_with(&cfg(0), |d| {
+            Socket::new(d, Type::DGRAM, Some(Protocol::UDP))
+        })
+        .unwrap();
+        assert!(s.local_addr().unwrap().is_ipv6());
+        // A chosen address stays an error of its own family.
+        let mut c = cfg(0);
+        c.listen = Some("::1".parse().unwrap());
+        assert!(bind_with(&c, no_ipv6).is_err());
+    }
+
+    /// The kernel's per-socket drop count is readable (the `receive_drops` counter).
+    #[tokio::test]
+    async fn socket_drops_are_readable() {
+        let s = bind(&cfg(0)).unwrap();
+        assert_eq!(socket_drops(&s), Some(0));
     }
 }

@@ -23,6 +23,7 @@ mod batch;
 mod counters;
 pub mod decap;
 mod explain;
+pub mod kernel;
 mod pins;
 mod pmtu;
 pub mod sock;
@@ -206,8 +207,17 @@ impl Dataplane {
                 .program_mut(name)
                 .ok_or_else(|| anyhow!("program {name} missing"))?
                 .try_into()?;
-            prog.load()
-                .with_context(|| format!("verify and load {name}"))?;
+            // A refusal names the kernel and the verifier's reason; the whole log goes to the
+            // debug log.
+            if let Err(e) = prog.load() {
+                let text = e.to_string();
+                tracing::debug!(program = name, log = %text, "the verifier refused a program");
+                bail!(kernel::refused(
+                    kernel::Release::current().as_ref(),
+                    name,
+                    &text
+                ));
+            }
         }
         explain::arm(&mut ebpf).context("arm lbctl explain")?;
         // The program's rare-path log lines (aya-log); optional so a missing map is not fatal.
@@ -350,6 +360,7 @@ impl Dataplane {
                         healthy: in_set,
                         drained: b.flags & lb_common::BACKEND_F_DRAINED != 0,
                         failing: false,
+                        step: crate::plan::SLOW_START_STEPS,
                         encap: (b.flags & lb_common::BACKEND_F_ENCAP != 0).then(|| Encap {
                             src: key_addr(&b.encap_src, b.family),
                             mtu: b.encap_mtu,
@@ -448,7 +459,14 @@ impl Dataplane {
             tracing::info!(interface, ?mode, "attached XDP program");
         }
         self.attached = Some(interface.to_owned());
-        Ok(())
+        self.retire_earlier_cache()
+    }
+
+    /// What `attach` does once this program forwards: the previous version's flow cache, which
+    /// the old program wrote and served from until then, goes into the connection table and
+    /// its pin is removed (see `pins::retire_earlier_cache`).
+    pub fn retire_earlier_cache(&self) -> Result<()> {
+        pins::retire_earlier_cache(&self.opts.pin_dir())
     }
 
     /// Socket load balancing: attach the cgroup hooks (see `sock`). They detach when this
@@ -695,9 +713,11 @@ impl Dataplane {
             };
             // Backends that take no new flows keep their slots (flagged): see BACKEND_F_NO_NEW.
             if b.in_set() && b.weight > 0 {
+                // Slow start: weight steps (see `BackendSpec::step`). Every step rebuilds the
+                // tables; the connection table keeps each flow where it started.
                 let e = maglev::Entry {
                     addr: b.addr,
-                    weight: b.weight,
+                    weight: b.weight * b.step.clamp(1, crate::plan::SLOW_START_STEPS),
                     id: installed.id,
                 };
                 if b.in_table() {

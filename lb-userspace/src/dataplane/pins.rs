@@ -84,7 +84,18 @@ pub fn drop_unadoptable_pins(dir: &Path, shapes: &[Shape]) -> Result<()> {
                 "pair epochs start afresh; dropping the connection table",
             )?;
         }
-    } else {
+        return remove(dir, maps::FLOW_CACHE_V2, "pinned map of an earlier version");
+    }
+    // Kept until the new program forwards (`retire_earlier_cache`, after the attach): the
+    // old one still writes and serves from it until then.
+    Ok(())
+}
+
+/// Once the new program forwards (it replaced the old one behind the link): the previous
+/// version's flow cache written back (`retire_v2_cache`) and its pin removed. Nothing writes
+/// it any more, so nothing the old program kept there is missed.
+pub fn retire_earlier_cache(dir: &Path) -> Result<()> {
+    if dir.join(maps::FLOW_CACHE_V2).exists() {
         retire_v2_cache(dir);
     }
     remove(dir, maps::FLOW_CACHE_V2, "pinned map of an earlier version")
@@ -94,7 +105,8 @@ pub fn drop_unadoptable_pins(dir: &Path, shapes: &[Shape]) -> Result<()> {
 /// key's five words, the value, the check word) may hold flows that aged out of the connection
 /// table while served from it: its good entries go into the adopted connection table
 /// (`BPF_NOEXIST`: an entry there is as new or newer) before its pin is removed, so an upgrade
-/// keeps every flow. Best effort: a cache or table that cannot be read is only logged.
+/// keeps every flow. Run after the new program is attached (`retire_earlier_cache`). Best
+/// effort: a cache or table that cannot be read is only logged.
 fn retire_v2_cache(dir: &Path) {
     use aya::maps::{Array, HashMap as BpfHashMap, Map, MapData};
     use lb_common::{flow_cache_check, flow_cache_hash, flow_cache_seed, key_of_words, value_of};

@@ -6,7 +6,10 @@ use std::{os::fd::AsFd, path::Path, sync::Arc};
 
 use anyhow::{Result, bail};
 use aya::maps::{Array, HashMap as BpfHashMap, IterableMap, Map, MapData};
-use lb_common::{FlowCacheLine, FlowKey, FlowValue, LbConfig, flow_cache_seed, maps};
+use lb_common::{
+    FlowCacheLine, FlowKey, FlowValue, LbConfig, V4_VALUE, V6_VALUE, WAY_WORDS, flow_cache_hash,
+    flow_cache_index, flow_cache_seed, maps,
+};
 
 use super::{Dataplane, tables::Mapping};
 use crate::sync::view::{Pair, Service, View};
@@ -54,6 +57,15 @@ pub struct FlowCachePins {
 
 impl FlowCachePins {
     pub fn open(pin_dir: &Path) -> Result<FlowCachePins> {
+        Self::open_mapped(pin_dir, false)
+    }
+
+    /// As `open`, mapped writable too: for [`FlowCachePins::invalidate_if`].
+    pub fn open_writable(pin_dir: &Path) -> Result<FlowCachePins> {
+        Self::open_mapped(pin_dir, true)
+    }
+
+    fn open_mapped(pin_dir: &Path, writable: bool) -> Result<FlowCachePins> {
         let data = MapData::from_pin(pin_dir.join(maps::FLOW_CACHE))?;
         let info = data.info()?;
         let line = std::mem::size_of::<FlowCacheLine>();
@@ -65,7 +77,7 @@ impl FlowCachePins {
             );
         }
         let lines = info.max_entries() as usize;
-        let mem = Mapping::new(&data, maps::FLOW_CACHE, lines * line, false)?;
+        let mem = Mapping::new(&data, maps::FLOW_CACHE, lines * line, writable)?;
         let config = Array::try_from(Map::Array(MapData::from_pin(pin_dir.join(maps::CONFIG))?))?;
         Ok(FlowCachePins { mem, lines, config })
     }
@@ -95,6 +107,59 @@ impl FlowCachePins {
             }
         }
         Ok(())
+    }
+}
+
+impl FlowCachePins {
+    /// Where the program would find `key`'s entry: its home line or the buddy, the way, and
+    /// the value its check word binds to it.
+    fn find(&self, key: &FlowKey) -> Result<Option<(usize, FlowCacheLine, usize, FlowValue)>> {
+        let cfg = self.config.get(&0, 0)?;
+        let seed = flow_cache_seed(cfg.hash_seed, cfg.flow_cache);
+        let home = flow_cache_index(flow_cache_hash(key, seed), cfg.flow_cache) as usize;
+        for i in [home, home ^ 1] {
+            if i >= self.lines {
+                continue;
+            }
+            let line = self.line(i);
+            if let Some((way, _, v)) = line.entries(seed).find(|(_, k, _)| k == key) {
+                return Ok(Some((i, line, way, v)));
+            }
+        }
+        Ok(None)
+    }
+
+    /// The flow's entry in the cache, as the program would read it (which then decides: the
+    /// LRU hash is not looked at).
+    pub fn get(&self, key: &FlowKey) -> Result<Option<FlowValue>> {
+        Ok(self.find(key)?.map(|(_, _, _, v)| v))
+    }
+
+    /// Take the flow's entry out of the cache if it names `value`'s pair (closed or not): its
+    /// value word cleared, one store (the check word then fails, as a torn way's does, and the
+    /// pair of epoch 0 is no pair: the way is free). `Ok(true)`: it did. The mapping must be
+    /// writable (`open_writable`).
+    pub fn invalidate_if(&mut self, key: &FlowKey, value: FlowValue) -> Result<bool> {
+        let Some((i, line, way, now)) = self.find(key)? else {
+            return Ok(false);
+        };
+        if now.backend() != value.backend() || now.epoch != value.epoch {
+            return Ok(false);
+        }
+        let word = if line.is_v6() {
+            V6_VALUE
+        } else {
+            WAY_WORDS * way + V4_VALUE
+        };
+        // SAFETY: i < lines, so the word is inside the (writable) mapping.
+        unsafe {
+            self.mem
+                .ptr()
+                .cast::<u64>()
+                .add(i * 8 + word)
+                .write_volatile(0)
+        };
+        Ok(true)
     }
 }
 
@@ -172,7 +237,7 @@ pub struct ConntrackPins {
 impl ConntrackPins {
     pub fn open(pin_dir: &Path) -> Result<ConntrackPins> {
         let lru = LruPins::open(&pin_dir.join(maps::CONNTRACK))?;
-        let cache = FlowCachePins::open(pin_dir)?;
+        let cache = FlowCachePins::open_writable(pin_dir)?;
         Ok(ConntrackPins { lru, cache })
     }
 
@@ -195,19 +260,29 @@ impl ConntrackPins {
             }
             true
         };
-        self.lru.for_each(&mut add)?;
+        // The cache first: where it holds a flow, its entry is what the program decides.
         self.cache.for_each(|k, v| add(&k, &v))?;
+        self.lru.for_each(&mut add)?;
         Ok(out)
     }
 
-    /// [`LruPins::insert_absent`].
+    /// [`LruPins::insert_absent`], unless the flow cache holds an entry for the flow (the
+    /// cache decides, and a flow served from it may have aged out of the LRU hash): what this
+    /// node decided itself is never replaced, nor hidden behind a copy the program would
+    /// write back over it.
     pub fn insert_absent(&mut self, key: &FlowKey, value: FlowValue) -> Result<bool> {
+        if self.cache.get(key)?.is_some() {
+            return Ok(false);
+        }
         self.lru.insert_absent(key, value)
     }
 
-    /// [`LruPins::remove_if`]. (Entries a peer sent are installed in the LRU hash only; this
-    /// node's flow cache holds only flows it forwarded itself.)
+    /// [`LruPins::remove_if`], and the same in the flow cache ([`FlowCachePins::invalidate_if`]):
+    /// a way left holding the entry would keep deciding, and be written back to the LRU hash
+    /// when it changes hands. The LRU hash first: the program copies a hit there into the cache.
     pub fn remove_if(&mut self, key: &FlowKey, value: FlowValue) -> Result<bool> {
-        self.lru.remove_if(key, value)
+        let lru = self.lru.remove_if(key, value)?;
+        let cache = self.cache.invalidate_if(key, value)?;
+        Ok(lru || cache)
     }
 }

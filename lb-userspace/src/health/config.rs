@@ -6,10 +6,11 @@
 //! about one second, where haproxy with OpenShift's settings (`inter 5s fall 3`) needs ~15 s.
 //!
 //! - `interval_ms = 200`, `timeout_ms = 200`, `fall = 3`, `rise = 2`.
-//! - A backend that fails fast (apiserver answering 500 on `/readyz` while it shuts down,
-//!   connection refused after the process died): the probe already running may still pass,
-//!   then `fall` failing probes one interval apart are needed, so at worst
-//!   `fall * interval = 600 ms`, about 500 ms on average.
+//! - A backend that answers an error (apiserver answering 500 on `/readyz` while it shuts
+//!   down): the probe already running may still pass, then `fall` failing probes one interval
+//!   apart are needed, so at worst `fall * interval = 600 ms`, about 500 ms on average.
+//! - A backend that refuses or resets the connection (its process died) is out at the first
+//!   probe that sees it, whatever `fall` says: at worst one interval.
 //! - A backend that went silent (node powered off, black-holed packets): each failing probe
 //!   lasts the whole timeout, so at worst `fall * interval + timeout = 800 ms`.
 //! - Both leave room inside the 1 s budget for the Maglev table swap (tens of ms).
@@ -148,7 +149,23 @@ pub struct HealthConfig {
     pub fall: u32,
     /// Status codes that mean healthy (`http`, `https`).
     pub expect_status: StatusRange,
+    /// Slow start: a backend that returns (or first passes its checks after lbd has seen it
+    /// fail; not one that passes its first check, which was serving already) takes new flows
+    /// gradually over this period, in [`SLOW_START_STEPS`] steps of its Maglev weight; 0: at
+    /// once. Established flows stay where they are (connection table).
+    pub slow_start_ms: u64,
+    /// Fail-open: when every backend of the service fails its checks at once by being slow or
+    /// answering wrong (not by refusing or resetting connections), new flows keep going to
+    /// them rather than nowhere (see `plan`).
+    pub fail_open: bool,
+    /// A refused connection means "nothing here to serve", not "down": the backend is not
+    /// expected up (`lbd_backend_expected 0`), e.g. a node of the ingress VIP without a router.
+    pub absent_when_refused: bool,
 }
+
+/// Slow start climbs in this many equal steps of the weight (the first step at once).
+pub const SLOW_START_STEPS: u32 = 20;
+const MAX_SLOW_START_MS: u64 = 3_600_000;
 
 pub const DEFAULT_INTERVAL_MS: u64 = 200;
 pub const DEFAULT_TIMEOUT_MS: u64 = 200;
@@ -172,6 +189,9 @@ impl Default for HealthConfig {
             rise: DEFAULT_RISE,
             fall: DEFAULT_FALL,
             expect_status: StatusRange::default(),
+            slow_start_ms: 0,
+            fail_open: true,
+            absent_when_refused: false,
         }
     }
 }
@@ -223,6 +243,12 @@ impl HealthConfig {
                     "{path}.{name}: must be between 1 and {MAX_RISE_FALL}, got {v}"
                 ));
             }
+        }
+        if self.slow_start_ms > MAX_SLOW_START_MS {
+            return Err(format!(
+                "{path}.slow_start_ms: must be at most {MAX_SLOW_START_MS} (an hour), got {}",
+                self.slow_start_ms
+            ));
         }
         if self.port == Some(0) {
             return Err(format!("{path}.port: must be 1-65535, got 0"));
@@ -284,12 +310,17 @@ mod tests {
             rise = 1
             fall = 2
             expect_status = "200"
+            slow_start_ms = 60000
+            fail_open = false
+            absent_when_refused = true
             "#,
         )
         .unwrap();
         assert_eq!(c.kind, CheckKind::Http);
         assert_eq!(c.port, Some(1936));
         assert_eq!(c.expect_status, StatusRange::new(200, 200));
+        assert_eq!(c.slow_start_ms, 60_000);
+        assert!(!c.fail_open && c.absent_when_refused);
         let back = parse(&toml::to_string(&c).unwrap()).unwrap();
         assert_eq!(back, c);
     }
@@ -353,6 +384,13 @@ mod tests {
                     ..base.clone()
                 },
                 "vips[1].health.port:",
+            ),
+            (
+                HealthConfig {
+                    slow_start_ms: 3_600_001,
+                    ..base.clone()
+                },
+                "vips[1].health.slow_start_ms:",
             ),
             (
                 HealthConfig {

@@ -21,5 +21,5 @@ mod testsupport;
 
 pub use config::{CheckKind, HealthConfig, StatusRange};
 pub use monitor::{HealthEvent, HealthMonitor, Target, TargetStatus};
-pub use probe::{ProbeFailure, ProbeSpec, Stage};
+pub use probe::{FailureClass, ProbeFailure, ProbeSpec, Stage};
 pub use tracker::{Health, Tracker, Transition};

@@ -18,7 +18,7 @@ use tokio::task::JoinHandle;
 use tokio::time::{Instant, sleep_until};
 
 use super::config::{CheckKind, HealthConfig};
-use super::probe::ProbeSpec;
+use super::probe::{FailureClass, ProbeSpec};
 use super::tracker::{Health, Tracker, Transition};
 
 /// One thing to check: a backend of a service, or a local service tracked for VRRP priority.
@@ -83,6 +83,10 @@ pub struct HealthEvent {
     pub previous: Health,
     /// The result that caused the change: `"ok"` or the failure.
     pub reason: String,
+    /// What kind of failure the last result was (`None` when it passed). A target that is down
+    /// also sends an event (with `state == previous`) when a failure of another kind follows,
+    /// so a consumer always knows whether a down target refuses, resets or is merely slow.
+    pub failure: FailureClass,
     pub at: SystemTime,
 }
 
@@ -114,6 +118,7 @@ struct TargetState {
     kind: CheckKind,
     tracker: Tracker,
     last_result: String,
+    failure: FailureClass,
     last_duration: Option<Duration>,
     last_check: Option<SystemTime>,
     last_change: Option<SystemTime>,
@@ -129,6 +134,7 @@ impl TargetState {
             kind: t.config.kind,
             tracker: Tracker::new(t.config.rise, t.config.fall, t.initial),
             last_result: String::new(),
+            failure: FailureClass::None,
             last_duration: None,
             last_check: None,
             last_change: None,
@@ -155,9 +161,16 @@ impl TargetState {
         }
     }
 
-    /// Record one result; the event to send if it changed the state.
-    fn record(&mut self, ok: bool, reason: String, took: Duration) -> Option<HealthEvent> {
+    /// Record one result; the event to send if it changed the state (or, while down, the kind
+    /// of failure).
+    fn record(
+        &mut self,
+        failure: FailureClass,
+        reason: String,
+        took: Duration,
+    ) -> Option<HealthEvent> {
         let now = SystemTime::now();
+        let ok = failure == FailureClass::None;
         self.checks_run += 1;
         if !ok {
             self.checks_failed += 1;
@@ -165,9 +178,28 @@ impl TargetState {
         self.last_duration = Some(took);
         self.last_check = Some(now);
         crate::metrics::observe_health_check(&self.id, &self.kind.to_string(), took);
-        let change = self.tracker.record(ok);
+        let change = if failure.is_hard() {
+            self.tracker.record_hard_failure()
+        } else {
+            self.tracker.record(ok)
+        };
+        let class_changed = std::mem::replace(&mut self.failure, failure) != failure;
         self.last_result = reason;
-        change.map(|t| self.event(t, now))
+        match change {
+            Some(t) => Some(self.event(t, now)),
+            None if class_changed && !ok && self.tracker.state() == Health::Down => {
+                let same = Transition {
+                    from: Health::Down,
+                    to: Health::Down,
+                };
+                let last_change = self.last_change;
+                let ev = self.event(same, now);
+                // Not a change of state: the state's age stays.
+                self.last_change = last_change;
+                Some(ev)
+            }
+            None => None,
+        }
     }
 
     fn event(&mut self, t: Transition, at: SystemTime) -> HealthEvent {
@@ -179,6 +211,7 @@ impl TargetState {
             state: t.to,
             previous: t.from,
             reason: self.last_result.clone(),
+            failure: self.failure,
             at,
         }
     }
@@ -369,11 +402,11 @@ async fn run_target(
                 _ = sleep_until(next) => {
                     let started = Instant::now();
                     let result = spec.run().await;
-                    let (ok, reason) = match result {
-                        Ok(()) => (true, "ok".to_string()),
-                        Err(e) => (false, e.to_string()),
+                    let (failure, reason) = match result {
+                        Ok(()) => (FailureClass::None, "ok".to_string()),
+                        Err(e) => (e.class(), e.to_string()),
                     };
-                    let ev = lock(&state).record(ok, reason, started.elapsed());
+                    let ev = lock(&state).record(failure, reason, started.elapsed());
                     send(ev);
                     next = started + jittered(interval(&target), random_u64());
                     continue;

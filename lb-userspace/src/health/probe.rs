@@ -52,6 +52,9 @@ impl fmt::Display for Stage {
 pub enum ProbeFailure {
     #[error("connection refused")]
     Refused,
+    /// The backend reset the connection (its process died mid-check, or it refuses us).
+    #[error("connection reset during {0}")]
+    Reset(Stage),
     /// The routed backend's `lbd decap` does not answer on its health port.
     #[error("lbd decap not answering at {0}")]
     Gate(String),
@@ -69,6 +72,58 @@ pub enum ProbeFailure {
     Garbage(String),
     #[error("connection closed before the status line")]
     Closed,
+}
+
+/// What kind of failure a probe result is, as far as the load balancer's decisions go.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum FailureClass {
+    /// The probe passed.
+    #[default]
+    None,
+    /// Slow or wrong: a timeout, a bad status, garbage, a TLS error. It may be the whole
+    /// cluster having a bad moment (an etcd latency spike slows every `/readyz`), so it counts
+    /// towards `fall` and may fail open.
+    Soft,
+    /// Nothing listens: the process is gone (or, with `absent_when_refused`, was never there).
+    Refused,
+    /// The backend reset the connection.
+    Reset,
+}
+
+impl FailureClass {
+    /// A refusal or a reset: the backend itself said no, so there is nothing to wait for and
+    /// nothing to fail open to (see `Tracker::record_hard_failure` and `plan`).
+    pub fn is_hard(self) -> bool {
+        matches!(self, FailureClass::Refused | FailureClass::Reset)
+    }
+}
+
+impl ProbeFailure {
+    pub fn class(&self) -> FailureClass {
+        match self {
+            ProbeFailure::Refused => FailureClass::Refused,
+            ProbeFailure::Reset(_) => FailureClass::Reset,
+            _ => FailureClass::Soft,
+        }
+    }
+}
+
+/// Whether an error, or one it wraps, is a connection reset.
+fn is_reset(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cur = Some(e);
+    while let Some(err) = cur {
+        if let Some(io) = err.downcast_ref::<io::Error>()
+            && matches!(
+                io.kind(),
+                io::ErrorKind::ConnectionReset | io::ErrorKind::ConnectionAborted
+            )
+        {
+            return true;
+        }
+        cur = err.source();
+    }
+    false
 }
 
 /// Everything one probe needs, resolved once per config so each run allocates little.
@@ -133,6 +188,7 @@ impl ProbeSpec {
             Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => {
                 return Err(ProbeFailure::Refused);
             }
+            Err(e) if is_reset(&e) => return Err(ProbeFailure::Reset(Stage::Connect)),
             Err(e) => return Err(ProbeFailure::Connect(e.to_string())),
         };
         // Small request, answer awaited at once: do not let Nagle hold it back.
@@ -149,7 +205,13 @@ impl ProbeSpec {
                 let handshake = connector.connect(name, tcp);
                 let tls = within(deadline, started, Stage::Tls, handshake)
                     .await?
-                    .map_err(|e| ProbeFailure::Tls(e.to_string()))?;
+                    .map_err(|e| {
+                        if is_reset(&e) {
+                            ProbeFailure::Reset(Stage::Tls)
+                        } else {
+                            ProbeFailure::Tls(e.to_string())
+                        }
+                    })?;
                 self.exchange(tls, deadline, started).await
             }
         }
@@ -186,9 +248,15 @@ impl ProbeSpec {
             http1::handshake::<_, Empty<Bytes>>(TokioIo::new(s)),
         )
         .await?
-        .map_err(|e| ProbeFailure::Io {
-            stage: Stage::Request,
-            error: e.to_string(),
+        .map_err(|e| {
+            if is_reset(&e) {
+                ProbeFailure::Reset(Stage::Request)
+            } else {
+                ProbeFailure::Io {
+                    stage: Stage::Request,
+                    error: e.to_string(),
+                }
+            }
         })?;
         // The connection is driven here, not spawned: it ends with the probe (dropped at the
         // deadline or after the status), so a hanging backend leaves nothing running.
@@ -219,7 +287,9 @@ impl ProbeSpec {
 
 /// What hyper's error means for the operator.
 fn failure(e: &hyper::Error) -> ProbeFailure {
-    if e.is_parse() || e.is_parse_status() || e.is_parse_too_large() {
+    if is_reset(e) {
+        ProbeFailure::Reset(Stage::Response)
+    } else if e.is_parse() || e.is_parse_status() || e.is_parse_too_large() {
         ProbeFailure::Garbage(e.to_string())
     } else if e.is_incomplete_message() || e.is_canceled() {
         ProbeFailure::Closed

@@ -198,7 +198,7 @@ async fn rise_fall_events_and_reload() {
 
     srv.set_ready(true);
     let ev = next_event(&mut rx, Duration::from_secs(1)).await;
-    assert!(ev.healthy);
+    assert!(ev.healthy, "{ev:?}");
     assert!(mon.status()[0].consecutive_successes >= 2);
 
     // Reload: the same target (and a changed interval) keeps its state, no event; a new
@@ -238,7 +238,8 @@ async fn kind_none_is_up_at_once_and_known_backends_can_start_up() {
         kind: CheckKind::Tcp,
         interval_ms: 20,
         timeout_ms: 20,
-        fall: 2,
+        // Never reached: a refusal takes it down at once.
+        fall: 1000,
         ..HealthConfig::default()
     };
     let (mon, mut rx) = HealthMonitor::start(vec![
@@ -259,7 +260,9 @@ async fn kind_none_is_up_at_once_and_known_backends_can_start_up() {
             ("none".to_string(), Health::Unknown, Health::Up),
         ]
     );
-    assert!(mon.status()[0].checks_run >= 2, "fall = 2 from Up");
+    // Nothing listens: a refusal took it down at once, without waiting for `fall`.
+    assert!(mon.status()[0].checks_run < 1000);
+    assert_eq!(mon.status()[0].last_result, "connection refused");
 }
 
 #[tokio::test]

@@ -98,6 +98,22 @@ impl Tracker {
         })
     }
 
+    /// Record a failed probe that the backend itself refused or reset: it goes down at once,
+    /// without waiting for `fall` (a dead apiserver refuses; waiting only sends it flows that
+    /// fail), and comes back through `rise` as usual.
+    pub fn record_hard_failure(&mut self) -> Option<Transition> {
+        self.failures = self.failures.saturating_add(1);
+        self.successes = 0;
+        if self.state == Health::Down {
+            return None;
+        }
+        let from = std::mem::replace(&mut self.state, Health::Down);
+        Some(Transition {
+            from,
+            to: Health::Down,
+        })
+    }
+
     /// Record one probe result; returns the transition it caused, if any.
     pub fn record(&mut self, ok: bool) -> Option<Transition> {
         // Saturate: a backend up for years must not overflow its counter.
@@ -219,6 +235,20 @@ mod tests {
         t.successes = u32::MAX;
         assert_eq!(t.record(true), None);
         assert_eq!(t.consecutive_successes(), u32::MAX);
+    }
+
+    #[test]
+    fn a_hard_failure_takes_it_down_at_once_and_rise_brings_it_back() {
+        let mut t = Tracker::new(3, 3, Up);
+        assert_eq!(
+            t.record_hard_failure(),
+            Some(Transition { from: Up, to: Down })
+        );
+        assert_eq!(t.record_hard_failure(), None);
+        assert_eq!(t.consecutive_failures(), 2);
+        assert_eq!(run(&mut t, "++-+++"), [Down, Down, Down, Down, Down, Up]);
+        let mut t = Tracker::new(3, 3, Unknown);
+        assert_eq!(t.record_hard_failure().map(|x| x.to), Some(Down));
     }
 
     #[test]

@@ -102,6 +102,9 @@ pub struct SyncRow {
     pub sent_entries: u64,
     pub sent_datagrams: u64,
     pub send_errors: u64,
+    /// Datagrams the kernel dropped on the sync socket (its receive queue was full).
+    #[serde(default)]
+    pub receive_drops: u64,
     pub received_datagrams: u64,
     pub received_entries: u64,
     pub installed: u64,
@@ -131,7 +134,7 @@ pub fn summary(sync: &SyncRow) -> String {
         .map(|(k, n)| format!("{k} {n}"))
         .collect();
     format!(
-        "{:<20} {} exceptions of {} entries scanned ({} ms); sent {} entries in {} datagrams; installed {} (already present {}); retracted {} sent, {} removed; refused {refused}{}\n",
+        "{:<20} {} exceptions of {} entries scanned ({} ms); sent {} entries in {} datagrams; installed {} (already present {}); retracted {} sent, {} removed; refused {refused}{}{}\n",
         "sync",
         sync.exceptions,
         sync.scanned,
@@ -146,6 +149,14 @@ pub fn summary(sync: &SyncRow) -> String {
             String::new()
         } else {
             format!(" ({})", reasons.join(", "))
+        },
+        if sync.receive_drops == 0 {
+            String::new()
+        } else {
+            format!(
+                "; {} datagrams dropped by the kernel (receive queue full)",
+                sync.receive_drops
+            )
         },
     )
 }
@@ -230,6 +241,11 @@ pub fn render_metrics(r: &mut Registry, sync: &SyncRow) {
             "sync_send_errors",
             sync.send_errors,
             "Sync datagrams that could not be sent.",
+        ),
+        (
+            "sync_receive_drops",
+            sync.receive_drops,
+            "Sync datagrams the kernel dropped on this node's socket (its receive queue was full).",
         ),
     ] {
         counter_family(r, name, help, None, [(labels(&[]), value)]);

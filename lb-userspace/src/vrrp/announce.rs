@@ -156,11 +156,30 @@ impl Announcer {
     }
 }
 
-/// The label given to IPv4 VIPs, so `ip addr` shows which addresses lbd manages and a restart
-/// can find them. `None` when `<ifname>:lb` does not fit in IFNAMSIZ.
+/// What follows the interface name in the label of IPv4 VIPs: it ends in `vip`, as
+/// OVN-Kubernetes wants of addresses that are not the node's own (it skips them when it picks
+/// the node's gateway address and host CIDRs, as it does keepalived's VIPs), and its `lb` tells
+/// lbd's from keepalived's.
+pub const VIP_LABEL_SUFFIX: &str = ":lbvip";
+
+/// The label earlier versions gave their VIPs, still recognised as lbd's own (a restart after
+/// an upgrade removes the VIPs the old version left, and keeps those it holds).
+const OLD_VIP_LABEL_SUFFIX: &str = ":lb";
+
+/// The label given to IPv4 VIPs, so `ip addr` shows which addresses lbd manages, a restart can
+/// find them, and OVN-Kubernetes does not take them for node addresses. `None` when
+/// `<ifname>:lbvip` does not fit in IFNAMSIZ (a name of more than 9 characters).
 pub fn vip_label(ifname: &str) -> Option<String> {
-    let label = format!("{ifname}:lb");
+    let label = format!("{ifname}{VIP_LABEL_SUFFIX}");
     (label.len() < libc::IFNAMSIZ).then_some(label)
+}
+
+/// Whether `label`, on `ifname`, is one lbd gives its VIPs: today's ([`vip_label`]) or the one
+/// of earlier versions (`<ifname>:lb`). Pure.
+pub fn is_vip_label(ifname: &str, label: &str) -> bool {
+    label
+        .strip_prefix(ifname)
+        .is_some_and(|rest| rest == VIP_LABEL_SUFFIX || rest == OLD_VIP_LABEL_SUFFIX)
 }
 
 /// Add `vip` to `ifname`: IPv4 as /32 with the [`vip_label`], IPv6 as /128 without duplicate
@@ -244,7 +263,7 @@ pub fn added_by_lbd(ifname: &str, a: &ListedAddr) -> bool {
         IpAddr::V4(_) => {
             a.prefix_len == 32
                 && match vip_label(ifname) {
-                    Some(ours) => a.label.as_deref() == Some(ours.as_str()),
+                    Some(_) => a.label.as_deref().is_some_and(|l| is_vip_label(ifname, l)),
                     None => true,
                 }
         }
@@ -325,7 +344,6 @@ async fn remove_matching(
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
         Err(e) => return Err(e.into()),
     };
-    let label = vip_label(ifname);
     let mut stale = Vec::new();
     let listed = crate::netlink::dump(|| {
         handle
@@ -340,7 +358,7 @@ async fn remove_matching(
         let Some(a) = ListedAddr::of(&msg) else {
             continue;
         };
-        let labelled = label.is_some() && a.label == label;
+        let labelled = a.label.as_deref().is_some_and(|l| is_vip_label(ifname, l));
         if added_by_lbd(ifname, &a) && wanted(a.addr, labelled) && !stale.contains(&a.addr) {
             stale.push(a.addr);
         }
@@ -407,7 +425,17 @@ mod tests {
         // What add_vip adds.
         assert!(added_by_lbd(
             "eth0",
+            &a("10.0.0.5", 32, Some("eth0:lbvip"), false)
+        ));
+        // What earlier versions added.
+        assert!(added_by_lbd(
+            "eth0",
             &a("10.0.0.5", 32, Some("eth0:lb"), false)
+        ));
+        // keepalived's VIP (OpenShift's `label vip`) is not lbd's.
+        assert!(!added_by_lbd(
+            "eth0",
+            &a("10.0.0.5", 32, Some("eth0:vip"), false)
         ));
         assert!(added_by_lbd("eth0", &a("fd00::5", 128, None, true)));
         // The node's own address, equal to a VIP by mistake: its prefix, no label, DAD done.
@@ -417,7 +445,7 @@ mod tests {
         ));
         assert!(!added_by_lbd(
             "eth0",
-            &a("10.0.0.5", 24, Some("eth0:lb"), false)
+            &a("10.0.0.5", 24, Some("eth0:lbvip"), false)
         ));
         assert!(!added_by_lbd(
             "eth0",
@@ -430,7 +458,7 @@ mod tests {
         // Another interface's label is not ours.
         assert!(!added_by_lbd(
             "eth0",
-            &a("10.0.0.5", 32, Some("eth1:lb"), false)
+            &a("10.0.0.5", 32, Some("eth1:lbvip"), false)
         ));
         // No room for a label: a /32 is the most that can be told.
         assert!(added_by_lbd(
@@ -444,9 +472,36 @@ mod tests {
     }
 
     #[test]
-    fn labels_fit_ifnamsiz() {
-        assert_eq!(vip_label("eth0").as_deref(), Some("eth0:lb"));
-        assert_eq!(vip_label("enp0s31f6abcd").as_deref(), None);
-        assert_eq!(vip_label("enp0s31f6ab").as_deref(), Some("enp0s31f6ab:lb"));
+    fn labels_fit_ifnamsiz_and_end_in_vip() {
+        assert_eq!(vip_label("eth0").as_deref(), Some("eth0:lbvip"));
+        assert_eq!(vip_label("br-ex").as_deref(), Some("br-ex:lbvip"));
+        assert_eq!(vip_label("enp0s31f6").as_deref(), Some("enp0s31f6:lbvip"));
+        assert_eq!(vip_label("enp0s31f6a").as_deref(), None);
+        for name in ["lo", "eth0", "br-ex", "bond0", "enp0s31f6"] {
+            let l = vip_label(name).unwrap();
+            // What OVN-Kubernetes skips, and what the kernel takes (IFNAMSIZ with its NUL).
+            assert!(
+                l.ends_with("vip") && l.starts_with(name) && l.len() <= 15,
+                "{l}"
+            );
+            assert!(is_vip_label(name, &l));
+        }
+    }
+
+    #[test]
+    fn lbd_recognises_its_labels_of_today_and_of_earlier_versions_only() {
+        assert!(is_vip_label("eth0", "eth0:lbvip"));
+        assert!(is_vip_label("eth0", "eth0:lb"));
+        // keepalived's, the interface's own, another interface's.
+        for other in [
+            "eth0:vip",
+            "eth0",
+            "eth0:lbvip2",
+            "eth1:lbvip",
+            "eth0:lbx",
+            "eth00:lb",
+        ] {
+            assert!(!is_vip_label("eth0", other), "{other}");
+        }
     }
 }

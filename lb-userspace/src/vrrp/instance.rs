@@ -266,6 +266,7 @@ impl Instance {
                     warn: WarnLimiter::default(),
                     dual: DualMaster::default(),
                     remove_pending: false,
+                    add_pending: false,
                     socket,
                     announcer,
                     netlink,
@@ -419,6 +420,9 @@ struct Runner {
     dual: DualMaster,
     /// A VIP removal failed and is retried at the next link poll.
     remove_pending: bool,
+    /// A VIP add failed while master (the master advertises on, so nobody else takes the VIP)
+    /// and is retried at the next link poll.
+    add_pending: bool,
     socket: VrrpSocket,
     announcer: Option<Announcer>,
     netlink: rtnetlink::Handle,
@@ -646,6 +650,9 @@ impl Runner {
     async fn poll_link(&mut self) {
         if self.remove_pending && self.machine.state() != State::Master {
             self.remove_vips().await;
+        }
+        if self.add_pending && self.machine.state() == State::Master {
+            self.add_vips().await;
         }
         let polled = interface_info(&self.ifname);
         let seen = match &polled {
@@ -1040,20 +1047,33 @@ impl Runner {
     /// Add the VIPs to the interface and start announcing them.
     async fn hold_vips(&mut self) {
         self.awaiting_forwarding = None;
-        for vip in self.cfg.vips.clone() {
-            if let Err(e) = announce::add_vip(&self.netlink, &self.ifname, vip).await {
-                tracing::error!(instance = %self.cfg.name, error = format!("{e:#}"), "adding VIP failed");
-                self.with_status(|s| s.counters.vip_errors += 1);
-            }
-        }
+        self.add_vips().await;
         self.with_status(|s| s.owned = true);
         self.garp_left = GARP_BURST;
         self.second_burst = true;
         self.next_garp = Some(Instant::now());
     }
 
+    /// Add our VIPs to the interface (adding one that is there is a success); on failure try
+    /// again at every link poll while master.
+    async fn add_vips(&mut self) {
+        let mut failed = false;
+        for vip in self.cfg.vips.clone() {
+            if let Err(e) = announce::add_vip(&self.netlink, &self.ifname, vip).await {
+                tracing::error!(instance = %self.cfg.name, error = format!("{e:#}"), "adding VIP failed; retrying");
+                self.with_status(|s| s.counters.vip_errors += 1);
+                failed = true;
+            }
+        }
+        if self.add_pending && !failed {
+            tracing::info!(instance = %self.cfg.name, "VIPs added after a failure");
+        }
+        self.add_pending = failed;
+    }
+
     async fn release_ownership(&mut self) {
         // Stop forwarding first, then give the addresses back.
+        self.add_pending = false;
         let _ = self.owned.send(false);
         self.with_status(|s| s.owned = false);
         self.awaiting_forwarding = None;

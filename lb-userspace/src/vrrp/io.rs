@@ -455,7 +455,7 @@ pub fn interface_info(ifname: &str) -> io::Result<InterfaceInfo> {
 
 /// Every address of this host, with its interface and what tells lbd's own from the host's
 /// (see [`super::announce::added_by_lbd`]): IPv4 from getifaddrs(3) (the name it reports is
-/// the address label, `eth0:lb`), IPv6 from /proc/net/if_inet6 (which carries the flags).
+/// the address label, `eth0:lbvip`), IPv6 from /proc/net/if_inet6 (which carries the flags).
 pub fn host_addresses() -> io::Result<Vec<(String, super::announce::ListedAddr)>> {
     use super::announce::ListedAddr;
     let mut out = Vec::new();
@@ -468,7 +468,7 @@ pub fn host_addresses() -> io::Result<Vec<(String, super::announce::ListedAddr)>
             .as_ref()
             .and_then(|m| m.as_sockaddr_in())
             .map_or(32, |m| u32::from(m.ip()).count_ones() as u8);
-        // getifaddrs(3) reports the address label (`eth0:lb`) as the name.
+        // getifaddrs(3) reports the address label (`eth0:lbvip`) as the name.
         let label = ifa.interface_name;
         let ifname = label.split(':').next().unwrap_or_default().to_string();
         out.push((

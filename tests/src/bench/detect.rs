@@ -52,6 +52,8 @@ pub struct HttpsLab {
     pub pin_name: String,
     /// (node name, address, kind), in order.
     pub backends: Vec<(String, String, Kind)>,
+    /// Lines added to the service's `[vips.health]` table (e.g. `slow_start_ms = 8000`).
+    pub health_extra: String,
 }
 
 pub fn now_ms() -> u128 {
@@ -85,6 +87,11 @@ pub fn parse_stream(text: &str) -> Vec<Sample> {
 impl HttpsLab {
     /// Build the lab and start lbd; waits until every `Https` backend is active.
     pub fn setup(backends: &[(&str, Kind)]) -> HttpsLab {
+        Self::setup_with(backends, "")
+    }
+
+    /// As [`HttpsLab::setup`], with `health_extra` added to the service's health table.
+    pub fn setup_with(backends: &[(&str, Kind)], health_extra: &str) -> HttpsLab {
         let mut lab = Lab::new("hc");
         lab.add_node("client", "10.79.0.1", "fd79::1");
         lab.add_node("lb", "10.79.0.2", "fd79::2");
@@ -101,6 +108,7 @@ impl HttpsLab {
                     let ready = lab.dir.join(format!("{n}.ready"));
                     std::fs::write(&ready, "").unwrap();
                     let ready = ready.display().to_string();
+                    let slow = lab.dir.join(format!("{n}.slow")).display().to_string();
                     lab.spawn(
                         n,
                         &format!("https-{n}"),
@@ -113,6 +121,8 @@ impl HttpsLab {
                             n,
                             "--ready-file",
                             &ready,
+                            "--slow-file",
+                            &slow,
                         ],
                     );
                 }
@@ -153,6 +163,7 @@ impl HttpsLab {
             cfg_path,
             pin_name,
             backends: list,
+            health_extra: health_extra.to_string(),
         };
         let weights: Vec<(&str, u32)> = backends.iter().map(|(n, _)| (*n, 1)).collect();
         std::fs::write(&l.cfg_path, l.config(&weights)).unwrap();
@@ -180,8 +191,8 @@ impl HttpsLab {
         let mut c = format!(
             "interface = \"eth0\"\nname = \"{}\"\napi_socket = \"{}\"\nxdp_mode = \"skb\"\n\n\
              [[vips]]\nname = \"api\"\naddress = \"{VIP}\"\nports = [{HTTPS_PORT}, {TCP_PORT}]\nowned = true\n\
-             [vips.health]\nkind = \"https\"\npath = \"/readyz\"\nport = {HTTPS_PORT}\n",
-            self.pin_name, self.socket
+             [vips.health]\nkind = \"https\"\npath = \"/readyz\"\nport = {HTTPS_PORT}\n{}\n",
+            self.pin_name, self.socket, self.health_extra
         );
         for (n, w) in weights {
             c += &format!(
@@ -242,6 +253,17 @@ impl HttpsLab {
             std::fs::write(&p, "").unwrap();
         } else {
             std::fs::remove_file(&p).unwrap();
+        }
+    }
+
+    /// Make `node`'s health answers wait `ms` (slow, not dead); `None`: answer at once.
+    pub fn set_slow(&self, node: &str, ms: Option<u64>) {
+        let p = self.lab.dir.join(format!("{node}.slow"));
+        match ms {
+            Some(ms) => std::fs::write(&p, ms.to_string()).unwrap(),
+            None => {
+                let _ = std::fs::remove_file(&p);
+            }
         }
     }
 
@@ -309,6 +331,11 @@ impl HttpsLab {
     /// Start haproxy in the LB node as a TCP proxy on [`HAPROXY_PORT`] to every backend's
     /// HTTPS port, with the check settings of OpenShift's haproxy static pod.
     pub fn start_haproxy(&mut self) {
+        self.start_haproxy_with("check check-ssl verify none inter 5s fall 3 rise 1")
+    }
+
+    /// As [`HttpsLab::start_haproxy`], with these `server` options.
+    pub fn start_haproxy_with(&mut self, server_opts: &str) {
         let mut c = String::from(
             "global\n  maxconn 4096\n\ndefaults\n  mode tcp\n  timeout connect 5s\n  \
              timeout client 30m\n  timeout server 30m\n  timeout check 10s\n\n",
@@ -319,9 +346,7 @@ impl HttpsLab {
             self.addr("lb")
         );
         for (n, a, _) in &self.backends {
-            c += &format!(
-                "  server {n} {a}:{HTTPS_PORT} check check-ssl verify none inter 5s fall 3 rise 1\n"
-            );
+            c += &format!("  server {n} {a}:{HTTPS_PORT} {server_opts}\n");
         }
         let path = self.lab.dir.join("haproxy.cfg");
         std::fs::write(&path, c).unwrap();

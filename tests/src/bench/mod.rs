@@ -13,6 +13,7 @@ mod live;
 pub mod micro;
 pub mod migrate;
 pub mod scale;
+pub mod slowstart;
 pub mod sock;
 pub mod table;
 pub mod throughput;

@@ -9,6 +9,7 @@ fn main() {
         ("table", bench::table::run),
         ("throughput", bench::throughput::run),
         ("detect", bench::detect::run),
+        ("slowstart", bench::slowstart::run),
         ("e2e", bench::e2e::run),
         ("failover", bench::failover::run),
         ("scale", bench::scale::run),

@@ -276,6 +276,63 @@ fn connect_from(addr: SocketAddr, sport: u16, timeout: Duration) {
     }
 }
 
+/// `conc` keep-alive HTTP/1.1 clients, each asking `path` of `addr` again as soon as the last
+/// answer is in, for `secs` (a reconnect after a closed connection); prints the answers.
+fn http_loop(addr: SocketAddr, path: String, conc: u64, secs: u64) {
+    let until = Instant::now() + Duration::from_secs(secs);
+    let answers = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let threads: Vec<_> = (0..conc)
+        .map(|_| {
+            let (path, answers) = (path.clone(), answers.clone());
+            std::thread::spawn(move || {
+                let req = format!("GET {path} HTTP/1.1\r\nhost: lab\r\n\r\n");
+                while Instant::now() < until {
+                    let Ok(mut s) = TcpStream::connect_timeout(&addr, Duration::from_secs(2))
+                    else {
+                        std::thread::sleep(Duration::from_millis(10));
+                        continue;
+                    };
+                    let _ = s.set_read_timeout(Some(Duration::from_secs(15)));
+                    let mut r = BufReader::new(s.try_clone().unwrap());
+                    while Instant::now() < until {
+                        if s.write_all(req.as_bytes()).is_err() {
+                            break;
+                        }
+                        let mut len = None;
+                        let mut line = String::new();
+                        loop {
+                            line.clear();
+                            match r.read_line(&mut line) {
+                                Ok(0) | Err(_) => break,
+                                Ok(_) if line == "\r\n" => break,
+                                Ok(_) => {
+                                    let l = line.to_ascii_lowercase();
+                                    if let Some(v) = l.strip_prefix("content-length:") {
+                                        len = v.trim().parse::<usize>().ok();
+                                    }
+                                }
+                            }
+                        }
+                        let Some(len) = len else { break };
+                        let mut body = vec![0u8; len];
+                        if r.read_exact(&mut body).is_err() {
+                            break;
+                        }
+                        answers.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    }
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        let _ = t.join();
+    }
+    println!(
+        "{{\"answers\":{}}}",
+        answers.load(std::sync::atomic::Ordering::Relaxed)
+    );
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let arg = |i: usize| {
@@ -308,6 +365,12 @@ fn main() {
                 args.get(8).map(|s| s.parse().unwrap()),
             )
         }
+        Some("http-loop") => http_loop(
+            arg(2).parse().unwrap(),
+            arg(3),
+            arg(4).parse().unwrap(),
+            arg(5).parse().unwrap(),
+        ),
         Some("connect-for") => {
             let ip: IpAddr = arg(2).parse().unwrap();
             let secs: u64 = arg(4).parse().unwrap();

@@ -12,7 +12,9 @@
 //! `https`/`http`: `GET /readyz` and `/healthz` answer 200 `ok` while the ready file exists
 //! (always, without `--ready-file`) and 500 otherwise, so a test makes a backend unready with
 //! `rm` and ready again with `touch`. `--path-file PATH=FILE` (repeatable) gives PATH its own
-//! file, answered the same way (a router's `/healthz` and `/healthz/ready` apart). Any other
+//! file, answered the same way (a router's `/healthz` and `/healthz/ready` apart).
+//! `--slow-file FILE`: while FILE exists, those health answers come only after the number of
+//! milliseconds it holds (a cluster whose `/readyz` turns slow, not dead). Any other
 //! path answers 200 with `<id>\n`, so a load test
 //! sees which backend answered. Each prints `listening on ADDR` once bound (port 0 works) and
 //! exits with status 0 on SIGTERM or SIGINT.
@@ -124,15 +126,33 @@ struct ServeArgs {
     /// `PATH=FILE`: PATH answers 200 while FILE exists, 500 otherwise.
     #[arg(long)]
     path_file: Vec<String>,
+    /// While this file exists, health answers wait the milliseconds it holds.
+    #[arg(long)]
+    slow_file: Option<PathBuf>,
 }
 
 struct Backend {
     id_body: Bytes,
     ready_file: Option<PathBuf>,
     path_files: Vec<(String, PathBuf)>,
+    slow_file: Option<PathBuf>,
 }
 
 impl Backend {
+    /// How long a health answer waits now (see `--slow-file`).
+    fn delay(&self, path: &str) -> Duration {
+        let health = matches!(path, "/readyz" | "/healthz")
+            || self.path_files.iter().any(|(p, _)| p == path);
+        let ms = self
+            .slow_file
+            .as_ref()
+            .filter(|_| health)
+            .and_then(|f| std::fs::read_to_string(f).ok())
+            .and_then(|s| s.trim().parse::<u64>().ok())
+            .unwrap_or(0);
+        Duration::from_millis(ms)
+    }
+
     fn ready(&self) -> bool {
         self.ready_file.as_ref().is_none_or(|p| p.exists())
     }
@@ -246,6 +266,7 @@ async fn serve_http(
                 Ok((p.to_string(), PathBuf::from(f)))
             })
             .collect::<Result<_>>()?,
+        slow_file: args.slow_file,
     });
     accept_loop(listener, move |s| {
         let backend = backend.clone();
@@ -271,8 +292,15 @@ where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let service = service_fn(move |req: Request<Incoming>| {
-        let resp = backend.answer(req.uri().path());
-        async move { Ok::<_, Infallible>(resp) }
+        let path = req.uri().path().to_string();
+        let delay = backend.delay(&path);
+        let resp = backend.answer(&path);
+        async move {
+            if !delay.is_zero() {
+                tokio::time::sleep(delay).await;
+            }
+            Ok::<_, Infallible>(resp)
+        }
     });
     // Errors here are clients going away mid-request: nothing to do about them.
     let _ = http1::Builder::new()

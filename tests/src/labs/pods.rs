@@ -3,7 +3,10 @@
 //! The manifests are the ones `cargo xtask image` wrote next to the image (deploy/*.yaml with
 //! the image named by digest). The lab changes only what many nodes on one host cannot share:
 //! the pod's name, and the hostPath directories for /etc/lb and /run/lbd (one per node). Host
-//! networking, privilege, the bpffs and /run mounts, probes and the image stay as shipped.
+//! networking, privilege, the bpffs and /run mounts, probes and the image stay as shipped. The
+//! container's `ports` list (the metrics port the Service targets by name) is left out: podman
+//! 4.3 refuses port declarations with host networking ("PortMappings can only be used with
+//! Bridge or slirp4netns networking"), which Kubernetes accepts; nothing in these labs uses it.
 //!
 //! Every podman command that creates or starts a container runs inside the node's network
 //! namespace through `nsenter --net` (host networking means "the namespace podman runs in");
@@ -143,8 +146,18 @@ impl Pods {
         );
         let mut named = false;
         let (mut etc_done, mut run_done) = (false, false);
+        let mut in_ports = false;
         let out: Vec<String> = text
             .lines()
+            .filter(|l| {
+                // The container's `ports:` list and its items (see the module docs).
+                if l.trim_end() == "    ports:" {
+                    in_ports = true;
+                    return false;
+                }
+                in_ports = in_ports && l.starts_with("    - ");
+                !in_ports
+            })
             .map(|l| {
                 if !named && l.starts_with("  name: ") {
                     named = true;

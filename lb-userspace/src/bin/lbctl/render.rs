@@ -218,3 +218,178 @@ pub fn run(ctx: &Ctx, a: Args) -> Result<()> {
         }
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::Value;
+
+    fn yaml(text: &str) -> Value {
+        serde_norway::from_str(text).unwrap_or_else(|e| panic!("{e}\n{text}"))
+    }
+
+    /// An Ignition data URL's contents (RFC 3986 percent-decoding).
+    fn data_url(source: &str) -> String {
+        let enc = source.strip_prefix("data:,").expect("a data URL");
+        let b = enc.as_bytes();
+        let mut out = Vec::new();
+        let mut i = 0;
+        while i < b.len() {
+            if b[i] == b'%' {
+                out.push(u8::from_str_radix(&enc[i + 1..i + 3], 16).unwrap());
+                i += 3;
+            } else {
+                out.push(b[i]);
+                i += 1;
+            }
+        }
+        String::from_utf8(out).unwrap()
+    }
+
+    fn shipped(rel: &str) -> String {
+        let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("..")
+            .join(rel);
+        std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+    }
+
+    /// The metrics port cluster monitoring scrapes is one port everywhere it is named: the
+    /// node configs and static pods `lbctl render` writes into the MachineConfigs, and the
+    /// shipped Service, ServiceMonitor, namespace and alert rules.
+    #[test]
+    fn the_metrics_port_agrees_across_render_pods_service_and_monitor() {
+        let dir = std::env::temp_dir().join(format!("lbctl-render-ports-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        // The shipped compact cluster plus a worker, so that both pools' pods are rendered.
+        let cluster = shipped("deploy/examples/cluster.toml")
+            + "\n[[nodes]]\nname = \"worker-0\"\naddress = \"192.168.111.30\"\nroles = [\"worker\"]\n";
+        std::fs::write(dir.join("cluster.toml"), cluster).unwrap();
+        let ctx = Ctx {
+            client: lb_userspace::api::Client::new(dir.join("none.sock")),
+            out: crate::output::Output::Json,
+        };
+        run(
+            &ctx,
+            Args {
+                cluster: dir.join("cluster.toml"),
+                out: dir.join("out"),
+                image: Some(format!("quay.io/x/lb@sha256:{}", "1".repeat(64))),
+            },
+        )
+        .unwrap();
+
+        // Rendered: every node config's [metrics_tls] port, every pod's `metrics` port.
+        let mut ports = Vec::new();
+        let mut pods = Vec::new();
+        for pool in ["master", "worker"] {
+            let mc =
+                yaml(&std::fs::read_to_string(dir.join(format!("out/99-{pool}-lb.yaml"))).unwrap());
+            for f in mc["spec"]["config"]["storage"]["files"].as_array().unwrap() {
+                let path = f["path"].as_str().unwrap();
+                let text = data_url(f["contents"]["source"].as_str().unwrap());
+                if path == r::STATIC_POD_PATH {
+                    pods.push(yaml(&text));
+                } else if path.starts_with(r::NODE_CONFIG_DIR) && path.ends_with(".toml") {
+                    let cfg = lb_userspace::config::Config::parse(&text).unwrap();
+                    let tls = cfg
+                        .metrics_tls
+                        .unwrap_or_else(|| panic!("{path}: no metrics_tls"));
+                    ports.push((path.to_string(), tls.listen.port()));
+                }
+            }
+        }
+        assert_eq!(ports.len(), 4, "{ports:?}");
+        assert_eq!(pods.len(), 2);
+        let port = ports[0].1;
+        assert_eq!(port, r::DEFAULT_METRICS_TLS_PORT);
+        for (path, p) in &ports {
+            assert_eq!(*p, port, "{path}");
+        }
+        for pod in &pods {
+            let lbd = pod["spec"]["containers"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|c| c["name"] == "lbd")
+                .expect("an lbd container");
+            let named: Vec<&Value> = lbd["ports"]
+                .as_array()
+                .expect("lbd declares its ports")
+                .iter()
+                .filter(|p| p["name"] == "metrics")
+                .collect();
+            assert_eq!(named.len(), 1, "{lbd}");
+            assert_eq!(
+                named[0]["containerPort"], port,
+                "{}",
+                pod["metadata"]["name"]
+            );
+            assert_eq!(pod["spec"]["hostNetwork"], true);
+            assert_eq!(pod["metadata"]["labels"]["app"], "lb");
+            assert_eq!(pod["metadata"]["namespace"], "openshift-lb");
+        }
+
+        // Shipped: the Service selects the pods and targets that port by name; the
+        // ServiceMonitor scrapes the Service's port over HTTPS with job "lb".
+        let docs: Vec<Value> = shipped("deploy/monitoring/service-monitor.yaml")
+            .split("\n---\n")
+            .map(yaml)
+            .collect();
+        let kind = |k: &str| {
+            docs.iter()
+                .find(|d| d["kind"] == k)
+                .unwrap_or_else(|| panic!("no {k}"))
+        };
+        let svc = kind("Service");
+        assert_eq!(svc["metadata"]["namespace"], "openshift-lb");
+        assert_eq!(svc["spec"]["selector"]["app"], "lb");
+        assert_eq!(svc["spec"]["publishNotReadyAddresses"], true);
+        let sp = &svc["spec"]["ports"][0];
+        assert_eq!(sp["name"], "metrics");
+        assert_eq!(sp["port"], port);
+        assert_eq!(sp["targetPort"], "metrics");
+        let sm = kind("ServiceMonitor");
+        assert_eq!(sm["metadata"]["namespace"], "openshift-lb");
+        assert_eq!(sm["spec"]["selector"]["matchLabels"]["app"], "lb");
+        assert_eq!(sm["spec"]["jobLabel"], "app");
+        let ep = &sm["spec"]["endpoints"][0];
+        assert_eq!(ep["port"], "metrics");
+        assert_eq!(ep["scheme"], "https");
+        assert_eq!(ep["path"], "/metrics");
+        assert_eq!(ep["tlsConfig"]["insecureSkipVerify"], false);
+        // Files the monitoring operator keeps current, never a copied bundle.
+        for f in ["caFile", "certFile", "keyFile"] {
+            assert!(
+                ep["tlsConfig"][f]
+                    .as_str()
+                    .unwrap()
+                    .starts_with("/etc/prometheus/"),
+                "{f}"
+            );
+        }
+        assert!(ep["tlsConfig"].get("ca").is_none());
+        let role = kind("RoleBinding");
+        assert_eq!(role["subjects"][0]["name"], "prometheus-k8s");
+
+        // The namespace is one cluster monitoring reads; the alerts select job "lb" (the
+        // pods' `app` label, by jobLabel).
+        let ns = yaml(&shipped("deploy/namespace.yaml"));
+        assert_eq!(ns["metadata"]["name"], "openshift-lb");
+        assert_eq!(
+            ns["metadata"]["labels"]["openshift.io/cluster-monitoring"],
+            "true"
+        );
+        let rule = yaml(&shipped("deploy/monitoring/prometheus-rule.yaml"));
+        assert_eq!(rule["metadata"]["namespace"], "openshift-lb");
+        let exprs: String = rule["spec"]["groups"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(|g| g["rules"].as_array().unwrap())
+            .map(|r| r["expr"].as_str().unwrap().to_string())
+            .collect();
+        assert!(exprs.contains("up{job=\"lb\"}"));
+        assert!(!exprs.contains("job=\"openshift-lb"), "{exprs}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

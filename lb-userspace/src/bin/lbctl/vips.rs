@@ -38,7 +38,12 @@ fn print(rows: &[VipRow], wide: bool) {
                 format!("{}/{}", x.port_label(), x.protocol),
                 if x.owned { "yes" } else { "no" }.into(),
                 opt(&x.vrrp),
-                format!("{}/{}", x.backends_active, x.backends_total),
+                if x.fail_open {
+                    // Every backend fails its checks softly; new flows still go to them.
+                    format!("{}/{} fail-open", x.backends_active, x.backends_total)
+                } else {
+                    format!("{}/{}", x.backends_active, x.backends_total)
+                },
             ];
             if wide {
                 r.extend([

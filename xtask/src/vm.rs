@@ -1,0 +1,281 @@
+//! The kernel matrix: the kernel tests again, in a VM, on each distribution kernel that setup
+//! installs (Debian's `linux-image-amd64`, under /boot), with the host's files shared in
+//! (virtme-ng's `vng`: the guest runs the test binaries built on the host as they are).
+//!
+//! KVM hangs at boot on this machine kind, so the guest runs under software emulation unless
+//! `LB_VM_KVM=1`: slow (the verifier alone takes seconds per program), which is why the guest
+//! runs a chosen set of test binaries (`GUEST_TESTS`), not all of them. docs/kernels.md holds
+//! the matrix and what each kernel ran.
+
+use std::{
+    collections::{BTreeMap, HashMap},
+    io::{BufRead, BufReader},
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+    time::Instant,
+};
+
+use anyhow::{Context, Result, bail};
+
+/// Test binaries of lb-tests the guest runs, with their filters (empty: every test).
+pub const GUEST_TESTS: &[(&str, &[&str])] = &[
+    // Every program of the object loads and attaches.
+    ("kernel_load", &[]),
+    // The forwarding rules through the kernel's BPF_PROG_TEST_RUN.
+    ("xdp", &[]),
+    ("xdp_flood", &[]),
+    ("xdp_flows", &[]),
+    // One lab with VRRP failover and DSR traffic: connections through the VIP while its owner
+    // fails and a backup takes over.
+    (
+        "lab_vrrp",
+        &[
+            "lbd_crash_alone_does_not_interrupt_and_a_backup_takes_over",
+            "--exact",
+        ],
+    ),
+];
+
+/// The marker of a result line the guest script prints: `LBVM <test> <rc> <seconds>`.
+const MARK: &str = "LBVM ";
+/// The marker of the verifier's count for a program (`kernel_load` prints it):
+/// `LBVM-INSNS <program> <instructions processed>`.
+const INSNS: &str = "LBVM-INSNS ";
+
+/// The kernels of the matrix besides the running one: (release, vmlinuz), oldest first.
+pub fn kernels() -> Vec<(String, PathBuf)> {
+    let running = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let mut found: Vec<(String, PathBuf)> = std::fs::read_dir("/boot")
+        .map(|d| {
+            d.filter_map(|e| e.ok())
+                .filter_map(|e| {
+                    let name = e.file_name().to_string_lossy().to_string();
+                    let release = name.strip_prefix("vmlinuz-")?.to_string();
+                    (release != running.trim()).then(|| (release, e.path()))
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    found.sort();
+    found
+}
+
+/// virtme-ng from PyPI, if `vng` is missing.
+pub fn install_vng() -> Result<()> {
+    if crate::output(Command::new("vng").arg("--version")).is_some() {
+        eprintln!("vng present");
+        return Ok(());
+    }
+    crate::run(Command::new("pip").args(["install", "--quiet", "virtme-ng"]))
+        .or_else(|_| crate::run(Command::new("pip3").args(["install", "--quiet", "virtme-ng"])))
+        .context("install virtme-ng (vng) from PyPI")
+}
+
+/// One test binary's result in one kernel.
+#[derive(Debug, serde::Serialize)]
+pub struct Outcome {
+    pub test: String,
+    pub passed: bool,
+    pub seconds: u64,
+}
+
+/// One kernel's run: its tests, what the verifier processed per program, the VM's whole time.
+#[derive(Debug, serde::Serialize)]
+pub struct KernelRun {
+    pub kernel: String,
+    pub tests: Vec<Outcome>,
+    pub verified_insns: BTreeMap<String, u64>,
+    pub vm_seconds: u64,
+}
+
+/// The guest's script: bpffs and cgroup2 mounted, then each test binary, one line of result
+/// each.
+fn guest_script(root: &Path, tests: &[(String, PathBuf, Vec<String>)]) -> String {
+    let mut s = String::from(
+        "#!/bin/sh\n\
+         # Written by `cargo xtask test` for its kernel matrix (xtask/src/vm.rs).\n\
+         mount -t bpf bpf /sys/fs/bpf 2>/dev/null\n\
+         grep -q ' /sys/fs/cgroup cgroup2 ' /proc/mounts || mount -t cgroup2 none /sys/fs/cgroup\n\
+         ulimit -l unlimited\n",
+    );
+    s += &format!(
+        "cd {}\nexport LB_BIN_DIR={}\necho \"kernel $(uname -r)\"\n",
+        root.display(),
+        root.join("target/debug").display()
+    );
+    for (name, exe, args) in tests {
+        s += &format!(
+            "t0=$(date +%s); {} --test-threads=1 {}; rc=$?; echo \"{MARK} {name} $rc $(( $(date +%s) - t0 ))\"\n",
+            exe.display(),
+            args.join(" ")
+        );
+    }
+    s
+}
+
+/// Boot `vmlinuz` with the host's files and run the tests there; the guest's output is shown
+/// as it comes.
+pub fn run_kernel(
+    root: &Path,
+    release: &str,
+    vmlinuz: &Path,
+    tests: &[(String, PathBuf, Vec<String>)],
+) -> Result<KernelRun> {
+    let dir = root.join("target/vm");
+    std::fs::create_dir_all(&dir)?;
+    let script = dir.join(format!("guest-{release}.sh"));
+    std::fs::write(&script, guest_script(root, tests))?;
+    // A guest that hangs (a kernel that never boots) must not hang the run: `timeout` ends
+    // the VM it started (LB_VM_TIMEOUT seconds, default an hour).
+    let limit = std::env::var("LB_VM_TIMEOUT").unwrap_or_else(|_| "3600".into());
+    let mut c = Command::new("timeout");
+    c.arg(limit)
+        .arg("vng")
+        .arg("--run")
+        .arg(vmlinuz)
+        .args(["--memory", "2G", "--cpus", "2"]);
+    if std::env::var_os("LB_VM_KVM").is_none() {
+        c.arg("--disable-kvm");
+    }
+    c.arg("--exec")
+        .arg(format!("sh {}", script.display()))
+        .stdout(Stdio::piped());
+    eprintln!("+ {c:?}");
+    let t = Instant::now();
+    let mut child = c.spawn().context("run vng (virtme-ng)")?;
+    let mut outcomes = Vec::new();
+    let mut verified_insns = BTreeMap::new();
+    for line in BufReader::new(child.stdout.take().unwrap()).lines() {
+        let line = line?;
+        println!("[{release}] {line}");
+        if let Some(rest) = line.strip_prefix(INSNS) {
+            let f: Vec<&str> = rest.split_whitespace().collect();
+            if let [program, n] = f[..] {
+                verified_insns.insert(program.to_string(), n.parse().unwrap_or(0));
+            }
+        }
+        if let Some(rest) = line.strip_prefix(MARK) {
+            let f: Vec<&str> = rest.split_whitespace().collect();
+            if let [test, rc, secs] = f[..] {
+                outcomes.push(Outcome {
+                    test: test.to_string(),
+                    passed: rc == "0",
+                    seconds: secs.parse().unwrap_or(0),
+                });
+            }
+        }
+    }
+    let status = child.wait()?;
+    eprintln!(
+        "{release}: VM done in {:.0}s ({status})",
+        t.elapsed().as_secs_f64()
+    );
+    for (name, _, _) in tests {
+        if !outcomes.iter().any(|o| &o.test == name) {
+            outcomes.push(Outcome {
+                test: name.clone(),
+                passed: false,
+                seconds: 0,
+            });
+        }
+    }
+    Ok(KernelRun {
+        kernel: release.to_string(),
+        tests: outcomes,
+        verified_insns,
+        vm_seconds: t.elapsed().as_secs(),
+    })
+}
+
+/// The test binaries of lb-tests by target name, as cargo built them.
+pub fn test_executables(mut cargo: Command) -> Result<HashMap<String, PathBuf>> {
+    let out = cargo
+        .args([
+            "test",
+            "-p",
+            "lb-tests",
+            "--no-run",
+            "--message-format=json",
+        ])
+        .stderr(Stdio::inherit())
+        .output()
+        .context("cargo test --no-run")?;
+    if !out.status.success() {
+        bail!("building the kernel tests failed");
+    }
+    let mut found = HashMap::new();
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let Ok(m) = serde_json::from_str::<serde_json::Value>(line) else {
+            continue;
+        };
+        if m["reason"] == "compiler-artifact"
+            && m["target"]["kind"][0] == "test"
+            && let Some(exe) = m["executable"].as_str()
+        {
+            let name = m["target"]["name"].as_str().unwrap_or_default().to_string();
+            found.insert(name, PathBuf::from(exe));
+        }
+    }
+    Ok(found)
+}
+
+/// Every kernel of the matrix: boot, run `GUEST_TESTS`, and write `target/vm/matrix.json`.
+/// Fails if any test failed in any kernel, or if there is no kernel to run.
+pub fn matrix(root: &Path, cargo: Command) -> Result<()> {
+    let kernels = kernels();
+    if kernels.is_empty() {
+        bail!("no distribution kernel under /boot: `cargo xtask setup` installs linux-image-amd64");
+    }
+    let exes = test_executables(cargo)?;
+    // LB_VM_TESTS=kernel_load,xdp: only these of GUEST_TESTS (a quicker look at one kernel).
+    let only = std::env::var("LB_VM_TESTS").ok();
+    let tests: Vec<(String, PathBuf, Vec<String>)> = GUEST_TESTS
+        .iter()
+        .filter(|(name, _)| {
+            only.as_deref()
+                .is_none_or(|o| o.split(',').any(|n| n.trim() == *name))
+        })
+        .map(|(name, args)| {
+            let exe = exes
+                .get(*name)
+                .with_context(|| format!("no test binary {name}"))?;
+            Ok((
+                name.to_string(),
+                exe.clone(),
+                args.iter().map(|a| a.to_string()).collect(),
+            ))
+        })
+        .collect::<Result<_>>()?;
+    let mut all = Vec::new();
+    for (release, vmlinuz) in &kernels {
+        all.push(run_kernel(root, release, vmlinuz, &tests)?);
+    }
+    std::fs::write(
+        root.join("target/vm/matrix.json"),
+        serde_json::to_string_pretty(&all)?,
+    )?;
+    println!("\n{:<24} {:<12} {:>8}  result", "kernel", "test", "seconds");
+    let mut failed = Vec::new();
+    for k in &all {
+        for o in &k.tests {
+            println!(
+                "{:<24} {:<12} {:>8}  {}",
+                k.kernel,
+                o.test,
+                o.seconds,
+                if o.passed { "ok" } else { "FAILED" }
+            );
+            if !o.passed {
+                failed.push(format!("{} on {}", o.test, k.kernel));
+            }
+        }
+        println!(
+            "{:<24} the VM took {} s; the verifier processed {:?} instructions",
+            k.kernel, k.vm_seconds, k.verified_insns
+        );
+    }
+    if !failed.is_empty() {
+        bail!("kernel matrix: {} failed", failed.join(", "));
+    }
+    Ok(())
+}
