@@ -123,7 +123,14 @@ fn bind(m: &MembersConfig) -> Result<tokio::net::UdpSocket> {
         Some(a) => SocketAddr::new(a, m.port),
         None => SocketAddr::new(IpAddr::V6(Ipv6Addr::UNSPECIFIED), m.port),
     };
-    let s = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP))?;
+    // A host booted without IPv6 has no AF_INET6 sockets: 0.0.0.0 then, as the sync does.
+    let (s, addr) = match Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP)) {
+        Err(e) if m.listen.is_none() && e.raw_os_error() == Some(libc::EAFNOSUPPORT) => (
+            Socket::new(Domain::IPV4, Type::DGRAM, Some(Protocol::UDP))?,
+            SocketAddr::new(IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED), m.port),
+        ),
+        r => (r?, addr),
+    };
     if addr.is_ipv6() && m.listen.is_none() {
         s.set_only_v6(false)?;
     }

@@ -764,6 +764,7 @@ mod tests {
         SyncConfig {
             peers: vec!["192.0.2.1".parse().unwrap()],
             key_file: "/nonexistent".into(),
+            accept_key_files: Vec::new(),
             port,
             listen: None,
             interval_ms: 2000,
