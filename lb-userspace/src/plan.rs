@@ -17,7 +17,7 @@ use crate::{
     desired::{BackendSpec, Desired, ServiceSpec, vip_key},
 };
 
-mod health;
+pub mod health;
 use health::fail_open;
 
 /// Everything outside the config that decides the data plane.
