@@ -299,7 +299,7 @@ fn test(filter: Option<String>, no_fuzz: bool) -> Result<()> {
     // (Not for a filtered run: `cargo xtask kernels` runs the matrix alone.)
     if filter.is_none() {
         step("kernel matrix: the kernel tests in a VM on each distribution kernel");
-        vm::matrix(&root(), cargo())?;
+        vm::matrix(&root(), cargo(), false)?;
     }
 
     if !no_fuzz && root().join("fuzz/Cargo.toml").exists() {
@@ -594,7 +594,7 @@ fn main() -> Result<()> {
             setup()?;
             require_root()?;
             tool("lbd", false)?;
-            vm::matrix(&root(), cargo())
+            vm::matrix(&root(), cargo(), true)
         }
         Cmd::Image { debug } => image(debug).map(|r| println!("{r}")),
         Cmd::Bench { part } => {

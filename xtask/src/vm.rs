@@ -37,7 +37,7 @@ pub const GUEST_TESTS: &[(&str, &[&str])] = &[
     ),
     ("xdp_flows", &[]),
     // One lab with VRRP failover and DSR traffic: connections through the VIP while its owner
-    // fails and a backup takes over.
+    // fails and a backup takes over. (Only in `cargo xtask kernels`, see `LAB`.)
     (
         "lab_vrrp",
         &[
@@ -46,6 +46,11 @@ pub const GUEST_TESTS: &[(&str, &[&str])] = &[
         ],
     ),
 ];
+
+/// The lab of `GUEST_TESTS`: `cargo xtask test` leaves it out. Its start-up waits (a master
+/// within 15 s) assume data planes that load in seconds; under emulation three lbds load theirs
+/// for minutes and it fails before any failover (docs/kernels.md).
+pub const LAB: &str = "lab_vrrp";
 
 /// The marker of a result line the guest script prints: `LBVM <test> <rc> <seconds>`.
 const MARK: &str = "LBVM ";
@@ -232,7 +237,7 @@ pub fn test_executables(mut cargo: Command) -> Result<HashMap<String, PathBuf>> 
 
 /// Every kernel of the matrix: boot, run `GUEST_TESTS`, and write `target/vm/matrix.json`.
 /// Fails if any test failed in any kernel, or if there is no kernel to run.
-pub fn matrix(root: &Path, cargo: Command) -> Result<()> {
+pub fn matrix(root: &Path, cargo: Command, with_lab: bool) -> Result<()> {
     let kernels = kernels();
     if kernels.is_empty() {
         bail!("no distribution kernel under /boot: `cargo xtask setup` installs linux-image-amd64");
@@ -242,6 +247,7 @@ pub fn matrix(root: &Path, cargo: Command) -> Result<()> {
     let only = std::env::var("LB_VM_TESTS").ok();
     let tests: Vec<(String, PathBuf, Vec<String>)> = GUEST_TESTS
         .iter()
+        .filter(|(name, _)| with_lab || *name != LAB)
         .filter(|(name, _)| {
             only.as_deref()
                 .is_none_or(|o| o.split(',').any(|n| n.trim() == *name))
