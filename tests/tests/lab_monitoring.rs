@@ -215,6 +215,37 @@ fn block_adverts(l: &VrrpLab, table: &str, on: bool) {
     }
 }
 
+/// Node `i` drops TCP SYNs to its server's port while `on`: a health check of that server then
+/// times out (a soft failure), where a stopped server would refuse (a hard one).
+fn drop_checks(l: &VrrpLab, i: usize, on: bool) {
+    let table = "lbmonslow";
+    if on {
+        nft(l, i, &["add", "table", "inet", table]);
+        nft(
+            l,
+            i,
+            &[
+                "add",
+                "chain",
+                "inet",
+                table,
+                "in",
+                "{ type filter hook input priority 0 ; }",
+            ],
+        );
+        nft(
+            l,
+            i,
+            &[
+                "add", "rule", "inet", table, "in", "tcp", "dport", PORT, "tcp", "flags", "syn",
+                "drop",
+            ],
+        );
+    } else {
+        nft(l, i, &["delete", "table", "inet", table]);
+    }
+}
+
 #[test]
 fn prometheus_scrapes_every_lbd_over_tls_and_each_alert_fires_and_resolves() {
     // Three lbd nodes with unicast peers (n1 150, n2 100, n3 50), a tracked gate each, sync,
@@ -437,6 +468,19 @@ fn prometheus_scrapes_every_lbd_over_tls_and_each_alert_fires_and_resolves() {
     for i in 0..3 {
         start_server(&mut l, i);
     }
+    w.resolves(&l, "LbVipNoHealthyBackend");
+    w.resolves(&l, "LbBackendDown");
+
+    // Every check slow at once (SYNs to every server dropped: the checks time out, nothing
+    // refuses): the VIP fails open, and says so; it ends when the checks pass again.
+    for i in 0..3 {
+        drop_checks(&l, i, true);
+    }
+    w.fires(&l, "LbVipFailOpen", "every backend's check times out");
+    for i in 0..3 {
+        drop_checks(&l, i, false);
+    }
+    w.resolves(&l, "LbVipFailOpen");
     w.resolves(&l, "LbVipNoHealthyBackend");
     w.resolves(&l, "LbBackendDown");
 
