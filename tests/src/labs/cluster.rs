@@ -359,12 +359,6 @@ impl Cluster {
                 if !self.opts.sync {
                     self.place_cluster_key(n, &out.join("cluster.key"), &mut cfg);
                 }
-                // Known problem, not yet understood: with the sync on, a SIGTERM restart of the
-                // owner's pod (lab_pod) does not bring lbd back within 20 s. The pods run
-                // without it until that is found; processes run as rendered.
-                if matches!(self.runner, Runner::Pod(_)) && !self.opts.sync {
-                    cfg.sync = None;
-                }
                 if matches!(self.runner, Runner::Process) {
                     cfg.api_socket = self.socket(n).into();
                 }
