@@ -78,7 +78,7 @@ pub fn established(ctx: &XdpContext, cfg: &LbConfig, hint: &mut Option<Hint>) ->
 }
 
 /// The segment changes its entry, which the full path does: the client's FIN or RST marks an
-/// open entry closed, and a SYN on a closed entry may open a new connection on the 5-tuple.
+/// open entry closed, and a SYN on a closed entry opens a new connection on the 5-tuple.
 #[inline(always)]
 fn changes_entry(v: &FlowValue, tcp_flags: u8) -> bool {
     if v.client_closed() {

@@ -266,17 +266,15 @@ enum Track {
     /// Look up; on a miss choose by Maglev and remember the choice.
     Yes,
     /// A TCP SYN: looked up like any packet, and a good entry (its pair still in the set) is
-    /// kept while its connection is open, and while its pair takes no new flows: a SYN never
-    /// moves or deletes a live connection's entry, so a spoofed SYN with a client's address and
-    /// port cannot reset it, nor a spoofed FIN or RST followed by one a connection on a drained
-    /// or failing backend. On a miss, a stale entry, or an entry whose connection the client
-    /// closed (a FIN or RST went through: the client is reusing its port for a new connection)
-    /// on a pair that takes new flows, it starts a flow: Maglev, skipping backends that take no
-    /// new flows, and remembered at once so the rest of the handshake follows the SYN even if
-    /// the table changes in between.
+    /// kept while its connection is open: a SYN never moves or deletes a live connection's
+    /// entry, so a spoofed SYN with a client's address and port cannot reset it. On a miss, a
+    /// stale entry, or an entry whose connection the client closed (a FIN or RST went through:
+    /// the client is reusing its port for a new connection) it starts a flow: Maglev,
+    /// skipping backends that take no new flows, and remembered at once so the rest of the
+    /// handshake follows the SYN even if the table changes in between.
     NewConnection,
     /// A TCP FIN or RST from the client: as `Yes`, and the entry it follows is marked closed
-    /// (`FLOW_F_CLIENT_CLOSED`), so that a later SYN on the 5-tuple may be placed afresh.
+    /// (`FLOW_F_CLIENT_CLOSED`), so that a later SYN on the 5-tuple is placed afresh.
     Closing,
     /// Look up, choose by Maglev on a miss, remember nothing (ICMP errors about a flow).
     LookupOnly,
@@ -422,15 +420,9 @@ fn balance(
         }
     };
     let cached = found.map(|(v, _)| v);
-    let valid = cached.and_then(|v| flows::entry_backend(&v));
-    // A SYN on an entry whose connection the client closed, whose pair takes new flows: a new
-    // connection on a reused 5-tuple, placed afresh (the entry is replaced, so the rest of its
-    // handshake follows it). On a pair that takes no new flows (drained, failing in its hold,
-    // weight 0) it follows the entry like any SYN: nothing here checks sequence numbers, so a
-    // forged FIN or RST and a forged SYN must not move such a connection.
-    let reopen = track == Track::NewConnection
-        && cached.is_some_and(|v| v.client_closed())
-        && valid.is_some_and(|(_, b)| b.flags & BACKEND_F_NO_NEW == 0);
+    // A SYN on an entry whose connection the client closed: a new connection on a reused
+    // 5-tuple, placed afresh (the entry is replaced, so the rest of its handshake follows it).
+    let reopen = track == Track::NewConnection && cached.is_some_and(|v| v.client_closed());
     explain::note(rec, |r| {
         if let Some((v, at)) = found {
             r.entry_backend = v.backend();
@@ -448,7 +440,11 @@ fn balance(
     // 1. Fast path for established flows: the entry's pair still exists and is in its set, and
     //    this node forwards for its VIP. (The 5-tuple names the VIP service, so the entry's
     //    backend belongs to it: pairs of other services have other epochs.)
-    let valid = if reopen { None } else { valid };
+    let valid = if reopen {
+        None
+    } else {
+        cached.and_then(|v| flows::entry_backend(&v))
+    };
     if valid.is_some() {
         explain::steps(rec, explain_step::ENTRY_GOOD);
     }
