@@ -23,12 +23,15 @@ pub const GUEST_TESTS: &[(&str, &[&str])] = &[
     ("kernel_load", &[]),
     // The forwarding rules through the kernel's BPF_PROG_TEST_RUN.
     ("xdp", &[]),
-    // Two flood tests need a flood faster than `syn_flood_rate` (10,000 misses a second), more
-    // than BPF_PROG_TEST_RUN pushes under software emulation (about 4,400 a second): flood mode
-    // never turns on there, whatever the kernel. They run on the lab kernel only.
+    // Three flood tests need a flood faster than `syn_flood_rate` (10,000 misses a second), more
+    // than BPF_PROG_TEST_RUN pushes under software emulation (about 4,400 to 12,000 a second,
+    // by the load on the host): flood mode then does not hold, whatever the kernel. They run on
+    // the lab kernel only.
     (
         "xdp_flood",
         &[
+            "--skip",
+            "idle_established_flows_survive_a_spoofed_syn_flood_of_ten_times_the_table",
             "--skip",
             "idle_established_flows_survive_a_spoofed_ack_flood_that_leaves_the_table_empty",
             "--skip",
