@@ -443,7 +443,8 @@ pub fn loop_guard_macs(cfg: &Config, facts: &Facts) -> Vec<[u8; 6]> {
 mod tests {
     use super::*;
 
-    fn cfg() -> Config {
+    /// Four backends of one owned VIP (also the fixture of `plan::health`'s tests).
+    pub(in crate::plan) fn cfg() -> Config {
         Config::parse(
             r#"
 interface = "eth0"

@@ -104,29 +104,9 @@ pub fn failing_open(rows: &[BackendPlan]) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{config::Config, plan::plan};
+    use crate::plan::plan;
 
-    fn cfg() -> Config {
-        Config::parse(
-            r#"
-interface = "eth0"
-[[vips]]
-name = "api"
-address = "10.0.0.100"
-owned = true
-ports = [6443]
-[[vips.backends]]
-address = "10.0.0.1"
-[[vips.backends]]
-address = "10.0.0.2"
-[[vips.backends]]
-address = "10.0.0.3"
-[[vips.backends]]
-address = "10.0.0.4"
-"#,
-        )
-        .unwrap()
-    }
+    use crate::plan::tests::cfg;
 
     /// Every backend resolved (10.0.0.1-4), 10.0.0.4 drained: the four facts given, at `t0`.
     fn failing_facts(t0: Instant, facts: [HealthFact; 4]) -> Facts {
