@@ -30,7 +30,7 @@ mod manifests;
 mod shards;
 
 pub use checks::{api_health, router_health};
-pub use manifests::{machine_config, node_disruption_policy};
+pub use manifests::{ignition, machine_config, node_disruption_policy};
 pub use shards::IngressShard;
 
 use std::{collections::HashSet, net::IpAddr, path::PathBuf};
@@ -113,8 +113,42 @@ pub struct ClusterSpec {
     /// selection, rendered beside the default ingress VIP (see [`shards`]).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub ingress_shards: Vec<IngressShard>,
+    /// The install's bootstrap node, while it exists (`[bootstrap]`): it holds the API VIP
+    /// until a control-plane node's load balancer is ready, and serves as a backend of the API
+    /// VIPs on every control-plane node. Remove it and render again once the bootstrap is done.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bootstrap: Option<BootstrapSpec>,
     pub nodes: Vec<NodeSpec>,
 }
+
+/// `[bootstrap]` of the description: the install's temporary bootstrap node. Before any
+/// control-plane node exists, the API VIP (6443 and the machine-config server on 22623, from
+/// which the control-plane nodes fetch their Ignition) must reach the bootstrap's apiserver.
+/// `lbctl render` writes its config and an Ignition fragment for it; the control-plane nodes
+/// take it as a VRRP peer and as a backend of the API VIPs.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BootstrapSpec {
+    #[serde(default = "default_bootstrap_name")]
+    pub name: String,
+    pub address: IpAddr,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secondary_address: Option<IpAddr>,
+    /// The bootstrap's interface: it runs no OVN-Kubernetes, so it has no br-ex (default: the
+    /// cluster's `interface`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub interface: Option<String>,
+}
+
+fn default_bootstrap_name() -> String {
+    "bootstrap".into()
+}
+
+/// The bootstrap's API priority: above a control-plane node whose load balancer is not ready
+/// yet (40, +5 and +3 with a ready local apiserver and machine-config server: 48), below one
+/// whose load balancer is (60 and more). As on OpenShift, the VIP starts on the bootstrap
+/// and moves once, to the first control-plane node that can forward it.
+pub const BOOTSTRAP_PRIORITY: u8 = 50;
 
 /// `[sync]` of the description: what is the same on every node. Each node's peers are the
 /// other nodes that may forward one of its VIPs next: the other control-plane nodes for the
@@ -451,7 +485,58 @@ impl ClusterSpec {
                 "ingress VIPs are set but no node has the worker role (routers)",
             ));
         }
+        self.validate_bootstrap(&names, &addrs)?;
         self.validate_shards()
+    }
+
+    fn validate_bootstrap(
+        &self,
+        names: &HashSet<&str>,
+        addrs: &HashSet<IpAddr>,
+    ) -> Result<(), ConfigError> {
+        let Some(b) = &self.bootstrap else {
+            return Ok(());
+        };
+        if b.name.is_empty() || names.contains(b.name.as_str()) {
+            return Err(invalid(
+                "bootstrap.name",
+                "must be non-empty and not a node's name",
+            ));
+        }
+        if b.interface.as_deref() == Some("") {
+            return Err(invalid("bootstrap.interface", "must not be empty"));
+        }
+        let api = self.api_vips();
+        let node = b.as_node();
+        for (field, a) in [
+            ("address", Some(b.address)),
+            ("secondary_address", b.secondary_address),
+        ] {
+            let Some(a) = a else { continue };
+            if addrs.contains(&a) {
+                return Err(invalid(format!("bootstrap.{field}"), "is a node's address"));
+            }
+            if api.contains(&a) || self.ingress_vips().contains(&a) {
+                return Err(invalid(format!("bootstrap.{field}"), "is a VIP"));
+            }
+        }
+        if let Some(s) = b.secondary_address
+            && s.is_ipv4() == b.address.is_ipv4()
+        {
+            return Err(invalid(
+                "bootstrap.secondary_address",
+                "must be of the other address family than address (dual stack)",
+            ));
+        }
+        for v in &api {
+            if node_address(&node, v.is_ipv4()).is_none() {
+                return Err(invalid(
+                    "bootstrap.address",
+                    format!("no address of the API VIP {v}'s family"),
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// `(api, ingress)` VRIDs: OpenShift's, from the cluster name, unless overridden. Every
@@ -491,6 +576,56 @@ impl ClusterSpec {
             });
         }
         Ok(out)
+    }
+
+    /// The bootstrap node's config (see [`BootstrapSpec`]), validated as lbd would; none
+    /// without `[bootstrap]`. Only the API VIPs: their instances at [`BOOTSTRAP_PRIORITY`] with
+    /// no tracked checks (the bootstrap holds the VIP until a control-plane node's load
+    /// balancer is ready, whatever its own apiserver does), the same backends as on the
+    /// control-plane nodes (the Maglev table agrees, so the VIP's move keeps connections); no
+    /// sync, no membership, no cluster key, no metrics TLS (the bootstrap has no kubelet
+    /// serving certificate).
+    pub fn render_bootstrap(&self) -> Result<Option<Rendered>, ConfigError> {
+        self.validate()?;
+        let Some(b) = &self.bootstrap else {
+            return Ok(None);
+        };
+        let mut cfg = self.node_config(&b.as_node());
+        cfg.vips.retain(|v| {
+            self.api_vips().contains(&v.address) && !self.ingress_vips().contains(&v.address)
+        });
+        let api: Vec<String> = cfg.vips.iter().map(|v| v.name.clone()).collect();
+        cfg.vrrp.retain(|i| api.contains(&i.name));
+        for i in cfg.vrrp.iter_mut() {
+            i.priority = BOOTSTRAP_PRIORITY;
+            i.group = None;
+        }
+        cfg.track.clear();
+        cfg.sync = None;
+        cfg.members = None;
+        cfg.metrics_tls = None;
+        if let Some(i) = &b.interface {
+            cfg.interface = i.clone();
+        }
+        cfg.validate().map_err(|e| match e {
+            ConfigError::Invalid { field, reason } => {
+                invalid(format!("bootstrap ({}): {field}", b.name), reason)
+            }
+            other => invalid(format!("bootstrap ({})", b.name), other.to_string()),
+        })?;
+        Ok(Some(Rendered {
+            node: b.name.clone(),
+            config: cfg,
+        }))
+    }
+
+    /// The nodes serving the API VIPs: the control-plane nodes, and the bootstrap while the
+    /// description has one.
+    fn api_group(&self) -> Vec<NodeSpec> {
+        self.has(Role::ControlPlane)
+            .cloned()
+            .chain(self.bootstrap.as_ref().map(BootstrapSpec::as_node))
+            .collect()
     }
 
     /// The VRRP instance `name` of `vip` on node `me`, with `group` as the nodes taking part.
@@ -686,7 +821,8 @@ impl ClusterSpec {
             t
         };
         if me.roles.contains(&Role::ControlPlane) {
-            let group: Vec<&NodeSpec> = self.has(Role::ControlPlane).collect();
+            let api_group = self.api_group();
+            let group: Vec<&NodeSpec> = api_group.iter().collect();
             for (i, vip) in self.api_vips().into_iter().enumerate() {
                 let name = indexed("api", i);
                 cfg.vips.push(VipConfig {
@@ -892,6 +1028,19 @@ fn check_vip_list(
     Ok(())
 }
 
+impl BootstrapSpec {
+    /// The bootstrap as a node of the API VIPs' group.
+    fn as_node(&self) -> NodeSpec {
+        NodeSpec {
+            name: self.name.clone(),
+            address: self.address,
+            secondary_address: self.secondary_address,
+            roles: vec![Role::ControlPlane],
+            labels: Default::default(),
+        }
+    }
+}
+
 /// `n`'s address of the family (IPv4 if `v4`), if it has one.
 pub fn node_address(n: &NodeSpec, v4: bool) -> Option<IpAddr> {
     [Some(n.address), n.secondary_address]
@@ -1000,6 +1149,141 @@ roles = ["worker"]
             .and_then(|c| c.render())
             .unwrap_err()
             .to_string()
+    }
+
+    /// SPLIT with the install's bootstrap node.
+    fn with_bootstrap(extra: &str) -> String {
+        SPLIT.replace(
+            "[[nodes]]\nname = \"master-0\"",
+            &format!(
+                "[bootstrap]\naddress = \"192.168.111.10\"\n{extra}\n[[nodes]]\nname = \"master-0\""
+            ),
+        )
+    }
+
+    #[test]
+    fn a_bootstrap_node_holds_the_api_vip_until_a_control_plane_load_balancer_is_ready() {
+        let spec = ClusterSpec::parse(&with_bootstrap("interface = \"ens3\"")).unwrap();
+        let b: IpAddr = "192.168.111.10".parse().unwrap();
+        let masters: Vec<IpAddr> = ["192.168.111.20", "192.168.111.21"]
+            .iter()
+            .map(|a| a.parse().unwrap())
+            .collect();
+        let out = spec.render().unwrap();
+        assert_eq!(out.len(), 4, "the bootstrap is not one of the nodes");
+        for r in &out {
+            let c = &r.config;
+            let api = c.vrrp.iter().find(|i| i.name == "api");
+            if r.node.starts_with("master") {
+                // Control-plane nodes: the bootstrap is a VRRP peer and an API backend.
+                let api = api.unwrap();
+                assert!(api.unicast_peers.contains(&b), "{}", r.node);
+                let backends: Vec<IpAddr> = c.vips[0].backends.iter().map(|x| x.address).collect();
+                assert_eq!(backends, [masters[0], masters[1], b], "{}", r.node);
+                // It is not a sync peer, nor in the ingress election.
+                assert!(!c.sync.as_ref().unwrap().peers.contains(&b));
+                assert!(
+                    c.vrrp
+                        .iter()
+                        .filter(|i| i.name != "api")
+                        .all(|i| !i.unicast_peers.contains(&b))
+                );
+            } else {
+                assert!(api.is_none(), "{}", r.node);
+                assert!(
+                    c.vrrp.iter().all(|i| !i.unicast_peers.contains(&b)),
+                    "{}",
+                    r.node
+                );
+            }
+        }
+        let boot = spec
+            .render_bootstrap()
+            .unwrap()
+            .expect("a bootstrap config");
+        assert_eq!(boot.node, "bootstrap");
+        let c = &boot.config;
+        assert_eq!(c.interface, "ens3");
+        let names: Vec<&str> = c.vips.iter().map(|v| v.name.as_str()).collect();
+        assert_eq!(names, ["api"], "only the API VIPs");
+        assert_eq!(c.vrrp.len(), 1);
+        let i = &c.vrrp[0];
+        assert_eq!(i.priority, BOOTSTRAP_PRIORITY);
+        assert_eq!(
+            i.vrid, out[0].config.vrrp[0].vrid,
+            "the API instance's VRID"
+        );
+        assert_eq!(i.unicast_src, Some(b));
+        assert_eq!(i.unicast_peers, masters);
+        // The same backends as on the control-plane nodes: one Maglev table for the move.
+        assert_eq!(c.vips[0].backends, out[0].config.vips[0].backends);
+        assert!(c.track.is_empty() && c.sync.is_none() && c.members.is_none());
+        assert!(c.metrics_tls.is_none());
+        // Priorities: above a control-plane node with nothing ready (40 + 5 + 3), below one
+        // whose load balancer is ready (40 + 20).
+        assert!(BOOTSTRAP_PRIORITY > API_PRIORITY + (W_OCP_BOTH + W_MCS) as u8);
+        assert!(BOOTSTRAP_PRIORITY < API_PRIORITY + W_OCP_LB as u8);
+        // Without [bootstrap]: nothing for it, and the masters no longer name it.
+        let after = ClusterSpec::parse(SPLIT).unwrap();
+        assert!(after.render_bootstrap().unwrap().is_none());
+        for r in after.render().unwrap() {
+            assert!(r.config.vrrp.iter().all(|i| !i.unicast_peers.contains(&b)));
+            assert!(
+                r.config
+                    .vips
+                    .iter()
+                    .all(|v| v.backends.iter().all(|x| x.address != b))
+            );
+        }
+    }
+
+    #[test]
+    fn a_bad_bootstrap_is_refused_naming_its_field() {
+        let e = |extra: &str| {
+            ClusterSpec::parse(&with_bootstrap(extra))
+                .unwrap_err()
+                .to_string()
+        };
+        assert!(
+            e("name = \"master-1\"").starts_with("bootstrap.name:"),
+            "{}",
+            e("name = \"master-1\"")
+        );
+        assert!(e("interface = \"\"").starts_with("bootstrap.interface:"));
+        assert!(
+            e("secondary_address = \"192.168.111.11\"").starts_with("bootstrap.secondary_address:")
+        );
+        let dup = SPLIT.replace(
+            "[[nodes]]\nname = \"master-0\"",
+            "[bootstrap]\naddress = \"192.168.111.21\"\n[[nodes]]\nname = \"master-0\"",
+        );
+        let d = ClusterSpec::parse(&dup).unwrap_err().to_string();
+        assert!(
+            d.starts_with("bootstrap.address:") && d.contains("node"),
+            "{d}"
+        );
+        let vip = SPLIT.replace(
+            "[[nodes]]\nname = \"master-0\"",
+            "[bootstrap]\naddress = \"192.168.111.5\"\n[[nodes]]\nname = \"master-0\"",
+        );
+        let v = ClusterSpec::parse(&vip).unwrap_err().to_string();
+        assert!(
+            v.starts_with("bootstrap.address:") && v.contains("VIP"),
+            "{v}"
+        );
+        let v6 = SPLIT.replace(
+            "[[nodes]]\nname = \"master-0\"",
+            "[bootstrap]\naddress = \"fd00::10\"\n[[nodes]]\nname = \"master-0\"",
+        );
+        let f = ClusterSpec::parse(&v6).unwrap_err().to_string();
+        assert!(f.starts_with("bootstrap.address:"), "{f}");
+        let typo = with_bootstrap("adress = \"192.168.111.12\"");
+        assert!(
+            ClusterSpec::parse(&typo)
+                .unwrap_err()
+                .to_string()
+                .contains("adress")
+        );
     }
 
     #[test]

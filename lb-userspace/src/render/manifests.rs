@@ -103,28 +103,39 @@ pub fn machine_config(pool: &str, files: &[(String, String, u32)]) -> String {
             )]),
         },
         spec: MachineConfigSpec {
-            config: Ignition {
-                ignition: IgnitionVersion { version: "3.2.0" },
-                storage: Storage {
-                    files: files
-                        .iter()
-                        .map(|(path, contents, mode)| File {
-                            path: path.clone(),
-                            mode: *mode,
-                            overwrite: true,
-                            contents: Contents {
-                                source: format!("data:,{}", percent_encode(contents)),
-                            },
-                        })
-                        .collect(),
-                },
-            },
+            config: ignition_of(files),
         },
     };
     document(
         &format!("Rendered by `lbctl render`: lb's files for the {pool} pool (docs/deploy.md)."),
         &object,
     )
+}
+
+/// An Ignition config (spec 3.2.0) writing `files` (path, contents, mode).
+fn ignition_of(files: &[(String, String, u32)]) -> Ignition {
+    Ignition {
+        ignition: IgnitionVersion { version: "3.2.0" },
+        storage: Storage {
+            files: files
+                .iter()
+                .map(|(path, contents, mode)| File {
+                    path: path.clone(),
+                    mode: *mode,
+                    overwrite: true,
+                    contents: Contents {
+                        source: format!("data:,{}", percent_encode(contents)),
+                    },
+                })
+                .collect(),
+        },
+    }
+}
+
+/// A standalone Ignition config (JSON) writing `files`: what the installer's bootstrap node
+/// gets, merged into its `bootstrap.ign` (it is no member of a machine-config pool).
+pub fn ignition(files: &[(String, String, u32)]) -> String {
+    serde_json::to_string_pretty(&ignition_of(files)).expect("plain structs serialize") + "\n"
 }
 
 /// The machine-config-operator's NodeDisruptionPolicy for lb's files: a change of a node config
@@ -213,6 +224,23 @@ mod tests {
         );
         assert_eq!(files[1]["path"], "/etc/x: y #z");
         assert_eq!(files[1]["contents"]["source"], "data:,");
+    }
+
+    #[test]
+    fn an_ignition_config_carries_the_same_files_as_a_machine_config() {
+        let files = [(
+            "/etc/lb/nodes/bootstrap.toml".to_string(),
+            "a = 1\n".to_string(),
+            0o600,
+        )];
+        let ign: serde_json::Value = serde_json::from_str(&ignition(&files)).unwrap();
+        let mc = parse(&machine_config("master", &files));
+        assert_eq!(ign, mc["spec"]["config"]);
+        assert_eq!(ign["ignition"]["version"], "3.2.0");
+        assert_eq!(
+            ign["storage"]["files"][0]["contents"]["source"],
+            "data:,a%20%3D%201%0A"
+        );
     }
 
     #[test]

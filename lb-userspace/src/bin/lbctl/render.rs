@@ -57,6 +57,12 @@ struct Rendered {
     api_vrid: u8,
     ingress_vrid: u8,
     nodes: Vec<NodeFile>,
+    /// The install's bootstrap node (`[bootstrap]`): its config, and with `--image` the
+    /// Ignition fragment to merge into its bootstrap.ign.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    bootstrap: Option<NodeFile>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    bootstrap_ignition: Option<PathBuf>,
     /// The cluster key in the output directory (kept from an earlier render, or made).
     cluster_key: PathBuf,
     cluster_key_made: bool,
@@ -131,8 +137,48 @@ pub fn run(ctx: &Ctx, a: Args) -> Result<()> {
             vips: n.config.vips.iter().map(|v| v.name.clone()).collect(),
         });
     }
+    let boot = spec
+        .render_bootstrap()
+        .map_err(|e| anyhow!("{}: {e}", cluster.display()))?;
+    let bootstrap = match &boot {
+        Some(b) => {
+            let path = out.join(format!("{}.toml", b.node));
+            std::fs::write(&path, to_toml(&spec.name, b))
+                .map_err(|e| anyhow!("write {}: {e}", path.display()))?;
+            Some(NodeFile {
+                node: b.node.clone(),
+                path,
+                vips: b.config.vips.iter().map(|v| v.name.clone()).collect(),
+            })
+        }
+        None => None,
+    };
+    let mut bootstrap_ignition = None;
     let mut machine_configs = Vec::new();
     if let Some(image) = image {
+        if let Some(b) = &boot {
+            // The bootstrap runs the control-plane static pod from its own kubelet's manifest
+            // directory; no cluster key (no sync, no membership on the bootstrap).
+            let files = [
+                (
+                    format!("{}/{}.toml", r::NODE_CONFIG_DIR, b.node),
+                    to_toml(&spec.name, b),
+                    0o600,
+                ),
+                (
+                    r::STATIC_POD_PATH.into(),
+                    with_image(
+                        include_str!("../../../../deploy/lb-control-plane.yaml"),
+                        &image,
+                    ),
+                    0o644,
+                ),
+            ];
+            let path = out.join("bootstrap-lb.ign");
+            std::fs::write(&path, r::ignition(&files))
+                .map_err(|e| anyhow!("write {}: {e}", path.display()))?;
+            bootstrap_ignition = Some(path);
+        }
         for pool in ["master", "worker"] {
             let members: Vec<_> = spec
                 .nodes
@@ -182,6 +228,8 @@ pub fn run(ctx: &Ctx, a: Args) -> Result<()> {
         api_vrid: api,
         ingress_vrid: ingress,
         nodes,
+        bootstrap,
+        bootstrap_ignition,
         cluster_key: key_path,
         cluster_key_made: key_made,
         machine_configs,
@@ -204,6 +252,17 @@ pub fn run(ctx: &Ctx, a: Args) -> Result<()> {
                 })
                 .collect(),
         );
+        if let Some(b) = &v.bootstrap {
+            println!(
+                "bootstrap {}: {} ({})",
+                b.node,
+                b.path.display(),
+                b.vips.join(",")
+            );
+        }
+        if let Some(p) = &v.bootstrap_ignition {
+            println!("bootstrap ignition: {}", p.display());
+        }
         println!(
             "cluster key: {} ({})",
             v.cluster_key.display(),
@@ -251,6 +310,66 @@ mod tests {
             .join("..")
             .join(rel);
         std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+    }
+
+    /// With `[bootstrap]`, render writes the bootstrap's config and an Ignition fragment
+    /// holding it and the control-plane static pod; the masters' MachineConfig does not carry
+    /// the bootstrap's config, and rendering again without `[bootstrap]` writes neither.
+    #[test]
+    fn a_bootstrap_gets_its_config_and_an_ignition_fragment() {
+        let dir = std::env::temp_dir().join(format!("lbctl-render-boot-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let base = shipped("deploy/examples/cluster.toml");
+        let cluster =
+            format!("{base}\n[bootstrap]\naddress = \"192.168.111.10\"\ninterface = \"ens3\"\n");
+        std::fs::write(dir.join("cluster.toml"), cluster).unwrap();
+        let ctx = Ctx {
+            client: lb_userspace::api::Client::new(dir.join("none.sock")),
+            out: crate::output::Output::Json,
+        };
+        let args = |out: &str| Args {
+            cluster: dir.join("cluster.toml"),
+            out: dir.join(out),
+            image: Some(format!("quay.io/x/lb@sha256:{}", "2".repeat(64))),
+        };
+        run(&ctx, args("with")).unwrap();
+        let ign: Value = serde_json::from_str(
+            &std::fs::read_to_string(dir.join("with/bootstrap-lb.ign")).unwrap(),
+        )
+        .unwrap();
+        let files = ign["storage"]["files"].as_array().unwrap();
+        let paths: Vec<&str> = files.iter().map(|f| f["path"].as_str().unwrap()).collect();
+        assert_eq!(paths, ["/etc/lb/nodes/bootstrap.toml", r::STATIC_POD_PATH]);
+        let cfg = lb_userspace::config::Config::parse(&data_url(
+            files[0]["contents"]["source"].as_str().unwrap(),
+        ))
+        .unwrap();
+        assert_eq!(cfg.interface, "ens3");
+        assert_eq!(cfg.vrrp[0].priority, r::BOOTSTRAP_PRIORITY);
+        let pod = yaml(&data_url(files[1]["contents"]["source"].as_str().unwrap()));
+        assert_eq!(
+            pod["spec"]["containers"][0]["image"],
+            format!("quay.io/x/lb@sha256:{}", "2".repeat(64))
+        );
+        assert!(dir.join("with/bootstrap.toml").exists());
+        let mc = std::fs::read_to_string(dir.join("with/99-master-lb.yaml")).unwrap();
+        assert!(!mc.contains("bootstrap.toml"));
+        // The masters name the bootstrap while the description does.
+        assert!(mc.contains("192.168.111.10"));
+
+        let cluster = std::fs::read_to_string(dir.join("cluster.toml")).unwrap();
+        std::fs::write(
+            dir.join("cluster.toml"),
+            cluster.split("\n[bootstrap]").next().unwrap(),
+        )
+        .unwrap();
+        run(&ctx, args("after")).unwrap();
+        assert!(!dir.join("after/bootstrap-lb.ign").exists());
+        assert!(!dir.join("after/bootstrap.toml").exists());
+        let mc = std::fs::read_to_string(dir.join("after/99-master-lb.yaml")).unwrap();
+        assert!(!mc.contains("192.168.111.10"));
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     /// The metrics port cluster monitoring scrapes is one port everywhere it is named: the
