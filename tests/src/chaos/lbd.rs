@@ -33,6 +33,7 @@ impl LbdFlavor {
             // As a cluster that keeps connections across every VIP move runs
             // (`LB_CHAOS_SYNC=0`: without, for comparison).
             sync: std::env::var("LB_CHAOS_SYNC").map_or(true, |v| v != "0"),
+            ..Default::default()
         });
         let base = cluster
             .nodes()

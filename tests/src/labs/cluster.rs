@@ -79,7 +79,19 @@ pub struct Options {
     /// The connection sync on: the description gets `[sync]` with a cluster key in the lab's
     /// directory ([`Cluster::sync_key`]), `lbctl render` the peers.
     pub sync: bool,
+    /// A UserManaged install's first phase: one more node, [`BOOTSTRAP`], in the
+    /// description's `[bootstrap]`; the API VIP also serves the machine-config server's port
+    /// ([`MCS_PORT`], a stand-in on the bootstrap and the control-plane nodes). Only the
+    /// bootstrap's services and lbd start; the test starts the control-plane nodes
+    /// ([`Cluster::start_services`], [`Cluster::start`]) as the install brings them up.
+    pub bootstrap: bool,
 }
+
+/// The bootstrap node of [`Options::bootstrap`] and its address.
+pub const BOOTSTRAP: &str = "bootstrap";
+pub const BOOTSTRAP_ADDR: &str = "10.79.0.10";
+/// The machine-config server's port (served through the API VIP during an install).
+pub const MCS_PORT: &str = "22623";
 
 /// The aux instance's VIP and name (see [`Options::aux_instance`]).
 pub const AUX_VIP: &str = "10.79.0.9";
@@ -210,8 +222,17 @@ impl Cluster {
         if c.opts.hostile {
             c.lab.add_node(HOSTILE, HOSTILE_ADDR, "fd79::66");
         }
-        for n in &nodes {
+        if c.opts.bootstrap {
+            c.lab.add_node(BOOTSTRAP, BOOTSTRAP_ADDR, "fd79::10");
+        }
+        let mut first = nodes.clone();
+        if c.opts.bootstrap {
+            first = vec![BOOTSTRAP];
+        }
+        for n in nodes.iter().chain(c.opts.bootstrap.then_some(&BOOTSTRAP)) {
             std::fs::write(c.ready_file(n), "").unwrap();
+        }
+        for n in &first {
             c.start_services(n);
         }
         if c.opts.sync {
@@ -226,7 +247,9 @@ impl Cluster {
         }
         for (n, cfg) in c.render() {
             c.write_config(&n, &cfg);
-            c.start(&n);
+            if first.contains(&n.as_str()) {
+                c.start(&n);
+            }
         }
         c
     }
@@ -238,7 +261,17 @@ impl Cluster {
         let standin = bin_dir().join("standin");
         let labnode = bin_dir().join("labnode");
         let r = self.ready_file(n).display().to_string();
-        if CONTROL_PLANE.contains(&n) {
+        let api = CONTROL_PLANE.contains(&n) || n == BOOTSTRAP;
+        if self.opts.bootstrap && api {
+            let listen = format!("0.0.0.0:{MCS_PORT}");
+            self.lab.spawn(
+                n,
+                &format!("mcs-{n}"),
+                &standin,
+                &["http", "--listen", &listen, "--id", n, "--ready-file", &r],
+            );
+        }
+        if api {
             self.lab.spawn(
                 n,
                 &format!("apiserver-{n}"),
@@ -269,7 +302,7 @@ impl Cluster {
                 );
             }
         }
-        if CONTROL_PLANE.contains(&n) || self.opts.worker_echo {
+        if api || self.opts.worker_echo {
             self.lab.spawn(
                 n,
                 &format!("echo-{n}"),
@@ -282,7 +315,11 @@ impl Cluster {
     /// Tags of the processes [`Cluster::start_services`] starts on `n`.
     pub fn service_tags(&self, n: &str) -> Vec<String> {
         let mut v = Vec::new();
-        if CONTROL_PLANE.contains(&n) {
+        let api = CONTROL_PLANE.contains(&n) || n == BOOTSTRAP;
+        if self.opts.bootstrap && api {
+            v.push(format!("mcs-{n}"));
+        }
+        if api {
             v.push(format!("apiserver-{n}"));
         }
         if self.routers().contains(&n) {
@@ -292,7 +329,7 @@ impl Cluster {
                     .map(|t| format!("router-{t}-{n}")),
             );
         }
-        if CONTROL_PLANE.contains(&n) || self.opts.worker_echo {
+        if api || self.opts.worker_echo {
             v.push(format!("echo-{n}"));
         }
         v
@@ -300,9 +337,17 @@ impl Cluster {
 
     /// The cluster description this lab is, in `lbctl render`'s format.
     pub fn description(&self) -> String {
+        let mcs = if self.opts.bootstrap {
+            format!(", {MCS_PORT}")
+        } else {
+            String::new()
+        };
         let mut d = format!(
-            "name = \"{CLUSTER}\"\ninterface = \"eth0\"\napi_vip = \"{API_VIP}\"\ningress_vip = \"{INGRESS_VIP}\"\napi_ports = [6443, {ECHO_PORT}]\nxdp_mode = \"skb\"\n"
+            "name = \"{CLUSTER}\"\ninterface = \"eth0\"\napi_vip = \"{API_VIP}\"\ningress_vip = \"{INGRESS_VIP}\"\napi_ports = [6443, {ECHO_PORT}{mcs}]\nxdp_mode = \"skb\"\n"
         );
+        if self.opts.bootstrap {
+            d += &format!("\n[bootstrap]\nname = \"{BOOTSTRAP}\"\naddress = \"{BOOTSTRAP_ADDR}\"\n");
+        }
         let routers = self.routers();
         for (i, n) in self.nodes().iter().enumerate() {
             let mut roles = Vec::new();
@@ -333,8 +378,14 @@ impl Cluster {
     /// what the lab needs differs from it: each node's own pin directory (the nodes share one
     /// bpffs) and, for processes, an API socket of its own.
     fn render(&self) -> Vec<(String, Config)> {
+        self.render_description(&self.description())
+    }
+
+    /// Every node's config rendered from `description` (and the bootstrap's, when it has
+    /// `[bootstrap]`), adapted to the lab as [`Cluster::render`] says.
+    pub fn render_description(&self, description: &str) -> Vec<(String, Config)> {
         let desc = self.lab.dir.join("cluster.toml");
-        std::fs::write(&desc, self.description()).unwrap();
+        std::fs::write(&desc, description).unwrap();
         let out = self.lab.dir.join("rendered");
         let o = crate::lbctl::command()
             .args(["render", "--cluster"])
@@ -348,8 +399,11 @@ impl Cluster {
             "lbctl render failed: {}",
             String::from_utf8_lossy(&o.stderr)
         );
+        let boot = out.join(format!("{BOOTSTRAP}.toml"));
+        let bootstrap = description.contains("\n[bootstrap]\n") && boot.exists();
         self.nodes()
             .iter()
+            .chain(bootstrap.then_some(&BOOTSTRAP))
             .map(|n| {
                 let path = out.join(format!("{n}.toml"));
                 let mut cfg =
