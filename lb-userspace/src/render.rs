@@ -1078,6 +1078,13 @@ fn truncate_bytes(s: &str, n: usize) -> &str {
 /// Where a MachineConfig puts each node's config and the static pod.
 pub const NODE_CONFIG_DIR: &str = "/etc/lb/nodes";
 pub const STATIC_POD_PATH: &str = "/etc/kubernetes/manifests/lb.yaml";
+/// The image gate (deploy/lb-image-gate.sh) and its oneshot unit, which the MCO restarts after
+/// it changed the static pod (see [`node_disruption_policy`]).
+pub const GATE_PATH: &str = "/usr/local/bin/lb-image-gate";
+pub const GATE_UNIT: &str = "lb-image-gate.service";
+/// The gate's script and unit, as the MachineConfigs ship them.
+pub const GATE_SCRIPT: &str = include_str!("../../deploy/lb-image-gate.sh");
+pub const GATE_UNIT_CONTENTS: &str = "[Unit]\nDescription=Wait until lb's static pod runs a ready lbd (the guard of lb image rollouts, docs/openshift.md)\n\n[Service]\nType=oneshot\nExecStart=/usr/local/bin/lb-image-gate\n# The gate's own timeout (300 s) and a margin.\nTimeoutStartSec=330\n";
 
 /// The machine-config pool a node belongs to: control-plane nodes (also on compact clusters,
 /// where they are workers too) are in `master`.

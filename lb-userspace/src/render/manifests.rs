@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use super::{NODE_CONFIG_DIR, STATIC_POD_PATH};
+use super::{GATE_PATH, GATE_UNIT, NODE_CONFIG_DIR, STATIC_POD_PATH};
 
 #[derive(Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -33,6 +33,19 @@ struct MachineConfigSpec {
 struct Ignition {
     ignition: IgnitionVersion,
     storage: Storage,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    systemd: Option<Systemd>,
+}
+
+#[derive(Serialize)]
+struct Systemd {
+    units: Vec<Unit>,
+}
+
+#[derive(Serialize)]
+struct Unit {
+    name: String,
+    contents: String,
 }
 
 #[derive(Serialize)]
@@ -69,6 +82,7 @@ struct MachineConfigurationSpec {
 #[derive(Serialize)]
 struct NodeDisruptionPolicy {
     files: Vec<FilePolicy>,
+    units: Vec<UnitPolicy>,
 }
 
 #[derive(Serialize)]
@@ -78,9 +92,30 @@ struct FilePolicy {
 }
 
 #[derive(Serialize)]
+struct UnitPolicy {
+    name: &'static str,
+    actions: Vec<Action>,
+}
+
+#[derive(Serialize)]
 struct Action {
     #[serde(rename = "type")]
     kind: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    restart: Option<Restart>,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct Restart {
+    service_name: &'static str,
+}
+
+fn action(kind: &'static str) -> Action {
+    Action {
+        kind,
+        restart: None,
+    }
 }
 
 fn document(header: &str, object: &impl Serialize) -> String {
@@ -88,10 +123,15 @@ fn document(header: &str, object: &impl Serialize) -> String {
     format!("# {header}\n{body}")
 }
 
-/// A MachineConfig for `pool` that writes `files` (path, contents, mode). The MCO rolls it out
-/// node by node, and owns the files afterwards: nobody edits them by hand (a node whose
-/// MCO-managed files differ from its rendered config is marked degraded).
-pub fn machine_config(pool: &str, files: &[(String, String, u32)]) -> String {
+/// A MachineConfig for `pool` that writes `files` (path, contents, mode) and systemd `units`
+/// (name, contents; not enabled: the MCO starts them as NodeDisruptionPolicy actions). The MCO
+/// rolls it out node by node, and owns the files afterwards: nobody edits them by hand (a node
+/// whose MCO-managed files differ from its rendered config is marked degraded).
+pub fn machine_config(
+    pool: &str,
+    files: &[(String, String, u32)],
+    units: &[(String, String)],
+) -> String {
     let object = Object {
         api_version: "machineconfiguration.openshift.io/v1",
         kind: "MachineConfig",
@@ -103,7 +143,7 @@ pub fn machine_config(pool: &str, files: &[(String, String, u32)]) -> String {
             )]),
         },
         spec: MachineConfigSpec {
-            config: ignition_of(files),
+            config: ignition_of(files, units),
         },
     };
     document(
@@ -113,8 +153,17 @@ pub fn machine_config(pool: &str, files: &[(String, String, u32)]) -> String {
 }
 
 /// An Ignition config (spec 3.2.0) writing `files` (path, contents, mode).
-fn ignition_of(files: &[(String, String, u32)]) -> Ignition {
+fn ignition_of(files: &[(String, String, u32)], units: &[(String, String)]) -> Ignition {
     Ignition {
+        systemd: (!units.is_empty()).then(|| Systemd {
+            units: units
+                .iter()
+                .map(|(name, contents)| Unit {
+                    name: name.clone(),
+                    contents: contents.clone(),
+                })
+                .collect(),
+        }),
         ignition: IgnitionVersion { version: "3.2.0" },
         storage: Storage {
             files: files
@@ -135,15 +184,17 @@ fn ignition_of(files: &[(String, String, u32)]) -> Ignition {
 /// A standalone Ignition config (JSON) writing `files`: what the installer's bootstrap node
 /// gets, merged into its `bootstrap.ign` (it is no member of a machine-config pool).
 pub fn ignition(files: &[(String, String, u32)]) -> String {
-    serde_json::to_string_pretty(&ignition_of(files)).expect("plain structs serialize") + "\n"
+    serde_json::to_string_pretty(&ignition_of(files, &[])).expect("plain structs serialize") + "\n"
 }
 
-/// The machine-config-operator's NodeDisruptionPolicy for lb's files: a change of a node config
-/// under [`NODE_CONFIG_DIR`] or of the static pod is written without a drain or reboot (action
-/// `None`): lbd notices its config file change and reloads it (peer lists in place), kubelet
-/// restarts a changed static pod. Apply it with `oc apply --server-side` so that it merges
-/// into `MachineConfiguration/cluster` (the files list is keyed by path) instead of replacing
-/// other policies.
+/// The machine-config-operator's NodeDisruptionPolicy for lb's files, none of which needs a
+/// drain or a reboot: a node config under [`NODE_CONFIG_DIR`] (action `None`: lbd notices its
+/// config file change and reloads it, peer lists in place); the static pod (`Restart` of
+/// [`GATE_UNIT`]: the kubelet replaces the changed pod, and the gate's unit succeeds only once the
+/// new lbd is ready, so a failing image fails the node's update and stops the pool's rollout
+/// there); the gate's script (`None`) and unit (`DaemonReload`). Apply it with `oc apply
+/// --server-side` so that it merges into `MachineConfiguration/cluster` (the lists are keyed by
+/// path and name) instead of replacing other policies.
 pub fn node_disruption_policy() -> String {
     let object = Object {
         api_version: "operator.openshift.io/v1",
@@ -154,13 +205,29 @@ pub fn node_disruption_policy() -> String {
         },
         spec: MachineConfigurationSpec {
             node_disruption_policy: NodeDisruptionPolicy {
-                files: [NODE_CONFIG_DIR, STATIC_POD_PATH]
-                    .into_iter()
-                    .map(|path| FilePolicy {
-                        path,
-                        actions: vec![Action { kind: "None" }],
-                    })
-                    .collect(),
+                files: vec![
+                    FilePolicy {
+                        path: NODE_CONFIG_DIR,
+                        actions: vec![action("None")],
+                    },
+                    FilePolicy {
+                        path: STATIC_POD_PATH,
+                        actions: vec![Action {
+                            kind: "Restart",
+                            restart: Some(Restart {
+                                service_name: GATE_UNIT,
+                            }),
+                        }],
+                    },
+                    FilePolicy {
+                        path: GATE_PATH,
+                        actions: vec![action("None")],
+                    },
+                ],
+                units: vec![UnitPolicy {
+                    name: GATE_UNIT,
+                    actions: vec![action("DaemonReload")],
+                }],
             },
         },
     };
@@ -202,6 +269,7 @@ mod tests {
                 ("/etc/lb/nodes/master-0.toml".into(), tricky.into(), 0o600),
                 ("/etc/x: y #z".into(), String::new(), 0o644),
             ],
+            &[("x.service".into(), "[Service]\nExecStart=/x\n".into())],
         );
         assert!(y.starts_with("# Rendered by `lbctl render`"), "{y}");
         let v = parse(&y);
@@ -224,6 +292,10 @@ mod tests {
         );
         assert_eq!(files[1]["path"], "/etc/x: y #z");
         assert_eq!(files[1]["contents"]["source"], "data:,");
+        let units = v["spec"]["config"]["systemd"]["units"].as_array().unwrap();
+        assert_eq!(units[0]["name"], "x.service");
+        assert_eq!(units[0]["contents"], "[Service]\nExecStart=/x\n");
+        assert!(units[0].get("enabled").is_none(), "started by the MCO, not at boot");
     }
 
     #[test]
@@ -234,8 +306,9 @@ mod tests {
             0o600,
         )];
         let ign: serde_json::Value = serde_json::from_str(&ignition(&files)).unwrap();
-        let mc = parse(&machine_config("master", &files));
+        let mc = parse(&machine_config("master", &files, &[]));
         assert_eq!(ign, mc["spec"]["config"]);
+        assert!(ign.get("systemd").is_none());
         assert_eq!(ign["ignition"]["version"], "3.2.0");
         assert_eq!(
             ign["storage"]["files"][0]["contents"]["source"],
@@ -254,9 +327,19 @@ mod tests {
             .as_array()
             .unwrap();
         let paths: Vec<&str> = files.iter().map(|f| f["path"].as_str().unwrap()).collect();
-        assert_eq!(paths, [NODE_CONFIG_DIR, STATIC_POD_PATH]);
-        for f in files {
-            assert_eq!(f["actions"], serde_json::json!([{"type": "None"}]));
-        }
+        assert_eq!(paths, [NODE_CONFIG_DIR, STATIC_POD_PATH, GATE_PATH]);
+        assert_eq!(files[0]["actions"], serde_json::json!([{"type": "None"}]));
+        // A changed static pod restarts the gate: the update fails while the new lbd is not
+        // ready, and the pool's rollout stops at this node.
+        assert_eq!(
+            files[1]["actions"],
+            serde_json::json!([{"type": "Restart", "restart": {"serviceName": GATE_UNIT}}])
+        );
+        assert_eq!(files[2]["actions"], serde_json::json!([{"type": "None"}]));
+        let units = v["spec"]["nodeDisruptionPolicy"]["units"].as_array().unwrap();
+        assert_eq!(
+            units,
+            &[serde_json::json!({"name": GATE_UNIT, "actions": [{"type": "DaemonReload"}]})]
+        );
     }
 }

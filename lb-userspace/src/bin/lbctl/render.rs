@@ -206,6 +206,7 @@ pub fn run(ctx: &Ctx, a: Args) -> Result<()> {
                 })
                 .collect();
             files.push((r::STATIC_POD_PATH.into(), pod, 0o644));
+            files.push((r::GATE_PATH.into(), r::GATE_SCRIPT.into(), 0o755));
             // The cluster key: root-only on the node (lbd refuses a key others can read).
             files.push((
                 spec.sync_settings().key_file.display().to_string(),
@@ -213,7 +214,8 @@ pub fn run(ctx: &Ctx, a: Args) -> Result<()> {
                 0o600,
             ));
             let path = out.join(format!("99-{pool}-lb.yaml"));
-            std::fs::write(&path, r::machine_config(pool, &files))
+            let units = [(r::GATE_UNIT.to_string(), r::GATE_UNIT_CONTENTS.to_string())];
+            std::fs::write(&path, r::machine_config(pool, &files, &units))
                 .map_err(|e| anyhow!("write {}: {e}", path.display()))?;
             machine_configs.push(path);
         }
