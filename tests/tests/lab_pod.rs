@@ -459,3 +459,96 @@ fn a_crash_of_the_daemon_in_the_owners_pod_resets_no_connection() {
         events(&c)
     );
 }
+
+/// The shipped image gate (deploy/lb-image-gate.sh, what the MachineConfig installs as
+/// /usr/local/bin/lb-image-gate) run against `node`'s pod, as its unit runs it after the
+/// machine-config daemon wrote the static pod: (success, stdout + stderr).
+fn gate(c: &Cluster, node: &str, timeout_s: u64) -> (bool, String) {
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/lb-image-gate.sh");
+    let out = std::process::Command::new("bash")
+        .arg(script)
+        .env("LB_GATE_MANIFEST", pods(c).manifest_path(node))
+        .env("LB_GATE_SOCKET", c.run_dir(node).join("lbd.sock"))
+        .env("LB_GATE_TIMEOUT_S", timeout_s.to_string())
+        .env("LB_GATE_INTERVAL_S", "1")
+        .output()
+        .expect("run the image gate");
+    (
+        out.status.success(),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    )
+}
+
+/// A pool's rollout of a new lb image, node by node as the machine-config operator does it
+/// with the rendered NodeDisruptionPolicy: the pod replaced (the kubelet), then the gate's
+/// unit restarted; a failed gate fails the node's update and the rollout stops there. A good
+/// image passes the gate; an image that does not start fails it on the first node (here the
+/// API owner, the worst node to lose), and the other nodes keep their lbd and both VIPs.
+#[test]
+fn a_broken_image_stops_the_rollout_at_its_first_node_and_the_others_keep_the_vips() {
+    let mut c = boot();
+    let (api, _) = elected(&c);
+    let good = pods(&c).image();
+    let role = lb_tests::pods::Role::ControlPlane;
+    // The rollout of a good image (the same one, the pod replaced) passes the gate, on a node
+    // that is not the owner; and an lbd older than the manifest does not count.
+    let first = *CONTROL_PLANE.iter().find(|n| **n != api).unwrap();
+    let (etc, run) = (c.config_dir(first), c.run_dir(first));
+    std::thread::sleep(Duration::from_millis(1100));
+    let Runner::Pod(p) = &mut c.runner else {
+        unreachable!()
+    };
+    let out = p.replace(&c.lab, first, role, &etc, &run, &good);
+    assert!(
+        out.status.success(),
+        "replace {first}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let (ok, log) = gate(&c, first, 90);
+    assert!(ok, "the gate passes a good image on {first}: {log}");
+    assert!(log.contains("lbd ready"), "{log}");
+    elected(&c);
+
+    // A broken image, on the API owner first.
+    let broken = {
+        let Runner::Pod(p) = &mut c.runner else {
+            unreachable!()
+        };
+        p.broken_image()
+    };
+    let (etc, run) = (c.config_dir(&api), c.run_dir(&api));
+    let Runner::Pod(p) = &mut c.runner else {
+        unreachable!()
+    };
+    let out = p.replace(&c.lab, &api, role, &etc, &run, &broken);
+    println!(
+        "kube play --replace with the broken image on {api}: {:?} {}",
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).trim()
+    );
+    let (ok, log) = gate(&c, &api, 20);
+    assert!(!ok, "the gate fails a broken image on {api}: {log}");
+    assert!(log.contains("no ready lbd"), "{log}");
+    // The rollout stops (the node's update failed); the others keep lbd and the VIPs.
+    let others: Vec<&str> = CONTROL_PLANE.iter().copied().filter(|n| *n != api).collect();
+    for n in &others {
+        let ready = c
+            .lbctl(n, &["stats"])
+            .map(|v| v["ready"] == true)
+            .unwrap_or(false);
+        assert!(ready, "{n} still runs a ready lbd");
+    }
+    for instance in ["api", "ingress"] {
+        let m = c.wait_master(instance, &others, Duration::from_secs(20));
+        assert!(
+            m.is_some(),
+            "one of {others:?} holds the {instance} VIP after {api}'s image broke"
+        );
+    }
+    let v = c.get_many(&format!("{API_VIP}:6443"), true, 50);
+    assert_eq!(v["ok"], 50, "the API VIP serves after the broken rollout step: {v}");
+}

@@ -92,6 +92,8 @@ const DEBIAN_PACKAGES: &[&str] = &[
     // The OpenShift-style check scripts of the keepalived labs and the migration rehearsal,
     // and the metrics scrapes of the operator labs.
     "curl",
+    // deploy/lb-image-gate.sh (the pod lab runs it as shipped) reads lbd's stats with jq.
+    "jq",
     // The monitoring lab: a real Prometheus scraping lbd, and promtool (same package in
     // bookworm) for the alert rules' unit tests.
     "prometheus",

@@ -42,12 +42,13 @@ struct Played {
     yaml: PathBuf,
 }
 
-/// The pods this test started; all removed on drop.
+/// The pods this test started; all removed on drop (with the images it built).
 pub struct Pods {
     image_dir: PathBuf,
     prefix: String,
     dir: PathBuf,
     played: Vec<Played>,
+    built: Vec<String>,
 }
 
 fn workspace() -> PathBuf {
@@ -113,6 +114,7 @@ impl Pods {
             prefix,
             dir,
             played: Vec::new(),
+            built: Vec::new(),
         }
     }
 
@@ -203,6 +205,67 @@ impl Pods {
             "podman kube play for {node} failed: {}",
             String::from_utf8_lossy(&out.stderr)
         );
+    }
+
+    /// The node's manifest as last written (what the kubelet would read).
+    pub fn manifest_path(&self, node: &str) -> PathBuf {
+        self.dir.join(format!("{node}.yaml"))
+    }
+
+    /// Replace the node's pod as the kubelet does when its manifest changes: the manifest
+    /// rewritten with `image`, the old pod stopped (SIGTERM, its grace period) and the new one
+    /// started. The outcome of `podman kube play --replace`, which may fail (an image that
+    /// does not start).
+    pub fn replace(
+        &mut self,
+        lab: &Lab,
+        node: &str,
+        role: Role,
+        etc: &Path,
+        run: &Path,
+        image: &str,
+    ) -> Output {
+        let text = self
+            .manifest(node, role, etc, run)
+            .replace(&format!("image: {}", self.image()), &format!("image: {image}"));
+        let yaml = self.manifest_path(node);
+        std::fs::write(&yaml, text).unwrap();
+        let netns = lab.node(node).netns.clone();
+        self.in_node(&netns)
+            .args(["kube", "play", "--replace"])
+            .arg(&yaml)
+            .output()
+            .expect("run podman kube play --replace")
+    }
+
+    /// An image that does not start: the image under test with an lbd that is no program (as a
+    /// bad build or a corrupt layer would ship). Built locally from the image under test (no
+    /// registry), removed on drop.
+    pub fn broken_image(&mut self) -> String {
+        let ctx = self.dir.join("broken-image");
+        std::fs::create_dir_all(&ctx).unwrap();
+        std::fs::write(ctx.join("lbd"), "not a program\n").unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(ctx.join("lbd"), std::fs::Permissions::from_mode(0o755)).unwrap();
+        std::fs::write(
+            ctx.join("Containerfile"),
+            format!("FROM {}\nCOPY lbd /usr/local/bin/lbd\n", self.image()),
+        )
+        .unwrap();
+        let tag = format!("localhost/{}-broken:test", self.prefix.to_lowercase());
+        let out = podman()
+            .args(["build", "--pull=never", "-t", &tag, "-f"])
+            .arg(ctx.join("Containerfile"))
+            .arg(&ctx)
+            .output()
+            .expect("run podman build");
+        assert!(
+            out.status.success(),
+            "podman build of the broken image failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        self.built.push(tag.clone());
+        tag
     }
 
     /// podman, run in `netns` (so host networking means the node's network).
@@ -369,6 +432,9 @@ impl Drop for Pods {
             let _ = podman()
                 .args(["pod", "rm", "-f", &self.pod(&p.node)])
                 .output();
+        }
+        for image in &self.built {
+            let _ = podman().args(["rmi", "-f", image]).output();
         }
         if std::env::var_os("LB_KEEP_LAB_LOGS").is_none() {
             let _ = std::fs::remove_dir_all(&self.dir);
