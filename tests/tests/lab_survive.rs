@@ -154,6 +154,56 @@ struct Outcome {
 }
 
 fn upgrade_sequence(sync: bool, mv: Move, ipv6: bool) -> Outcome {
+    upgrade_sequence_with(sync, mv, ipv6, false)
+}
+
+/// Rewrite node `i`'s `[sync]` key settings (sign with `sign`, accept `accept` besides) and
+/// wait until its lbd applied the file (its reload count grew).
+fn rekey(l: &VrrpLab, i: usize, sign: &str, accept: &[&str]) {
+    let path = l.config_path(i);
+    let text = std::fs::read_to_string(&path).unwrap();
+    let (head, sync) = text.split_once("\n[sync]\n").expect("a [sync] section");
+    let kept: Vec<&str> = sync
+        .lines()
+        .filter(|l| !l.starts_with("key_file") && !l.starts_with("accept_key_files"))
+        .collect();
+    let accept: Vec<String> = accept.iter().map(|a| format!("\"{a}\"")).collect();
+    let new = format!(
+        "{head}\n[sync]\n{}\nkey_file = \"{sign}\"\naccept_key_files = [{}]\n",
+        kept.join("\n"),
+        accept.join(", ")
+    );
+    let reloads = || {
+        l.lbctl(i, &["stats"])
+            .and_then(|v| v["reloads"].as_u64())
+            .unwrap_or(0)
+    };
+    let before = reloads();
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, new).unwrap();
+    std::fs::rename(&tmp, &path).unwrap();
+    let ok = lb_tests::lab::wait_for(Duration::from_secs(15), || {
+        (reloads() > before).then_some(())
+    });
+    assert!(
+        ok.is_some(),
+        "n{} never reloaded its new key settings: {}\n{}",
+        i + 1,
+        l.lbctl(i, &["stats"]).unwrap_or(Value::Null)["last_reload_error"],
+        l.logs()
+    );
+}
+
+/// Datagrams node `i` refused for their MAC (a key it does not accept).
+fn refused_auth(l: &VrrpLab, i: usize) -> u64 {
+    sync_stats(l, i)["refused"]["auth"].as_u64().unwrap_or(0)
+}
+
+/// [`upgrade_sequence`]; with `rotate`, the cluster key is rotated meanwhile, in its three
+/// steps (every node accepts the new key; each signs with it, the old one accepted; the old
+/// one dropped), and the owner's lbd stops in the middle of the second step, when one peer
+/// already signs with the new key and the owner still with the old one.
+fn upgrade_sequence_with(sync: bool, mv: Move, ipv6: bool, rotate: bool) -> Outcome {
     // A dead owner's backends are held (fate sharing) before they leave the set, and leaving
     // moves a few other slots too (Maglev). The product's default hold (10 s) gives the new
     // owner time to see every connection's packets and write their entries first; the lab's
@@ -176,6 +226,11 @@ fn upgrade_sequence(sync: bool, mv: Move, ipv6: bool) -> Outcome {
         wait_backend(&l, &all, &l.addr(&n), true);
     }
     assert!(l.wait_serving(Duration::from_secs(20)), "{}", l.logs());
+    let old_key = l.lab.dir.join("sync.key").display().to_string();
+    let new_key = l.lab.dir.join("sync-new.key");
+    std::fs::write(&new_key, "lab-cluster-key-rotated-0123456789abcdef012345\n").unwrap();
+    std::fs::set_permissions(&new_key, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let new_key = new_key.display().to_string();
 
     // Node k reboots: its backend and its lbd go away.
     l.lab.stop(&format!("server-{kn}"), libc::SIGKILL);
@@ -184,7 +239,8 @@ fn upgrade_sequence(sync: bool, mv: Move, ipv6: bool) -> Outcome {
     wait_backend(&l, &others, &kaddr, false);
     // Its hold runs out: it leaves the set (setup, nothing is measured).
     std::thread::sleep(Duration::from_millis(hold_ms + 500));
-    let secs = SECS.to_string();
+    // The rotation's reloads take a few seconds more while the connections are held.
+    let secs = if rotate { SECS + 15 } else { SECS }.to_string();
     l.lab.spawn(
         "client",
         "hold",
@@ -256,6 +312,16 @@ fn upgrade_sequence(sync: bool, mv: Move, ipv6: bool) -> Outcome {
     } else {
         std::thread::sleep(Duration::from_secs(2));
     }
+    if rotate {
+        // 1. Every node accepts the new key.
+        for i in all {
+            rekey(&l, i, &old_key, &[&new_key]);
+        }
+        // 2. One peer signs with it (the old one accepted); the owner still signs with the old.
+        let first = (m + 2) % 3;
+        rekey(&l, first, &new_key, &[&old_key]);
+        std::thread::sleep(Duration::from_secs(2));
+    }
     // The owner's node is next.
     match mv {
         Move::Sigterm => {
@@ -268,19 +334,35 @@ fn upgrade_sequence(sync: bool, mv: Move, ipv6: bool) -> Outcome {
     let new_master = l
         .wait_one_master(&rest, Duration::from_secs(20))
         .unwrap_or_else(|| panic!("no new master\n{}", l.logs()));
+    let mut refused = 0;
+    if rotate {
+        // The rest of step 2, then 3, on the nodes left.
+        for i in rest.iter().copied().filter(|i| *i != (m + 2) % 3) {
+            rekey(&l, i, &new_key, &[&old_key]);
+        }
+        for i in rest.iter().copied() {
+            rekey(&l, i, &new_key, &[]);
+        }
+        std::thread::sleep(Duration::from_secs(2));
+        refused = rest.iter().map(|i| refused_auth(&l, *i)).sum::<u64>();
+    }
     assert!(
-        l.lab.wait("hold", Duration::from_secs(SECS + 30)).is_some(),
+        l.lab.wait("hold", Duration::from_secs(SECS + 45)).is_some(),
         "hold-ids finished"
     );
     let held = last_json(&l.lab.log("hold"));
     let new_stats = sync_stats(&l, new_master);
+    assert_eq!(
+        refused, 0,
+        "a rotation with its overlap refuses no datagram (the stopping owner's flush included): {new_stats}"
+    );
     Outcome {
         survived: sum(&held["survived_by_id"]),
         failed: sum(&held["failed_by_id"]),
         failed_by_id: held["failed_by_id"].clone(),
         owner: l.nodes[m].clone(),
         detail: format!(
-            "{mv:?}, sync {sync}: backend of n{} away then back, owner n{} -> n{}; {exceptions} exceptions; long-lived {held}; new owner's sync {new_stats}",
+            "{mv:?}, sync {sync}, key rotated {rotate} ({refused} datagrams refused for their key): backend of n{} away then back, owner n{} -> n{}; {exceptions} exceptions; long-lived {held}; new owner's sync {new_stats}",
             k + 1,
             m + 1,
             new_master + 1
@@ -296,6 +378,22 @@ fn upgrade_sequence_with_sync_loses_no_connection() {
         (o.survived, o.failed),
         (HOLD, 0),
         "every long-lived connection survives: {}",
+        o.detail
+    );
+}
+
+/// Key rotation under load (issue 31): the upgrade sequence with the cluster key rotated
+/// meanwhile and the owner's graceful stop in the middle of the rotation: the stopping owner's
+/// flush (old key) is accepted by the peer that already signs with the new key, and no
+/// connection is lost.
+#[test]
+fn upgrade_sequence_with_a_key_rotation_loses_no_connection() {
+    let o = upgrade_sequence_with(true, Move::Sigterm, false, true);
+    println!("{}", o.detail);
+    assert_eq!(
+        (o.survived, o.failed),
+        (HOLD, 0),
+        "every long-lived connection survives a rotation and the owner's stop: {}",
         o.detail
     );
 }

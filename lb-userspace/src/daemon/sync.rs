@@ -122,6 +122,7 @@ impl SyncStats {
 
 /// The owner's handle on the sync task.
 pub struct SyncHandle {
+    keys: Keys,
     view: watch::Sender<Option<Arc<View>>>,
     flush: mpsc::Sender<oneshot::Sender<()>>,
     apply: mpsc::Sender<Update>,
@@ -153,11 +154,18 @@ fn hmac_keys(ring: &KeyRing) -> Vec<ring::hmac::Key> {
     ring.accepted().map(wire::key).collect()
 }
 
+/// The keys, shared by the handle and the task: the key signed with first, then the others
+/// accepted (a rotation's overlap). A reload replaces them at once, not when the task next
+/// looks at its updates (after a scan in progress): once a reload is applied, no datagram is
+/// signed or checked with the keys it replaced, so a rotation's next step may follow it on
+/// another node right away.
+type Keys = Arc<std::sync::RwLock<Vec<ring::hmac::Key>>>;
+
 impl SyncHandle {
     /// Read the keys, bind the socket and start the task. A bad key file or a port in use
     /// refuses lbd's start, naming the field.
     pub fn spawn(cfg: &SyncConfig, pin_dir: PathBuf) -> Result<SyncHandle> {
-        let keys = hmac_keys(&KeyRing::load(cfg)?);
+        let keys: Keys = Arc::new(std::sync::RwLock::new(hmac_keys(&KeyRing::load(cfg)?)));
         let sock = bind(cfg).with_context(|| format!("sync.port: binding UDP {}", cfg.port))?;
         let (view_tx, view_rx) = watch::channel(None);
         let (flush_tx, flush_rx) = mpsc::channel(4);
@@ -168,7 +176,7 @@ impl SyncHandle {
             cfg: cfg.clone(),
             configured: cfg.peers.clone(),
             learned: Vec::new(),
-            keys,
+            keys: keys.clone(),
             sock,
             pin_dir,
             pins: None,
@@ -183,6 +191,7 @@ impl SyncHandle {
         };
         tokio::spawn(task.run(flush_rx, apply_rx));
         Ok(SyncHandle {
+            keys,
             view: view_tx,
             flush: flush_tx,
             apply: apply_tx,
@@ -214,8 +223,10 @@ impl SyncHandle {
         })
     }
 
-    /// Hand a prepared `[sync]` to the task: it applies it before its next datagram or scan.
-    pub async fn commit(&mut self, p: Prepared) {
+    /// Hand a prepared `[sync]` to the task: the keys apply at once, the rest before the
+    /// task's next datagram or scan.
+    pub async fn commit(&mut self, mut p: Prepared) {
+        *self.keys.write().unwrap() = std::mem::take(&mut p.keys);
         self.cfg = p.cfg.clone();
         set_peer_rows(&self.stats, &self.peers());
         let _ = self.apply.send(Update::Config(p)).await;
@@ -368,7 +379,7 @@ struct Task {
     configured: Vec<IpAddr>,
     learned: Vec<IpAddr>,
     /// The key signed with first, then the others accepted (a rotation's overlap).
-    keys: Vec<ring::hmac::Key>,
+    keys: Keys,
     sock: tokio::net::UdpSocket,
     pin_dir: PathBuf,
     pins: Option<Arc<Mutex<ConntrackPins>>>,
@@ -455,7 +466,6 @@ impl Task {
         if let Some(sock) = p.sock {
             self.sock = sock;
         }
-        self.keys = p.keys;
         self.configured = p.cfg.peers.clone();
         let mut cfg = p.cfg;
         cfg.peers = crate::members::roster::merge(&self.configured, &self.learned, None);
@@ -624,7 +634,8 @@ impl Task {
             chunks.push(&[]);
         }
         for chunk in chunks {
-            let d = wire::seal(&self.keys[0], self.counter.next(unix_us()), flags, chunk);
+            let key = self.keys.read().unwrap()[0].clone();
+            let d = wire::seal(&key, self.counter.next(unix_us()), flags, chunk);
             for peer in self.cfg.peers.clone() {
                 let to = match (peer, self.sock.local_addr().map(|a| a.is_ipv6())) {
                     (IpAddr::V4(v4), Ok(true)) => IpAddr::V6(v4.to_ipv6_mapped()),
@@ -669,6 +680,8 @@ impl Task {
         // with either.
         let opened = self
             .keys
+            .read()
+            .unwrap()
             .iter()
             .map(|k| wire::open(k, buf))
             .find(|r| !matches!(r, Err(WireError::Auth)))
