@@ -17,7 +17,7 @@
 
 pub mod admission;
 pub mod announce;
-pub mod codec;
+pub use lb_core::vrrp::codec;
 pub mod collision;
 pub mod config;
 pub mod group;
@@ -26,7 +26,7 @@ pub mod io;
 pub mod limiter;
 pub mod realtime;
 pub mod split_brain;
-pub mod state;
+pub use lb_core::vrrp::state;
 pub mod track;
 pub mod vrids;
 
