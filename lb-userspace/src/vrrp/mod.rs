@@ -2,6 +2,8 @@
 //!
 //! - [`codec`]: encode/decode adverts (v2 and v3) and the drop reasons (pure, std-only).
 //! - [`state`]: the RFC 3768 / RFC 9568 state machine as a pure function of (state, event, time).
+//! - [`hold`]: the hold/announce machine beside it: forwarding first, then the VIPs and their
+//!   announcements (pure).
 //! - [`collision`]: VRID collision bookkeeping (pure).
 //! - [`admission`]: who may vote: the receive policy every advert passes (pure).
 //! - [`limiter`]: one WARN per peer and reason per interval (pure).
@@ -18,6 +20,7 @@
 pub mod admission;
 pub mod announce;
 pub use lb_core::vrrp::codec;
+pub use lb_core::vrrp::hold;
 pub mod collision;
 pub mod config;
 pub mod group;
