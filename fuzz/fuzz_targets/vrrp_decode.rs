@@ -9,7 +9,7 @@ use libfuzzer_sys::fuzz_target;
 
 // The codec is std-only and included directly, so the fuzz build does not compile the daemon
 // (aya, hyper, the eBPF build) with sanitizers.
-#[path = "../../lb-userspace/src/vrrp/codec.rs"]
+#[path = "../../lb-core/src/vrrp/codec.rs"]
 #[allow(dead_code)]
 mod codec;
 

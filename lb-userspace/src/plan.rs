@@ -46,53 +46,12 @@ pub struct Facts {
     pub now: Option<Instant>,
 }
 
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct HealthFact {
-    pub healthy: bool,
-    pub reason: String,
-    /// A backend that went down after taking flows keeps its established flows until then (see
-    /// [`flows_held`]); `None`: no hold (never up, or the hold is over).
-    pub hold_until: Option<Instant>,
-    /// Failing because the backend itself said no (refused or reset a connection) or its node
-    /// was seen to die: never a fail-open target.
-    pub hard: bool,
-    /// Failing because nothing listens on the check port: with `absent_when_refused`, the
-    /// backend is not expected up (no router on this node).
-    pub refused: bool,
-    /// When it stopped passing after having passed (fail-open takes the backends that failed
-    /// together, see [`FAIL_OPEN_WINDOW`]); `None` when failing or never seen up.
-    pub down_since: Option<Instant>,
-    /// When it passed again after failing (not its first result: a backend lbd finds serving
-    /// when it starts has its full weight on every node): slow start runs from then (see
-    /// [`slow_start_step`]); `None`: full weight.
-    pub up_since: Option<Instant>,
-}
-
-impl HealthFact {
-    /// A backend that was up failed at `now`: no new flows from now on; its established flows
-    /// stay for `hold`, then move. A short outage (a flapping readiness probe, a link flap, an
-    /// apiserver that reports unready while it finishes its requests) then costs no
-    /// connection; haproxy likewise leaves established sessions alone when a server goes down.
-    pub fn failed(reason: String, now: Instant, hold: Duration) -> HealthFact {
-        HealthFact {
-            healthy: false,
-            reason,
-            hold_until: (!hold.is_zero()).then(|| now + hold),
-            down_since: Some(now),
-            ..Default::default()
-        }
-    }
-}
+pub use lb_core::backends::{HealthFact, flows_held};
 
 pub use health::{
     FAIL_OPEN_WINDOW, SLOW_START_MIN_OUTAGE, SLOW_START_STEPS, failing_open, slow_start_from,
     slow_start_step,
 };
-
-/// Whether a failing backend still keeps its established flows at `now`.
-pub fn flows_held(h: &HealthFact, now: Option<Instant>) -> bool {
-    !h.healthy && h.hold_until.is_some_and(|t| now.is_none_or(|n| n < t))
-}
 
 /// The state of one backend as `lbctl backends list` shows it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]

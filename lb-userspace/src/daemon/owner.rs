@@ -32,8 +32,9 @@ use crate::{
     dataplane::Dataplane,
     health::{FailureClass, Health, HealthEvent, HealthMonitor},
     netlink::{self, Netlink},
-    plan::{self, BackendPlan, Facts, HealthFact},
+    plan::{self, BackendPlan, Facts},
 };
+use lb_core::backends;
 
 /// What reaches the owner from other tasks.
 pub enum Msg {
@@ -443,11 +444,9 @@ impl Owner {
         let now = Instant::now();
         self.facts.now = Some(now);
         // Holds that ended: their backends' flows move now (and the refresh stops asking).
-        for h in self.facts.health.values_mut() {
-            if h.hold_until.is_some_and(|t| t <= now) {
-                h.hold_until = None;
-            }
-        }
+        // This is the rebuild the tick asks for.
+        let hold = self.hold();
+        backends::handle(&mut self.facts.health, hold, now, backends::Input::Tick);
         let (desired, rows) = plan::plan(&self.cfg, &self.facts);
         self.in_sync = false;
         self.dp.apply(&desired).context("apply to the data plane")?;
@@ -502,45 +501,42 @@ impl Owner {
             return Ok(());
         };
         tracing::info!(vip, backend = %addr, healthy = e.healthy, reason = %e.reason, "backend health changed");
-        let pair = (vip.to_string(), addr);
-        let hold = Duration::from_millis(self.cfg.failed_backend_hold_ms);
-        let now = Instant::now();
-        let hard = e.failure.is_hard();
-        let refused = e.failure == FailureClass::Refused;
-        let fact = match self.facts.health.get(&pair) {
-            // Back, or ready for the first time after failing: slow start (see `plan`).
-            old if e.healthy => HealthFact {
-                healthy: true,
-                reason: e.reason.clone(),
-                up_since: plan::slow_start_from(e.previous == Health::Down, old, now),
-                ..Default::default()
+        let check = backends::Check {
+            pair: (vip.to_string(), addr),
+            healthy: e.healthy,
+            reason: e.reason.clone(),
+            previous: match e.previous {
+                Health::Up => Some(true),
+                Health::Down => Some(false),
+                Health::Unknown => None,
             },
-            // Already failing (e.g. taken out by fate sharing): its hold runs on; the kind of
-            // failure may have changed (slow, then refused).
-            Some(old) if !old.healthy => HealthFact {
-                reason: e.reason.clone(),
-                hard,
-                refused,
-                ..old.clone()
-            },
-            // Up until now: it may hold established flows.
-            Some(_) if e.previous == Health::Up => HealthFact {
-                hard,
-                refused,
-                ..HealthFact::failed(e.reason.clone(), now, hold)
-            },
-            _ => HealthFact {
-                healthy: false,
-                reason: e.reason.clone(),
-                hard,
-                refused,
-                ..Default::default()
-            },
+            hard: e.failure.is_hard(),
+            refused: e.failure == FailureClass::Refused,
         };
-        self.facts.health.insert(pair, fact);
-        let r = self.apply();
+        let r = self.backend_input(backends::Input::Check(check));
         self.after_apply().await;
         r
+    }
+
+    /// How long a failed backend keeps its established flows.
+    fn hold(&self) -> Duration {
+        Duration::from_millis(self.cfg.failed_backend_hold_ms)
+    }
+
+    /// Feed the backends' controller (`lb_core::backends`) and carry out its effects.
+    pub(super) fn backend_input(&mut self, input: backends::Input) -> Result<()> {
+        let hold = self.hold();
+        let effects = backends::handle(&mut self.facts.health, hold, Instant::now(), input);
+        for effect in effects {
+            match effect {
+                backends::Effect::ForceDown { ids, reason } => {
+                    let changed = self.health.force_down(&ids, &reason);
+                    tracing::warn!(%reason, backends = ?changed, "backends of the failed master taken out at once");
+                }
+                backends::Effect::Apply => self.apply()?,
+            }
+        }
+        Ok(())
     }
 
     fn set_drained(&mut self, vip: &str, backend: IpAddr, drained: bool) -> Result<()> {

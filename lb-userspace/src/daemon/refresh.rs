@@ -170,11 +170,7 @@ impl Owner {
         // with nothing new, re-applying would only rebuild every Maglev table to find it equal.
         // A failed backend's hold that has run out is news: its flows move now.
         let now = Instant::now();
-        let hold_over = self
-            .facts
-            .health
-            .values()
-            .any(|h| h.hold_until.is_some_and(|t| t <= now));
+        let hold_over = lb_core::backends::holds_over(&self.facts.health, now);
         let f = &mut self.facts;
         let unchanged = f.macs == got.macs
             && f.peer_macs == got.peer_macs

@@ -159,7 +159,7 @@ impl Owner {
         // local stack with resets: the instance's master-down interval plus a second.
         let hold = if self.adopted_master.contains(&r.name) {
             let interval = Duration::from_millis(u64::from(r.interval_ms()));
-            crate::vrrp::state::master_down_interval(r.priority, interval) + Duration::from_secs(1)
+            crate::handover::adopted_hold(r.priority, interval)
         } else {
             Duration::ZERO
         };

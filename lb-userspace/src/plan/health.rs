@@ -1,12 +1,9 @@
 //! The plan's health policies over a service's backends (pure): fail-open when every backend
 //! fails softly at once, and slow start's weight steps after a backend returns.
 
-use std::{
-    net::IpAddr,
-    time::{Duration, Instant},
-};
+use std::{net::IpAddr, time::Duration};
 
-use super::{BackendPlan, BackendState, Facts, HealthFact};
+use super::{BackendPlan, BackendState, Facts};
 use crate::desired::BackendSpec;
 
 /// Fail-open takes the backends that stopped passing within this long of the last one to stop:
@@ -28,21 +25,7 @@ pub fn slow_start_step(elapsed: Duration, period: Duration) -> u32 {
 
 pub use crate::health::config::SLOW_START_STEPS;
 
-/// A backend out for less than this is back at full weight at once: a blip (a few slow checks
-/// on a loaded node) is not the restart slow start is for (a rebooted apiserver is out for
-/// minutes), and each climb is a stretch in which this node's table differs from the peers'.
-pub const SLOW_START_MIN_OUTAGE: Duration = Duration::from_secs(10);
-
-/// When a backend that passes at `now` starts its slow start: after it was down (`was_down`;
-/// not a first result, lbd starting: it was serving, and the peers give it its full weight),
-/// unless it went down less than [`SLOW_START_MIN_OUTAGE`] ago after having been up (`old`,
-/// its fact until now). A backend never seen up climbs: it is ready for the first time.
-pub fn slow_start_from(was_down: bool, old: Option<&HealthFact>, now: Instant) -> Option<Instant> {
-    let blip = old
-        .and_then(|h| h.down_since)
-        .is_some_and(|t| now.saturating_duration_since(t) < SLOW_START_MIN_OUTAGE);
-    (was_down && !blip).then_some(now)
-}
+pub use lb_core::backends::{SLOW_START_MIN_OUTAGE, slow_start_from};
 
 /// Fail-open: when no backend of `v` passes its checks, the ones that failed softly (slow,
 /// wrong answer: not refused, not reset, not on a dead node) and together (within
@@ -104,7 +87,8 @@ pub fn failing_open(rows: &[BackendPlan]) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::plan::plan;
+    use crate::plan::{HealthFact, plan};
+    use std::time::Instant;
 
     use crate::plan::tests::cfg;
 

@@ -24,22 +24,14 @@ use super::announce::{self, Announcer};
 use super::codec::{self, Advert, DecodeError, Version};
 use super::collision::{Collisions, Mismatch};
 use super::config::InstanceConfig;
+use super::hold::{self, Hold};
 use super::io::{Incoming, VrrpSocket, interface_info};
 use super::limiter::WarnLimiter;
 use super::realtime::{self, Sched};
 use super::split_brain::DualMaster;
 use super::state::{self, Action, Event, Machine, Params, State};
 
-/// Announcements right after becoming master, and their spacing: several, because a single
-/// frame can be lost and switches may still be learning.
-pub const GARP_BURST: u32 = 5;
-pub const GARP_SPACING: Duration = Duration::from_millis(100);
-/// Longest a new master waits for the data plane to forward before adding and announcing its
-/// VIPs anyway. Announcing early is what resets connections (clients that follow the
-/// announcement reach the local stack, which holds the VIP on `lo` and answers every flow of
-/// another backend with a reset), so the wait is long enough for a daemon on a CPU-saturated
-/// node; the instance keeps advertising and hearing adverts meanwhile.
-pub const FORWARDING_ACK_WAIT: Duration = Duration::from_secs(3);
+pub use super::hold::{FORWARDING_ACK_WAIT, GARP_BURST, GARP_SPACING};
 /// How often link state is polled (a link going down means fault).
 const LINK_POLL: Duration = Duration::from_millis(250);
 
@@ -255,6 +247,7 @@ impl Instance {
                         return;
                     }
                 };
+                let hold = Hold::new(schedule(&cfg));
                 let runner = Runner {
                     policy: policy(&cfg),
                     cfg,
@@ -265,22 +258,18 @@ impl Instance {
                     track_fault: false,
                     warn: WarnLimiter::default(),
                     dual: DualMaster::default(),
-                    remove_pending: false,
-                    add_pending: false,
                     socket,
                     announcer,
                     netlink,
                     machine,
                     epoch: Instant::now(),
                     timer: None,
-                    garp_left: 0,
-                    second_burst: false,
-                    next_garp: None,
+                    hold,
+                    dead_master: None,
                     status: runner_status,
                     owned: owned_tx,
                     forwarding: forwarding_rx,
                     forwarding_acked: runner_acked,
-                    awaiting_forwarding: None,
                     peer_failed,
                 };
                 let _ = ready_tx.send(Ok(sched));
@@ -418,11 +407,6 @@ struct Runner {
     track_fault: bool,
     warn: WarnLimiter,
     dual: DualMaster,
-    /// A VIP removal failed and is retried at the next link poll.
-    remove_pending: bool,
-    /// A VIP add failed while master (the master advertises on, so nobody else takes the VIP)
-    /// and is retried at the next link poll.
-    add_pending: bool,
     socket: VrrpSocket,
     announcer: Option<Announcer>,
     netlink: rtnetlink::Handle,
@@ -430,17 +414,15 @@ struct Runner {
     /// The state machine's time zero.
     epoch: Instant,
     timer: Option<Instant>,
-    garp_left: u32,
-    /// The second burst (`garp_master_delay_s`) is still to come.
-    second_burst: bool,
-    next_garp: Option<Instant>,
+    /// What to do with the VIPs around mastership: wait for forwarding, hold, announce.
+    hold: Hold,
+    /// The master whose silence made this node master, until `TakeOwnership` reports it.
+    dead_master: Option<IpAddr>,
     status: Arc<Mutex<InstanceStatus>>,
     owned: watch::Sender<bool>,
     /// The data plane forwards our VIPs (set by the daemon, see `Instance::forwarding_ack`).
     forwarding: watch::Receiver<bool>,
     forwarding_acked: Arc<std::sync::atomic::AtomicBool>,
-    /// Master, waiting since then for the data plane to forward before holding the VIPs.
-    awaiting_forwarding: Option<Instant>,
     peer_failed: mpsc::UnboundedSender<IpAddr>,
 }
 
@@ -575,27 +557,19 @@ impl Runner {
                         self.step(Event::TimerFired).await;
                     }
                 }
-                // No announcement of VIPs not held yet (a split brain or a MAC change while
-                // waiting for the data plane): holding them starts a burst anyway.
-                () = sleep_until(self.next_garp), if self.awaiting_forwarding.is_none() => {
-                    self.announce_tick()
+                // The next announcement, or the end of the wait for the data plane.
+                () = sleep_until(self.hold.next_wake().map(Instant::from_std)) => {
+                    self.hold_input(hold::Input::Tick).await
                 }
-                r = self.forwarding.changed(), if self.awaiting_forwarding.is_some() => match r {
+                r = self.forwarding.changed(), if self.hold.awaiting_forwarding() => match r {
                     Ok(()) => {
-                        if *self.forwarding.borrow_and_update() {
-                            let waited = self.awaiting_forwarding.map(|t| t.elapsed());
-                            tracing::info!(instance = %self.cfg.name, ?waited, "the data plane forwards; holding and announcing the VIPs");
-                            self.hold_vips().await;
-                        }
+                        let forwarding = *self.forwarding.borrow_and_update();
+                        self.hold_input(hold::Input::Forwarding(forwarding)).await;
                     }
                     // The daemon's watcher is gone (lbd stopping, or a reload replacing this
-                    // instance): nothing will forward these VIPs here, so they are not taken.
-                    Err(_) => self.awaiting_forwarding = None,
+                    // instance).
+                    Err(_) => self.hold_input(hold::Input::ForwardingGone).await,
                 },
-                () = sleep_until(self.awaiting_forwarding.map(|t| t + FORWARDING_ACK_WAIT)) => {
-                    tracing::warn!(instance = %self.cfg.name, wait = ?FORWARDING_ACK_WAIT, "data plane slow to forward; announcing anyway");
-                    self.hold_vips().await;
-                }
                 r = self.socket.recv() => match r {
                     Ok(incoming) => {
                         self.on_packet(incoming).await;
@@ -648,12 +622,7 @@ impl Runner {
     /// new index, e.g. a rebuilt bridge) means the socket and announcer are bound again to it
     /// before the instance starts again. A new MAC is announced at once.
     async fn poll_link(&mut self) {
-        if self.remove_pending && self.machine.state() != State::Master {
-            self.remove_vips().await;
-        }
-        if self.add_pending && self.machine.state() == State::Master {
-            self.add_vips().await;
-        }
+        self.hold_input(hold::Input::LinkPoll).await;
         let polled = interface_info(&self.ifname);
         let seen = match &polled {
             Ok(i) => Polled::Up(i.up),
@@ -725,10 +694,7 @@ impl Runner {
             tracing::info!(instance = %self.cfg.name, interface = %self.ifname, old = ?a.mac(), new = ?mac, "interface MAC changed; announcing the new one");
             self.announcer = Announcer::new(&self.ifname).ok();
             self.with_status(|s| s.counters.mac_changes += 1);
-            if self.machine.state() == State::Master {
-                self.garp_left = GARP_BURST;
-                self.next_garp = Some(Instant::now());
-            }
+            self.hold_input(hold::Input::MacChanged).await;
         }
         let v6 = self.cfg.vips.first().is_some_and(IpAddr::is_ipv6);
         if self.cfg.unicast_src.is_none()
@@ -864,10 +830,8 @@ impl Runner {
         let p = params(&cfg, self.socket.src());
         let effective = state::effective_priority(cfg.priority, self.weight);
         self.policy = policy(&cfg);
-        if cfg.garp_refresh_s != self.cfg.garp_refresh_s && self.garp_left == 0 {
-            self.next_garp = (self.machine.state() == State::Master && cfg.garp_refresh_s > 0)
-                .then(|| Instant::now() + Duration::from_secs(cfg.garp_refresh_s));
-        }
+        self.hold_input(hold::Input::Reconfigured(schedule(&cfg)))
+            .await;
         self.cfg = cfg;
         let out = self.machine.reconfigure(self.now(), p, effective);
         self.with_status(|s| {
@@ -893,9 +857,13 @@ impl Runner {
             && t.reason == state::REASON_MASTER_DOWN
             && let Some(dead) = was_master.filter(|m| *m != self.socket.src())
         {
-            let _ = self.peer_failed.send(dead);
+            // Reported with the mastership, before it (see `take_ownership`).
+            self.dead_master = Some(dead);
         }
         self.carry_out(out).await;
+        if let Some(dead) = self.dead_master.take() {
+            let _ = self.peer_failed.send(dead);
+        }
     }
 
     async fn carry_out(&mut self, out: state::Output) {
@@ -928,9 +896,8 @@ impl Runner {
             // We stay master, but the other master announced the VIPs too and clients may
             // have taken its MAC: announce ours again (a fresh burst), or they keep sending to
             // a node that no longer forwards until their caches expire.
-            if !c.stepped_down && self.garp_left == 0 {
-                self.garp_left = GARP_BURST;
-                self.next_garp = Some(Instant::now());
+            if !c.stepped_down {
+                self.hold_input(hold::Input::ConflictKept).await;
             }
         }
         if self.machine.state() != State::Master {
@@ -1028,77 +995,105 @@ impl Runner {
     }
 
     async fn take_ownership(&mut self) {
-        // Forwarding first, then the addresses and their announcement: a client that follows
-        // the GARP/NA must find a data plane that forwards its flows, not the local stack.
-        // The wait runs in the instance's loop (see `run`), not here: a master that stopped
-        // advertising while its daemon is slow would be taken over by the backups.
-        let _ = self.owned.send(true);
-        if self
-            .forwarding_acked
-            .load(std::sync::atomic::Ordering::SeqCst)
-            && !*self.forwarding.borrow()
-        {
-            self.awaiting_forwarding = Some(Instant::now());
-            return;
+        // The wait for the data plane runs in the instance's loop (see `run`), not here: a
+        // master that stopped advertising while its daemon is slow would be taken over by the
+        // backups.
+        let input = hold::Input::Mastership {
+            dead_master: self.dead_master.take(),
+            acks: self
+                .forwarding_acked
+                .load(std::sync::atomic::Ordering::SeqCst),
+            forwarding: *self.forwarding.borrow(),
+        };
+        self.hold_input(input).await;
+    }
+
+    async fn release_ownership(&mut self) {
+        self.hold_input(hold::Input::Released).await;
+    }
+
+    /// Feed the hold/announce machine and carry out its effects in order (the result of one
+    /// that does I/O goes back to the machine before the next).
+    async fn hold_input(&mut self, input: hold::Input) {
+        let now = || Instant::now().into_std();
+        let mut todo: std::collections::VecDeque<hold::Effect> =
+            self.hold.handle(now(), input).into();
+        while let Some(effect) = todo.pop_front() {
+            let result = match effect {
+                hold::Effect::ReportDeadMaster(peer) => {
+                    let _ = self.peer_failed.send(peer);
+                    None
+                }
+                hold::Effect::Own(owned) => {
+                    let _ = self.owned.send(owned);
+                    None
+                }
+                hold::Effect::AddVips => Some(hold::Input::VipsAdded {
+                    ok: self.add_vips().await,
+                }),
+                hold::Effect::RemoveVips => Some(hold::Input::VipsRemoved {
+                    ok: self.remove_vips().await,
+                }),
+                hold::Effect::Held(owned) => {
+                    self.with_status(|s| s.owned = owned);
+                    None
+                }
+                hold::Effect::Announce => {
+                    self.announce();
+                    None
+                }
+                hold::Effect::ForwardingConfirmed { waited } => {
+                    tracing::info!(instance = %self.cfg.name, ?waited, "the data plane forwards; holding and announcing the VIPs");
+                    None
+                }
+                hold::Effect::ForwardingLate => {
+                    tracing::warn!(instance = %self.cfg.name, wait = ?FORWARDING_ACK_WAIT, "data plane slow to forward; announcing anyway");
+                    None
+                }
+                hold::Effect::AddRecovered => {
+                    tracing::info!(instance = %self.cfg.name, "VIPs added after a failure");
+                    None
+                }
+            };
+            if let Some(result) = result {
+                for e in self.hold.handle(now(), result).into_iter().rev() {
+                    todo.push_front(e);
+                }
+            }
         }
-        self.hold_vips().await;
     }
 
-    /// Add the VIPs to the interface and start announcing them.
-    async fn hold_vips(&mut self) {
-        self.awaiting_forwarding = None;
-        self.add_vips().await;
-        self.with_status(|s| s.owned = true);
-        self.garp_left = GARP_BURST;
-        self.second_burst = true;
-        self.next_garp = Some(Instant::now());
-    }
-
-    /// Add our VIPs to the interface (adding one that is there is a success); on failure try
-    /// again at every link poll while master.
-    async fn add_vips(&mut self) {
-        let mut failed = false;
+    /// Add our VIPs to the interface (adding one that is there is a success); whether all
+    /// are there (on failure the hold machine retries at every link poll while master).
+    async fn add_vips(&mut self) -> bool {
+        let mut ok = true;
         for vip in self.cfg.vips.clone() {
             if let Err(e) = announce::add_vip(&self.netlink, &self.ifname, vip).await {
                 tracing::error!(instance = %self.cfg.name, error = format!("{e:#}"), "adding VIP failed; retrying");
                 self.with_status(|s| s.counters.vip_errors += 1);
-                failed = true;
+                ok = false;
             }
         }
-        if self.add_pending && !failed {
-            tracing::info!(instance = %self.cfg.name, "VIPs added after a failure");
-        }
-        self.add_pending = failed;
+        ok
     }
 
-    async fn release_ownership(&mut self) {
-        // Stop forwarding first, then give the addresses back.
-        self.add_pending = false;
-        let _ = self.owned.send(false);
-        self.with_status(|s| s.owned = false);
-        self.awaiting_forwarding = None;
-        self.garp_left = 0;
-        self.second_burst = false;
-        self.next_garp = None;
-        self.remove_vips().await;
-    }
-
-    /// Remove our VIPs from the interface; on failure (e.g. a netlink dump interrupted with
-    /// EBUSY) try again at every link poll until done, so a backup never keeps a VIP.
-    async fn remove_vips(&mut self) {
-        let mut failed = false;
+    /// Remove our VIPs from the interface; whether all are gone (on failure, e.g. a netlink
+    /// dump interrupted with EBUSY, the hold machine retries at every link poll until done, so
+    /// a backup never keeps a VIP).
+    async fn remove_vips(&mut self) -> bool {
+        let mut ok = true;
         for vip in self.cfg.vips.clone() {
             if let Err(e) = announce::remove_vip(&self.netlink, &self.ifname, vip).await {
                 tracing::error!(instance = %self.cfg.name, error = format!("{e:#}"), "removing VIP failed; retrying");
                 self.with_status(|s| s.counters.vip_errors += 1);
-                failed = true;
+                ok = false;
             }
         }
-        self.remove_pending = failed;
+        ok
     }
 
-    /// Send one round of announcements; schedule the next one of the burst, then the refresh.
-    fn announce_tick(&mut self) {
+    /// Send one round of announcements (the hold machine schedules them).
+    fn announce(&mut self) {
         if let Some(a) = &self.announcer {
             match a.announce(&self.cfg.vips) {
                 Ok(()) => self.with_status(|s| s.counters.announcements += 1),
@@ -1107,14 +1102,14 @@ impl Runner {
                 }
             }
         }
-        let next = after_announce(
-            self.garp_left,
-            self.second_burst,
-            self.cfg.garp_master_delay_s,
-            self.cfg.garp_refresh_s,
-        );
-        (self.garp_left, self.second_burst) = (next.left, next.second_burst);
-        self.next_garp = next.wait.map(|d| Instant::now() + d);
+    }
+}
+
+/// The announcement settings of `cfg` for the hold machine.
+fn schedule(cfg: &InstanceConfig) -> hold::Schedule {
+    hold::Schedule {
+        delay_s: cfg.garp_master_delay_s,
+        refresh_s: cfg.garp_refresh_s,
     }
 }
 
@@ -1138,42 +1133,6 @@ fn link_verdict(polled: Polled, confirmed: Option<bool>, previous: bool) -> bool
         Polled::Up(true) => true,
         Polled::Gone => false,
         Polled::Up(false) | Polled::Failed => confirmed.unwrap_or(previous),
-    }
-}
-
-/// What follows one round of announcements.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct AfterAnnounce {
-    /// Rounds left in the current burst.
-    left: u32,
-    second_burst: bool,
-    /// When the next round is due; `None`: no more until the next change.
-    wait: Option<Duration>,
-}
-
-/// After one round with `left` rounds of the burst to go (this one included): the rest of the
-/// burst, [`GARP_SPACING`] apart; then, once, a second burst `delay_s` later (keepalived's
-/// `garp_master_delay`); then a round every `refresh_s`. Pure.
-fn after_announce(left: u32, second_burst: bool, delay_s: u64, refresh_s: u64) -> AfterAnnounce {
-    let left = left.saturating_sub(1);
-    if left > 0 {
-        return AfterAnnounce {
-            left,
-            second_burst,
-            wait: Some(GARP_SPACING),
-        };
-    }
-    if second_burst && delay_s > 0 {
-        return AfterAnnounce {
-            left: GARP_BURST,
-            second_burst: false,
-            wait: Some(Duration::from_secs(delay_s)),
-        };
-    }
-    AfterAnnounce {
-        left: 0,
-        second_burst: false,
-        wait: (refresh_s > 0).then(|| Duration::from_secs(refresh_s)),
     }
 }
 
@@ -1213,47 +1172,5 @@ mod schedule_tests {
         assert!(link_verdict(Polled::Up(true), None, false));
         // A down link stays down until a poll sees it up.
         assert!(!link_verdict(Polled::Failed, None, false));
-    }
-
-    /// The waits between rounds from becoming master, for `n` rounds.
-    fn waits(delay_s: u64, refresh_s: u64, n: usize) -> Vec<Option<Duration>> {
-        let (mut left, mut second) = (GARP_BURST, true);
-        let mut out = Vec::new();
-        for _ in 0..n {
-            let a = after_announce(left, second, delay_s, refresh_s);
-            (left, second) = (a.left, a.second_burst);
-            out.push(a.wait);
-            if a.wait.is_none() {
-                break;
-            }
-        }
-        out
-    }
-
-    #[test]
-    fn a_second_burst_follows_after_garp_master_delay_then_the_refresh() {
-        let burst = GARP_BURST as usize;
-        let w = waits(5, 60, 2 * burst + 1);
-        let spacing = Some(GARP_SPACING);
-        // First burst: GARP_BURST rounds, spacing apart, then 5 s to the second burst.
-        assert_eq!(&w[..burst - 1], vec![spacing; burst - 1].as_slice());
-        assert_eq!(w[burst - 1], Some(Duration::from_secs(5)));
-        // Second burst, then the refresh.
-        assert_eq!(
-            &w[burst..2 * burst - 1],
-            vec![spacing; burst - 1].as_slice()
-        );
-        assert_eq!(w[2 * burst - 1], Some(Duration::from_secs(60)));
-        assert_eq!(w[2 * burst], Some(Duration::from_secs(60)));
-    }
-
-    #[test]
-    fn no_second_burst_with_delay_zero_and_nothing_without_refresh() {
-        let burst = GARP_BURST as usize;
-        let w = waits(0, 60, burst);
-        assert_eq!(w[burst - 1], Some(Duration::from_secs(60)));
-        let w = waits(0, 0, burst + 2);
-        assert_eq!(w.len(), burst);
-        assert_eq!(w[burst - 1], None);
     }
 }

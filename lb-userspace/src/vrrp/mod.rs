@@ -2,6 +2,8 @@
 //!
 //! - [`codec`]: encode/decode adverts (v2 and v3) and the drop reasons (pure, std-only).
 //! - [`state`]: the RFC 3768 / RFC 9568 state machine as a pure function of (state, event, time).
+//! - [`hold`]: the hold/announce machine beside it: forwarding first, then the VIPs and their
+//!   announcements (pure).
 //! - [`collision`]: VRID collision bookkeeping (pure).
 //! - [`admission`]: who may vote: the receive policy every advert passes (pure).
 //! - [`limiter`]: one WARN per peer and reason per interval (pure).
@@ -17,7 +19,8 @@
 
 pub mod admission;
 pub mod announce;
-pub mod codec;
+pub use lb_core::vrrp::codec;
+pub use lb_core::vrrp::hold;
 pub mod collision;
 pub mod config;
 pub mod group;
@@ -26,7 +29,7 @@ pub mod io;
 pub mod limiter;
 pub mod realtime;
 pub mod split_brain;
-pub mod state;
+pub use lb_core::vrrp::state;
 pub mod track;
 pub mod vrids;
 

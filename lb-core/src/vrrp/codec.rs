@@ -310,7 +310,7 @@ pub struct Expect {
 
 /// Check a decoded advert against the local instance (RFC 3768 section 7.1, RFC 9568 section
 /// 7.1). Differences in the address list are not checked here: they are a collision to report,
-/// not a reason to drop (see [`super::collision`]).
+/// not a reason to drop (see the shell's `vrrp::collision`).
 pub fn check(advert: &Advert, expect: &Expect) -> Result<(), DecodeError> {
     if advert.vrid != expect.vrid {
         return Err(DecodeError::OtherVrid);

@@ -82,7 +82,7 @@ pub enum Event {
     InterfaceDown,
     InterfaceUp,
     /// A tracked check of weight 0 fails (`true`) or all such checks pass again (`false`):
-    /// keepalived's FAULT, like a link down (see [`super::track`]).
+    /// keepalived's FAULT, like a link down (the shell's `vrrp::track`).
     TrackFault(bool),
     /// New effective priority (see [`effective_priority`]).
     PriorityChanged(u8),

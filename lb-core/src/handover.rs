@@ -6,7 +6,8 @@
 //! we forward during the grace reaches a backend, never a second forwarder.
 //!
 //! Pure: a function of (VRRP mastership, time). The daemon asks it what the data plane should do
-//! and when to ask again.
+//! and when to ask again. A restarted lbd that adopted a forwarding data plane holds it for
+//! [`adopted_hold`].
 
 use std::time::{Duration, Instant};
 
@@ -96,6 +97,16 @@ impl Handover {
     }
 }
 
+/// How long a restarted lbd keeps forwarding with the data plane it adopted for an instance it
+/// was master of (see [`Handover::adopted`]): after a crash and a quick restart, clients may
+/// still send to this node (their ARP/ND caches) until another node has taken over and
+/// announced it; so forward with the adopted table until the new master can have done so,
+/// instead of answering from the local stack with resets: the instance's master-down interval
+/// (`priority`, advert `interval`) plus a second.
+pub fn adopted_hold(priority: u8, interval: Duration) -> Duration {
+    crate::vrrp::state::master_down_interval(priority, interval) + Duration::from_secs(1)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -170,6 +181,19 @@ mod tests {
         let t = Instant::now();
         h.observe(true, t);
         assert!(!h.observe(false, t).forward);
+    }
+
+    #[test]
+    fn an_adopted_hold_is_the_master_down_interval_and_a_second() {
+        // Priority 100, 1 s adverts: 3 intervals and a skew of (256 - 100) / 256 s.
+        let hold = adopted_hold(100, Duration::from_secs(1));
+        assert_eq!(
+            hold,
+            Duration::from_millis(4000) + Duration::from_secs(156) / 256
+        );
+        // Faster adverts, a shorter hold; never shorter than the second.
+        assert!(adopted_hold(100, Duration::from_millis(100)) < hold);
+        assert!(adopted_hold(255, Duration::ZERO) >= Duration::from_secs(1));
     }
 
     #[test]

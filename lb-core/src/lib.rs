@@ -1,0 +1,18 @@
+//! lbd's decisions without I/O. Everything here is a function of its inputs and a time the
+//! caller passes in: no sockets, no clock reads, no async runtime. Cargo enforces it: this crate
+//! depends on no tokio, aya, rtnetlink, libc or nix (`tests/purity.rs` fails if it does).
+//! `lb-userspace` is the shell that reads the world, feeds these machines and carries out what
+//! they return.
+//!
+//! - [`backends`]: backends' health facts and the decisions that change them: a check's
+//!   result, a dead master's backends (fate sharing), the failed-backend hold.
+//! - [`maglev`]: the weighted Maglev table builder.
+//! - [`vrrp`]: the VRRP codec and the RFC state machine.
+//! - [`handover`]: the grace after a VIP leaves this node, and an adopted master's hold.
+//! - [`vrrp::hold`]: what a VRRP master does with its VIPs (wait for forwarding, hold,
+//!   announce), beside the RFC machine.
+
+pub mod backends;
+pub mod handover;
+pub mod maglev;
+pub mod vrrp;
