@@ -28,7 +28,7 @@ use crate::{
     dataplane::sync_view::ConntrackPins,
     sync::{
         config::{KeyRing, SyncConfig},
-        replay::{Counter, Refusal, Window},
+        replay::{Counter, Gate, Pass, Refusal, Window},
         status::{NotExceptionsRow, RefusedRow, SyncPeerRow, SyncRow},
         view::{Index, Refused, Skip, View},
         wire::{self, Record, WireError},
@@ -45,6 +45,21 @@ fn unix_us() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_micros() as u64)
+}
+
+/// This run's identity in the datagrams' headers (`wire::Sender::run`): random, never 0.
+fn new_run() -> Result<u64> {
+    use ring::rand::SecureRandom;
+    let mut b = [0u8; 8];
+    loop {
+        ring::rand::SystemRandom::new()
+            .fill(&mut b)
+            .map_err(|_| anyhow::anyhow!("sync: no randomness for the run id"))?;
+        let run = u64::from_be_bytes(b);
+        if run != 0 {
+            return Ok(run);
+        }
+    }
 }
 
 /// Counters for `lbctl stats` and `/metrics`.
@@ -74,6 +89,9 @@ pub struct SyncStats {
     refused_replay: AtomicU64,
     refused_service: AtomicU64,
     refused_backend: AtomicU64,
+    refused_earlier_run: AtomicU64,
+    /// The last step back of this node's clock the numbering saw.
+    clock_step: Mutex<Option<crate::sync::status::ClockStep>>,
     install_errors: AtomicU64,
     retractions_sent: AtomicU64,
     retracted: AtomicU64,
@@ -115,7 +133,9 @@ impl SyncStats {
                 replay: g(&self.refused_replay),
                 no_service: g(&self.refused_service),
                 no_backend: g(&self.refused_backend),
+                earlier_run: g(&self.refused_earlier_run),
             },
+            clock_stepped_back: *self.clock_step.lock().unwrap(),
         }
     }
 }
@@ -164,6 +184,7 @@ impl SyncHandle {
         let (apply_tx, apply_rx) = mpsc::channel::<Update>(4);
         let stats = Arc::new(SyncStats::default());
         set_peer_rows(&stats, &cfg.peers);
+        let run = new_run()?;
         let task = Task {
             cfg: cfg.clone(),
             configured: cfg.peers.clone(),
@@ -175,7 +196,11 @@ impl SyncHandle {
             view: view_rx,
             stats: stats.clone(),
             counter: Counter::default(),
+            run,
+            gate: Gate::new(run),
             windows: HashMap::new(),
+            peer_runs: HashMap::new(),
+            v1_peers: std::collections::HashSet::new(),
             sent: Arc::new(HashMap::new()),
             periodic: 0,
             full_due: false,
@@ -375,7 +400,15 @@ struct Task {
     view: watch::Receiver<Option<Arc<View>>>,
     stats: Arc<SyncStats>,
     counter: Counter,
+    /// This run's identity (see `wire`), and the replay windows of the peers' runs.
+    run: u64,
+    gate: Gate,
+    /// Replay windows of version-1 datagrams (an lbd not upgraded yet), by source address.
     windows: HashMap<IpAddr, Window>,
+    /// Each peer's run as last heard (echoed in what is sent to it).
+    peer_runs: HashMap<IpAddr, u64>,
+    /// Peers last heard speaking version 1: sent version 1 until they speak version 2.
+    v1_peers: std::collections::HashSet<IpAddr>,
     /// What the last scan found (and sent): a later scan sends only what changed.
     sent: Arc<HashMap<FlowKey, IpAddr>>,
     periodic: u64,
@@ -479,6 +512,8 @@ impl Task {
     fn set_peers(&mut self, cfg: SyncConfig) {
         let joined = cfg.peers.iter().any(|a| !self.cfg.peers.contains(a));
         self.windows.retain(|a, _| cfg.peers.contains(a));
+        self.peer_runs.retain(|a, _| cfg.peers.contains(a));
+        self.v1_peers.retain(|a| cfg.peers.contains(a));
         self.cfg = cfg;
         self.full_due |= joined;
     }
@@ -624,8 +659,27 @@ impl Task {
             chunks.push(&[]);
         }
         for chunk in chunks {
-            let d = wire::seal(&self.keys[0], self.counter.next(unix_us()), flags, chunk);
+            let (epoch, seq) = self.counter.next(unix_us());
+            if let Some((by_us, at_us)) = self.counter.stepped_back.take() {
+                tracing::warn!(
+                    by_ms = by_us / 1000,
+                    epoch,
+                    "sync: this node's clock stepped back; datagrams are numbered from the clock again in a new epoch"
+                );
+                *s.clock_step.lock().unwrap() = Some(crate::sync::status::ClockStep {
+                    by_ms: by_us / 1000,
+                    at_unix_ms: at_us / 1000,
+                    epoch,
+                });
+            }
             for peer in self.cfg.peers.clone() {
+                // Sealed for each peer: the echo of its run is its own.
+                let sender = (!self.v1_peers.contains(&peer)).then(|| wire::Sender {
+                    run: self.run,
+                    epoch,
+                    echo: self.peer_runs.get(&peer).copied().unwrap_or(0),
+                });
+                let d = wire::seal(&self.keys[0], sender, seq, flags, chunk);
                 let to = match (peer, self.sock.local_addr().map(|a| a.is_ipv6())) {
                     (IpAddr::V4(v4), Ok(true)) => IpAddr::V6(v4.to_ipv6_mapped()),
                     _ => peer,
@@ -673,7 +727,12 @@ impl Task {
             .map(|k| wire::open(k, buf))
             .find(|r| !matches!(r, Err(WireError::Auth)))
             .unwrap_or(Err(WireError::Auth));
-        let (seq, flags, records) = match opened {
+        let wire::Opened {
+            sender,
+            seq,
+            flags,
+            mut records,
+        } = match opened {
             Ok(x) => x,
             Err(WireError::Auth) => {
                 s.refused_auth.fetch_add(1, Relaxed);
@@ -685,12 +744,47 @@ impl Task {
             }
         };
         let now = unix_us();
-        if let Err(r) = self.windows.entry(from).or_default().check(seq, now) {
-            s.refused_replay.fetch_add(1, Relaxed);
-            if r == Refusal::Stale {
-                tracing::debug!(%from, "sync: a datagram far from this node's clock");
+        // The window of the sender's run and epoch (version 2), or of the source address (an
+        // lbd not upgraded yet).
+        let checked = match &sender {
+            Some(snd) => self.gate.check(snd, seq, now),
+            None => self
+                .windows
+                .entry(from)
+                .or_default()
+                .check(seq, now)
+                .map(|()| Pass::All),
+        };
+        let pass = match checked {
+            Ok(p) => p,
+            Err(r) => {
+                s.refused_replay.fetch_add(1, Relaxed);
+                if r == Refusal::Stale {
+                    tracing::debug!(%from, "sync: a datagram far from this node's clock");
+                }
+                return;
             }
-            return;
+        };
+        match sender {
+            Some(snd) => {
+                // A peer heard in a new run (it restarted, or this node did) has none of this
+                // node's exceptions, and dropped those sent before it was heard (they echoed
+                // no run of its): the next scan sends everything, echoing its run.
+                if self.peer_runs.insert(from, snd.run) != Some(snd.run) {
+                    self.full_due = true;
+                }
+                self.v1_peers.remove(&from);
+            }
+            None => {
+                self.v1_peers.insert(from);
+            }
+        }
+        if pass == Pass::Header {
+            // Sent before the peer heard this run of lbd: its records may be a capture from
+            // before this node started. The peer echoes this run from its next datagram on.
+            s.refused_earlier_run
+                .fetch_add(records.len() as u64, Relaxed);
+            records.clear();
         }
         s.received_datagrams.fetch_add(1, Relaxed);
         if flags & wire::F_HELLO != 0 {
