@@ -40,6 +40,8 @@ const SETTLE: Duration = Duration::from_millis(200);
 /// Every this many periodic scans all exceptions are sent again, not only new ones: a peer
 /// that restarted (or lost datagrams) gets the whole set back within this many intervals.
 const FULL_EVERY: u64 = 5;
+/// Full sends that repeat a retraction after it was first sent.
+const RETRACT_REPEATS: u8 = 2;
 
 fn unix_us() -> u64 {
     std::time::SystemTime::now()
@@ -204,6 +206,7 @@ impl SyncHandle {
             sent: Arc::new(HashMap::new()),
             periodic: 0,
             full_due: false,
+            retracted: HashMap::new(),
             hellos_left: 2,
         };
         tokio::spawn(task.run(flush_rx, apply_rx));
@@ -414,6 +417,9 @@ struct Task {
     periodic: u64,
     /// A peer said it just started (`F_HELLO`): the next scan sends everything.
     full_due: bool,
+    /// Retractions repeated in the next full sends (a lost one would leave a peer's entry
+    /// naming the old backend): the backend retracted and the full sends left.
+    retracted: HashMap<FlowKey, (IpAddr, u8)>,
     /// Scans left that flag their datagrams as a hello and send one even with nothing in it:
     /// the first two with the services in place (a peer may miss the first datagram).
     hellos_left: u8,
@@ -622,7 +628,7 @@ impl Task {
         // Connections this node sent as exceptions that now sit on their slot: the client
         // reused the 5-tuple for a new connection, placed afresh here. The peers still hold
         // the old backend for it, and would send the new connection there after a VIP move.
-        let retract: Vec<Record> = moved
+        let mut retract: Vec<Record> = moved
             .iter()
             .filter_map(|k| {
                 self.sent.get(k).map(|b| Record {
@@ -631,6 +637,25 @@ impl Task {
                 })
             })
             .collect();
+        // A full send repeats the retractions of the last ones (a lost datagram is repaired
+        // by the next), unless the flow is an exception again.
+        self.retracted.retain(|k, _| !found.contains_key(k));
+        if full {
+            let fresh: HashSet<FlowKey> = retract.iter().map(|r| r.key).collect();
+            self.retracted.retain(|k, (b, left)| {
+                if !fresh.contains(k) {
+                    retract.push(Record {
+                        key: *k,
+                        backend: *b,
+                    });
+                }
+                *left = left.saturating_sub(1);
+                *left > 0
+            });
+        }
+        for r in &retract {
+            self.retracted.entry(r.key).or_insert((r.backend, RETRACT_REPEATS));
+        }
         self.sent = Arc::new(found);
         // Hello in the first two scans with the services in place, whatever they find: a
         // restarted backup with no exception of its own says it too, so its peers send it
@@ -819,8 +844,15 @@ impl Task {
                     }
                     continue;
                 }
+                // Where this node forwards the service its own entry stands; elsewhere the
+                // sender's is the current one and corrects what is held.
+                let forwarded = ix.forwarded(&r.key);
                 match ix.resolve(r) {
-                    Ok(v) => match pins.insert_absent(&r.key, v) {
+                    Ok(v) => match if forwarded {
+                        pins.insert_absent(&r.key, v)
+                    } else {
+                        pins.correct(&r.key, v)
+                    } {
                         Ok(true) => installed += 1,
                         Ok(false) => {
                             s.already_present.fetch_add(1, Relaxed);
