@@ -680,7 +680,10 @@ fn reused_5_tuple(lose_retractions: bool) {
             .iter()
             .map(|i| sync_stats(&l, *i)["retracted"].as_u64().unwrap_or(0))
             .sum();
-        assert_eq!(before, 0, "no retraction reached the peers while they dropped them");
+        assert_eq!(
+            before, 0,
+            "no retraction reached the peers while they dropped them"
+        );
         block(&l, "-D");
         std::thread::sleep(Duration::from_secs(4));
     }

@@ -654,7 +654,9 @@ impl Task {
             });
         }
         for r in &retract {
-            self.retracted.entry(r.key).or_insert((r.backend, RETRACT_REPEATS));
+            self.retracted
+                .entry(r.key)
+                .or_insert((r.backend, RETRACT_REPEATS));
         }
         self.sent = Arc::new(found);
         // Hello in the first two scans with the services in place, whatever they find: a

@@ -291,7 +291,8 @@ impl ConntrackPins {
             self.cache.invalidate_if(key, c)?;
         }
         let held = self.lru.map.get(key, 0).ok();
-        if held.as_ref().is_some_and(same) || (held.is_none() && cached.as_ref().is_some_and(same)) {
+        if held.as_ref().is_some_and(same) || (held.is_none() && cached.as_ref().is_some_and(same))
+        {
             return Ok(false);
         }
         const BPF_ANY: u64 = 0;

@@ -285,7 +285,9 @@ mod tests {
     #[test]
     fn peers_times_max_entries_must_fit_half_the_connection_table() {
         let mut c = base();
-        c.peers = (1..=4).map(|i| format!("10.0.0.{i}").parse().unwrap()).collect();
+        c.peers = (1..=4)
+            .map(|i| format!("10.0.0.{i}").parse().unwrap())
+            .collect();
         c.max_entries = 32768;
         // 4 x 32768 = 131072: half of the default 262144.
         assert!(c.fits(262_144).is_ok());
@@ -308,7 +310,10 @@ max_entries = 300
         )
         .unwrap();
         let e = cfg.validate().unwrap_err().to_string();
-        assert!(e.starts_with("sync.max_entries: ") && e.contains("conntrack_size 1024"), "{e}");
+        assert!(
+            e.starts_with("sync.max_entries: ") && e.contains("conntrack_size 1024"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -132,7 +132,12 @@ impl Gate {
         }
     }
 
-    pub fn check(&mut self, s: &crate::sync::wire::Sender, seq: u64, now_us: u64) -> Result<Pass, Refusal> {
+    pub fn check(
+        &mut self,
+        s: &crate::sync::wire::Sender,
+        seq: u64,
+        now_us: u64,
+    ) -> Result<Pass, Refusal> {
         if s.run == self.run {
             return Err(Refusal::Reflected);
         }
@@ -140,8 +145,15 @@ impl Gate {
         // number it could still refuse is refused as stale anyway.
         self.windows
             .retain(|_, w| w.highest().saturating_add(FRESH_US) >= now_us);
-        self.windows.entry((s.run, s.epoch)).or_default().check(seq, now_us)?;
-        Ok(if s.echo == self.run { Pass::All } else { Pass::Header })
+        self.windows
+            .entry((s.run, s.epoch))
+            .or_default()
+            .check(seq, now_us)?;
+        Ok(if s.echo == self.run {
+            Pass::All
+        } else {
+            Pass::Header
+        })
     }
 }
 
@@ -216,7 +228,10 @@ mod tests {
         let mut a = Gate::new(0xa);
         let b_to_a = Sender { echo: 0xa, ..B };
         let ahead = NOW + 1_000;
-        assert_eq!(a.check(&Sender { echo: 0xb, ..A }, ahead, NOW), Err(Refusal::Reflected));
+        assert_eq!(
+            a.check(&Sender { echo: 0xb, ..A }, ahead, NOW),
+            Err(Refusal::Reflected)
+        );
         assert_eq!(a.check(&b_to_a, NOW, NOW), Ok(Pass::All));
         assert_eq!(a.check(&b_to_a, NOW + 1, NOW), Ok(Pass::All));
     }
@@ -241,7 +256,11 @@ mod tests {
         let (e0, s0) = counter.next(ahead);
         let (e1, s1) = counter.next(NOW);
         assert_eq!((e0, s0), (0, ahead));
-        assert_eq!((e1, s1), (1, NOW), "numbers start from the clock in a new epoch");
+        assert_eq!(
+            (e1, s1),
+            (1, NOW),
+            "numbers start from the clock in a new epoch"
+        );
         assert_eq!(counter.stepped_back, Some((600_000_000, NOW)));
         // A receiver whose clock is right refused the numbers from the future, and takes the
         // new epoch's at once (before, the numbers stayed in the future for ten minutes).

@@ -287,7 +287,10 @@ mod tests {
         assert_eq!(open(&k, &d1), Ok(opened(None, 42, 0, recs)));
         // A run of 0 is no sender's.
         let zero = Some(Sender::default());
-        assert_eq!(open(&k, &seal(&k, zero, 1, 0, &[])), Err(WireError::Version));
+        assert_eq!(
+            open(&k, &seal(&k, zero, 1, 0, &[])),
+            Err(WireError::Version)
+        );
     }
 
     #[test]
