@@ -705,19 +705,23 @@ impl ClusterSpec {
                     && n.roles.contains(&Role::Worker)
                     && me.roles.contains(&Role::Worker))
         };
+        let peers: Vec<std::net::IpAddr> = self
+            .nodes
+            .iter()
+            .filter(|n| n.name != me.name && forwards(n))
+            .map(|n| n.address)
+            .collect();
+        // The peers' exceptions fit half of the connection table (`SyncConfig::fits`): many
+        // workers each get a smaller share.
+        let share = lb_common::DEFAULT_CONNTRACK_SIZE / 2 / (peers.len() as u32).max(1);
         sc::SyncConfig {
-            peers: self
-                .nodes
-                .iter()
-                .filter(|n| n.name != me.name && forwards(n))
-                .map(|n| n.address)
-                .collect(),
+            peers,
             key_file: s.key_file.clone(),
             accept_key_files: Vec::new(),
             port: s.port.unwrap_or(sc::DEFAULT_PORT),
             listen: None,
             interval_ms: s.interval_ms.unwrap_or(sc::DEFAULT_INTERVAL_MS),
-            max_entries: sc::DEFAULT_MAX_ENTRIES,
+            max_entries: sc::DEFAULT_MAX_ENTRIES.min(share),
         }
     }
 
@@ -1745,6 +1749,39 @@ roles = ["worker"]
                 .vrrp
                 .iter()
                 .all(|r| r.unicast_peer_ttl.is_empty())
+        );
+    }
+
+    #[test]
+    fn many_workers_share_half_the_connection_table_for_their_peers_exceptions() {
+        // Ten workers: nine peers each, 9 x the default max_entries would be more than half of
+        // the default connection table (refused by lbd's own checks).
+        let mut text = SPLIT.to_string();
+        for i in 2..10 {
+            text += &format!(
+                "[[nodes]]\nname = \"worker-{i}\"\naddress = \"192.168.111.{}\"\nroles = [\"worker\"]\n",
+                30 + i
+            );
+        }
+        let rendered = ClusterSpec::parse(&text).unwrap().render().unwrap();
+        let w = rendered
+            .iter()
+            .find(|r| r.config.sync.as_ref().is_some_and(|s| s.peers.len() == 9))
+            .expect("a worker with nine peers");
+        let s = w.config.sync.as_ref().unwrap();
+        assert_eq!(
+            s.max_entries,
+            lb_common::DEFAULT_CONNTRACK_SIZE / 2 / 9,
+            "the share of nine peers"
+        );
+        for r in &rendered {
+            r.config.validate().unwrap();
+        }
+        // Three control-plane nodes keep the default.
+        let compact = ClusterSpec::parse(COMPACT).unwrap().render().unwrap();
+        assert_eq!(
+            compact[0].config.sync.as_ref().unwrap().max_entries,
+            crate::sync::config::DEFAULT_MAX_ENTRIES
         );
     }
 

@@ -661,6 +661,11 @@ fn a_drain_then_crash_loses_the_exceptions_no_scan_sent() {
     assert!(o.failed > 0, "{}", o.detail);
 }
 
+/// The sync port of the lab configs (the default).
+fn lb_userspace_sync_port() -> &'static str {
+    "1940"
+}
+
 /// A client reuses a 5-tuple (its ports wrap; a NAT in front of many clients reuses them
 /// sooner): the first connection on it was an exception (its slot's backend drained), synced to
 /// the peers; the second, after the undrain, is placed on its slot. The owner withdraws the old
@@ -668,6 +673,17 @@ fn a_drain_then_crash_loses_the_exceptions_no_scan_sent() {
 /// send the second connection to the first one's backend, which would reset it.
 #[test]
 fn a_reused_5_tuple_keeps_its_new_backend_across_a_vip_move() {
+    reused_5_tuple(false);
+}
+
+/// The same with every retraction the owner's scans send lost (the peers drop sync datagrams
+/// meanwhile): the owner's next full send repeats them.
+#[test]
+fn a_lost_retraction_is_repaired_by_the_next_full_send() {
+    reused_5_tuple(true);
+}
+
+fn reused_5_tuple(lose_retractions: bool) {
     const N: u64 = 60;
     const FIRST: &str = "41000";
     let mut l = lab(true, false, 500);
@@ -724,6 +740,19 @@ fn a_reused_5_tuple_keeps_its_new_backend_across_a_vip_move() {
     wait_backend(&l, &all, &kaddr, true);
     // TIME_WAIT reuse needs a second since the last segment.
     std::thread::sleep(Duration::from_millis(1500));
+    let port = lb_userspace_sync_port();
+    let block = |l: &VrrpLab, op: &str| {
+        for i in &peers {
+            l.lab.run(
+                &l.nodes[*i],
+                "iptables",
+                &[op, "INPUT", "-p", "udp", "--dport", port, "-j", "DROP"],
+            );
+        }
+    };
+    if lose_retractions {
+        block(&l, "-I");
+    }
     // The same 5-tuples again: those whose slot is k go to k now.
     l.lab.spawn(
         "client",
@@ -734,7 +763,7 @@ fn a_reused_5_tuple_keeps_its_new_backend_across_a_vip_move() {
             l.vip,
             PORT,
             &N.to_string(),
-            "12",
+            if lose_retractions { "16" } else { "12" },
             "200",
             "8",
             FIRST,
@@ -742,6 +771,20 @@ fn a_reused_5_tuple_keeps_its_new_backend_across_a_vip_move() {
     );
     // Two scans of the owner (500 ms apart), then its lbd stops: the VIP moves.
     std::thread::sleep(Duration::from_secs(3));
+    if lose_retractions {
+        // The retractions of those scans are lost; the peers hear again, and the owner's next
+        // full send (every fifth scan) comes.
+        let before: u64 = peers
+            .iter()
+            .map(|i| sync_stats(&l, *i)["retracted"].as_u64().unwrap_or(0))
+            .sum();
+        assert_eq!(
+            before, 0,
+            "no retraction reached the peers while they dropped them"
+        );
+        block(&l, "-D");
+        std::thread::sleep(Duration::from_secs(4));
+    }
     let retracted_before: u64 = peers
         .iter()
         .map(|i| sync_stats(&l, *i)["retracted"].as_u64().unwrap_or(0))

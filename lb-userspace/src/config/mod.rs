@@ -488,6 +488,7 @@ impl Config {
         }
         if let Some(s) = &self.sync {
             s.validate()?;
+            s.fits(self.conntrack_size)?;
         }
         if let Some(t) = &self.metrics_tls {
             t.validate().map_err(|(f, r)| invalid(f, r))?;

@@ -210,7 +210,7 @@ impl Task {
 
     async fn announce(&mut self, flags: u8, to: &[IpAddr]) {
         let a = Announcement {
-            stamp: self.counter.next(unix_us()),
+            stamp: self.counter.next_stamp(unix_us()),
             flags: flags | if self.sync { F_SYNC } else { 0 },
             instances: if flags & F_LEAVING != 0 {
                 Vec::new()

@@ -8,7 +8,8 @@
 //! 2. BGP: every prefix is withdrawn (the worker abandons a vtysh call in progress; routes are
 //!    removed directly if it still does not answer).
 //! 3. The handover grace: the data plane keeps forwarding for clients that still send here
-//!    while the new owner's announcement spreads, then stops forwarding the VRRP VIPs.
+//!    while the new owner's announcement spreads; the connection sync's second flush sends
+//!    the exceptions placed meanwhile; then forwarding of the VRRP VIPs stops.
 //! 4. The guardian is told goodbye (its VIPs are given back already).
 //!
 //! The owner runs the stop itself, after its loop: a reload is either done before it starts
@@ -24,8 +25,10 @@ pub const STOP_BUDGET: Duration = Duration::from_secs(8);
 /// Step 1's share: priority-0 adverts and address removal are one packet and one netlink
 /// message per VIP.
 const VRRP_DEADLINE: Duration = Duration::from_secs(3);
-/// The connection sync's last flush, before step 1.
-const SYNC_FLUSH_DEADLINE: Duration = Duration::from_millis(1000);
+/// Each of the connection sync's two last flushes, before step 1 and at the end of the
+/// handover grace: a scan takes up to about half a second on a full table, and the flush may
+/// wait for one already running.
+const SYNC_FLUSH_DEADLINE: Duration = Duration::from_millis(1500);
 /// Telling the members this node leaves: one datagram per node.
 const MEMBERS_LEAVE_DEADLINE: Duration = Duration::from_millis(200);
 /// Step 2's share.
@@ -50,8 +53,14 @@ impl Owner {
         // from the end of the BGP step: a slow FRR must not lengthen it, and no grace means
         // forwarding stops now.
         let resigned = Instant::now();
+        // The second flush's time is kept out of the grace.
+        let second_flush = if self.sync.is_some() && forwarding {
+            SYNC_FLUSH_DEADLINE
+        } else {
+            Duration::ZERO
+        };
         let grace = Duration::from_millis(self.cfg.handover_grace_ms)
-            .min(STOP_BUDGET.saturating_sub(start.elapsed()));
+            .min(STOP_BUDGET.saturating_sub(start.elapsed() + second_flush));
         // Requests still queued (a reload racing the stop) are answered "stopping" by their
         // dropped reply channels, and nothing new gets in.
         self.close_inbox();
@@ -65,6 +74,16 @@ impl Owner {
                 "handover: forwarding for the new owner's clients until the grace ends"
             );
             tokio::time::sleep_until((resigned + grace).into()).await;
+        }
+        // Connections placed during the grace (a SYN that skipped a drained backend) are
+        // exceptions the first flush never saw: sent while this node still forwards them (the
+        // scan shares only what is forwarded here).
+        if let Some(s) = &self.sync
+            && forwarding
+            && !grace.is_zero()
+        {
+            self.sync_view();
+            s.flush(SYNC_FLUSH_DEADLINE).await;
         }
         self.end_vrrp_forwarding();
         if let Some(g) = self.guardian.take() {

@@ -28,7 +28,7 @@ use crate::{
     dataplane::sync_view::ConntrackPins,
     sync::{
         config::{KeyRing, SyncConfig},
-        replay::{Counter, Refusal, Window},
+        replay::{Counter, Gate, Pass, Refusal, Window},
         status::{NotExceptionsRow, RefusedRow, SyncPeerRow, SyncRow},
         view::{Index, Refused, Skip, View},
         wire::{self, Record, WireError},
@@ -40,11 +40,28 @@ const SETTLE: Duration = Duration::from_millis(200);
 /// Every this many periodic scans all exceptions are sent again, not only new ones: a peer
 /// that restarted (or lost datagrams) gets the whole set back within this many intervals.
 const FULL_EVERY: u64 = 5;
+/// Full sends that repeat a retraction after it was first sent.
+const RETRACT_REPEATS: u8 = 2;
 
 fn unix_us() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_micros() as u64)
+}
+
+/// This run's identity in the datagrams' headers (`wire::Sender::run`): random, never 0.
+fn new_run() -> Result<u64> {
+    use ring::rand::SecureRandom;
+    let mut b = [0u8; 8];
+    loop {
+        ring::rand::SystemRandom::new()
+            .fill(&mut b)
+            .map_err(|_| anyhow::anyhow!("sync: no randomness for the run id"))?;
+        let run = u64::from_be_bytes(b);
+        if run != 0 {
+            return Ok(run);
+        }
+    }
 }
 
 /// Counters for `lbctl stats` and `/metrics`.
@@ -74,6 +91,9 @@ pub struct SyncStats {
     refused_replay: AtomicU64,
     refused_service: AtomicU64,
     refused_backend: AtomicU64,
+    refused_earlier_run: AtomicU64,
+    /// The last step back of this node's clock the numbering saw.
+    clock_step: Mutex<Option<crate::sync::status::ClockStep>>,
     install_errors: AtomicU64,
     retractions_sent: AtomicU64,
     retracted: AtomicU64,
@@ -115,7 +135,9 @@ impl SyncStats {
                 replay: g(&self.refused_replay),
                 no_service: g(&self.refused_service),
                 no_backend: g(&self.refused_backend),
+                earlier_run: g(&self.refused_earlier_run),
             },
+            clock_stepped_back: *self.clock_step.lock().unwrap(),
         }
     }
 }
@@ -172,6 +194,7 @@ impl SyncHandle {
         let (apply_tx, apply_rx) = mpsc::channel::<Update>(4);
         let stats = Arc::new(SyncStats::default());
         set_peer_rows(&stats, &cfg.peers);
+        let run = new_run()?;
         let task = Task {
             cfg: cfg.clone(),
             configured: cfg.peers.clone(),
@@ -183,10 +206,15 @@ impl SyncHandle {
             view: view_rx,
             stats: stats.clone(),
             counter: Counter::default(),
+            run,
+            gate: Gate::new(run),
             windows: HashMap::new(),
+            peer_runs: HashMap::new(),
+            v1_peers: std::collections::HashSet::new(),
             sent: Arc::new(HashMap::new()),
             periodic: 0,
             full_due: false,
+            retracted: HashMap::new(),
             hellos_left: 2,
         };
         tokio::spawn(task.run(flush_rx, apply_rx));
@@ -386,12 +414,23 @@ struct Task {
     view: watch::Receiver<Option<Arc<View>>>,
     stats: Arc<SyncStats>,
     counter: Counter,
+    /// This run's identity (see `wire`), and the replay windows of the peers' runs.
+    run: u64,
+    gate: Gate,
+    /// Replay windows of version-1 datagrams (an lbd not upgraded yet), by source address.
     windows: HashMap<IpAddr, Window>,
+    /// Each peer's run as last heard (echoed in what is sent to it).
+    peer_runs: HashMap<IpAddr, u64>,
+    /// Peers last heard speaking version 1: sent version 1 until they speak version 2.
+    v1_peers: std::collections::HashSet<IpAddr>,
     /// What the last scan found (and sent): a later scan sends only what changed.
     sent: Arc<HashMap<FlowKey, IpAddr>>,
     periodic: u64,
     /// A peer said it just started (`F_HELLO`): the next scan sends everything.
     full_due: bool,
+    /// Retractions repeated in the next full sends (a lost one would leave a peer's entry
+    /// naming the old backend): the backend retracted and the full sends left.
+    retracted: HashMap<FlowKey, (IpAddr, u8)>,
     /// Scans left that flag their datagrams as a hello and send one even with nothing in it:
     /// the first two with the services in place (a peer may miss the first datagram).
     hellos_left: u8,
@@ -489,6 +528,8 @@ impl Task {
     fn set_peers(&mut self, cfg: SyncConfig) {
         let joined = cfg.peers.iter().any(|a| !self.cfg.peers.contains(a));
         self.windows.retain(|a, _| cfg.peers.contains(a));
+        self.peer_runs.retain(|a, _| cfg.peers.contains(a));
+        self.v1_peers.retain(|a| cfg.peers.contains(a));
         self.cfg = cfg;
         self.full_due |= joined;
     }
@@ -597,7 +638,7 @@ impl Task {
         // Connections this node sent as exceptions that now sit on their slot: the client
         // reused the 5-tuple for a new connection, placed afresh here. The peers still hold
         // the old backend for it, and would send the new connection there after a VIP move.
-        let retract: Vec<Record> = moved
+        let mut retract: Vec<Record> = moved
             .iter()
             .filter_map(|k| {
                 self.sent.get(k).map(|b| Record {
@@ -606,6 +647,27 @@ impl Task {
                 })
             })
             .collect();
+        // A full send repeats the retractions of the last ones (a lost datagram is repaired
+        // by the next), unless the flow is an exception again.
+        self.retracted.retain(|k, _| !found.contains_key(k));
+        if full {
+            let fresh: HashSet<FlowKey> = retract.iter().map(|r| r.key).collect();
+            self.retracted.retain(|k, (b, left)| {
+                if !fresh.contains(k) {
+                    retract.push(Record {
+                        key: *k,
+                        backend: *b,
+                    });
+                }
+                *left = left.saturating_sub(1);
+                *left > 0
+            });
+        }
+        for r in &retract {
+            self.retracted
+                .entry(r.key)
+                .or_insert((r.backend, RETRACT_REPEATS));
+        }
         self.sent = Arc::new(found);
         // Hello in the first two scans with the services in place, whatever they find: a
         // restarted backup with no exception of its own says it too, so its peers send it
@@ -634,9 +696,28 @@ impl Task {
             chunks.push(&[]);
         }
         for chunk in chunks {
-            let key = self.keys.read().unwrap()[0].clone();
-            let d = wire::seal(&key, self.counter.next(unix_us()), flags, chunk);
+            let (epoch, seq) = self.counter.next(unix_us());
+            if let Some((by_us, at_us)) = self.counter.stepped_back.take() {
+                tracing::warn!(
+                    by_ms = by_us / 1000,
+                    epoch,
+                    "sync: this node's clock stepped back; datagrams are numbered from the clock again in a new epoch"
+                );
+                *s.clock_step.lock().unwrap() = Some(crate::sync::status::ClockStep {
+                    by_ms: by_us / 1000,
+                    at_unix_ms: at_us / 1000,
+                    epoch,
+                });
+            }
             for peer in self.cfg.peers.clone() {
+                // Sealed for each peer: the echo of its run is its own.
+                let sender = (!self.v1_peers.contains(&peer)).then(|| wire::Sender {
+                    run: self.run,
+                    epoch,
+                    echo: self.peer_runs.get(&peer).copied().unwrap_or(0),
+                });
+                let key = self.keys.read().unwrap()[0].clone();
+                let d = wire::seal(&key, sender, seq, flags, chunk);
                 let to = match (peer, self.sock.local_addr().map(|a| a.is_ipv6())) {
                     (IpAddr::V4(v4), Ok(true)) => IpAddr::V6(v4.to_ipv6_mapped()),
                     _ => peer,
@@ -686,7 +767,12 @@ impl Task {
             .map(|k| wire::open(k, buf))
             .find(|r| !matches!(r, Err(WireError::Auth)))
             .unwrap_or(Err(WireError::Auth));
-        let (seq, flags, records) = match opened {
+        let wire::Opened {
+            sender,
+            seq,
+            flags,
+            mut records,
+        } = match opened {
             Ok(x) => x,
             Err(WireError::Auth) => {
                 s.refused_auth.fetch_add(1, Relaxed);
@@ -698,12 +784,47 @@ impl Task {
             }
         };
         let now = unix_us();
-        if let Err(r) = self.windows.entry(from).or_default().check(seq, now) {
-            s.refused_replay.fetch_add(1, Relaxed);
-            if r == Refusal::Stale {
-                tracing::debug!(%from, "sync: a datagram far from this node's clock");
+        // The window of the sender's run and epoch (version 2), or of the source address (an
+        // lbd not upgraded yet).
+        let checked = match &sender {
+            Some(snd) => self.gate.check(snd, seq, now),
+            None => self
+                .windows
+                .entry(from)
+                .or_default()
+                .check(seq, now)
+                .map(|()| Pass::All),
+        };
+        let pass = match checked {
+            Ok(p) => p,
+            Err(r) => {
+                s.refused_replay.fetch_add(1, Relaxed);
+                if r == Refusal::Stale {
+                    tracing::debug!(%from, "sync: a datagram far from this node's clock");
+                }
+                return;
             }
-            return;
+        };
+        match sender {
+            Some(snd) => {
+                // A peer heard in a new run (it restarted, or this node did) has none of this
+                // node's exceptions, and dropped those sent before it was heard (they echoed
+                // no run of its): the next scan sends everything, echoing its run.
+                if self.peer_runs.insert(from, snd.run) != Some(snd.run) {
+                    self.full_due = true;
+                }
+                self.v1_peers.remove(&from);
+            }
+            None => {
+                self.v1_peers.insert(from);
+            }
+        }
+        if pass == Pass::Header {
+            // Sent before the peer heard this run of lbd: its records may be a capture from
+            // before this node started. The peer echoes this run from its next datagram on.
+            s.refused_earlier_run
+                .fetch_add(records.len() as u64, Relaxed);
+            records.clear();
         }
         s.received_datagrams.fetch_add(1, Relaxed);
         if flags & wire::F_HELLO != 0 {
@@ -738,8 +859,15 @@ impl Task {
                     }
                     continue;
                 }
+                // Where this node forwards the service its own entry stands; elsewhere the
+                // sender's is the current one and corrects what is held.
+                let forwarded = ix.forwarded(&r.key);
                 match ix.resolve(r) {
-                    Ok(v) => match pins.insert_absent(&r.key, v) {
+                    Ok(v) => match if forwarded {
+                        pins.insert_absent(&r.key, v)
+                    } else {
+                        pins.correct(&r.key, v)
+                    } {
                         Ok(true) => installed += 1,
                         Ok(false) => {
                             s.already_present.fetch_add(1, Relaxed);

@@ -277,6 +277,29 @@ impl ConntrackPins {
         self.lru.insert_absent(key, value)
     }
 
+    /// A peer's record for a flow of a service this node does not forward: the peer forwards
+    /// it and its entry is the current one, so an entry held here naming another pair (a
+    /// lost retraction, a backend change between two of the peer's scans, an entry from when
+    /// this node forwarded) is replaced, in the LRU hash, and taken out of the flow cache.
+    /// `Ok(true)`: written (new or replaced); `Ok(false)`: it held that pair already.
+    pub fn correct(&mut self, key: &FlowKey, value: FlowValue) -> Result<bool> {
+        let same = |v: &FlowValue| v.backend() == value.backend() && v.epoch == value.epoch;
+        let cached = self.cache.get(key)?;
+        if let Some(c) = cached
+            && !same(&c)
+        {
+            self.cache.invalidate_if(key, c)?;
+        }
+        let held = self.lru.map.get(key, 0).ok();
+        if held.as_ref().is_some_and(same) || (held.is_none() && cached.as_ref().is_some_and(same))
+        {
+            return Ok(false);
+        }
+        const BPF_ANY: u64 = 0;
+        self.lru.map.insert(key, value, BPF_ANY)?;
+        Ok(true)
+    }
+
     /// [`LruPins::remove_if`], and the same in the flow cache ([`FlowCachePins::invalidate_if`]):
     /// a way left holding the entry would keep deciding, and be written back to the LRU hash
     /// when it changes hands. The LRU hash first: the program copies a hit there into the cache.

@@ -112,6 +112,37 @@ impl SyncConfig {
     }
 }
 
+impl SyncConfig {
+    /// The most connection-table entries the peers' exceptions may install on this node:
+    /// each peer sends up to `max_entries`.
+    pub fn peer_entries(&self) -> u64 {
+        self.peers.len() as u64 * u64::from(self.max_entries)
+    }
+
+    /// The peers' exceptions must fit in half of the connection table (`conntrack_size`): the
+    /// table is an LRU, and entries installed for peers beyond that would push out the node's
+    /// own connections' entries. (Peers a `[members]` announcement adds later are not counted
+    /// here; each still sends at most `max_entries`.)
+    pub fn fits(&self, conntrack_size: u32) -> Result<(), ConfigError> {
+        let room = u64::from(conntrack_size) / 2;
+        if self.peer_entries() > room {
+            let most = room / (self.peers.len() as u64).max(1);
+            return Err(invalid(
+                "max_entries",
+                format!(
+                    "{} sync.peers x sync.max_entries {} = {} entries the peers may install, \
+                     more than half of conntrack_size {conntrack_size}: set sync.max_entries \
+                     to at most {most} or raise conntrack_size",
+                    self.peers.len(),
+                    self.max_entries,
+                    self.peer_entries()
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// The keys of a `[sync]` section, read and checked: the one signed with and every one
 /// accepted (that one first).
 #[derive(Clone, PartialEq, Eq)]
@@ -249,6 +280,40 @@ mod tests {
         let mut c = base();
         c.accept_key_files = vec!["".into()];
         assert_eq!(field(&c), "sync.accept_key_files[0]");
+    }
+
+    #[test]
+    fn peers_times_max_entries_must_fit_half_the_connection_table() {
+        let mut c = base();
+        c.peers = (1..=4)
+            .map(|i| format!("10.0.0.{i}").parse().unwrap())
+            .collect();
+        c.max_entries = 32768;
+        // 4 x 32768 = 131072: half of the default 262144.
+        assert!(c.fits(262_144).is_ok());
+        c.max_entries = 32769;
+        let e = c.fits(262_144).unwrap_err().to_string();
+        assert!(e.starts_with("sync.max_entries: "), "{e}");
+        for part in ["sync.peers", "conntrack_size 262144", "at most 32768"] {
+            assert!(e.contains(part), "{e}");
+        }
+        // The whole config says so too.
+        let cfg: crate::config::Config = toml::from_str(
+            r#"
+interface = "eth0"
+conntrack_size = 1024
+[sync]
+peers = ["10.0.0.2", "10.0.0.3"]
+key_file = "/etc/lb/sync.key"
+max_entries = 300
+"#,
+        )
+        .unwrap();
+        let e = cfg.validate().unwrap_err().to_string();
+        assert!(
+            e.starts_with("sync.max_entries: ") && e.contains("conntrack_size 1024"),
+            "{e}"
+        );
     }
 
     #[test]

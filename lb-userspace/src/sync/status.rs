@@ -60,16 +60,22 @@ pub struct RefusedRow {
     /// Datagrams whose HMAC tag did not check out (another key, or altered).
     pub auth: u64,
     pub malformed: u64,
-    /// Sequence numbers seen before or more than 60 s from this node's clock.
+    /// Datagrams whose sequence number was seen before (for the sender's run and clock epoch),
+    /// is more than 60 s from this node's clock, or that are this node's own sent back to it.
     pub replay: u64,
     /// Records of a service not configured here.
     pub no_service: u64,
     /// Records naming a backend not in the service's set here.
     pub no_backend: u64,
+    /// Records of datagrams sent before their sender heard this node's current run (sent to
+    /// an earlier run of this lbd, or captured then and replayed): ignored; the sender's next
+    /// full send carries them.
+    #[serde(default)]
+    pub earlier_run: u64,
 }
 
 impl RefusedRow {
-    pub fn by_reason(&self) -> [(&'static str, u64); 6] {
+    pub fn by_reason(&self) -> [(&'static str, u64); 7] {
         [
             ("not_a_peer", self.not_a_peer),
             ("auth", self.auth),
@@ -77,6 +83,7 @@ impl RefusedRow {
             ("replay", self.replay),
             ("no_service", self.no_service),
             ("no_backend", self.no_backend),
+            ("earlier_run", self.earlier_run),
         ]
     }
 
@@ -121,6 +128,21 @@ pub struct SyncRow {
     /// Last scans before a stop.
     pub flushes: u64,
     pub refused: RefusedRow,
+    /// This node's clock went back (NTP stepping a clock that was ahead) since lbd started:
+    /// the last step. Its datagrams were then numbered from the clock again in a new epoch.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clock_stepped_back: Option<ClockStep>,
+}
+
+/// A step back of this node's clock, as the sync's numbering saw it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClockStep {
+    /// How far back (ms).
+    pub by_ms: u64,
+    /// The clock after the step (Unix ms).
+    pub at_unix_ms: u64,
+    /// The epoch numbering started again in.
+    pub epoch: u32,
 }
 
 /// The node's line for `lbctl stats`.
@@ -134,7 +156,7 @@ pub fn summary(sync: &SyncRow) -> String {
         .map(|(k, n)| format!("{k} {n}"))
         .collect();
     format!(
-        "{:<20} {} exceptions of {} entries scanned ({} ms); sent {} entries in {} datagrams; installed {} (already present {}); retracted {} sent, {} removed; refused {refused}{}{}\n",
+        "{:<20} {} exceptions of {} entries scanned ({} ms); sent {} entries in {} datagrams; installed {} (already present {}); retracted {} sent, {} removed; refused {refused}{}{}{}\n",
         "sync",
         sync.exceptions,
         sync.scanned,
@@ -157,6 +179,15 @@ pub fn summary(sync: &SyncRow) -> String {
                 "; {} datagrams dropped by the kernel (receive queue full)",
                 sync.receive_drops
             )
+        },
+        match sync.clock_stepped_back {
+            None => String::new(),
+            Some(c) => format!(
+                "; the clock stepped back {:.1} s (at Unix ms {}): datagrams numbered from the clock again (epoch {}), peers accept them",
+                c.by_ms as f64 / 1000.0,
+                c.at_unix_ms,
+                c.epoch
+            ),
         },
     )
 }
@@ -335,6 +366,24 @@ mod tests {
             "{}",
             summary(&quiet)
         );
+    }
+
+    #[test]
+    fn a_clock_step_back_is_said() {
+        assert!(!summary(&sample()).contains("clock"));
+        let mut s = sample();
+        s.clock_stepped_back = Some(ClockStep {
+            by_ms: 600_000,
+            at_unix_ms: 1_800_000_000_000,
+            epoch: 1,
+        });
+        let t = summary(&s);
+        assert!(
+            t.contains("the clock stepped back 600.0 s") && t.contains("(epoch 1)"),
+            "{t}"
+        );
+        let back: SyncRow = serde_json::from_str(&serde_json::to_string(&s).unwrap()).unwrap();
+        assert_eq!(back, s);
     }
 
     #[test]

@@ -135,6 +135,12 @@ impl<'a> Index<'a> {
         Ok(pair.addr)
     }
 
+    /// Whether this node forwards the flow's service (then its own entries decide, and a
+    /// peer's record never replaces one).
+    pub fn forwarded(&self, key: &FlowKey) -> bool {
+        self.service_of(key).is_some_and(|s| s.owned)
+    }
+
     /// Where a peer's record goes here: its service's pair of that backend address, which
     /// must be in the set.
     pub fn resolve(&self, r: &Record) -> Result<FlowValue, Refused> {

@@ -2,10 +2,19 @@
 //! with the cluster key. Nothing of a datagram is looked at before its tag checks out.
 //!
 //! ```text
-//! 0      4        5       6       8                  16
-//! | LBS1 | ver 1  | flags | count | seq (u64, BE)    | count x 60-byte records | tag (32) |
+//! version 2:
+//! 0      4       5       6       8          16         24         28      32            40
+//! | LBS1 | ver 2 | flags | count | run (u64) | echo (u64) | epoch u32 | 0 x4 | seq (u64) | records | tag (32) |
+//! version 1 (read, and sent to a peer heard speaking it: a rolling upgrade):
+//! | LBS1 | ver 1 | flags | count | seq (u64) | records | tag (32) |
 //! record: src 16 | dst 16 | sport 2 | dport 2 | proto 1 | family 1 | backend 16 | bfamily 1 | 0 x5
 //! ```
+//!
+//! All big-endian. `run` is the sender's identity for this run of lbd (random at its start),
+//! `epoch` counts its clock's steps back since then (its sequence numbers start again from its
+//! clock in a new epoch), and `echo` is the receiver's `run` as the sender last heard it (0:
+//! not heard yet). Inside the tag, they key the receiver's replay window (`replay::Gate`), not
+//! the UDP source address, which nothing authenticates.
 //!
 //! Flags: [`F_HELLO`] (the sender started lately and has nothing of its peers: send it
 //! everything), [`F_RETRACT`] (the records are retractions). A receiver of another version
@@ -17,11 +26,14 @@ use lb_common::{FAMILY_V4, FAMILY_V6, FlowKey, PROTO_TCP, PROTO_UDP};
 use ring::hmac;
 
 pub const MAGIC: [u8; 4] = *b"LBS1";
-pub const VERSION: u8 = 1;
-pub const HEADER: usize = 16;
+pub const VERSION: u8 = 2;
+/// The first version: no run, echo or epoch (replay windows keyed on the source address).
+pub const VERSION_1: u8 = 1;
+pub const HEADER: usize = 40;
+const HEADER_1: usize = 16;
 pub const RECORD: usize = 60;
 pub const TAG: usize = 32;
-/// Records per datagram: the whole stays under 1400 bytes (no fragments on a 1500-byte path,
+/// Records per datagram (either version): the whole stays under 1400 bytes (no fragments on a 1500-byte path,
 /// IPv6 and UDP headers included).
 pub const MAX_RECORDS: usize = 22;
 pub const MAX_DATAGRAM: usize = HEADER + MAX_RECORDS * RECORD + TAG;
@@ -76,14 +88,48 @@ fn addr_of(b: &[u8], family: u8) -> Option<IpAddr> {
     }
 }
 
-/// One datagram of at most [`MAX_RECORDS`] records, numbered `seq`, signed with `key`.
-pub fn seal(key: &hmac::Key, seq: u64, flags: u8, records: &[Record]) -> Vec<u8> {
+/// Who sent a datagram, as its tag vouches (version 2), and what it knew of the receiver.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Sender {
+    /// The sender's run (random at its start; never 0).
+    pub run: u64,
+    /// The sender's clock epoch within its run.
+    pub epoch: u32,
+    /// The receiver's run as the sender knows it (0: unknown).
+    pub echo: u64,
+}
+
+/// A datagram's header fields past the tag check.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Opened {
+    /// `None` for a version-1 datagram (no run: its replay window is its source address's).
+    pub sender: Option<Sender>,
+    pub seq: u64,
+    pub flags: u8,
+    pub records: Vec<Record>,
+}
+
+/// One datagram of at most [`MAX_RECORDS`] records, numbered `seq`, signed with `key`:
+/// version 2 with `sender`, version 1 without.
+pub fn seal(
+    key: &hmac::Key,
+    sender: Option<Sender>,
+    seq: u64,
+    flags: u8,
+    records: &[Record],
+) -> Vec<u8> {
     assert!(records.len() <= MAX_RECORDS);
     let mut out = Vec::with_capacity(HEADER + records.len() * RECORD + TAG);
     out.extend_from_slice(&MAGIC);
-    out.push(VERSION);
+    out.push(if sender.is_some() { VERSION } else { VERSION_1 });
     out.push(flags);
     out.extend_from_slice(&(records.len() as u16).to_be_bytes());
+    if let Some(s) = sender {
+        out.extend_from_slice(&s.run.to_be_bytes());
+        out.extend_from_slice(&s.echo.to_be_bytes());
+        out.extend_from_slice(&s.epoch.to_be_bytes());
+        out.extend_from_slice(&[0; 4]);
+    }
     out.extend_from_slice(&seq.to_be_bytes());
     for r in records {
         let k = &r.key;
@@ -103,23 +149,40 @@ pub fn seal(key: &hmac::Key, seq: u64, flags: u8, records: &[Record]) -> Vec<u8>
     out
 }
 
-/// Check a datagram's tag, then read it: its number, flags and records.
-pub fn open(key: &hmac::Key, buf: &[u8]) -> Result<(u64, u8, Vec<Record>), WireError> {
-    if buf.len() < HEADER + TAG || buf.len() > MAX_DATAGRAM {
+/// Check a datagram's tag, then read it: its sender, number, flags and records.
+pub fn open(key: &hmac::Key, buf: &[u8]) -> Result<Opened, WireError> {
+    if buf.len() < HEADER_1 + TAG || buf.len() > MAX_DATAGRAM {
         return Err(WireError::Size);
     }
     let (body, tag) = buf.split_at(buf.len() - TAG);
     hmac::verify(key, body, tag).map_err(|_| WireError::Auth)?;
-    if body[..4] != MAGIC || body[4] != VERSION || body[5] & !(F_HELLO | F_RETRACT) != 0 {
+    if body[..4] != MAGIC || body[5] & !(F_HELLO | F_RETRACT) != 0 {
         return Err(WireError::Version);
     }
+    let u64_at = |i: usize| u64::from_be_bytes(body[i..i + 8].try_into().unwrap());
+    let (header, sender) = match body[4] {
+        VERSION if body.len() >= HEADER => {
+            let s = Sender {
+                run: u64_at(8),
+                echo: u64_at(16),
+                epoch: u32::from_be_bytes(body[24..28].try_into().unwrap()),
+            };
+            if s.run == 0 {
+                return Err(WireError::Version);
+            }
+            (HEADER, Some(s))
+        }
+        VERSION => return Err(WireError::Size),
+        VERSION_1 => (HEADER_1, None),
+        _ => return Err(WireError::Version),
+    };
     let count = u16::from_be_bytes([body[6], body[7]]) as usize;
-    if body.len() != HEADER + count * RECORD {
+    if body.len() != header + count * RECORD {
         return Err(WireError::Size);
     }
-    let seq = u64::from_be_bytes(body[8..16].try_into().unwrap());
+    let seq = u64_at(header - 8);
     let mut out = Vec::with_capacity(count);
-    for r in body[HEADER..].chunks_exact(RECORD) {
+    for r in body[header..].chunks_exact(RECORD) {
         let family = r[37];
         let proto = r[36];
         if !(proto == PROTO_TCP || proto == PROTO_UDP) {
@@ -143,7 +206,12 @@ pub fn open(key: &hmac::Key, buf: &[u8]) -> Result<(u64, u8, Vec<Record>), WireE
             backend,
         });
     }
-    Ok((seq, body[5], out))
+    Ok(Opened {
+        sender,
+        seq,
+        flags: body[5],
+        records: out,
+    })
 }
 
 #[cfg(test)]
@@ -179,30 +247,56 @@ mod tests {
         }
     }
 
+    const S: Option<Sender> = Some(Sender {
+        run: 0x0102_0304_0506_0708,
+        epoch: 3,
+        echo: 9,
+    });
+
+    fn opened(sender: Option<Sender>, seq: u64, flags: u8, records: Vec<Record>) -> Opened {
+        Opened {
+            sender,
+            seq,
+            flags,
+            records,
+        }
+    }
+
     #[test]
     fn a_sealed_datagram_opens_to_what_was_sealed() {
         let k = key(&[7; 32]);
         let recs: Vec<Record> = (0..MAX_RECORDS as u8).map(|i| rec(i, i % 2 == 0)).collect();
-        let d = seal(&k, 42, 0, &recs);
+        let d = seal(&k, S, 42, 0, &recs);
         assert!(d.len() <= MAX_DATAGRAM && d.len() <= 1400);
-        assert_eq!(open(&k, &d), Ok((42, 0, recs)));
+        assert_eq!(open(&k, &d), Ok(opened(S, 42, 0, recs.clone())));
         assert_eq!(
-            open(&k, &seal(&k, 1, F_HELLO, &[])),
-            Ok((1, F_HELLO, vec![]))
+            open(&k, &seal(&k, S, 1, F_HELLO, &[])),
+            Ok(opened(S, 1, F_HELLO, vec![]))
         );
         let r = vec![rec(3, true)];
         assert_eq!(
-            open(&k, &seal(&k, 2, F_HELLO | F_RETRACT, &r)),
-            Ok((2, F_HELLO | F_RETRACT, r))
+            open(&k, &seal(&k, S, 2, F_HELLO | F_RETRACT, &r)),
+            Ok(opened(S, 2, F_HELLO | F_RETRACT, r))
         );
         // A flag this version does not know: refused, not read as installs.
-        assert_eq!(open(&k, &seal(&k, 1, 4, &[])), Err(WireError::Version));
+        assert_eq!(open(&k, &seal(&k, S, 1, 4, &[])), Err(WireError::Version));
+        // Version 1 (an lbd not upgraded yet) still reads, without a sender.
+        let d1 = seal(&k, None, 42, 0, &recs);
+        assert_eq!(d1[4], VERSION_1);
+        assert_eq!(d1.len(), d.len() - (HEADER - HEADER_1));
+        assert_eq!(open(&k, &d1), Ok(opened(None, 42, 0, recs)));
+        // A run of 0 is no sender's.
+        let zero = Some(Sender::default());
+        assert_eq!(
+            open(&k, &seal(&k, zero, 1, 0, &[])),
+            Err(WireError::Version)
+        );
     }
 
     #[test]
     fn another_key_or_any_changed_byte_is_refused() {
         let k = key(&[7; 32]);
-        let d = seal(&k, 42, 0, &[rec(1, false), rec(2, true)]);
+        let d = seal(&k, S, 42, 0, &[rec(1, false), rec(2, true)]);
         assert_eq!(open(&key(&[8; 32]), &d), Err(WireError::Auth));
         for i in 0..d.len() {
             let mut m = d.clone();
@@ -218,9 +312,9 @@ mod tests {
         let k = key(&[7; 32]);
         let mut r = rec(1, false);
         r.key.proto = 1;
-        assert_eq!(open(&k, &seal(&k, 1, 0, &[r])), Err(WireError::Record));
+        assert_eq!(open(&k, &seal(&k, S, 1, 0, &[r])), Err(WireError::Record));
         let mut r = rec(1, false);
         r.key.src[8] = 1; // an IPv4 key with bytes past the address
-        assert_eq!(open(&k, &seal(&k, 1, 0, &[r])), Err(WireError::Record));
+        assert_eq!(open(&k, &seal(&k, S, 1, 0, &[r])), Err(WireError::Record));
     }
 }
