@@ -340,6 +340,14 @@ fn upgrade_sequence_with(sync: bool, mv: Move, ipv6: bool, rotate: bool) -> Outc
         for i in rest.iter().copied().filter(|i| *i != (m + 2) % 3) {
             rekey(&l, i, &new_key, &[&old_key]);
         }
+        // 3. Once no node signs with the old key: the stopping owner flushes (old key) until
+        // the end of its handover grace, so the old key goes only after it exited.
+        let owner = format!("lbd-{}", l.nodes[m]);
+        assert!(
+            l.lab.wait(&owner, Duration::from_secs(30)).is_some(),
+            "the stopping owner's lbd exits\n{}",
+            l.logs()
+        );
         for i in rest.iter().copied() {
             rekey(&l, i, &new_key, &[]);
         }
