@@ -353,15 +353,17 @@ fn takes_new_flows(vip_id: u32, id: u32) -> bool {
 
 /// Count a connection-table miss that would write an entry, node-wide; whether flood mode
 /// holds. A SYN (`syn`) always counts; any other miss (a segment or datagram of a flow without
-/// an entry) counts only while flood mode is off: in flood mode every later packet of a flow it
-/// left untracked is such a miss, and counting them would let real clients' traffic hold flood
-/// mode for as long as they keep sending (a spoofed flood of made-up flows still turns it on,
-/// and turns it on again as soon as it ends). One shared `FloodState` counted with atomic adds:
+/// an entry) counts while flood mode is off, and while it holds once per flow: in flood mode
+/// every later packet of a flow it left untracked is such a miss, and counting each would let
+/// real clients' traffic hold flood mode for as long as they keep sending. The flow is noted in
+/// the handshake table (a value that names no pair: epoch 0), which every TCP miss looks up
+/// anyway (`handshake_of`); a spoofed flood of made-up flows counts in full, each of its
+/// packets a flow not seen before. One shared `FloodState` counted with atomic adds:
 /// a per-CPU count would let N CPUs take N times the rate unseen. The window roll is not
 /// atomic: two CPUs that roll it at once may lose a few counts, which an estimate of a flood's
 /// rate can afford.
 #[inline(always)]
-fn flooded(cfg: Option<&LbConfig>, syn: bool) -> bool {
+fn flooded(cfg: Option<&LbConfig>, syn: bool, flow: &FlowKey) -> bool {
     let Some(limit) = cfg.map(|c| c.syn_flood_rate / 10) else {
         return false;
     };
@@ -373,7 +375,17 @@ fn flooded(cfg: Option<&LbConfig>, syn: bool) -> bool {
     // volatile (or atomic) accesses.
     unsafe {
         if !syn && now < core::ptr::addr_of!((*s).flood_until).read_volatile() {
-            return true;
+            if LB_HANDSHAKES.get_ptr(flow).is_some() {
+                return true;
+            }
+            let _ = LB_HANDSHAKES.insert(
+                flow,
+                FlowValue {
+                    backend_id: 0,
+                    epoch: 0,
+                },
+                0,
+            );
         }
         let start = core::ptr::addr_of_mut!((*s).window_start);
         let count = core::ptr::addr_of_mut!((*s).count);
@@ -652,7 +664,7 @@ fn balance(
     }
     // A reopened 5-tuple replaces its closed entry (it adds none): written in flood mode too,
     // or the rest of its handshake would follow the closed entry to its old backend.
-    if remember && !handshake && flooded(cfg, track == Track::NewConnection) && !reopen {
+    if remember && !handshake && flooded(cfg, track == Track::NewConnection, flow) && !reopen {
         remember = false;
         explain::steps(rec, explain_step::FLOOD);
         ct = if track == Track::NewConnection {
