@@ -31,9 +31,10 @@ pub const ALL_PORTS: u16 = 0;
 pub const FLOOD_WINDOW_NS: u64 = 100_000_000;
 /// Once the rate is exceeded, flood mode holds this long after the last window over it.
 pub const FLOOD_HOLD_NS: u64 = 1_000_000_000;
-/// Entries of `LB_HANDSHAKES`: handshakes in flight whose SYN skipped a slot in SYN flood mode.
-/// Only SYNs that land on a slot taking no new flows use it; at a million such SYNs a second an
-/// entry still lasts 16 ms, far above a round trip inside a data centre.
+/// Entries of `LB_HANDSHAKES`: handshakes in flight whose SYN skipped a slot in SYN flood mode
+/// (until the connection's next segment writes the connection table), and flows whose miss
+/// flood mode counted already (epoch 0). At a million such SYNs a second an entry still lasts
+/// 16 ms, far above a round trip inside a data centre.
 pub const HANDSHAKE_TABLE_SIZE: u32 = 16384;
 /// Default `syn_flood_rate`: far above what an API or ingress VIP sees from real clients per
 /// CPU, far below what a spoofed flood sends.

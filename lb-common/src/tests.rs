@@ -271,3 +271,30 @@ fn a_flow_cache_line_holds_two_ipv4_ways_or_one_ipv6_entry() {
     assert!(tail_matches(line.w[0], tail_word(&b)));
     assert!(!tail_matches(line.w[0], tail_word(&a)));
 }
+
+#[test]
+fn a_close_keeps_its_backend_and_epoch_and_reads_back_its_end_and_age() {
+    let unit = 1u64 << FLOW_CLOSE_TIME_UNIT;
+    let v = FlowValue {
+        backend_id: MAX_BACKENDS - 1,
+        epoch: 77,
+    };
+    // A close at sequence end 0xffff_fff0, 5 units after a wrap of the time bits.
+    let at = (1u64 << (FLOW_CLOSE_TIME_UNIT + FLOW_CLOSE_TIME_BITS)) * 3 + 5 * unit;
+    let c = v.closed_at(0xffff_fff0, at);
+    assert!(c.client_closed());
+    assert_eq!((c.backend(), c.epoch), (MAX_BACKENDS - 1, 77));
+    // The flow cache's hint bits (backend id bits 29 and 30) stay clear.
+    assert_eq!(c.backend_id & (3 << 29), 0);
+    assert!(c.close_matches(0xffff_fff0) && c.close_matches(0xffff_ffef));
+    assert!(!c.close_matches(0xffff_fff1) && !c.close_matches(0xffff_ffee));
+    assert!(!c.close_matches(1000));
+    assert!(!c.close_held(at));
+    assert!(!c.close_held(at + (FLOW_CLOSE_HOLD as u64 - 1) * unit));
+    assert!(c.close_held(at + FLOW_CLOSE_HOLD as u64 * unit));
+    assert_eq!(c.open(), v);
+    // A close again at another end replaces the first one's bits.
+    let again = c.closed_at(3, at + unit);
+    assert!(again.close_matches(3) && !again.close_matches(0xffff_fff0));
+    assert_eq!(again.backend(), MAX_BACKENDS - 1);
+}

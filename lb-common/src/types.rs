@@ -124,18 +124,47 @@ const _: () = assert!(size_of::<FlowKey>() == 40);
 
 /// Set in `FlowValue::backend_id` once the client closed the connection the entry was written
 /// for: a TCP FIN or RST from the client went through this node. Later segments of that
-/// connection (the last ACK, retransmits) still follow the entry; a SYN on a closed entry opens
+/// connection (the last ACK, retransmits) still follow the entry. A SYN on a closed entry opens
 /// a new connection on the 5-tuple (a client reusing its port) and is placed afresh, as IPVS
-/// reschedules a SYN on a connection in FIN_WAIT in direct-routing mode (`conn_reuse_mode`).
-/// Backend ids stay far below it (`MAX_BACKENDS`).
+/// reschedules a SYN on a connection in FIN_WAIT in direct-routing mode (`conn_reuse_mode`):
+/// at once if the entry's pair takes no new flows (a drained or failing backend gets no new
+/// connections from clients that reuse ports at once), else only once the close is
+/// `FLOW_CLOSE_HOLD` time units old; before, it follows the entry.
+/// The close keeps the low bits of the closing segment's end sequence number
+/// (`FLOW_CLOSE_SEQ_*`) and the coarse time of the close (`FLOW_CLOSE_TIME_*`) in the bits of
+/// `backend_id` above the backend's slot: a later client segment whose sequence number is not
+/// the close's (a real client sends nothing after its FIN but its retransmission and ACKs at
+/// the FIN's end, nothing after its RST but RSTs at the same place) shows the close was forged,
+/// and reopens the entry (`FlowValue::open`). Backend ids stay far below (`MAX_BACKENDS`).
 pub const FLOW_F_CLIENT_CLOSED: u32 = 1 << 31;
 const _: () = assert!(MAX_BACKENDS < FLOW_F_CLIENT_CLOSED);
+/// The bits of `FlowValue::backend_id` that hold the backend's slot.
+pub const FLOW_ID_MASK: u32 = MAX_BACKENDS - 1;
+const _: () = assert!(MAX_BACKENDS.is_power_of_two() && MAX_BACKENDS == 1 << FLOW_CLOSE_SEQ_SHIFT);
+/// A closed entry: the low `FLOW_CLOSE_SEQ_BITS` bits of the closing segment's end (its
+/// sequence number plus its payload, plus one for a FIN), at `FLOW_CLOSE_SEQ_SHIFT`.
+pub const FLOW_CLOSE_SEQ_SHIFT: u32 = 12;
+pub const FLOW_CLOSE_SEQ_BITS: u32 = 7;
+/// A closed entry: the time of the close, `bpf_ktime_get_coarse_ns() >> FLOW_CLOSE_TIME_UNIT`
+/// (units of 2^31 ns, about 2.1 s), its low `FLOW_CLOSE_TIME_BITS` bits (they wrap every
+/// 2,199 s), at `FLOW_CLOSE_TIME_SHIFT`.
+pub const FLOW_CLOSE_TIME_SHIFT: u32 = 19;
+pub const FLOW_CLOSE_TIME_BITS: u32 = 10;
+pub const FLOW_CLOSE_TIME_UNIT: u32 = 31;
+/// A SYN on a closed entry whose pair takes new flows is placed afresh once the close is this
+/// many time units old (at least 6.4 s, at most 8.6 s); before, it follows the entry.
+pub const FLOW_CLOSE_HOLD: u32 = 4;
+// Bits 29 and 30 stay clear in every entry: the program's flow-cache hints use them.
+const _: () = assert!(FLOW_CLOSE_TIME_SHIFT + FLOW_CLOSE_TIME_BITS <= 29);
+const _: () = assert!(FLOW_CLOSE_SEQ_SHIFT + FLOW_CLOSE_SEQ_BITS == FLOW_CLOSE_TIME_SHIFT);
+const FLOW_CLOSE_SEQ_MASK: u32 = (1 << FLOW_CLOSE_SEQ_BITS) - 1;
+const FLOW_CLOSE_TIME_MASK: u32 = (1 << FLOW_CLOSE_TIME_BITS) - 1;
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct FlowValue {
-    /// The backend's slot in `LB_BACKENDS`, with `FLOW_F_CLIENT_CLOSED` (read it through
-    /// [`FlowValue::backend`]).
+    /// The backend's slot in `LB_BACKENDS` (`FLOW_ID_MASK`), with `FLOW_F_CLIENT_CLOSED` and a
+    /// closed entry's sequence and time bits (read it through [`FlowValue::backend`]).
     pub backend_id: u32,
     /// The epoch of the (VIP, backend) pair the entry names. Epochs come from one counter kept
     /// in the pinned `LbConfig::next_epoch` and are never handed out twice, so an entry is good
@@ -149,20 +178,53 @@ impl FlowValue {
     /// The backend slot the entry names.
     #[inline(always)]
     pub const fn backend(&self) -> u32 {
-        self.backend_id & !FLOW_F_CLIENT_CLOSED
+        self.backend_id & FLOW_ID_MASK
     }
     /// The client closed the connection the entry was written for (`FLOW_F_CLIENT_CLOSED`).
     #[inline(always)]
     pub const fn client_closed(&self) -> bool {
         self.backend_id & FLOW_F_CLIENT_CLOSED != 0
     }
-    /// The same entry, marked closed by the client.
+    /// The same entry, marked closed by the client with no sequence number or time (0 both).
     #[inline(always)]
     pub const fn closed(self) -> FlowValue {
+        self.closed_at(0, 0)
+    }
+    /// The same entry, marked closed by a client segment ending at sequence number `seq_end`,
+    /// at `now_ns` (`bpf_ktime_get_coarse_ns`).
+    #[inline(always)]
+    pub const fn closed_at(self, seq_end: u32, now_ns: u64) -> FlowValue {
+        let time = (now_ns >> FLOW_CLOSE_TIME_UNIT) as u32 & FLOW_CLOSE_TIME_MASK;
         FlowValue {
-            backend_id: self.backend_id | FLOW_F_CLIENT_CLOSED,
+            backend_id: self.backend()
+                | FLOW_F_CLIENT_CLOSED
+                | (seq_end & FLOW_CLOSE_SEQ_MASK) << FLOW_CLOSE_SEQ_SHIFT
+                | time << FLOW_CLOSE_TIME_SHIFT,
             epoch: self.epoch,
         }
+    }
+    /// The same entry, open (a client segment showed its close was forged).
+    #[inline(always)]
+    pub const fn open(self) -> FlowValue {
+        FlowValue {
+            backend_id: self.backend(),
+            epoch: self.epoch,
+        }
+    }
+    /// A closed entry: is `seq` (a client segment's sequence number; for a FIN or RST, its
+    /// end) the close's end, or one before it (the FIN's own retransmission)? What a real
+    /// client sends after its close has it; anything else shows the close was forged.
+    #[inline(always)]
+    pub const fn close_matches(&self, seq: u32) -> bool {
+        let stored = self.backend_id >> FLOW_CLOSE_SEQ_SHIFT;
+        stored.wrapping_sub(seq) & FLOW_CLOSE_SEQ_MASK <= 1
+    }
+    /// A closed entry: is the close at least `FLOW_CLOSE_HOLD` time units old at `now_ns`?
+    #[inline(always)]
+    pub const fn close_held(&self, now_ns: u64) -> bool {
+        let now = (now_ns >> FLOW_CLOSE_TIME_UNIT) as u32;
+        let at = self.backend_id >> FLOW_CLOSE_TIME_SHIFT;
+        now.wrapping_sub(at) & FLOW_CLOSE_TIME_MASK >= FLOW_CLOSE_HOLD
     }
 }
 

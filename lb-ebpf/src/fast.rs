@@ -29,7 +29,7 @@ use crate::{
     maps::LB_BACKEND_STATS,
     maps::NONE,
     maps::count_traffic,
-    packet::{closes_connection, opens_connection, ptr_at},
+    packet::{closes_connection, ptr_at},
     shared::{count_forwarded_hit, from_peer, key_of, maybe_vip, ports_word, send_to, vip_owned},
 };
 
@@ -77,15 +77,13 @@ pub fn established(ctx: &XdpContext, cfg: &LbConfig, hint: &mut Option<Hint>) ->
     decided
 }
 
-/// The segment changes its entry, which the full path does: the client's FIN or RST marks an
-/// open entry closed, and a SYN on a closed entry opens a new connection on the 5-tuple.
+/// The segment may change its entry, which the full path decides: the client's FIN or RST
+/// marks an entry closed, any segment on a closed entry may show the close was forged (its
+/// sequence number), and a SYN on a closed entry may open a new connection on the 5-tuple.
+/// Closed entries are short-lived (the close's last segments, a port's reuse).
 #[inline(always)]
 fn changes_entry(v: &FlowValue, tcp_flags: u8) -> bool {
-    if v.client_closed() {
-        opens_connection(tcp_flags)
-    } else {
-        closes_connection(tcp_flags)
-    }
+    v.client_closed() || closes_connection(tcp_flags)
 }
 
 /// Forward a cached flow's segment if its entry is good, its VIP owned and its backend reached

@@ -41,7 +41,7 @@
 //!   the check word binds the value to the key's 64-bit hash, so words of two different entries
 //!   fail it and the packet falls back to the LRU hash. Values and checks are read once.
 use lb_common::{
-    BACKEND_F_IN_SET, BACKEND_F_MOVED, BackendInfo, FAMILY_V4, FAMILY_V6, FLOW_F_CLIENT_CLOSED,
+    BACKEND_F_IN_SET, BACKEND_F_MOVED, BackendInfo, FAMILY_V4, FAMILY_V6, FLOW_ID_MASK,
     FlowKey, FlowValue, LAST_BYTE, LbConfig, MARK_BYTE, MAX_BACKENDS, TAIL_KEY_MASK, V4_ADDRS,
     V4_CHECK, V4_VALUE, V6_CHECK, V6_SRC, V6_VALUE, WAY_WORDS, flow_cache_check, flow_cache_hash,
     flow_cache_index, flow_cache_seed, key_of_words, key_words, moved_to, tail_family,
@@ -374,17 +374,19 @@ pub fn promote(cfg: &LbConfig, slot: &Slot, flow: &FlowKey, value: FlowValue) {
     }
 }
 
-/// Mark a flow's entry closed by the client (`FLOW_F_CLIENT_CLOSED`) where it was found: the
-/// LRU hash's copy in place (a word store: no insert, which could evict another entry), and
-/// the line's way when the line holds it. Returns the marked value.
+/// Rewrite a flow's entry's close (`FLOW_F_CLIENT_CLOSED` and its sequence and time bits, or
+/// none: `value` open) where it was found: the LRU hash's copy in place (a word store of the
+/// backend word's flag bits: no insert, which could evict another entry), and the line's way
+/// when the line holds it. Returns `value`.
 #[inline(always)]
-pub fn mark_closed(slot: &Slot, flow: &FlowKey, at: Found, value: FlowValue) -> FlowValue {
-    let closed = value.closed();
+pub fn set_closed(slot: &Slot, flow: &FlowKey, at: Found, value: FlowValue) -> FlowValue {
     if let Some(p) = LB_CONNTRACK.get_ptr_mut(flow) {
         // SAFETY: a map value of the hash; the word is a plain integer.
         unsafe {
             let id = core::ptr::addr_of_mut!((*p).backend_id);
-            id.write_volatile(id.read_volatile() | FLOW_F_CLIENT_CLOSED);
+            id.write_volatile(
+                (id.read_volatile() & FLOW_ID_MASK) | (value.backend_id & !FLOW_ID_MASK),
+            );
         }
     }
     if at == Found::Cache && !slot.line.is_null() {
@@ -392,11 +394,11 @@ pub fn mark_closed(slot: &Slot, flow: &FlowKey, at: Found, value: FlowValue) -> 
             slot.line,
             slot.way as usize & WAY_WORDS,
             flow,
-            closed,
+            value,
             slot.hash,
         );
     }
-    closed
+    value
 }
 
 /// Replace a flow's entry where it was found, adding none: the LRU hash's copy in place (word

@@ -150,7 +150,7 @@ fn try_lb(ctx: &XdpContext, rec: explain::Rec) -> Result<Outcome, ParseError> {
         return Ok(fragment(&l3));
     }
     if has_ports(l3.proto) {
-        let (sport, dport, tcp_flags) = packet::ports(ctx, &l3)?;
+        let (sport, dport, tcp_flags, seq) = packet::ports(ctx, &l3)?;
         let flow = flow_key(&l3, sport, dport);
         let track = if packet::opens_connection(tcp_flags) {
             Track::NewConnection
@@ -162,7 +162,7 @@ fn try_lb(ctx: &XdpContext, rec: explain::Rec) -> Result<Outcome, ParseError> {
         // The fast path stopped at this TCP segment's slot only after reading the same headers
         // as this path: same key, so its slot and what the slot held stand.
         let hint = if l3.proto == PROTO_TCP { hint } else { None };
-        return Ok(balance(ctx, cfg, &flow, track, hint, rec));
+        return Ok(balance(ctx, cfg, &flow, track, seq, hint, rec));
     }
     if let Some(inner) = packet::icmp_too_big(ctx, &l3)? {
         // The embedded packet is one the VIP sent to the client: swap it back into the flow
@@ -179,7 +179,7 @@ fn try_lb(ctx: &XdpContext, rec: explain::Rec) -> Result<Outcome, ParseError> {
         if inner.l3.src != l3.dst || lookup_vip(cfg, &flow).is_none() {
             return Ok((XDP_PASS, stat::PASS_ICMP_NOT_VIP, NONE));
         }
-        let (action, reason, conntrack) = balance(ctx, cfg, &flow, Track::LookupOnly, None, rec);
+        let (action, reason, conntrack) = balance(ctx, cfg, &flow, Track::LookupOnly, 0, None, rec);
         let reason = match reason {
             stat::FORWARDED | stat::PASS_LOCAL_BACKEND => stat::ICMP_FORWARDED,
             other => other,
@@ -268,13 +268,17 @@ enum Track {
     /// A TCP SYN: looked up like any packet, and a good entry (its pair still in the set) is
     /// kept while its connection is open: a SYN never moves or deletes a live connection's
     /// entry, so a spoofed SYN with a client's address and port cannot reset it. On a miss, a
-    /// stale entry, or an entry whose connection the client closed (a FIN or RST went through:
-    /// the client is reusing its port for a new connection) it starts a flow: Maglev,
-    /// skipping backends that take no new flows, and remembered at once so the rest of the
-    /// handshake follows the SYN even if the table changes in between.
+    /// stale entry, or an entry whose connection the client closed (a FIN or RST went through
+    /// and nothing the client sent since contradicted it: the client is reusing its port for a
+    /// new connection) it starts a flow: Maglev, skipping backends that take no new flows, and
+    /// remembered at once so the rest of the handshake follows the SYN even if the table
+    /// changes in between. A closed entry whose pair takes new flows must be
+    /// `FLOW_CLOSE_HOLD` old for that; a SYN on a younger one follows the entry, which it
+    /// leaves as it is.
     NewConnection,
     /// A TCP FIN or RST from the client: as `Yes`, and the entry it follows is marked closed
-    /// (`FLOW_F_CLIENT_CLOSED`), so that a later SYN on the 5-tuple is placed afresh.
+    /// (`FLOW_F_CLIENT_CLOSED`) with the segment's end and the time, unless it is closed at
+    /// that end already (a retransmission).
     Closing,
     /// Look up, choose by Maglev on a miss, remember nothing (ICMP errors about a flow).
     LookupOnly,
@@ -318,6 +322,12 @@ fn live_slot(pos: u32) -> u32 {
     }
 }
 
+/// The coarse clock (`FlowValue::closed_at`, `close_held`).
+#[inline(always)]
+fn coarse_now() -> u64 {
+    unsafe { bpf_ktime_get_coarse_ns() }
+}
+
 /// Whether flood mode holds, without counting (a dry run's view of `flooded`).
 #[inline(always)]
 fn flood_on() -> bool {
@@ -341,12 +351,19 @@ fn takes_new_flows(vip_id: u32, id: u32) -> bool {
     }
 }
 
-/// Count a connection-table miss that would write an entry (a SYN or not), node-wide; whether
-/// flood mode holds. One shared `FloodState` counted with atomic adds: a per-CPU count would let
-/// N CPUs take N times the rate unseen. The window roll is not atomic: two CPUs that roll it at
-/// once may lose a few counts, which an estimate of a flood's rate can afford.
+/// Count a connection-table miss that would write an entry, node-wide; whether flood mode
+/// holds. A SYN (`syn`) always counts; any other miss (a segment or datagram of a flow without
+/// an entry) counts while flood mode is off, and while it holds once per flow: in flood mode
+/// every later packet of a flow it left untracked is such a miss, and counting each would let
+/// real clients' traffic hold flood mode for as long as they keep sending. The flow is noted in
+/// the handshake table (a value that names no pair: epoch 0), which every TCP miss looks up
+/// anyway (`handshake_of`); a spoofed flood of made-up flows counts in full, each of its
+/// packets a flow not seen before. One shared `FloodState` counted with atomic adds:
+/// a per-CPU count would let N CPUs take N times the rate unseen. The window roll is not
+/// atomic: two CPUs that roll it at once may lose a few counts, which an estimate of a flood's
+/// rate can afford.
 #[inline(always)]
-fn flooded(cfg: Option<&LbConfig>) -> bool {
+fn flooded(cfg: Option<&LbConfig>, syn: bool, flow: &FlowKey) -> bool {
     let Some(limit) = cfg.map(|c| c.syn_flood_rate / 10) else {
         return false;
     };
@@ -357,6 +374,19 @@ fn flooded(cfg: Option<&LbConfig>) -> bool {
     // SAFETY: a map value of the array, shared by every CPU: fields are read and written with
     // volatile (or atomic) accesses.
     unsafe {
+        if !syn && now < core::ptr::addr_of!((*s).flood_until).read_volatile() {
+            if LB_HANDSHAKES.get_ptr(flow).is_some() {
+                return true;
+            }
+            let _ = LB_HANDSHAKES.insert(
+                flow,
+                FlowValue {
+                    backend_id: 0,
+                    epoch: 0,
+                },
+                0,
+            );
+        }
         let start = core::ptr::addr_of_mut!((*s).window_start);
         let count = core::ptr::addr_of_mut!((*s).count);
         if now.wrapping_sub(start.read_volatile()) >= FLOOD_WINDOW_NS {
@@ -378,9 +408,11 @@ fn flooded(cfg: Option<&LbConfig>) -> bool {
 
 /// For a TCP packet without a connection-table entry (or an ICMP error about one): the backend
 /// its SYN chose if that SYN skipped its slot in flood mode (`LB_HANDSHAKES`) and the pair still
-/// stands, whatever the slot's backend takes now. The handshake entry stays until a
-/// connection-table entry replaces it (in flood mode none is written, and every packet of the
-/// connection comes here) or a SYN on the 5-tuple is placed on its slot in flood mode.
+/// stands, whatever the slot's backend takes now. The connection's first later segment (the
+/// handshake's ACK: a spoofed-source SYN never gets one) writes its connection-table entry, in
+/// flood mode too, and removes the handshake entry; so the connection no longer depends on the
+/// small LRU handshake table, which a flood of SYNs on skipped slots churns in milliseconds.
+/// A SYN on the 5-tuple placed on its slot in flood mode removes it too.
 #[inline(always)]
 fn handshake_of(
     track: Track,
@@ -404,6 +436,7 @@ fn balance(
     cfg: Option<&LbConfig>,
     flow: &FlowKey,
     track: Track,
+    seq: u32,
     hint: Option<flows::Hint>,
     rec: explain::Rec,
 ) -> Outcome {
@@ -420,9 +453,21 @@ fn balance(
         }
     };
     let cached = found.map(|(v, _)| v);
+    let entry = cached.and_then(|v| flows::entry_backend(&v));
     // A SYN on an entry whose connection the client closed: a new connection on a reused
-    // 5-tuple, placed afresh (the entry is replaced, so the rest of its handshake follows it).
-    let reopen = track == Track::NewConnection && cached.is_some_and(|v| v.client_closed());
+    // 5-tuple, placed afresh (the entry is replaced, so the rest of its handshake follows it):
+    // at once if the entry's pair takes no new flows (or is gone), so that a drained or failing
+    // backend gets no new connections from clients that reuse ports at once; else once the
+    // close is `FLOW_CLOSE_HOLD` old (`close_held`). On a younger close it follows the entry:
+    // a forged FIN or RST and a forged SYN right after it cannot move a connection (one placed
+    // under an older table, or by a skip, on a pair that takes new flows), and the client's
+    // own segments meanwhile show the close was forged (see the `Closing` rules below).
+    let reopen = track == Track::NewConnection
+        && cached.is_some_and(|v| {
+            v.client_closed()
+                && (entry.is_none_or(|(_, b)| b.flags & BACKEND_F_NO_NEW != 0)
+                    || v.close_held(coarse_now()))
+        });
     explain::note(rec, |r| {
         if let Some((v, at)) = found {
             r.entry_backend = v.backend();
@@ -440,11 +485,7 @@ fn balance(
     // 1. Fast path for established flows: the entry's pair still exists and is in its set, and
     //    this node forwards for its VIP. (The 5-tuple names the VIP service, so the entry's
     //    backend belongs to it: pairs of other services have other epochs.)
-    let valid = if reopen {
-        None
-    } else {
-        cached.and_then(|v| flows::entry_backend(&v))
-    };
+    let valid = if reopen { None } else { entry };
     if valid.is_some() {
         explain::steps(rec, explain_step::ENTRY_GOOD);
     }
@@ -462,9 +503,15 @@ fn balance(
         if let Some((v, at)) = found
             && track != Track::LookupOnly
         {
-            // The client's FIN or RST: later SYNs on this 5-tuple are new connections.
-            let v = if track == Track::Closing && !v.client_closed() {
-                flows::mark_closed(&slot, flow, at, v)
+            // The client's FIN or RST: a later SYN on this 5-tuple may be a new connection
+            // (`reopen`). A client segment on a closed entry
+            // whose sequence number is not the close's shows the close was forged: the entry is
+            // open again (a FIN or RST then closes it at its own end).
+            let open = v.client_closed() && !v.close_matches(seq);
+            let v = if track == Track::Closing && (open || !v.client_closed()) {
+                flows::set_closed(&slot, flow, at, v.closed_at(seq, coarse_now()))
+            } else if open && track == Track::Yes {
+                flows::set_closed(&slot, flow, at, v.open())
             } else {
                 v
             };
@@ -585,11 +632,13 @@ fn balance(
         }
     };
     // Flood mode: a spoofed flood (SYNs, or segments and datagrams of made-up flows) must not
-    // push established flows out of the LRU table, so every miss that would write an entry is
-    // counted, and while misses come faster than `syn_flood_rate` none writes one: the flow is
-    // forwarded by its Maglev slot, as every packet of it will be until the flood is over. A
-    // SYN that skipped its slot is remembered in the small handshake table instead: its later
-    // packets must not go to the slot's backend, whatever the flood state is by then.
+    // push established flows out of the LRU table, so misses that would write an entry are
+    // counted (`flooded`), and while they come faster than `syn_flood_rate` none writes one:
+    // the flow is forwarded by its Maglev slot, as every packet of it will be until the flood
+    // is over. A SYN that skipped its slot is remembered in the small handshake table instead:
+    // its later packets must not go to the slot's backend, whatever the flood state is by then;
+    // and the first of them (the handshake's ACK) moves it into the connection table, in flood
+    // mode too (`handshake`: not counted, its SYN was).
     let mut remember = new_flow && track != Track::LookupOnly;
     explain::note(rec, |r| {
         r.steps |= explain_step::CHOSEN;
@@ -597,7 +646,7 @@ fn balance(
     });
     if dry {
         // What a real packet would do, written nowhere.
-        let flood = remember && !reopen && flood_on();
+        let flood = remember && !reopen && !handshake && flood_on();
         explain::note(rec, |r| {
             if flood {
                 r.steps |= explain_step::FLOOD;
@@ -615,7 +664,7 @@ fn balance(
     }
     // A reopened 5-tuple replaces its closed entry (it adds none): written in flood mode too,
     // or the rest of its handshake would follow the closed entry to its old backend.
-    if remember && flooded(cfg) && !reopen {
+    if remember && !handshake && flooded(cfg, track == Track::NewConnection, flow) && !reopen {
         remember = false;
         explain::steps(rec, explain_step::FLOOD);
         ct = if track == Track::NewConnection {
@@ -661,13 +710,14 @@ fn balance(
         };
         // A FIN or RST of a flow this node never saw: remembered as closed.
         let value = if track == Track::Closing {
-            value.closed()
+            value.closed_at(seq, coarse_now())
         } else {
             value
         };
         flows::remember(cfg, &slot, flow, value);
         if handshake {
-            // The connection table has it now.
+            // The connection table has it now (in flood mode too): the handshake table, which
+            // SYNs on skipped slots churn, no longer decides where it goes.
             let _ = LB_HANDSHAKES.remove(flow);
         }
     }

@@ -263,22 +263,30 @@ pub fn closes_connection(tcp_flags: u8) -> bool {
     tcp_flags & (TCP_FIN | TCP_RST) != 0
 }
 
-/// Transport facts of a TCP or UDP header: ports, and for TCP its flags (0 for UDP). The whole
+/// Transport facts of a TCP or UDP header: ports, and for TCP its flags and its sequence number
+/// (for a FIN or RST its end: the sequence number after its payload and FIN), 0 both for UDP.
+/// The whole
 /// header must lie inside the datagram (`l3.end`), not just inside the frame: TCP's data offset
 /// (at least 5 words, options included), UDP's length (at least the 8-byte header, at most what
 /// the IP header says is left).
 #[inline(always)]
-pub fn ports(ctx: &XdpContext, l3: &L3) -> Result<(u16, u16, u8), ParseError> {
+pub fn ports(ctx: &XdpContext, l3: &L3) -> Result<(u16, u16, u8, u32), ParseError> {
     let off = l3.l4_off;
     // Word loads, as in `ipv4_fixed`; the first word of both headers holds the two ports.
-    let (ports, tcp_flags) = if l3.proto == PROTO_TCP {
+    let (ports, tcp_flags, seq) = if l3.proto == PROTO_TCP {
         let t = unsafe { *ptr_at::<[u32; 5]>(ctx, off)? };
         let [doff, flags, _, _] = t[3].to_ne_bytes();
         let doff = (doff >> 4) as usize * 4;
         if doff < 20 || off + doff > l3.end {
             return Err(ParseError::Malformed);
         }
-        (t[0], flags)
+        let mut seq = u32::from_be(t[1]);
+        if closes_connection(flags) {
+            seq = seq
+                .wrapping_add((l3.end - off - doff) as u32)
+                .wrapping_add((flags & TCP_FIN) as u32);
+        }
+        (t[0], flags, seq)
     } else {
         let u = unsafe { *ptr_at::<[u32; 2]>(ctx, off)? };
         let [len_hi, len_lo, _, _] = u[1].to_ne_bytes();
@@ -286,13 +294,14 @@ pub fn ports(ctx: &XdpContext, l3: &L3) -> Result<(u16, u16, u8), ParseError> {
         if len < 8 || off + len > l3.end {
             return Err(ParseError::Malformed);
         }
-        (u[0], 0)
+        (u[0], 0, 0)
     };
     let [s0, s1, d0, d1] = ports.to_ne_bytes();
     Ok((
         u16::from_be_bytes([s0, s1]),
         u16::from_be_bytes([d0, d1]),
         tcp_flags,
+        seq,
     ))
 }
 

@@ -705,6 +705,9 @@ fn a_reopen_in_flood_mode_adds_no_connection_table_entry() {
     for k in &keys {
         lru.remove(k).unwrap();
     }
+    // Their pairs take new flows: a SYN is placed afresh once the close is old enough.
+    wait_out_the_close_hold();
+    flood_mode_on(&mut t);
     let before = t.dp.conntrack_entries();
     for (sport, _) in &off {
         assert_eq!(backend_of(&mut t, &frame(client, *sport, SYN)), 11);
@@ -715,4 +718,204 @@ fn a_reopen_in_flood_mode_adds_no_connection_table_entry() {
         before,
         "reopens in flood mode added connection-table entries"
     );
+}
+
+/// Every entry of the handshake table removed, as a flood of SYNs on skipped slots leaves it
+/// (an LRU of `HANDSHAKE_TABLE_SIZE` entries, churned within milliseconds).
+fn churn_handshakes(t: &TestDataplane) {
+    use aya::maps::{HashMap as BpfHashMap, Map, MapData};
+    use lb_common::{FlowKey, FlowValue};
+    let mut hs: BpfHashMap<MapData, FlowKey, FlowValue> = BpfHashMap::try_from(Map::LruHashMap(
+        MapData::from_pin(t.opts.pin_dir().join(lb_common::maps::HANDSHAKES)).unwrap(),
+    ))
+    .unwrap();
+    let keys: Vec<FlowKey> = hs.keys().map(|k| k.unwrap()).collect();
+    for k in &keys {
+        hs.remove(k).unwrap();
+    }
+}
+
+#[test]
+fn a_connection_placed_by_a_skip_in_flood_mode_outlives_its_handshake_entry() {
+    // In flood mode a SYN on a drained backend's slot goes elsewhere and is remembered only in
+    // the small handshake table; its ACK moves it into the connection table. So when a flood
+    // of SYNs on skipped slots has churned the handshake table, the connection's later
+    // segments and the ICMP errors about it still go where its SYN went: while the backend is
+    // drained, after the drain ends during the flood, and after the flood.
+    let client = [10, 67, 8, 8];
+    let mut probe = TestDataplane::new(251);
+    probe.dp.apply(&desired(false)).unwrap();
+    let on_11: Vec<u16> = (41000..41300u16)
+        .filter(|p| backend_of(&mut probe, &frame(client, *p, ACK)) == 11)
+        .collect();
+    drop(probe);
+    assert!(on_11.len() > 40);
+    let mut t = no_flood_yet();
+    t.dp.apply(&desired(true)).unwrap();
+    flood_mode_on(&mut t);
+    let placed: Vec<(u16, u8)> = on_11
+        .iter()
+        .map(|p| {
+            let b = backend_of(&mut t, &frame(client, *p, SYN));
+            assert_ne!(b, 11);
+            assert_eq!(backend_of(&mut t, &frame(client, *p, ACK)), b);
+            (*p, b)
+        })
+        .collect();
+    churn_handshakes(&t);
+    let check = |t: &mut TestDataplane, when: &str| {
+        for (p, b) in &placed {
+            assert_eq!(
+                backend_of(t, &frame(client, *p, ACK)),
+                *b,
+                "{when}: port {p} left its SYN's backend once its handshake entry was gone"
+            );
+            let too_big = icmp4_frag_needed([10, 67, 0, 254], VIP, client, 6443, *p);
+            assert_eq!(
+                backend_of(t, &too_big),
+                *b,
+                "{when}: an ICMP error about port {p} went elsewhere"
+            );
+        }
+    };
+    check(&mut t, "drained, flood on");
+    t.dp.apply(&desired(false)).unwrap();
+    assert!(t.dp.flood_status().unwrap().active, "flood mode is on");
+    check(&mut t, "undrained, flood on");
+    std::thread::sleep(std::time::Duration::from_millis(
+        lb_common::FLOOD_HOLD_NS / 1_000_000 + 300,
+    ));
+    assert!(!t.dp.flood_status().unwrap().active, "flood mode is over");
+    check(&mut t, "after the flood");
+}
+
+#[test]
+fn flood_mode_ends_while_a_flow_it_left_untracked_keeps_sending() {
+    // A connection opened in flood mode has no entry: each of its later segments is a miss.
+    // Only SYNs count while flood mode holds, so a real client's traffic does not hold it (it
+    // held for as long as the client kept sending); once it ends, the flow's next segment
+    // writes its entry.
+    let mut t = no_flood_yet();
+    t.dp.apply(&desired(false)).unwrap();
+    flood_mode_on(&mut t);
+    let client = [10, 67, 3, 3];
+    let b = backend_of(&mut t, &frame(client, 37000, SYN));
+    let until = std::time::Instant::now()
+        + std::time::Duration::from_millis(lb_common::FLOOD_HOLD_NS / 1_000_000 + 600);
+    let mut sent = 0u32;
+    while std::time::Instant::now() < until {
+        assert_eq!(backend_of(&mut t, &frame(client, 37000, ACK)), b);
+        sent += 1;
+    }
+    assert!(sent > 100, "{sent}");
+    assert!(
+        !t.dp.flood_status().unwrap().active,
+        "the untracked flow's own segments held flood mode"
+    );
+    let hits = counter(&t, stat::CONNTRACK_HIT);
+    backend_of(&mut t, &frame(client, 37000, ACK));
+    assert!(
+        counter(&t, stat::CONNTRACK_HIT) > hits,
+        "the flow has its entry after the flood"
+    );
+}
+
+/// A segment of `client`'s connection from `sport` with sequence number `seq`.
+fn frame_seq(src: [u8; 4], sport: u16, flags: u8, seq: u32) -> Vec<u8> {
+    let mut t = tcp(sport, 6443, flags);
+    t[4..8].copy_from_slice(&seq.to_be_bytes());
+    ipv4_frame(src, VIP, PROTO_TCP, &t)
+}
+
+/// Past `FLOW_CLOSE_HOLD`: a SYN on an entry closed before now is placed afresh.
+fn wait_out_the_close_hold() {
+    std::thread::sleep(
+        std::time::Duration::from_nanos(
+            (lb_common::FLOW_CLOSE_HOLD as u64 + 1) << lb_common::FLOW_CLOSE_TIME_UNIT,
+        ) + std::time::Duration::from_millis(300),
+    );
+}
+
+/// A forged close's sequence number: its low bits are far from the client's (1000), which a
+/// real client's next segment shows (1 in 64 forged closes would have a real segment land on
+/// theirs: `FLOW_CLOSE_SEQ_BITS`).
+const FORGED: u32 = 0x5eed_0040;
+
+#[test]
+fn a_forged_close_and_syn_do_not_move_a_connection_off_its_slot() {
+    // Connections whose entry names another backend than their slot (placed by a skip while
+    // backend 11 was drained; 11 takes new flows again), each backend taking new flows. A blind
+    // attacker who knows the client's address and guesses its port sends a FIN or RST (any
+    // sequence number) and a SYN on the 5-tuple: the SYN follows the entry while the close is
+    // younger than `FLOW_CLOSE_HOLD`; the client's next segment (its own sequence number, not
+    // the forged close's) shows the close was forged and reopens the entry, so a SYN after the
+    // hold does not move the connection either. In flood mode and out of it.
+    for flood in [false, true] {
+        let mut t = no_flood_yet();
+        let client = [10, 67, 2, 2];
+        let conns = flows_off_their_slot(&mut t, client, 42000..42300);
+        if flood {
+            flood_mode_on(&mut t);
+        }
+        for (i, (sport, b)) in conns.iter().enumerate() {
+            let close = if i % 2 == 0 { FIN | ACK } else { RST };
+            assert_eq!(
+                backend_of(&mut t, &frame_seq(client, *sport, close, FORGED)),
+                *b
+            );
+            assert_eq!(
+                backend_of(&mut t, &frame_seq(client, *sport, SYN, 0x0bad_0000)),
+                *b,
+                "flood {flood}, close {close:#x}: a forged close and SYN moved port {sport}"
+            );
+            assert_eq!(
+                backend_of(&mut t, &frame_seq(client, *sport, ACK, 1000)),
+                *b,
+                "flood {flood}: the client's next segment left its connection's backend"
+            );
+        }
+        wait_out_the_close_hold();
+        if flood {
+            flood_mode_on(&mut t);
+        }
+        for (sport, b) in &conns {
+            assert_eq!(
+                backend_of(&mut t, &frame_seq(client, *sport, SYN, 0x0bad_0000)),
+                *b,
+                "flood {flood}: a SYN after the hold moved port {sport}, whose close was forged"
+            );
+            assert_eq!(backend_of(&mut t, &frame_seq(client, *sport, ACK, 1000)), *b);
+        }
+    }
+}
+
+#[test]
+fn a_port_reused_after_a_close_on_a_pair_that_takes_new_flows_is_placed_afresh_after_the_hold() {
+    // The client closed (its FIN or RST, then its last ACK, at the close's sequence number) a
+    // connection whose entry names another backend than its slot. A reuse of the 5-tuple within
+    // `FLOW_CLOSE_HOLD` follows the entry (that backend takes new flows), its handshake too; a
+    // reuse after it is placed afresh on its slot, and its handshake follows it.
+    let mut t = no_flood_yet();
+    let client = [10, 67, 2, 3];
+    let conns = flows_off_their_slot(&mut t, client, 43000..43300);
+    let (early, late) = conns.split_at(conns.len() / 2);
+    for (i, (sport, b)) in conns.iter().enumerate() {
+        let close = if i % 2 == 0 { FIN | ACK } else { RST };
+        assert_eq!(backend_of(&mut t, &frame_seq(client, *sport, close, 500)), *b);
+        let end = if close & FIN != 0 { 501 } else { 500 };
+        assert_eq!(backend_of(&mut t, &frame_seq(client, *sport, ACK, end)), *b);
+    }
+    for (sport, b) in early {
+        assert_eq!(backend_of(&mut t, &frame_seq(client, *sport, SYN, 9000)), *b);
+        assert_eq!(backend_of(&mut t, &frame_seq(client, *sport, ACK, 9001)), *b);
+    }
+    wait_out_the_close_hold();
+    for (sport, _) in late {
+        assert_eq!(
+            backend_of(&mut t, &frame_seq(client, *sport, SYN, 9000)),
+            11,
+            "port {sport}: a reuse after the hold was not placed on its slot"
+        );
+        assert_eq!(backend_of(&mut t, &frame_seq(client, *sport, ACK, 9001)), 11);
+    }
 }

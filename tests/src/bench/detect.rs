@@ -187,15 +187,9 @@ impl HttpsLab {
     }
 
     /// The config with these backends (node name, weight); any weight is written as given.
-    ///
-    /// SYN flood mode is kept out of reach (`syn_flood_rate`): these labs' clients open a few
-    /// thousand connections a second, and once flood mode holds, every later packet of a flow it
-    /// left untracked is a miss that counts again (docs/architecture.md, *Floods*), so it would
-    /// hold for the whole run, and a table change (a reload, a backend leaving) would move the
-    /// untracked flows. Flood mode has tests of its own (xdp_flood.rs, lab_monitoring).
     pub fn config(&self, weights: &[(&str, u32)]) -> String {
         let mut c = format!(
-            "interface = \"eth0\"\nname = \"{}\"\napi_socket = \"{}\"\nxdp_mode = \"skb\"\nsyn_flood_rate = 1000000\n\n\
+            "interface = \"eth0\"\nname = \"{}\"\napi_socket = \"{}\"\nxdp_mode = \"skb\"\n\n\
              [[vips]]\nname = \"api\"\naddress = \"{VIP}\"\nports = [{HTTPS_PORT}, {TCP_PORT}]\nowned = true\n\
              [vips.health]\nkind = \"https\"\npath = \"/readyz\"\nport = {HTTPS_PORT}\n{}\n",
             self.pin_name, self.socket, self.health_extra
