@@ -39,6 +39,11 @@ pub const GUEST_TESTS: &[(&str, &[&str])] = &[
         ],
     ),
     ("xdp_flows", &[]),
+    // OVN-Kubernetes' br-ex (Open vSwitch with its shared-gateway flows, the VIP on the
+    // bridge): VRRP failover, DSR, connections through the VIP's move, host traffic, with the
+    // program on the uplink (native) and on br-ex (generic). Needs the openvswitch module,
+    // which only the distribution kernels have.
+    ("lab_brex", &[]),
     // One lab with VRRP failover and DSR traffic: connections through the VIP while its owner
     // fails and a backup takes over. (Only in `cargo xtask kernels`, see `LAB`.)
     (
@@ -115,7 +120,9 @@ fn guest_script(root: &Path, tests: &[(String, PathBuf, Vec<String>)]) -> String
          # Written by `cargo xtask test` for its kernel matrix (xtask/src/vm.rs).\n\
          mount -t bpf bpf /sys/fs/bpf 2>/dev/null\n\
          grep -q ' /sys/fs/cgroup cgroup2 ' /proc/mounts || mount -t cgroup2 none /sys/fs/cgroup\n\
-         ulimit -l unlimited\n",
+         ulimit -l unlimited\n\
+         # Software emulation: the labs' start-up waits scale (tests/src/labs/brex.rs).\n\
+         export LB_TIME_SCALE=${LB_TIME_SCALE:-10}\n",
     );
     s += &format!(
         "cd {}\nexport LB_BIN_DIR={}\necho \"kernel $(uname -r)\"\n",
