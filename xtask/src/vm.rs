@@ -19,8 +19,9 @@ use anyhow::{Context, Result, bail};
 
 /// Test binaries of lb-tests the guest runs, with their filters (empty: every test).
 pub const GUEST_TESTS: &[(&str, &[&str])] = &[
-    // Every program of the object loads and attaches.
-    ("kernel_load", &[]),
+    // Every program of the object loads and attaches. `--show-output`: its `LBVM-INSNS` lines
+    // (the verifier's counts) come out whole, each on a line of its own.
+    ("kernel_load", &["--show-output"]),
     // The forwarding rules through the kernel's BPF_PROG_TEST_RUN.
     ("xdp", &[]),
     // Three flood tests need a flood faster than `syn_flood_rate` (10,000 misses a second), more
