@@ -77,7 +77,15 @@ fn on_br_ex_lbd_fails_over_forwards_dsr_keeps_connections_and_host_traffic() {
     l.start(1);
 
     let m = l.wait_one_master(&[0, 1], scaled(Duration::from_secs(15)));
-    assert_eq!(m, Some(0), "n1 is master\n{}", l.logs());
+    assert_eq!(
+        m,
+        Some(0),
+        "n1 is master: states {:?}, VIP on br-ex of {:?}, status {:?}\n{}",
+        [l.state(0), l.state(1)],
+        l.holders(&[0, 1]),
+        l.status(0),
+        l.logs()
+    );
     assert!(
         l.wait_serving(scaled(Duration::from_secs(10))),
         "the VIP answers\n{}\n{}",
