@@ -19,12 +19,20 @@ use serde_json::Value;
 
 const LABNODE: &str = env!("CARGO_BIN_EXE_labnode");
 
-/// `labnode connect-many ADDR PORT COUNT 2 2000` from the client: (ok, answering ids).
+/// `labnode connect-many ADDR PORT COUNT 2 <2 s, scaled>` from the client: (ok, answering
+/// ids).
 fn connect_many(l: &VrrpLab, addr: &str, count: u32) -> (u64, Vec<String>) {
     let out = l.lab.run(
         "client",
         LABNODE,
-        &["connect-many", addr, PORT, &count.to_string(), "2", "2000"],
+        &[
+            "connect-many",
+            addr,
+            PORT,
+            &count.to_string(),
+            "2",
+            &(2000 * brex::time_scale()).to_string(),
+        ],
     );
     let v: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
     let ids = v["by_id"]
