@@ -60,6 +60,10 @@ fn on_br_ex_lbd_fails_over_forwards_dsr_keeps_connections_and_host_traffic() {
         priority,
         // Loading the socket hooks too only lengthens start-up under emulation.
         top: "socket_lb = false\n".into(),
+        // Adverts every second (keepalived's `advert_int 1`, as OpenShift runs it): at lbd's
+        // default 100 ms the master's real-time VRRP thread and its adverts crowd out its API
+        // under emulation (lbctl read no state from n1 while it was master).
+        advert_ms: 1000,
         ..Default::default()
     };
     let mut l = VrrpLab::prepare(LABNODE, vec![node(150), node(100)]);
