@@ -8,8 +8,13 @@
 //! and it answers the client directly.
 
 use aya_ebpf::{
-    bindings::xdp_action::{XDP_DROP, XDP_PASS, XDP_TX},
-    helpers::generated::{bpf_csum_diff, bpf_redirect, bpf_xdp_adjust_head, bpf_xdp_adjust_tail},
+    bindings::{
+        bpf_check_mtu_ret,
+        xdp_action::{XDP_DROP, XDP_PASS, XDP_TX},
+    },
+    helpers::generated::{
+        bpf_check_mtu, bpf_csum_diff, bpf_redirect, bpf_xdp_adjust_head, bpf_xdp_adjust_tail,
+    },
     macros::xdp,
     programs::XdpContext,
 };
@@ -91,7 +96,10 @@ pub fn encapsulate(ctx: &XdpContext, b: &BackendInfo, may_answer: bool, dry: boo
         return (XDP_PASS, stat::PASS_MALFORMED, NONE);
     };
     let outer_hlen = outer_hlen(b);
-    if b.encap_mtu != 0 && len + outer_hlen > u32::from(b.encap_mtu) {
+    if b.encap_mtu != 0
+        && len + outer_hlen > u32::from(b.encap_mtu)
+        && !gro_merged(ctx, inner_family)
+    {
         if !may_answer {
             return (XDP_DROP, stat::ENCAP_TOO_BIG, NONE);
         }
@@ -113,6 +121,31 @@ pub fn encapsulate(ctx: &XdpContext, b: &BackendInfo, may_answer: bool, dry: boo
         count([stat::ENCAPSULATED, NONE, NONE]);
     }
     wrapped
+}
+
+/// Whether the frame is TCP segments that GRO merged: longer than the receiving device's MTU
+/// lets a frame be (`bpf_check_mtu` on the device the frame came in on), which only a merge
+/// is. Generic (skb) mode sees frames after GRO, e.g. on an OVS bridge such as br-ex; driver
+/// mode never does. The merge's segments each came in within that MTU, so a "fragmentation
+/// needed" quoting the merge's length would be false (and repeated for every merge, stalling
+/// the connection): it is wrapped and forwarded whole, its segments left to the kernel.
+#[inline(always)]
+fn gro_merged(ctx: &XdpContext, inner_family: u8) -> bool {
+    // The transport protocol: IPv4's protocol field, IPv6's next header (GRO merges TCP with
+    // no extension headers).
+    let proto = if inner_family == FAMILY_V4 {
+        ptr_at::<[u8; 10]>(ctx, ETH_HLEN).map(|h| unsafe { (*h)[9] })
+    } else {
+        ptr_at::<[u8; 7]>(ctx, ETH_HLEN).map(|h| unsafe { (*h)[6] })
+    };
+    if !matches!(proto, Ok(PROTO_TCP)) {
+        return false;
+    }
+    let mut mtu: u32 = 0;
+    // SAFETY: the helper reads the frame's length and its device from the context and writes
+    // the device's MTU to `mtu`.
+    let r = unsafe { bpf_check_mtu(ctx.ctx as *mut _, 0, &mut mtu, 0, 0) };
+    r == i64::from(bpf_check_mtu_ret::BPF_MTU_CHK_RET_FRAG_NEEDED)
 }
 
 /// Wrap the frame for a routed backend and send it to the next hop. `inner_family` and `len`:

@@ -85,6 +85,13 @@ pub struct ClusterSpec {
     pub vrids: Option<[u8; 2]>,
     #[serde(default)]
     pub xdp_mode: XdpMode,
+    /// The devices the XDP program attaches to on every node, if not `interface`: on
+    /// OVN-Kubernetes' `br-ex` its uplink (the NIC, or the bond), where it runs in driver mode
+    /// below the bridge's flows. Empty: `interface` itself, and on `br-ex` (an OVS internal
+    /// port, generic mode only) `xdp_mode = "skb"` from `auto`. A node's own
+    /// `xdp_interfaces` overrides it (a node whose uplink has another name).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub xdp_interfaces: Vec<String>,
     /// Pin directory name under /sys/fs/bpf on every node.
     #[serde(default = "default_lb_name")]
     pub lb_name: String,
@@ -191,6 +198,9 @@ pub struct NodeSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub secondary_address: Option<IpAddr>,
     pub roles: Vec<Role>,
+    /// This node's attach devices, if not the cluster's `xdp_interfaces` (e.g. `["bond0"]`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub xdp_interfaces: Option<Vec<String>>,
     /// The Node object's labels that IngressController shards select on
     /// (`ingress_shards[].node_selector`).
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
@@ -204,6 +214,9 @@ pub enum Role {
     ControlPlane,
     Worker,
 }
+
+/// OVN-Kubernetes' bridge that holds the node's address (and so the VIPs) on OpenShift.
+pub const OVN_K8S_BRIDGE: &str = "br-ex";
 
 /// Where `lbctl render`'s MachineConfigs put the cluster key on every node (mode 0600).
 pub const DEFAULT_KEY_FILE: &str = "/etc/lb/cluster.key";
@@ -758,6 +771,22 @@ impl ClusterSpec {
         }
     }
 
+    /// The XDP mode of node `me`: as configured, except `auto` on OVN-Kubernetes' `br-ex` itself
+    /// (no uplink named), an OVS internal port that has generic mode only: `skb`, said so
+    /// rather than found by a failed driver-mode attach.
+    fn xdp_mode_of(&self, me: &NodeSpec) -> XdpMode {
+        let on_bridge = me
+            .xdp_interfaces
+            .as_ref()
+            .unwrap_or(&self.xdp_interfaces)
+            .is_empty()
+            && self.interface == OVN_K8S_BRIDGE;
+        match self.xdp_mode {
+            XdpMode::Auto if on_bridge => XdpMode::Skb,
+            m => m,
+        }
+    }
+
     fn node_config(&self, me: &NodeSpec) -> Config {
         let (api_vrid, ingress_vrid) = self.vrids();
         let mut cfg = Config {
@@ -782,7 +811,11 @@ impl ClusterSpec {
                     allowed_clients: vec![crate::metrics_tls::PROMETHEUS_K8S.into()],
                 }
             }),
-            xdp_mode: self.xdp_mode,
+            xdp_mode: self.xdp_mode_of(me),
+            xdp_interfaces: me
+                .xdp_interfaces
+                .clone()
+                .unwrap_or_else(|| self.xdp_interfaces.clone()),
             hash_seed: crate::config::DEFAULT_HASH_SEED,
             table_size: lb_common::DEFAULT_TABLE_SIZE,
             conntrack_size: lb_common::DEFAULT_CONNTRACK_SIZE,
@@ -1295,6 +1328,39 @@ roles = ["worker"]
                 .to_string()
                 .contains("adress")
         );
+    }
+
+    #[test]
+    fn on_br_ex_the_program_attaches_below_the_bridge_when_an_uplink_is_named() {
+        // No uplink named: br-ex itself, in generic mode (an OVS internal port has no other).
+        let out = ClusterSpec::parse(COMPACT).unwrap().render().unwrap();
+        for r in &out {
+            assert_eq!(r.config.attach_interfaces(), vec!["br-ex"]);
+            assert_eq!(r.config.xdp_mode, XdpMode::Skb);
+        }
+        // The uplink named for the cluster, and a node with a bond: driver mode below br-ex,
+        // the VIPs still on br-ex.
+        let text = COMPACT.replacen(
+            "interface = \"br-ex\"\n",
+            "interface = \"br-ex\"\nxdp_interfaces = [\"ens3\"]\n",
+            1,
+        );
+        let text = text.replacen(
+            "name = \"master-1\"\n",
+            "name = \"master-1\"\nxdp_interfaces = [\"bond0\"]\n",
+            1,
+        );
+        let out = ClusterSpec::parse(&text).unwrap().render().unwrap();
+        let of = |n: &str| out.iter().find(|r| r.node == n).unwrap();
+        assert_eq!(of("master-0").config.attach_interfaces(), vec!["ens3"]);
+        assert_eq!(of("master-1").config.attach_interfaces(), vec!["bond0"]);
+        for r in &out {
+            assert_eq!(r.config.interface, "br-ex");
+            assert_eq!(r.config.xdp_mode, XdpMode::Auto);
+            // What lbd reads back is what render wrote.
+            let back = Config::parse(&to_toml("ostest", r)).unwrap();
+            assert_eq!(back.xdp_interfaces, r.config.xdp_interfaces);
+        }
     }
 
     #[test]

@@ -8,14 +8,16 @@ pub fn command() -> std::process::Command {
     std::process::Command::new(bin_dir().join("lbctl"))
 }
 
-/// Run `lbctl --socket SOCKET ARGS...` (the workspace's binary) and return its output.
+/// Run `lbctl --socket SOCKET ARGS...` (the workspace's binary) and return its output. Under
+/// `LB_TIME_SCALE` (software emulation) lbctl waits that many times its default 5 s for lbd.
 pub fn lbctl_output(socket: &str, args: &[&str]) -> std::process::Output {
-    command()
-        .arg("--socket")
-        .arg(socket)
-        .args(args)
-        .output()
-        .expect("run lbctl")
+    let mut c = command();
+    c.arg("--socket").arg(socket);
+    let scale = crate::brex::time_scale();
+    if scale > 1 {
+        c.arg("--timeout").arg(format!("{}s", 5 * scale));
+    }
+    c.args(args).output().expect("run lbctl")
 }
 
 /// `lbctl -o json ARGS...` against `socket`: the parsed answer, or None if lbctl failed.

@@ -11,7 +11,7 @@ pub mod xdp;
 
 // Each lab and tool is also named at the crate root, as tests and tools use them.
 pub use labs::{
-    bgp_lab, cluster, dsr, keepalived_haproxy, lab, openshift, pods, vrrp_lab, vrrp_send,
+    bgp_lab, brex, cluster, dsr, keepalived_haproxy, lab, openshift, pods, vrrp_lab, vrrp_send,
 };
 pub use lbctl::{lbctl_json, lbctl_output};
 pub use xdp::{frames, strict, xdp_fuzz};

@@ -700,3 +700,86 @@ fn an_ipv6_packet_is_never_told_a_path_mtu_that_its_packets_still_do_not_fit() {
     assert_eq!(v, TX);
     assert_eq!(u32::from_be_bytes(out[58..62].try_into().unwrap()), 1280);
 }
+
+/// Run `f` on a thread inside a network namespace of its own whose loopback device has MTU
+/// `mtu`: BPF_PROG_TEST_RUN takes the frames as received on the loopback device of the
+/// caller's namespace, so this is the MTU of the device the frames "came in on".
+fn on_a_device_with_mtu<T: Send>(mtu: u32, f: impl FnOnce() -> T + Send) -> T {
+    let netns = lb_tests::unique("gro");
+    lb_tests::lab::sh(&["ip", "netns", "add", &netns]);
+    struct Gone(String);
+    impl Drop for Gone {
+        fn drop(&mut self) {
+            let _ = lb_tests::lab::try_sh(&["ip", "netns", "del", &self.0]);
+        }
+    }
+    let _gone = Gone(netns.clone());
+    lb_tests::lab::sh(&[
+        "ip",
+        "-n",
+        &netns,
+        "link",
+        "set",
+        "lo",
+        "mtu",
+        &mtu.to_string(),
+    ]);
+    let path = format!("/run/netns/{netns}");
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let ns = std::fs::File::open(&path).unwrap();
+            let rc =
+                unsafe { libc::setns(std::os::fd::AsRawFd::as_raw_fd(&ns), libc::CLONE_NEWNET) };
+            assert_eq!(rc, 0, "setns {path}");
+            f()
+        })
+        .join()
+        .unwrap()
+    })
+}
+
+#[test]
+fn a_gro_merge_is_wrapped_whole_not_answered_with_fragmentation_needed() {
+    // In generic mode (br-ex) the program sees TCP segments after GRO merged them: a frame
+    // longer than the device's MTU, made of segments that each fit. The pair's path takes
+    // 1500 bytes, the device 1500: each segment fits once wrapped if the client's MSS says
+    // so, the merge does not.
+    let mut t = setup(
+        IpAddr::from(VIP),
+        PROTO_TCP,
+        vec![routed(BACKEND, LB, 1500)],
+    );
+    let mut l4 = tcp(40000, 443, ACK);
+    l4.extend(std::iter::repeat_n(7u8, 2 * 1440));
+    let merged = ipv4_frame(CLIENT, VIP, PROTO_TCP, &l4);
+    let (v, out, _) = on_a_device_with_mtu(1500, || t.dp.test_run("lb_xdp", &merged, 1).unwrap());
+    assert_eq!(v, TX);
+    assert_eq!(
+        counter(&t, stat::ENCAP_TOO_BIG),
+        0,
+        "no false fragmentation needed"
+    );
+    assert_eq!(counter(&t, stat::ENCAPSULATED), 1);
+    assert_eq!(out.len(), merged.len() + 20, "wrapped whole");
+    assert_eq!(&out[34..], &merged[14..], "the merge unchanged inside");
+    // The same frame on a device whose MTU lets it in as one frame (a jumbo frame, no merge)
+    // is too big for the path: answered, as before.
+    let (v, out, _) = t.dp.test_run("lb_xdp", &merged, 1).unwrap();
+    assert_eq!(v, TX);
+    assert_eq!(counter(&t, stat::ENCAP_TOO_BIG), 1);
+    assert_eq!(
+        (out[14 + 9], out[34]),
+        (1, 3),
+        "ICMP destination unreachable"
+    );
+    // A UDP datagram that long is no GRO merge: answered on the 1500-byte device too.
+    let big_udp = ipv4_frame(CLIENT, VIP, PROTO_UDP, &udp(5000, 53, 2 * 1440));
+    let mut t = setup(
+        IpAddr::from(VIP),
+        PROTO_UDP,
+        vec![routed(BACKEND, LB, 1500)],
+    );
+    let (v, _, _) = on_a_device_with_mtu(1500, || t.dp.test_run("lb_xdp", &big_udp, 1).unwrap());
+    assert_eq!(v, TX);
+    assert_eq!(counter(&t, stat::ENCAP_TOO_BIG), 1);
+}

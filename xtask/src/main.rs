@@ -102,6 +102,10 @@ const DEBIAN_PACKAGES: &[&str] = &[
     "qemu-system-x86",
     "busybox-static",
     "linux-image-amd64",
+    // The br-ex lab (tests/lab_brex.rs, in the kernel matrix's guest): Open vSwitch's
+    // userspace (ovsdb-server, ovs-vswitchd, ovs-vsctl, ovs-ofctl), run in a private directory
+    // against the guest kernel's openvswitch module, as OVN-Kubernetes' br-ex.
+    "openvswitch-switch",
 ];
 
 fn root() -> PathBuf {
@@ -233,7 +237,7 @@ fn setup() -> Result<()> {
         // The packages just installed start their services; the labs start their own
         // instances, so disable the ones this run installed (through their unit, never by
         // process name: a host's own keepalived or haproxy is not ours to stop).
-        for svc in ["keepalived", "haproxy", "frr"] {
+        for svc in ["keepalived", "haproxy", "frr", "openvswitch-switch"] {
             if missing.contains(&svc) {
                 let _ = Command::new("systemctl")
                     .args(["disable", "--now", svc])

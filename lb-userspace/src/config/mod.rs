@@ -105,6 +105,14 @@ pub struct Config {
     pub metrics_tls: Option<crate::metrics_tls::MetricsTlsConfig>,
     #[serde(default)]
     pub xdp_mode: XdpMode,
+    /// The devices the XDP program attaches to, if not `interface` (which still holds the VIPs
+    /// and speaks VRRP). On an OVS bridge such as OVN-Kubernetes' `br-ex`, whose XDP is generic
+    /// only and whose frames sent back go through the bridge's flows, name its uplink (the NIC,
+    /// or the bond) to forward in driver mode below the bridge: docs/kernels.md has the choice
+    /// and its numbers. Empty: `interface`. Attach devices that are deleted and come back are
+    /// not followed (restart lbd); `interface` is.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub xdp_interfaces: Vec<String>,
     /// Flow-hash seed; must be the same on every node so flows keep their backend on failover.
     #[serde(default = "default_seed")]
     pub hash_seed: u32,
@@ -461,12 +469,35 @@ impl Config {
             .collect()
     }
 
+    /// The devices the XDP program attaches to: `xdp_interfaces`, or `interface`.
+    pub fn attach_interfaces(&self) -> Vec<&str> {
+        if self.xdp_interfaces.is_empty() {
+            vec![self.interface.as_str()]
+        } else {
+            self.xdp_interfaces.iter().map(String::as_str).collect()
+        }
+    }
+
     pub fn validate(&self) -> Result<(), ConfigError> {
         if self.interface.is_empty() || self.interface.len() > 15 {
             return Err(invalid(
                 "interface",
                 "must be an interface name of 1-15 characters",
             ));
+        }
+        for (i, x) in self.xdp_interfaces.iter().enumerate() {
+            if x.is_empty() || x.len() > 15 || x.contains(['/', ' ']) {
+                return Err(invalid(
+                    format!("xdp_interfaces[{i}]"),
+                    "must be an interface name of 1-15 characters",
+                ));
+            }
+            if self.xdp_interfaces[..i].contains(x) {
+                return Err(invalid(
+                    format!("xdp_interfaces[{i}]"),
+                    format!("{x:?} is named twice"),
+                ));
+            }
         }
         if self.name.is_empty()
             || self.name.len() > 32
@@ -1116,5 +1147,9 @@ weight = 2
         assert!(e.starts_with("vips[0].ports[1]:"), "{e}");
         let e = err(&format!("xdp_mode = \"fast\"\n{GOOD}"));
         assert!(e.starts_with("xdp_mode:"), "{e}");
+        let e = err(&format!("xdp_interfaces = [\"eth0\", \"\"]\n{GOOD}"));
+        assert!(e.starts_with("xdp_interfaces[1]:"), "{e}");
+        let e = err(&format!("xdp_interfaces = [\"eth0\", \"eth0\"]\n{GOOD}"));
+        assert!(e.starts_with("xdp_interfaces[1]:"), "{e}");
     }
 }

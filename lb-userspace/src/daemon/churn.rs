@@ -57,17 +57,21 @@ impl Owner {
                 return Ok(());
             }
         };
-        if link.index == self.ifindex && link.xdp_attached {
+        // With `xdp_interfaces` the program is on other devices: `interface` has none.
+        let attach_here = self.cfg.xdp_interfaces.is_empty();
+        if link.index == self.ifindex && (link.xdp_attached || !attach_here) {
             self.attached = true;
             return Ok(());
         }
-        let opts = self.dp.options().clone();
-        drop_stale_link_pin(&link_pin(&opts, &iface), &link)?;
-        if let Err(e) = self.dp.attach(&iface, self.cfg.xdp_mode) {
-            self.attached = false;
-            return Err(e.context(format!("re-attach XDP to the recreated {iface}")));
+        if attach_here {
+            let opts = self.dp.options().clone();
+            drop_stale_link_pin(&link_pin(&opts, &iface), &link)?;
+            if let Err(e) = self.dp.attach(&iface, self.cfg.xdp_mode) {
+                self.attached = false;
+                return Err(e.context(format!("re-attach XDP to the recreated {iface}")));
+            }
+            tracing::info!(interface = %iface, old = self.ifindex, new = link.index, "XDP program attached to the recreated interface");
         }
-        tracing::info!(interface = %iface, old = self.ifindex, new = link.index, "XDP program attached to the recreated interface");
         let recreated = link.index != self.ifindex;
         self.ifindex = link.index;
         self.facts.if_mac = link.mac;

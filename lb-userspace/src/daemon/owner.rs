@@ -150,7 +150,18 @@ impl Owner {
             }
         }
         let lock = lock.with_pins(&load_options(&cfg))?;
-        dp.attach(&cfg.interface, cfg.xdp_mode)?;
+        for dev in cfg.attach_interfaces() {
+            if dev != cfg.interface {
+                // An attach device below `interface` (br-ex's uplink): its stale pin too.
+                let l = netlink
+                    .link(dev)
+                    .await
+                    .with_context(|| format!("xdp_interfaces: no interface {dev:?}"))?;
+                churn::drop_stale_link_pin(&churn::link_pin(&load_options(&cfg), dev), &l)?;
+            }
+            dp.attach(dev, cfg.xdp_mode)
+                .with_context(|| format!("attach XDP to {dev}"))?;
+        }
         if cfg.socket_lb
             && let Err(e) = dp.attach_sock()
         {

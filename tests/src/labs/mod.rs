@@ -2,6 +2,7 @@
 //! (DSR, VRRP, BGP, an OpenShift-like cluster, static pods) and the tools their nodes use.
 
 pub mod bgp_lab;
+pub mod brex;
 pub mod cluster;
 pub mod dsr;
 pub mod keepalived_haproxy;

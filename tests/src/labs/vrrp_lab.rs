@@ -111,6 +111,8 @@ pub struct VrrpLab {
     pub nodes: Vec<String>,
     pub opts: Vec<NodeOpts>,
     pub vip: &'static str,
+    /// The device the VIP lives on in every node (`eth0`; `br-ex` in the br-ex lab).
+    pub vip_dev: String,
     labnode: String,
 }
 
@@ -158,6 +160,7 @@ impl VrrpLab {
             nodes,
             opts,
             vip,
+            vip_dev: "eth0".into(),
             labnode: labnode.to_string(),
         };
         for i in 0..l.nodes.len() {
@@ -261,7 +264,8 @@ impl VrrpLab {
         let vip = self.node_vip(i);
         let mut c = o.top.clone();
         c += &format!(
-            "interface = \"eth0\"\nname = \"{}\"\napi_socket = \"{}\"\nxdp_mode = \"skb\"\n",
+            "interface = \"{}\"\nname = \"{}\"\napi_socket = \"{}\"\nxdp_mode = \"skb\"\n",
+            self.vip_dev,
             self.pin_name(i),
             self.socket(i)
         );
@@ -607,10 +611,11 @@ impl VrrpLab {
         Some(v[0].clone())
     }
 
-    /// Whether node `i` holds the VIP on eth0 (what a master, lbd or keepalived, does).
+    /// Whether node `i` holds the VIP on its VIP device (what a master, lbd or keepalived,
+    /// does).
     pub fn holds_vip(&self, i: usize) -> bool {
         let netns = &self.lab.node(&self.nodes[i]).netns;
-        crate::lab::has_address(netns, "eth0", self.node_vip(i))
+        crate::lab::has_address(netns, &self.vip_dev, self.node_vip(i))
     }
 
     /// VRRP state of node `i` ("master", "backup", ...): lbd's from lbctl; keepalived's from
