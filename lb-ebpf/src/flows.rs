@@ -41,9 +41,9 @@
 //!   the check word binds the value to the key's 64-bit hash, so words of two different entries
 //!   fail it and the packet falls back to the LRU hash. Values and checks are read once.
 use lb_common::{
-    BACKEND_F_IN_SET, BACKEND_F_MOVED, BackendInfo, FAMILY_V4, FAMILY_V6, FLOW_ID_MASK,
-    FlowKey, FlowValue, LAST_BYTE, LbConfig, MARK_BYTE, MAX_BACKENDS, TAIL_KEY_MASK, V4_ADDRS,
-    V4_CHECK, V4_VALUE, V6_CHECK, V6_SRC, V6_VALUE, WAY_WORDS, flow_cache_check, flow_cache_hash,
+    BACKEND_F_IN_SET, BACKEND_F_MOVED, BackendInfo, FAMILY_V4, FAMILY_V6, FLOW_ID_MASK, FlowKey,
+    FlowValue, LAST_BYTE, LbConfig, MARK_BYTE, MAX_BACKENDS, TAIL_KEY_MASK, V4_ADDRS, V4_CHECK,
+    V4_VALUE, V6_CHECK, V6_SRC, V6_VALUE, WAY_WORDS, flow_cache_check, flow_cache_hash,
     flow_cache_index, flow_cache_seed, key_of_words, key_words, moved_to, tail_family,
     tail_matches, v4_addrs, v4_key, value_of, value_word,
 };

@@ -620,6 +620,10 @@ impl ClusterSpec {
         if let Some(i) = &b.interface {
             cfg.interface = i.clone();
         }
+        // No OVS bridge on the bootstrap (unless it is named so): the description's mode.
+        if cfg.interface != OVN_K8S_BRIDGE {
+            cfg.xdp_mode = self.xdp_mode;
+        }
         cfg.validate().map_err(|e| match e {
             ConfigError::Invalid { field, reason } => {
                 invalid(format!("bootstrap ({}): {field}", b.name), reason)
@@ -1074,6 +1078,8 @@ impl BootstrapSpec {
             secondary_address: self.secondary_address,
             roles: vec![Role::ControlPlane],
             labels: Default::default(),
+            // The program attaches to the bootstrap's own interface.
+            xdp_interfaces: Some(Vec::new()),
         }
     }
 }
@@ -1248,6 +1254,10 @@ roles = ["worker"]
         assert_eq!(boot.node, "bootstrap");
         let c = &boot.config;
         assert_eq!(c.interface, "ens3");
+        // No br-ex on the bootstrap: the program attaches to its interface, in the
+        // description's mode (not the generic mode of an OVS bridge).
+        assert!(c.xdp_interfaces.is_empty());
+        assert_eq!(c.xdp_mode, XdpMode::Auto);
         let names: Vec<&str> = c.vips.iter().map(|v| v.name.as_str()).collect();
         assert_eq!(names, ["api"], "only the API VIPs");
         assert_eq!(c.vrrp.len(), 1);

@@ -1,8 +1,8 @@
 //! lbd on OVN-Kubernetes' node networking: each node's address, and so the VIP, on an Open
 //! vSwitch bridge `br-ex` whose port is the uplink `eth0`, with the shared-gateway flows for
 //! host traffic (conntrack zone 64000, see `lb_tests::brex`). Needs root and Open vSwitch's
-//! datapath (the `openvswitch` module): the lab kernel has none, so the test says so and
-//! returns there; the kernel matrix runs it in Debian's 6.1 (xtask/src/vm.rs, `GUEST_TESTS`).
+//! datapath (the `openvswitch` module): the lab kernel has none, so the test is ignored there
+//! and the kernel matrix runs it in Debian's 6.1 (xtask/src/vm.rs, `GUEST_TESTS`).
 //!
 //! The two attach choices side by side: n1 attaches the XDP program below br-ex, natively on
 //! its uplink (`xdp_interfaces = ["eth0"]`, driver mode), n2 on br-ex itself (generic mode,
@@ -51,10 +51,10 @@ fn flows(l: &VrrpLab) -> String {
 }
 
 #[test]
+#[ignore = "needs Open vSwitch's datapath (the openvswitch module), which the lab kernel lacks: the kernel matrix runs it in Debian's kernel (cargo xtask kernels, --include-ignored), where it does not pass yet (docs/kernels.md)"]
 fn on_br_ex_lbd_fails_over_forwards_dsr_keeps_connections_and_host_traffic() {
     if let Err(why) = brex::available() {
-        eprintln!("skipped: {why}; the kernel matrix runs this lab (cargo xtask kernels)");
-        return;
+        panic!("{why}: this lab needs Open vSwitch's datapath (run it in the kernel matrix)");
     }
     let node = |priority| NodeOpts {
         priority,

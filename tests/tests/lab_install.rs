@@ -91,14 +91,12 @@ fn the_install_phases_keep_the_api_vip_with_one_holder_and_its_connections() {
     };
     let client = c.lab.node("client").netns.clone();
     let load = Load::start(&client, vec![echo.clone()], LONG, vec![mcs, echo], RATE);
-    let netns: Vec<String> = all
-        .iter()
-        .map(|n| c.lab.node(n).netns.clone())
-        .collect();
+    let netns: Vec<String> = all.iter().map(|n| c.lab.node(n).netns.clone()).collect();
     let sampler = Sampler::start(&netns, &[API_VIP.parse().unwrap()], load.clock());
     assert!(
         lb_tests::lab::wait_for(Duration::from_secs(20), || (load.long_up() == LONG)
-            .then_some(())).is_some(),
+            .then_some(()))
+        .is_some(),
         "the long-lived connections open through the bootstrap ({} of {LONG})",
         load.long_up()
     );
@@ -190,10 +188,7 @@ fn the_install_phases_keep_the_api_vip_with_one_holder_and_its_connections() {
     let owner_after = c.master("api", &CONTROL_PLANE);
 
     let samples = sampler.samples(0, end);
-    let doubles = samples
-        .iter()
-        .filter(|s| s.holders[0].len() >= 2)
-        .count();
+    let doubles = samples.iter().filter(|s| s.holders[0].len() >= 2).count();
     let holders: Vec<Vec<usize>> = samples.iter().map(|s| s.holders[0].clone()).collect();
     let moves = holders
         .windows(2)

@@ -464,7 +464,8 @@ fn a_crash_of_the_daemon_in_the_owners_pod_resets_no_connection() {
 /// /usr/local/bin/lb-image-gate) run against `node`'s pod, as its unit runs it after the
 /// machine-config daemon wrote the static pod: (success, stdout + stderr).
 fn gate(c: &Cluster, node: &str, timeout_s: u64) -> (bool, String) {
-    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/lb-image-gate.sh");
+    let script =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/lb-image-gate.sh");
     let out = std::process::Command::new("bash")
         .arg(script)
         .env("LB_GATE_MANIFEST", pods(c).manifest_path(node))
@@ -534,7 +535,11 @@ fn a_broken_image_stops_the_rollout_at_its_first_node_and_the_others_keep_the_vi
     assert!(!ok, "the gate fails a broken image on {api}: {log}");
     assert!(log.contains("no ready lbd"), "{log}");
     // The rollout stops (the node's update failed); the others keep lbd and the VIPs.
-    let others: Vec<&str> = CONTROL_PLANE.iter().copied().filter(|n| *n != api).collect();
+    let others: Vec<&str> = CONTROL_PLANE
+        .iter()
+        .copied()
+        .filter(|n| *n != api)
+        .collect();
     for n in &others {
         let ready = c
             .lbctl(n, &["stats"])
@@ -550,5 +555,8 @@ fn a_broken_image_stops_the_rollout_at_its_first_node_and_the_others_keep_the_vi
         );
     }
     let v = c.get_many(&format!("{API_VIP}:6443"), true, 50);
-    assert_eq!(v["ok"], 50, "the API VIP serves after the broken rollout step: {v}");
+    assert_eq!(
+        v["ok"], 50,
+        "the API VIP serves after the broken rollout step: {v}"
+    );
 }

@@ -884,7 +884,10 @@ fn a_forged_close_and_syn_do_not_move_a_connection_off_its_slot() {
                 *b,
                 "flood {flood}: a SYN after the hold moved port {sport}, whose close was forged"
             );
-            assert_eq!(backend_of(&mut t, &frame_seq(client, *sport, ACK, 1000)), *b);
+            assert_eq!(
+                backend_of(&mut t, &frame_seq(client, *sport, ACK, 1000)),
+                *b
+            );
         }
     }
 }
@@ -901,13 +904,22 @@ fn a_port_reused_after_a_close_on_a_pair_that_takes_new_flows_is_placed_afresh_a
     let (early, late) = conns.split_at(conns.len() / 2);
     for (i, (sport, b)) in conns.iter().enumerate() {
         let close = if i % 2 == 0 { FIN | ACK } else { RST };
-        assert_eq!(backend_of(&mut t, &frame_seq(client, *sport, close, 500)), *b);
+        assert_eq!(
+            backend_of(&mut t, &frame_seq(client, *sport, close, 500)),
+            *b
+        );
         let end = if close & FIN != 0 { 501 } else { 500 };
         assert_eq!(backend_of(&mut t, &frame_seq(client, *sport, ACK, end)), *b);
     }
     for (sport, b) in early {
-        assert_eq!(backend_of(&mut t, &frame_seq(client, *sport, SYN, 9000)), *b);
-        assert_eq!(backend_of(&mut t, &frame_seq(client, *sport, ACK, 9001)), *b);
+        assert_eq!(
+            backend_of(&mut t, &frame_seq(client, *sport, SYN, 9000)),
+            *b
+        );
+        assert_eq!(
+            backend_of(&mut t, &frame_seq(client, *sport, ACK, 9001)),
+            *b
+        );
     }
     wait_out_the_close_hold();
     for (sport, _) in late {
@@ -916,6 +928,9 @@ fn a_port_reused_after_a_close_on_a_pair_that_takes_new_flows_is_placed_afresh_a
             11,
             "port {sport}: a reuse after the hold was not placed on its slot"
         );
-        assert_eq!(backend_of(&mut t, &frame_seq(client, *sport, ACK, 9001)), 11);
+        assert_eq!(
+            backend_of(&mut t, &frame_seq(client, *sport, ACK, 9001)),
+            11
+        );
     }
 }

@@ -44,7 +44,7 @@ pub const GUEST_TESTS: &[(&str, &[&str])] = &[
     // bridge): VRRP failover, DSR, connections through the VIP's move, host traffic, with the
     // program on the uplink (native) and on br-ex (generic). Needs the openvswitch module,
     // which only the distribution kernels have. (Only in `cargo xtask kernels`, see `LABS`.)
-    ("lab_brex", &[]),
+    ("lab_brex", &["--include-ignored"]),
     // One lab with VRRP failover and DSR traffic: connections through the VIP while its owner
     // fails and a backup takes over. (Only in `cargo xtask kernels`, see `LABS`.)
     (

@@ -295,7 +295,10 @@ mod tests {
         let units = v["spec"]["config"]["systemd"]["units"].as_array().unwrap();
         assert_eq!(units[0]["name"], "x.service");
         assert_eq!(units[0]["contents"], "[Service]\nExecStart=/x\n");
-        assert!(units[0].get("enabled").is_none(), "started by the MCO, not at boot");
+        assert!(
+            units[0].get("enabled").is_none(),
+            "started by the MCO, not at boot"
+        );
     }
 
     #[test]
@@ -336,7 +339,9 @@ mod tests {
             serde_json::json!([{"type": "Restart", "restart": {"serviceName": GATE_UNIT}}])
         );
         assert_eq!(files[2]["actions"], serde_json::json!([{"type": "None"}]));
-        let units = v["spec"]["nodeDisruptionPolicy"]["units"].as_array().unwrap();
+        let units = v["spec"]["nodeDisruptionPolicy"]["units"]
+            .as_array()
+            .unwrap();
         assert_eq!(
             units,
             &[serde_json::json!({"name": GATE_UNIT, "actions": [{"type": "DaemonReload"}]})]

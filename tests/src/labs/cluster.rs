@@ -346,7 +346,8 @@ impl Cluster {
             "name = \"{CLUSTER}\"\ninterface = \"eth0\"\napi_vip = \"{API_VIP}\"\ningress_vip = \"{INGRESS_VIP}\"\napi_ports = [6443, {ECHO_PORT}{mcs}]\nxdp_mode = \"skb\"\n"
         );
         if self.opts.bootstrap {
-            d += &format!("\n[bootstrap]\nname = \"{BOOTSTRAP}\"\naddress = \"{BOOTSTRAP_ADDR}\"\n");
+            d +=
+                &format!("\n[bootstrap]\nname = \"{BOOTSTRAP}\"\naddress = \"{BOOTSTRAP_ADDR}\"\n");
         }
         let routers = self.routers();
         for (i, n) in self.nodes().iter().enumerate() {

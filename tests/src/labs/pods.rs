@@ -225,9 +225,10 @@ impl Pods {
         run: &Path,
         image: &str,
     ) -> Output {
-        let text = self
-            .manifest(node, role, etc, run)
-            .replace(&format!("image: {}", self.image()), &format!("image: {image}"));
+        let text = self.manifest(node, role, etc, run).replace(
+            &format!("image: {}", self.image()),
+            &format!("image: {image}"),
+        );
         let yaml = self.manifest_path(node);
         std::fs::write(&yaml, text).unwrap();
         let netns = lab.node(node).netns.clone();
