@@ -450,6 +450,12 @@ impl Cluster {
     fn apply_options(&self, node: &str, cfg: &mut Config) {
         if let Some(n) = self.opts.conntrack_size {
             cfg.conntrack_size = n;
+            // What the peers may install must fit half the smaller table (lbd refuses more:
+            // `sync.max_entries`), as render sizes it for the default one.
+            if let Some(s) = cfg.sync.as_mut() {
+                let peers = s.peers.len().max(1) as u32;
+                s.max_entries = s.max_entries.min(n / 2 / peers);
+            }
         }
         if self.opts.worker_echo {
             let port: u16 = ECHO_PORT.parse().unwrap();
