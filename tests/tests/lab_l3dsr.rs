@@ -68,6 +68,14 @@ fn setup_with(small_hop: Option<(u32, bool)>) -> L3Lab {
             lab.sysctl(&ns, k, "0");
         }
     }
+    // The client sends what a NIC puts on the wire, frames of its MTU, not the TSO/GSO
+    // super-frames a veth hands on whole: the LB takes a TCP frame longer than its device's
+    // MTU for a GRO merge and wraps it whole (tests/tests/xdp_encap.rs), and this lab checks
+    // the path of full-size frames that wrapped exceed the path: fragmentation needed.
+    let client = lab.node("client").netns.clone();
+    sh(&[
+        "ip", "netns", "exec", &client, "ethtool", "-K", "eth0", "tso", "off", "gso", "off",
+    ]);
     match small_hop {
         None => route(&lab, "lb", &["10.96.0.0/16", "via", "10.94.0.1"]),
         Some((mtu, declared)) => {

@@ -418,7 +418,11 @@ impl Config {
     }
 
     pub fn parse(text: &str) -> Result<Config, ConfigError> {
-        let cfg: Config = from_toml(text)?;
+        let mut cfg: Config = from_toml(text)?;
+        let conntrack_size = cfg.conntrack_size;
+        if let Some(s) = cfg.sync.as_mut() {
+            s.settle(conntrack_size);
+        }
         cfg.validate()?;
         Ok(cfg)
     }

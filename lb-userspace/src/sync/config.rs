@@ -119,6 +119,18 @@ impl SyncConfig {
         self.peers.len() as u64 * u64::from(self.max_entries)
     }
 
+    /// The default `max_entries` lowered to the share of half of `conntrack_size` each peer
+    /// may fill, so that a config that does not set it (as every config written before the
+    /// check below existed) keeps loading with many peers; another value is checked by
+    /// [`SyncConfig::fits`] and refused when it does not fit.
+    pub fn settle(&mut self, conntrack_size: u32) {
+        if self.max_entries == DEFAULT_MAX_ENTRIES {
+            let peers = (self.peers.len() as u64).max(1);
+            let share = (u64::from(conntrack_size) / 2 / peers).max(1);
+            self.max_entries = self.max_entries.min(share as u32);
+        }
+    }
+
     /// The peers' exceptions must fit in half of the connection table (`conntrack_size`): the
     /// table is an LRU, and entries installed for peers beyond that would push out the node's
     /// own connections' entries. (Peers a `[members]` announcement adds later are not counted
@@ -314,6 +326,30 @@ max_entries = 300
             e.starts_with("sync.max_entries: ") && e.contains("conntrack_size 1024"),
             "{e}"
         );
+    }
+
+    /// A config that leaves `max_entries` at its default loads with any number of peers: the
+    /// default is lowered to fit; an explicit value that does not fit is still refused.
+    #[test]
+    fn the_default_max_entries_is_lowered_to_fit_and_an_explicit_one_is_not() {
+        let text = |extra: &str| {
+            format!(
+                "interface = \"eth0\"\n[sync]\npeers = [\"10.0.0.2\", \"10.0.0.3\", \"10.0.0.4\", \"10.0.0.5\"]\nkey_file = \"/etc/lb/sync.key\"\n{extra}"
+            )
+        };
+        let cfg = crate::config::Config::parse(&text("")).unwrap();
+        let s = cfg.sync.as_ref().unwrap();
+        // 4 peers, half of the default 262,144 entries: 32,768 each.
+        assert_eq!(s.max_entries, (cfg.conntrack_size / 2) / 4);
+        assert!(s.fits(cfg.conntrack_size).is_ok());
+        let e = crate::config::Config::parse(&text("max_entries = 40000\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("sync.max_entries: "), "{e}");
+        // Few peers: the default stays.
+        let two = "interface = \"eth0\"\n[sync]\npeers = [\"10.0.0.2\"]\nkey_file = \"/k\"\n";
+        let cfg = crate::config::Config::parse(two).unwrap();
+        assert_eq!(cfg.sync.unwrap().max_entries, DEFAULT_MAX_ENTRIES);
     }
 
     #[test]
