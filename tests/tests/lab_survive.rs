@@ -746,8 +746,14 @@ fn reused_5_tuple(lose_retractions: bool) {
     );
     drain(&l, "undrain");
     wait_backend(&l, &all, &kaddr, true);
-    // TIME_WAIT reuse needs a second since the last segment.
-    std::thread::sleep(Duration::from_millis(1500));
+    // A SYN on a closed entry whose pair takes new flows follows it until the close is
+    // `FLOW_CLOSE_HOLD` coarse time units old (a forged close then moves nothing); after that
+    // the reused 5-tuple is placed afresh, on its slot (k's) now. (TIME_WAIT reuse needs a
+    // second since the last segment: within that too.)
+    let hold = Duration::from_nanos(
+        u64::from(lb_common::FLOW_CLOSE_HOLD) << lb_common::FLOW_CLOSE_TIME_UNIT,
+    );
+    std::thread::sleep(hold + Duration::from_millis(1000));
     let port = lb_userspace_sync_port();
     let block = |l: &VrrpLab, op: &str| {
         for i in &peers {
