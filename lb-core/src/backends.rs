@@ -40,6 +40,10 @@ pub struct HealthFact {
     /// when it starts has its full weight on every node): slow start runs from then (see
     /// `plan::slow_start_step`); `None`: full weight.
     pub up_since: Option<Instant>,
+    /// Taken out because its node's VRRP master went silent (fate sharing): the reason says
+    /// so until its checks pass again, also when they fail meanwhile (the node's death is the
+    /// cause the operator needs; a failing check only confirms it).
+    pub fate: bool,
 }
 
 impl HealthFact {
@@ -144,7 +148,7 @@ pub fn handle(facts: &mut HealthFacts, hold: Duration, now: Instant, input: Inpu
                 // Already failing (e.g. taken out by fate sharing): its hold runs on; the kind
                 // of failure may have changed (slow, then refused).
                 Some(old) if !old.healthy => HealthFact {
-                    reason: c.reason,
+                    reason: if old.fate { old.reason.clone() } else { c.reason },
                     hard: c.hard,
                     refused: c.refused,
                     ..old.clone()
@@ -183,11 +187,13 @@ pub fn handle(facts: &mut HealthFacts, hold: Duration, now: Instant, input: Inpu
                     Some(old) if !old.healthy => HealthFact {
                         reason: reason.clone(),
                         hard: true,
+                        fate: true,
                         ..old.clone()
                     },
                     // A dead node is never a fail-open target.
                     _ => HealthFact {
                         hard: true,
+                        fate: true,
                         ..HealthFact::failed(reason.clone(), now, hold)
                     },
                 };
@@ -312,7 +318,8 @@ mod tests {
         assert!(!h.healthy && h.hard);
         assert_eq!(h.hold_until, Some(t0 + s(31)));
         // Its checks then fail (the forced down, then a timeout): the hold runs on from the
-        // report, not from the check; the kind of failure follows the check.
+        // report, not from the check; the kind of failure follows the check, the reason stays
+        // the node's death (what the operator needs to see) until the checks pass.
         handle(
             &mut f,
             HOLD,
@@ -321,14 +328,20 @@ mod tests {
         );
         let later = &f[&pair("10.0.0.2")];
         assert_eq!(later.hold_until, Some(t0 + s(31)));
-        assert_eq!(later.reason, "timeout");
+        assert_eq!(later.reason, reason);
         assert!(!later.hard);
+        assert!(later.fate);
         // A second report of a backend already out keeps its hold too.
         handle(&mut f, HOLD, t0 + s(10), dead("10.0.0.2", &["10.0.0.2"]));
         assert_eq!(f[&pair("10.0.0.2")].hold_until, Some(t0 + s(31)));
         assert!(f[&pair("10.0.0.2")].hard);
         // A dead master with no backend here changes nothing.
         assert!(handle(&mut f, HOLD, t0, dead("10.0.0.9", &[])).is_empty());
+        // Its checks pass again: the node's death is over, and so is the reason.
+        handle(&mut f, HOLD, t0 + s(40), check("10.0.0.2", true, Some(false)));
+        let back = &f[&pair("10.0.0.2")];
+        assert!(back.healthy && !back.fate);
+        assert_eq!(back.reason, "ok");
     }
 
     #[test]
