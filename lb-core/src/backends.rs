@@ -148,7 +148,11 @@ pub fn handle(facts: &mut HealthFacts, hold: Duration, now: Instant, input: Inpu
                 // Already failing (e.g. taken out by fate sharing): its hold runs on; the kind
                 // of failure may have changed (slow, then refused).
                 Some(old) if !old.healthy => HealthFact {
-                    reason: if old.fate { old.reason.clone() } else { c.reason },
+                    reason: if old.fate {
+                        old.reason.clone()
+                    } else {
+                        c.reason
+                    },
                     hard: c.hard,
                     refused: c.refused,
                     ..old.clone()
@@ -338,7 +342,12 @@ mod tests {
         // A dead master with no backend here changes nothing.
         assert!(handle(&mut f, HOLD, t0, dead("10.0.0.9", &[])).is_empty());
         // Its checks pass again: the node's death is over, and so is the reason.
-        handle(&mut f, HOLD, t0 + s(40), check("10.0.0.2", true, Some(false)));
+        handle(
+            &mut f,
+            HOLD,
+            t0 + s(40),
+            check("10.0.0.2", true, Some(false)),
+        );
         let back = &f[&pair("10.0.0.2")];
         assert!(back.healthy && !back.fate);
         assert_eq!(back.reason, "ok");
