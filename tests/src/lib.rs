@@ -104,6 +104,14 @@ pub fn backend(addr: &str, n: u8) -> BackendSpec {
 }
 
 /// Directory of the workspace's binaries (lbd, lbctl): LB_BIN_DIR, or next to the test binary.
+/// The sum of a JSON object's counts (labnode's `survived_by_id`, `failed_by_id`...; 0 for
+/// anything else).
+pub fn sum_counts(v: &serde_json::Value) -> u64 {
+    v.as_object()
+        .map(|m| m.values().filter_map(|n| n.as_u64()).sum())
+        .unwrap_or(0)
+}
+
 pub fn bin_dir() -> PathBuf {
     if let Some(d) = std::env::var_os("LB_BIN_DIR") {
         return d.into();

@@ -6,31 +6,17 @@
 //! forwarding (the pinned program) until a backup holds the VIP; no node answers a segment of
 //! them with a reset. Needs root; `cargo xtask test`.
 
-use std::{
-    process::{Child, Stdio},
-    time::Duration,
-};
+use std::{process::Child, time::Duration};
 
+use lb_tests::sum_counts;
 use lb_tests::{
-    bin_dir,
     cluster::{API_VIP, CONTROL_PLANE, Cluster, ECHO_PORT, Runner, Shape},
     lab::wait_for,
 };
 use serde_json::Value;
 
 fn labnode(c: &Cluster, args: &[&str]) -> Child {
-    c.lab
-        .cmd("client", bin_dir().join("labnode"))
-        .args(args)
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("start labnode")
-}
-
-fn sum(v: &Value) -> u64 {
-    v.as_object()
-        .map(|m| m.values().filter_map(|n| n.as_u64()).sum())
-        .unwrap_or(0)
+    c.client_labnode(args)
 }
 
 #[test]
@@ -141,7 +127,10 @@ fn crash_of_the_owner(shape: Shape, upgrade: bool) {
         "connections on other nodes' backends: {held}"
     );
     assert_eq!(
-        (sum(&held["survived_by_id"]), sum(&held["failed_by_id"])),
+        (
+            sum_counts(&held["survived_by_id"]),
+            sum_counts(&held["failed_by_id"])
+        ),
         (150, 0),
         "connections across a crash of the owner's lbd ({api}): {held}"
     );

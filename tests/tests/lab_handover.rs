@@ -7,6 +7,7 @@
 
 use std::time::Duration;
 
+use lb_tests::sum_counts;
 use lb_tests::vrrp_lab::{NodeOpts, PORT, VrrpLab};
 use serde_json::Value;
 
@@ -39,12 +40,6 @@ fn last_json(log: &str) -> Value {
         .rev()
         .find_map(|l| serde_json::from_str(l).ok())
         .unwrap_or(Value::Null)
-}
-
-fn sum(v: &Value) -> u64 {
-    v.as_object()
-        .map(|m| m.values().filter_map(Value::as_u64).sum())
-        .unwrap_or(0)
 }
 
 /// A lab of three lbd nodes with priorities `prio`; every node tracks a local check (a listener
@@ -203,8 +198,8 @@ fn run(mv: Move, grace_ms: u64) -> Outcome {
     let held = last_json(&l.lab.log("hold"));
     let new = last_json(&l.lab.log("new"));
     Outcome {
-        held_ok: sum(&held["survived_by_id"]),
-        held_failed: sum(&held["failed_by_id"]),
+        held_ok: sum_counts(&held["survived_by_id"]),
+        held_failed: sum_counts(&held["failed_by_id"]),
         new_ok: new["ok"].as_u64().unwrap_or(0),
         new_failed: new["failed"].as_u64().unwrap_or(u64::MAX),
         detail: format!(

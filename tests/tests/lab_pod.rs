@@ -6,14 +6,10 @@
 //! Needs root, podman, runc and catatonit (`cargo xtask setup`); the image is built by
 //! `cargo xtask test` (or here, with `cargo xtask image --debug`, when missing or stale).
 
-use std::{
-    collections::BTreeMap,
-    process::{Child, Stdio},
-    time::Duration,
-};
+use std::{collections::BTreeMap, process::Child, time::Duration};
 
+use lb_tests::sum_counts;
 use lb_tests::{
-    bin_dir,
     cluster::{API_VIP, CONTROL_PLANE, Cluster, ECHO_PORT, INGRESS_VIP, Runner, Shape},
     lab::wait_for,
     pods::Pods,
@@ -104,23 +100,12 @@ fn events(c: &Cluster) -> String {
 }
 
 fn labnode(c: &Cluster, args: &[&str]) -> Child {
-    c.lab
-        .cmd("client", bin_dir().join("labnode"))
-        .args(args)
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("start labnode")
+    c.client_labnode(args)
 }
 
 fn json_of(child: Child) -> Value {
     let out = child.wait_with_output().expect("labnode");
     serde_json::from_slice(&out.stdout).unwrap_or(Value::Null)
-}
-
-fn sum(v: &Value) -> u64 {
-    v.as_object()
-        .map(|m| m.values().filter_map(|n| n.as_u64()).sum())
-        .unwrap_or(0)
 }
 
 #[test]
@@ -232,7 +217,10 @@ fn sigkill_of_the_owners_pod_keeps_forwarding_and_the_restart_adopts_pinned_stat
     );
     let held = json_of(hold);
     assert_eq!(
-        (sum(&held["survived_by_id"]), sum(&held["failed_by_id"])),
+        (
+            sum_counts(&held["survived_by_id"]),
+            sum_counts(&held["failed_by_id"])
+        ),
         (100, 0),
         "connections across SIGKILL of the owner's lbd ({api}) and its restart: {held}\n{}",
         events(&c)
@@ -375,7 +363,10 @@ fn pod_restart_of_the_owner_with_sigterm_resets_no_connection() {
     // forwarding with its last table for a grace period after giving up the VIP, until the new
     // owner's announcement has reached the clients.
     assert_eq!(
-        (sum(&held["survived_by_id"]), sum(&held["failed_by_id"])),
+        (
+            sum_counts(&held["survived_by_id"]),
+            sum_counts(&held["failed_by_id"])
+        ),
         (100, 0),
         "long-lived connections across a SIGTERM restart of the owner's pod: {held}\n{}",
         p.logs(&api)
@@ -453,7 +444,10 @@ fn a_crash_of_the_daemon_in_the_owners_pod_resets_no_connection() {
         .collect();
     assert!(on.len() > 1, "connections on several backends: {held}");
     assert_eq!(
-        (sum(&held["survived_by_id"]), sum(&held["failed_by_id"])),
+        (
+            sum_counts(&held["survived_by_id"]),
+            sum_counts(&held["failed_by_id"])
+        ),
         (90, 0),
         "connections across a crash of the daemon in the owner's pod ({api}): {held}\n{}",
         events(&c)

@@ -9,6 +9,7 @@
 
 use std::{os::unix::fs::PermissionsExt, time::Duration};
 
+use lb_tests::sum_counts;
 use lb_tests::vrrp_lab::{NodeOpts, PORT, VrrpLab};
 use serde_json::Value;
 
@@ -22,12 +23,6 @@ fn last_json(log: &str) -> Value {
         .rev()
         .find_map(|l| serde_json::from_str(l).ok())
         .unwrap_or(Value::Null)
-}
-
-fn sum(v: &Value) -> u64 {
-    v.as_object()
-        .map(|m| m.values().filter_map(Value::as_u64).sum())
-        .unwrap_or(0)
 }
 
 /// Three nodes; with `sync`, each syncs with the other two under one cluster key, scanning
@@ -365,8 +360,8 @@ fn upgrade_sequence_with(sync: bool, mv: Move, ipv6: bool, rotate: bool) -> Outc
         "a rotation with its overlap refuses no datagram (the stopping owner's flush included): {new_stats}"
     );
     Outcome {
-        survived: sum(&held["survived_by_id"]),
-        failed: sum(&held["failed_by_id"]),
+        survived: sum_counts(&held["survived_by_id"]),
+        failed: sum_counts(&held["failed_by_id"]),
         failed_by_id: held["failed_by_id"].clone(),
         owner: l.nodes[m].clone(),
         detail: format!(
@@ -560,14 +555,14 @@ fn bgp_backend_change_then_node_changes_lose_no_connection_with_sync() {
     let (held, detail) = bgp_sequence(true);
     println!("{detail}");
     assert_eq!(held["failed_by_id"], serde_json::json!({}), "{detail}");
-    assert_eq!(sum(&held["survived_by_id"]), HOLD, "{detail}");
+    assert_eq!(sum_counts(&held["survived_by_id"]), HOLD, "{detail}");
 }
 
 #[test]
 fn bgp_backend_change_then_node_changes_reset_exceptions_without_sync() {
     let (held, detail) = bgp_sequence(false);
     println!("{detail}");
-    assert!(sum(&held["failed_by_id"]) > 0, "{detail}");
+    assert!(sum_counts(&held["failed_by_id"]) > 0, "{detail}");
 }
 
 #[test]
@@ -635,8 +630,8 @@ fn drain_then_stop(signal: i32) -> Outcome {
     let held = last_json(&l.lab.log("hold"));
     let after = sync_stats(&l, new_master);
     Outcome {
-        survived: sum(&held["survived_by_id"]),
-        failed: sum(&held["failed_by_id"]),
+        survived: sum_counts(&held["survived_by_id"]),
+        failed: sum_counts(&held["failed_by_id"]),
         failed_by_id: held["failed_by_id"].clone(),
         owner: l.nodes[m].clone(),
         detail: format!(
@@ -727,7 +722,7 @@ fn reused_5_tuple(lose_retractions: bool) {
     assert!(l.lab.wait("first", Duration::from_secs(30)).is_some());
     let first = last_json(&l.lab.log("first"));
     assert_eq!(
-        sum(&first["survived_by_id"]),
+        sum_counts(&first["survived_by_id"]),
         N,
         "first connections: {first}"
     );
@@ -826,7 +821,10 @@ fn reused_5_tuple(lose_retractions: bool) {
         k + 1
     );
     assert_eq!(
-        (sum(&second["survived_by_id"]), sum(&second["failed_by_id"])),
+        (
+            sum_counts(&second["survived_by_id"]),
+            sum_counts(&second["failed_by_id"])
+        ),
         (N, 0),
         "every connection on a reused 5-tuple survives the move: {detail}"
     );

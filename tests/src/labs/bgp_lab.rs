@@ -492,7 +492,7 @@ impl BgpLab {
             .flatten()
             .filter_map(|v| v.as_u64().map(u128::from))
             .collect();
-        let survived: u64 = sum_values(&hold["survived_by_id"]);
+        let survived: u64 = crate::sum_counts(&hold["survived_by_id"]);
         NodeDeath {
             new_failed_ms: fails
                 .iter()
@@ -641,14 +641,6 @@ fn epoch_ms() -> u128 {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_millis())
         .unwrap_or(0)
-}
-
-fn sum_values(v: &Value) -> u64 {
-    v.as_object()
-        .into_iter()
-        .flatten()
-        .filter_map(|(_, v)| v.as_u64())
-        .sum()
 }
 
 /// The JSON a `labnode` child printed.

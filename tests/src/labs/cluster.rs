@@ -640,6 +640,17 @@ impl Cluster {
         serde_json::from_slice(&out.stdout).unwrap_or(Value::Null)
     }
 
+    /// Start `labnode args...` on the client, its output piped (a load the test reads when it
+    /// ends).
+    pub fn client_labnode(&self, args: &[&str]) -> std::process::Child {
+        self.lab
+            .cmd("client", bin_dir().join("labnode"))
+            .args(args)
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("start labnode")
+    }
+
     /// One short connection to the echo service on the API VIP: did it get an answer?
     pub fn probe(&self) -> bool {
         let out = self
