@@ -4,6 +4,8 @@
 //! `lb-userspace` is the shell that reads the world, feeds these machines and carries out what
 //! they return.
 //!
+//! - [`config_error`]: one error type for every config, and validation that reports every
+//!   problem ([`config_error::Validate`]).
 //! - [`backends`]: backends' health facts and the decisions that change them: a check's
 //!   result, a dead master's backends (fate sharing), the failed-backend hold.
 //! - [`maglev`]: the weighted Maglev table builder.
@@ -13,6 +15,7 @@
 //!   announce), beside the RFC machine.
 
 pub mod backends;
+pub mod config_error;
 pub mod handover;
 pub mod maglev;
 pub mod vrrp;

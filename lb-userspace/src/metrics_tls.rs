@@ -36,6 +36,7 @@ use rustls::{
 use serde::{Deserialize, Serialize};
 
 use crate::api::{Handler, Limits, Request, Response};
+use crate::config::{ConfigErrors, Validate};
 
 /// The user name cluster monitoring's Prometheus presents in its client certificate
 /// (the `metrics-client-certs` secret of openshift-monitoring).
@@ -63,30 +64,27 @@ fn default_allowed() -> Vec<String> {
     vec![PROMETHEUS_K8S.into()]
 }
 
-impl MetricsTlsConfig {
-    /// Field errors lbd refuses a config for (the files are checked when used: they may
-    /// appear after lbd starts, as the kubelet's serving certificate does on a new node).
-    pub fn validate(&self) -> Result<(), (String, String)> {
+/// Field errors lbd refuses a config for, relative to `[metrics_tls]` (the files are checked
+/// when used: they may appear after lbd starts, as the kubelet's serving certificate does on a
+/// new node).
+impl Validate for MetricsTlsConfig {
+    fn validate_into(&self, errors: &mut ConfigErrors) {
         for (name, p) in [
             ("cert_file", &self.cert_file),
             ("key_file", &self.key_file),
             ("client_ca_file", &self.client_ca_file),
         ] {
             if !p.is_absolute() {
-                return Err((
-                    format!("metrics_tls.{name}"),
-                    format!("{} is not an absolute path", p.display()),
-                ));
+                errors.add(name, format!("{} is not an absolute path", p.display()));
             }
         }
-        let field = || "metrics_tls.allowed_clients".to_string();
+        let field = "allowed_clients";
         if self.allowed_clients.iter().any(|c| c.trim().is_empty()) {
-            return Err((field(), "an empty name".into()));
+            errors.add(field, "an empty name");
         }
         if self.allowed_clients.is_empty() {
-            return Err((field(), "empty (nobody could read the metrics)".into()));
+            errors.add(field, "empty (nobody could read the metrics)");
         }
-        Ok(())
     }
 }
 
@@ -411,12 +409,18 @@ mod tests {
             client_ca_file: "/c".into(),
             allowed_clients: default_allowed(),
         };
-        assert_eq!(cfg.validate().unwrap_err().0, "metrics_tls.cert_file");
+        assert_eq!(
+            cfg.validate_at("metrics_tls").unwrap_err().fields(),
+            ["metrics_tls.cert_file"]
+        );
         let cfg = MetricsTlsConfig {
             cert_file: "/s".into(),
             allowed_clients: vec![],
             ..cfg
         };
-        assert_eq!(cfg.validate().unwrap_err().0, "metrics_tls.allowed_clients");
+        assert_eq!(
+            cfg.validate_at("metrics_tls").unwrap_err().fields(),
+            ["metrics_tls.allowed_clients"]
+        );
     }
 }

@@ -38,7 +38,10 @@ use std::{collections::HashSet, net::IpAddr, path::PathBuf};
 use serde::{Deserialize, Serialize};
 
 use crate::{
-    config::{BackendConfig, Config, ConfigError, TrackConfig, VipConfig, XdpMode, from_toml},
+    config::{
+        BackendConfig, Config, ConfigErrors, LoadError, TrackConfig, Validate, VipConfig, XdpMode,
+        from_toml,
+    },
     health::{CheckKind, HealthConfig},
     vrrp::{InstanceConfig, vrids::openshift_vrids},
 };
@@ -325,15 +328,8 @@ pub struct Rendered {
     pub config: Config,
 }
 
-fn invalid(field: impl Into<String>, reason: impl Into<String>) -> ConfigError {
-    ConfigError::Invalid {
-        field: field.into(),
-        reason: reason.into(),
-    }
-}
-
 impl ClusterSpec {
-    pub fn parse(text: &str) -> Result<ClusterSpec, ConfigError> {
+    pub fn parse(text: &str) -> Result<ClusterSpec, LoadError> {
         let spec: ClusterSpec = from_toml(text)?;
         spec.validate()?;
         Ok(spec)
@@ -357,75 +353,81 @@ impl ClusterSpec {
     pub fn ingress_vips(&self) -> Vec<IpAddr> {
         vip_list(self.ingress_vip, &self.ingress_vips)
     }
+}
 
-    /// What the description itself must satisfy; the rendered configs are checked after.
-    pub fn validate(&self) -> Result<(), ConfigError> {
+/// What the description itself must satisfy (every problem, each named); the rendered configs
+/// are checked after.
+impl Validate for ClusterSpec {
+    fn validate_into(&self, errors: &mut ConfigErrors) {
         if self.name.is_empty() {
-            return Err(invalid(
-                "name",
-                "must not be empty (the VRIDs derive from it)",
-            ));
+            errors.add("name", "must not be empty (the VRIDs derive from it)");
         }
         if !matches!(self.vrrp_version, 2 | 3) {
-            return Err(invalid(
+            errors.add(
                 "vrrp_version",
                 format!("must be 2 or 3, got {}", self.vrrp_version),
-            ));
+            );
         }
         if self.fast_failover && self.vrrp_version != 3 {
-            return Err(invalid(
+            errors.add(
                 "fast_failover",
                 "needs vrrp_version = 3: keepalived nodes still in the cluster (VRRPv2) advertise every second",
-            ));
+            );
         }
         if self.fast_failover && self.advert_interval_ms.is_some() {
-            return Err(invalid(
+            errors.add(
                 "fast_failover",
                 "sets the advert interval itself: remove advert_interval_ms",
-            ));
+            );
         }
-        check_vip_list("api", self.api_vip, &self.api_vips, true)?;
-        check_vip_list("ingress", self.ingress_vip, &self.ingress_vips, false)?;
+        check_vip_list("api", self.api_vip, &self.api_vips, true, errors);
+        check_vip_list(
+            "ingress",
+            self.ingress_vip,
+            &self.ingress_vips,
+            false,
+            errors,
+        );
         let api = self.api_vips();
         let ingress = self.ingress_vips();
         for (i, v) in ingress.iter().enumerate() {
             if api.contains(v) {
-                return Err(invalid(
+                errors.add(
                     list_field("ingress", &self.ingress_vips, i),
                     format!("{v} is also an API VIP"),
-                ));
+                );
             }
         }
         if let Some([a, i]) = self.vrids
             && (a == 0 || i == 0 || a == i)
         {
-            return Err(invalid("vrids", "two different VRIDs in 1..=255"));
+            errors.add("vrids", "two different VRIDs in 1..=255");
         }
         if let Some(m) = self.metrics_listen
             && openshift_port(m.port())
         {
-            return Err(invalid(
+            errors.add(
                 "metrics_listen",
                 format!(
                     "port {} is one OpenShift's on-prem pods bind or reserve (haproxy 9443-9445, 9000-9999, 6443, 22623-22624, 1936...); the default is {DEFAULT_METRICS_PORT}",
                     m.port()
                 ),
-            ));
+            );
         }
         if self.metrics_tls_port != 0
             && (openshift_port(self.metrics_tls_port)
                 || self.metrics_listen.map(|m| m.port()) == Some(self.metrics_tls_port))
         {
-            return Err(invalid(
+            errors.add(
                 "metrics_tls_port",
                 format!(
                     "port {} is one OpenShift's on-prem pods bind or reserve, or metrics_listen's; the default is {DEFAULT_METRICS_TLS_PORT}",
                     self.metrics_tls_port
                 ),
-            ));
+            );
         }
         if self.nodes.is_empty() {
-            return Err(invalid("nodes", "at least one node"));
+            errors.add("nodes", "at least one node");
         }
         // Address families every node needs an address of: those of the VIPs.
         let families: Vec<bool> = {
@@ -439,7 +441,7 @@ impl ClusterSpec {
         for (i, n) in self.nodes.iter().enumerate() {
             let f = format!("nodes[{i}]");
             if n.name.is_empty() || !names.insert(n.name.as_str()) {
-                return Err(invalid(format!("{f}.name"), "must be non-empty and unique"));
+                errors.add(format!("{f}.name"), "must be non-empty and unique");
             }
             for (field, a) in [
                 ("address", Some(n.address)),
@@ -447,77 +449,77 @@ impl ClusterSpec {
             ] {
                 let Some(a) = a else { continue };
                 if !addrs.insert(a) {
-                    return Err(invalid(format!("{f}.{field}"), "used by two nodes"));
+                    errors.add(format!("{f}.{field}"), "used by two nodes");
                 }
                 if api.contains(&a) || ingress.contains(&a) {
-                    return Err(invalid(format!("{f}.{field}"), "is a VIP"));
+                    errors.add(format!("{f}.{field}"), "is a VIP");
                 }
                 if !families.contains(&a.is_ipv4()) {
-                    return Err(invalid(
+                    errors.add(
                         format!("{f}.{field}"),
                         "no VIP of this address family (unicast VRRP peers and L2 DSR need the VIP's family)",
-                    ));
+                    );
                 }
             }
             if let Some(b) = n.secondary_address
                 && b.is_ipv4() == n.address.is_ipv4()
             {
-                return Err(invalid(
+                errors.add(
                     format!("{f}.secondary_address"),
                     "must be of the other address family than address (dual stack)",
-                ));
+                );
             }
             for v4 in &families {
                 if node_address(n, *v4).is_none() {
-                    return Err(invalid(
+                    errors.add(
                         format!("{f}.secondary_address"),
                         format!(
                             "needed: the cluster has {} VIPs and this node has no {} address",
                             if *v4 { "IPv4" } else { "IPv6" },
                             if *v4 { "IPv4" } else { "IPv6" }
                         ),
-                    ));
+                    );
                 }
             }
             if n.roles.is_empty() {
-                return Err(invalid(
+                errors.add(
                     format!("{f}.roles"),
                     "at least one of \"control-plane\", \"worker\"",
-                ));
+                );
             }
         }
         if self.has(Role::ControlPlane).next().is_none() {
-            return Err(invalid(
+            errors.add(
                 "nodes",
                 "no node has the control-plane role (the API VIP needs one)",
-            ));
+            );
         }
         if !ingress.is_empty() && self.routers().is_empty() {
-            return Err(invalid(
+            errors.add(
                 "nodes",
                 "ingress VIPs are set but no node has the worker role (routers)",
-            ));
+            );
         }
-        self.validate_bootstrap(&names, &addrs)?;
-        self.validate_shards()
+        self.validate_bootstrap(&names, &addrs, errors);
+        self.validate_shards(errors);
     }
+}
 
+impl ClusterSpec {
     fn validate_bootstrap(
         &self,
         names: &HashSet<&str>,
         addrs: &HashSet<IpAddr>,
-    ) -> Result<(), ConfigError> {
+        errors: &mut ConfigErrors,
+    ) {
         let Some(b) = &self.bootstrap else {
-            return Ok(());
+            return;
         };
         if b.name.is_empty() || names.contains(b.name.as_str()) {
-            return Err(invalid(
-                "bootstrap.name",
-                "must be non-empty and not a node's name",
-            ));
+            errors.add("bootstrap.name", "must be non-empty and not a node's name");
         }
         if b.interface.as_deref() == Some("") {
-            return Err(invalid("bootstrap.interface", "must not be empty"));
+            errors.add("bootstrap.interface", "must not be empty");
         }
         let api = self.api_vips();
         let node = b.as_node();
@@ -527,29 +529,28 @@ impl ClusterSpec {
         ] {
             let Some(a) = a else { continue };
             if addrs.contains(&a) {
-                return Err(invalid(format!("bootstrap.{field}"), "is a node's address"));
+                errors.add(format!("bootstrap.{field}"), "is a node's address");
             }
             if api.contains(&a) || self.ingress_vips().contains(&a) {
-                return Err(invalid(format!("bootstrap.{field}"), "is a VIP"));
+                errors.add(format!("bootstrap.{field}"), "is a VIP");
             }
         }
         if let Some(s) = b.secondary_address
             && s.is_ipv4() == b.address.is_ipv4()
         {
-            return Err(invalid(
+            errors.add(
                 "bootstrap.secondary_address",
                 "must be of the other address family than address (dual stack)",
-            ));
+            );
         }
         for v in &api {
             if node_address(&node, v.is_ipv4()).is_none() {
-                return Err(invalid(
+                errors.add(
                     "bootstrap.address",
                     format!("no address of the API VIP {v}'s family"),
-                ));
+                );
             }
         }
-        Ok(())
     }
 
     /// `(api, ingress)` VRIDs: OpenShift's, from the cluster name, unless overridden. Every
@@ -572,22 +573,19 @@ impl ClusterSpec {
     /// the password and the long interval: lbd applies that in place on reload (same version,
     /// so no instance restarts and no VIP moves), and a half-switched cluster still hears
     /// itself through the VRRPv3 adverts both profiles send.
-    pub fn render(&self) -> Result<Vec<Rendered>, ConfigError> {
+    pub fn render(&self) -> Result<Vec<Rendered>, ConfigErrors> {
         self.validate()?;
         let mut out = Vec::new();
+        let mut errors = ConfigErrors::new();
         for (i, n) in self.nodes.iter().enumerate() {
             let config = self.node_config(n);
-            config.validate().map_err(|e| match e {
-                ConfigError::Invalid { field, reason } => {
-                    invalid(format!("nodes[{i}] ({}): {field}", n.name), reason)
-                }
-                other => invalid(format!("nodes[{i}] ({})", n.name), other.to_string()),
-            })?;
+            errors.within(&format!("nodes[{i}] ({}): ", n.name), &config);
             out.push(Rendered {
                 node: n.name.clone(),
                 config,
             });
         }
+        errors.into_result()?;
         Ok(out)
     }
 
@@ -598,7 +596,7 @@ impl ClusterSpec {
     /// control-plane nodes (the Maglev table agrees, so the VIP's move keeps connections); no
     /// sync, no membership, no cluster key, no metrics TLS (the bootstrap has no kubelet
     /// serving certificate).
-    pub fn render_bootstrap(&self) -> Result<Option<Rendered>, ConfigError> {
+    pub fn render_bootstrap(&self) -> Result<Option<Rendered>, ConfigErrors> {
         self.validate()?;
         let Some(b) = &self.bootstrap else {
             return Ok(None);
@@ -624,12 +622,7 @@ impl ClusterSpec {
         if cfg.interface != OVN_K8S_BRIDGE {
             cfg.xdp_mode = self.xdp_mode;
         }
-        cfg.validate().map_err(|e| match e {
-            ConfigError::Invalid { field, reason } => {
-                invalid(format!("bootstrap ({}): {field}", b.name), reason)
-            }
-            other => invalid(format!("bootstrap ({})", b.name), other.to_string()),
-        })?;
+        cfg.validate_at(&format!("bootstrap ({}): ", b.name))?;
         Ok(Some(Rendered {
             node: b.name.clone(),
             config: cfg,
@@ -1030,43 +1023,40 @@ fn check_vip_list(
     one: Option<IpAddr>,
     list: &[IpAddr],
     required: bool,
-) -> Result<(), ConfigError> {
+    errors: &mut ConfigErrors,
+) {
     if one.is_some() && !list.is_empty() {
-        return Err(invalid(
+        errors.add(
             format!("{role}_vips"),
             format!("write {role}_vip or {role}_vips, not both"),
-        ));
+        );
     }
     let vips = vip_list(one, list);
     if required && vips.is_empty() {
-        return Err(invalid(
+        errors.add(
             format!("{role}_vips"),
             format!("at least one VIP ({role}_vip or {role}_vips)"),
-        ));
+        );
     }
     if vips.len() > 2 {
-        return Err(invalid(
+        errors.add(
             format!("{role}_vips"),
             "at most two VIPs: one IPv4 and one IPv6 (dual stack)",
-        ));
+        );
     }
     for (i, v) in vips.iter().enumerate() {
         if v.is_unspecified() || v.is_multicast() || v.is_loopback() {
-            return Err(invalid(
-                list_field(role, list, i),
-                "must be a unicast address",
-            ));
+            errors.add(list_field(role, list, i), "must be a unicast address");
         }
     }
     if let [a, b] = vips[..]
         && a.is_ipv4() == b.is_ipv4()
     {
-        return Err(invalid(
+        errors.add(
             format!("{role}_vips[1]"),
             "must be of the other address family than the first (dual stack: one IPv4 and one IPv6 VIP)",
-        ));
+        );
     }
-    Ok(())
 }
 
 impl BootstrapSpec {
@@ -1196,7 +1186,7 @@ roles = ["worker"]
 
     fn err(text: &str) -> String {
         ClusterSpec::parse(text)
-            .and_then(|c| c.render())
+            .and_then(|c| c.render().map_err(Into::into))
             .unwrap_err()
             .to_string()
     }

@@ -5,6 +5,8 @@ use std::{collections::HashSet, net::IpAddr, path::PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use crate::config::{ConfigErrors, Validate};
+
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct BgpConfig {
@@ -92,14 +94,13 @@ fn default_multiplier() -> u32 {
 /// AS_TRANS (RFC 6793) stands in for 4-byte ASNs on old speakers; never a real ASN.
 const AS_TRANS: u32 = 23456;
 
-fn check_asn(field: &str, asn: u32) -> Result<(), (String, String)> {
+fn check_asn(field: &str, asn: u32, errors: &mut ConfigErrors) {
     if asn == 0 || asn == AS_TRANS || asn == u32::MAX {
-        return Err((
-            field.to_string(),
+        errors.add(
+            field,
             format!("{asn} is not a usable AS number (0, 23456 and 4294967295 are reserved)"),
-        ));
+        );
     }
-    Ok(())
 }
 
 /// A standard community as FRR writes it; `None` if `s` is not one.
@@ -116,65 +117,60 @@ pub fn parse_community(s: &str) -> Option<String> {
     Some(format!("{a}:{b}"))
 }
 
-impl BgpConfig {
-    /// Validate as `bgp[index]`; the error is (field, reason).
-    pub fn validate_at(&self, index: usize) -> Result<(), (String, String)> {
-        let f = format!("bgp[{index}]");
-        check_asn(&format!("{f}.asn"), self.asn)?;
+/// Fields relative to this `[[bgp]]` section.
+impl Validate for BgpConfig {
+    fn validate_into(&self, errors: &mut ConfigErrors) {
+        check_asn("asn", self.asn, errors);
         if self.peers.is_empty() {
-            return Err((
-                format!("{f}.peers"),
-                "at least one peer is needed to announce anything".into(),
-            ));
+            errors.add("peers", "at least one peer is needed to announce anything");
         }
         let mut seen = HashSet::new();
         for (i, p) in self.peers.iter().enumerate() {
-            let pf = format!("{f}.peers[{i}]");
+            let pf = format!("peers[{i}]");
             if p.address.is_unspecified() || p.address.is_multicast() || p.address.is_loopback() {
-                return Err((format!("{pf}.address"), "must be a unicast address".into()));
+                errors.add(format!("{pf}.address"), "must be a unicast address");
             }
             if !seen.insert(p.address) {
-                return Err((format!("{pf}.address"), "listed twice".into()));
+                errors.add(format!("{pf}.address"), "listed twice");
             }
-            check_asn(&format!("{pf}.asn"), p.asn)?;
+            check_asn(&format!("{pf}.asn"), p.asn, errors);
             if let Some(d) = &p.description
                 && (d.len() > 80 || d.chars().any(|c| c.is_control()))
             {
-                return Err((
+                errors.add(
                     format!("{pf}.description"),
-                    "at most 80 printable characters".into(),
-                ));
+                    "at most 80 printable characters",
+                );
             }
         }
         let b = &self.bfd;
         for (name, v) in [("transmit_ms", b.transmit_ms), ("receive_ms", b.receive_ms)] {
             if !(10..=60_000).contains(&v) {
-                return Err((
-                    format!("{f}.bfd.{name}"),
+                errors.add(
+                    format!("bfd.{name}"),
                     format!("must be 10..=60000 ms, got {v}"),
-                ));
+                );
             }
         }
         if !(2..=255).contains(&b.multiplier) {
-            return Err((
-                format!("{f}.bfd.multiplier"),
+            errors.add(
+                "bfd.multiplier",
                 format!("must be 2..=255, got {}", b.multiplier),
-            ));
+            );
         }
         for (i, c) in self.communities.iter().enumerate() {
             if parse_community(c).is_none() {
-                return Err((
-                    format!("{f}.communities[{i}]"),
+                errors.add(
+                    format!("communities[{i}]"),
                     format!(
                         "{c:?} is not a community (want ASN:VALUE with 16-bit parts, or no-export, no-advertise, local-AS, no-peer, graceful-shutdown)"
                     ),
-                ));
+                );
             }
         }
         if self.vtysh.as_os_str().is_empty() {
-            return Err((format!("{f}.vtysh"), "must not be empty".into()));
+            errors.add("vtysh", "must not be empty");
         }
-        Ok(())
     }
 }
 

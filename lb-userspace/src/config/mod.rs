@@ -1,7 +1,8 @@
 //! The daemon's configuration (TOML) and its validation. Pure: parsing never touches the system.
 //!
 //! Every error names the field (`vips[1].backends[0].weight`) and the reason, so a bad config is
-//! refused with something an operator can act on. See `docs/config.md` for an example.
+//! refused with something an operator can act on; validation reports every problem of a file,
+//! not the first ([`lb_core::config_error`]). See `docs/config.md` for an example.
 
 use std::{collections::HashSet, net::IpAddr, path::PathBuf};
 
@@ -11,8 +12,12 @@ pub mod node;
 
 use crate::{bgp::BgpConfig, health::HealthConfig, maglev::is_prime, vrrp::InstanceConfig};
 
+pub use lb_core::config_error::{ConfigError, ConfigErrors, Validate};
+
+/// Why a config file was not taken: it could not be read, it is not TOML of the right shape,
+/// or its values are wrong (every wrong field, each named).
 #[derive(Debug, thiserror::Error)]
-pub enum ConfigError {
+pub enum LoadError {
     // Not a `source`: the message already carries the reason, and error chains would print it
     // twice.
     #[error("cannot read {path}: {error}")]
@@ -22,34 +27,50 @@ pub enum ConfigError {
     },
     #[error("{0}")]
     Parse(String),
-    #[error("{field}: {reason}")]
-    Invalid { field: String, reason: String },
+    #[error("{0}")]
+    Invalid(ConfigErrors),
+}
+
+impl From<ConfigErrors> for LoadError {
+    fn from(e: ConfigErrors) -> Self {
+        LoadError::Invalid(e)
+    }
+}
+
+impl From<ConfigError> for LoadError {
+    fn from(e: ConfigError) -> Self {
+        LoadError::Invalid(e.into())
+    }
+}
+
+impl LoadError {
+    /// The fields named, in order (none for a file that could not be read or parsed).
+    pub fn fields(&self) -> Vec<&str> {
+        match self {
+            LoadError::Invalid(e) => e.fields(),
+            _ => Vec::new(),
+        }
+    }
 }
 
 /// Parse TOML into `T`. A type error names the field's path (`vips[0].backends[1].weight`) like
 /// validation errors do, so both read `field: reason`.
-pub fn from_toml<T: serde::de::DeserializeOwned>(text: &str) -> Result<T, ConfigError> {
-    let de = toml::Deserializer::parse(text).map_err(|e| ConfigError::Parse(e.to_string()))?;
+pub fn from_toml<T: serde::de::DeserializeOwned>(text: &str) -> Result<T, LoadError> {
+    let de = toml::Deserializer::parse(text).map_err(|e| LoadError::Parse(e.to_string()))?;
     serde_path_to_error::deserialize(de).map_err(|e| {
         let field = e.path().to_string();
         let reason = e.into_inner().to_string();
         if field == "." {
             // Nothing to name (e.g. a syntax error): toml's message carries the line.
-            ConfigError::Parse(reason)
+            LoadError::Parse(reason)
         } else {
-            ConfigError::Invalid {
-                field,
-                reason: reason.trim_end().to_string(),
-            }
+            ConfigError::new(field, reason.trim_end()).into()
         }
     })
 }
 
 fn invalid(field: impl Into<String>, reason: impl Into<String>) -> ConfigError {
-    ConfigError::Invalid {
-        field: field.into(),
-        reason: reason.into(),
-    }
+    ConfigError::new(field, reason)
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -346,8 +367,8 @@ pub const MAX_TABLE_SIZE: u32 = 1_000_003;
 impl Config {
     /// Read, parse and validate `path`, then check its VIPs against this host's addresses
     /// ([`Config::check_host`]). [`Config::parse`] alone never touches the system.
-    pub fn load(path: &std::path::Path) -> Result<Config, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|error| ConfigError::Read {
+    pub fn load(path: &std::path::Path) -> Result<Config, LoadError> {
+        let text = std::fs::read_to_string(path).map_err(|error| LoadError::Read {
             path: path.to_owned(),
             error,
         })?;
@@ -356,7 +377,7 @@ impl Config {
 
     /// A config file's text as [`Config::load`] takes it: parsed, validated and checked
     /// against this host (for a caller that has read the file already, once).
-    pub fn from_file_text(text: &str) -> Result<Config, ConfigError> {
+    pub fn from_file_text(text: &str) -> Result<Config, LoadError> {
         let cfg = Self::parse(text)?;
         // Without the host's addresses (no /proc?), the parse-time checks are all there is.
         if let Ok(host) = crate::vrrp::io::host_addresses() {
@@ -373,7 +394,8 @@ impl Config {
     pub fn check_host(
         &self,
         host: &[(String, crate::vrrp::announce::ListedAddr)],
-    ) -> Result<(), ConfigError> {
+    ) -> Result<(), ConfigErrors> {
+        let mut errors = ConfigErrors::new();
         let owned_by_host = |ifname: Option<&str>, vip: IpAddr| {
             host.iter().find(|(i, a)| {
                 a.addr == vip
@@ -382,13 +404,13 @@ impl Config {
             })
         };
         let refuse = |field: String, (i, a): &(String, crate::vrrp::announce::ListedAddr)| {
-            Err(invalid(
+            invalid(
                 field,
                 format!(
                     "{}/{} is an address of this node's interface {i}: a VIP must be an address no node has (lbd would announce it and, on stepping down, remove it)",
                     a.addr, a.prefix_len
                 ),
-            ))
+            )
         };
         for (i, v) in self.vips.iter().enumerate() {
             let ifname = match (&v.vrrp, v.announce) {
@@ -403,21 +425,21 @@ impl Config {
                 (None, _) => Some(self.interface.as_str()),
             };
             if let Some(hit) = owned_by_host(ifname, v.address) {
-                return refuse(format!("vips[{i}].address"), hit);
+                errors.push(refuse(format!("vips[{i}].address"), hit));
             }
         }
         for (i, r) in self.vrrp.iter().enumerate() {
             let ifname = r.interface.as_deref().unwrap_or(&self.interface);
             for (j, vip) in r.vips.iter().enumerate() {
                 if let Some(hit) = owned_by_host(Some(ifname), *vip) {
-                    return refuse(format!("vrrp[{i}].vips[{j}]"), hit);
+                    errors.push(refuse(format!("vrrp[{i}].vips[{j}]"), hit));
                 }
             }
         }
-        Ok(())
+        errors.into_result()
     }
 
-    pub fn parse(text: &str) -> Result<Config, ConfigError> {
+    pub fn parse(text: &str) -> Result<Config, LoadError> {
         let mut cfg: Config = from_toml(text)?;
         let conntrack_size = cfg.conntrack_size;
         if let Some(s) = cfg.sync.as_mut() {
@@ -481,26 +503,26 @@ impl Config {
             self.xdp_interfaces.iter().map(String::as_str).collect()
         }
     }
+}
 
-    pub fn validate(&self) -> Result<(), ConfigError> {
+/// Every field's problems at once: an operator sees all that is wrong with a file in one run.
+impl Validate for Config {
+    fn validate_into(&self, errors: &mut ConfigErrors) {
         if self.interface.is_empty() || self.interface.len() > 15 {
-            return Err(invalid(
-                "interface",
-                "must be an interface name of 1-15 characters",
-            ));
+            errors.add("interface", "must be an interface name of 1-15 characters");
         }
         for (i, x) in self.xdp_interfaces.iter().enumerate() {
             if x.is_empty() || x.len() > 15 || x.contains(['/', ' ']) {
-                return Err(invalid(
+                errors.add(
                     format!("xdp_interfaces[{i}]"),
                     "must be an interface name of 1-15 characters",
-                ));
+                );
             }
             if self.xdp_interfaces[..i].contains(x) {
-                return Err(invalid(
+                errors.add(
                     format!("xdp_interfaces[{i}]"),
                     format!("{x:?} is named twice"),
-                ));
+                );
             }
         }
         if self.name.is_empty()
@@ -510,68 +532,68 @@ impl Config {
                 .chars()
                 .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
         {
-            return Err(invalid("name", "must be 1-32 characters of [A-Za-z0-9_-]"));
+            errors.add("name", "must be 1-32 characters of [A-Za-z0-9_-]");
         }
         if !is_prime(self.table_size) || self.table_size > MAX_TABLE_SIZE {
-            return Err(invalid(
+            errors.add(
                 "table_size",
                 format!(
                     "must be a prime <= {MAX_TABLE_SIZE}, got {}",
                     self.table_size
                 ),
-            ));
+            );
         }
         if let Some(s) = &self.sync {
-            s.validate()?;
-            s.fits(self.conntrack_size)?;
+            errors.within("sync", s);
+            s.fits(self.conntrack_size, errors);
         }
         if let Some(t) = &self.metrics_tls {
-            t.validate().map_err(|(f, r)| invalid(f, r))?;
+            errors.within("metrics_tls", t);
         }
         if let Some(m) = &self.members {
-            m.validate()?;
+            errors.within("members", m);
         }
         if self.conntrack_size < 1024 {
-            return Err(invalid("conntrack_size", "must be at least 1024"));
+            errors.add("conntrack_size", "must be at least 1024");
         }
         if self.failed_backend_hold_ms > 600_000 {
-            return Err(invalid(
+            errors.add(
                 "failed_backend_hold_ms",
                 format!(
                     "must be at most 600000 (ten minutes), got {}",
                     self.failed_backend_hold_ms
                 ),
-            ));
+            );
         }
         if self.vrrp_rt_priority > crate::vrrp::realtime::MAX_RT_PRIORITY {
-            return Err(invalid(
+            errors.add(
                 "vrrp_rt_priority",
                 format!(
                     "must be 0 (normal scheduling) or a real-time priority 1..={}, got {}",
                     crate::vrrp::realtime::MAX_RT_PRIORITY,
                     self.vrrp_rt_priority
                 ),
-            ));
+            );
         }
         if self.handover_grace_ms > 60_000 {
-            return Err(invalid(
+            errors.add(
                 "handover_grace_ms",
                 format!(
                     "must be at most 60000 (a minute), got {}",
                     self.handover_grace_ms
                 ),
-            ));
+            );
         }
         let services = self.services();
         if services.len() > lb_common::MAX_VIPS as usize {
-            return Err(invalid(
+            errors.add(
                 "vips",
                 format!(
                     "{} services (address, port) exceed the limit of {}",
                     services.len(),
                     lb_common::MAX_VIPS
                 ),
-            ));
+            );
         }
         let mut names = HashSet::new();
         let mut keys = HashSet::new();
@@ -579,10 +601,10 @@ impl Config {
         for (i, v) in self.vips.iter().enumerate() {
             let f = format!("vips[{i}]");
             if v.name.is_empty() || !names.insert(v.name.as_str()) {
-                return Err(invalid(format!("{f}.name"), "must be non-empty and unique"));
+                errors.add(format!("{f}.name"), "must be non-empty and unique");
             }
             if v.address.is_unspecified() || v.address.is_multicast() {
-                return Err(invalid(format!("{f}.address"), "must be a unicast address"));
+                errors.add(format!("{f}.address"), "must be a unicast address");
             }
             let ports: Vec<u16> = if v.ports.is_empty() {
                 vec![0]
@@ -591,215 +613,206 @@ impl Config {
             };
             for (j, p) in v.ports.iter().enumerate() {
                 if *p == 0 {
-                    return Err(invalid(
+                    errors.add(
                         format!("{f}.ports[{j}]"),
                         "0 is not a port; leave `ports` empty for all ports",
-                    ));
+                    );
                 }
             }
             for p in ports {
                 if !keys.insert((v.address, p, v.protocol)) {
-                    return Err(invalid(
+                    errors.add(
                         f.to_string(),
                         format!(
                             "{} port {p} {} is defined twice",
                             v.address,
                             v.protocol.name()
                         ),
-                    ));
+                    );
                 }
             }
             if let Some(name) = &v.vrrp
                 && !self.vrrp.iter().any(|r| &r.name == name)
             {
-                return Err(invalid(
+                errors.add(
                     format!("{f}.vrrp"),
                     format!("no VRRP instance named {name:?}"),
-                ));
+                );
             }
-            v.health
-                .validate(&format!("{f}.health"))
-                .map_err(ConfigError::Parse)?;
+            errors.within(&format!("{f}.health"), &v.health);
             if v.health.kind != crate::health::CheckKind::None
                 && v.health.port.is_none()
                 && v.ports.is_empty()
             {
-                return Err(invalid(
+                errors.add(
                     format!("{f}.health.port"),
                     "required when the VIP serves all ports (which port should be checked?)",
-                ));
+                );
             }
             if v.name.contains('/') {
-                return Err(invalid(format!("{f}.name"), "must not contain '/'"));
+                errors.add(format!("{f}.name"), "must not contain '/'");
             }
             if v.name == RESERVED_VIP_NAME {
-                return Err(invalid(
+                errors.add(
                     format!("{f}.name"),
                     format!(
                         "{RESERVED_VIP_NAME:?} is reserved for tracked checks; pick another name"
                     ),
-                ));
+                );
             }
-            self.validate_ownership(i, v)?;
+            self.validate_ownership(i, v, errors);
             let mut seen = HashSet::new();
             for (j, b) in v.backends.iter().enumerate() {
                 let bf = format!("{f}.backends[{j}]");
                 if b.address.is_ipv4() != v.address.is_ipv4() {
-                    return Err(invalid(
+                    errors.add(
                         format!("{bf}.address"),
                         "must be the same address family as the VIP (L2 DSR does not translate)",
-                    ));
+                    );
                 }
                 if b.address.is_unspecified() || b.address.is_multicast() {
-                    return Err(invalid(
-                        format!("{bf}.address"),
-                        "must be a unicast address",
-                    ));
+                    errors.add(format!("{bf}.address"), "must be a unicast address");
                 }
                 if !seen.insert(b.address) {
-                    return Err(invalid(format!("{bf}.address"), "listed twice"));
+                    errors.add(format!("{bf}.address"), "listed twice");
                 }
                 if b.weight > MAX_WEIGHT {
-                    return Err(invalid(
+                    errors.add(
                         format!("{bf}.weight"),
                         format!("must be 0..={MAX_WEIGHT}, got {}", b.weight),
-                    ));
+                    );
                 }
             }
             if (self.table_size as usize) < v.backends.len() * 10 {
-                return Err(invalid(
+                errors.add(
                     "table_size",
                     format!(
                         "must be at least 10x the backends of {f} ({})",
                         v.backends.len()
                     ),
-                ));
+                );
             }
             pairs += v.backends.len() * v.ports.len().max(1);
         }
         if pairs > lb_common::MAX_BACKENDS as usize {
-            return Err(invalid(
+            errors.add(
                 "vips",
                 format!(
                     "{pairs} (service, backend) pairs exceed {}",
                     lb_common::MAX_BACKENDS
                 ),
-            ));
+            );
         }
         let mut vrrp_names = HashSet::new();
         let mut vrids = HashSet::new();
         for (i, r) in self.vrrp.iter().enumerate() {
             if !vrrp_names.insert(r.name.as_str()) {
-                return Err(invalid(format!("vrrp[{i}].name"), "must be unique"));
+                errors.add(format!("vrrp[{i}].name"), "must be unique");
             }
-            r.validate_at(i).map_err(|e| invalid(e.field, e.reason))?;
+            errors.within(&format!("vrrp[{i}]"), r);
             // One address, one election: when one instance goes backup it would delete the
             // address the other holds as master.
             for (j, vip) in r.vips.iter().enumerate() {
                 if let Some(other) = self.vrrp[..i].iter().find(|o| o.vips.contains(vip)) {
-                    return Err(invalid(
+                    errors.add(
                         format!("vrrp[{i}].vips[{j}]"),
                         format!(
                             "{vip} is also a VIP of instance {:?}: each VIP belongs to one instance",
                             other.name
                         ),
-                    ));
+                    );
                 }
             }
             let family = r.vips.first().map(|a| a.is_ipv4());
             let iface = r.interface.as_deref().unwrap_or(&self.interface);
             if !vrids.insert((iface.to_string(), r.vrid, family)) {
-                return Err(invalid(
+                errors.add(
                     format!("vrrp[{i}].vrid"),
                     format!("VRID {} is used twice on {iface}", r.vrid),
-                ));
+                );
             }
         }
-        self.validate_groups()?;
+        self.validate_groups(errors);
         for (i, v) in self.vips.iter().enumerate() {
             if let Some(name) = &v.vrrp
                 && let Some(r) = self.vrrp.iter().find(|r| &r.name == name)
                 && !r.vips.contains(&v.address)
             {
-                return Err(invalid(
+                errors.add(
                     format!("vips[{i}].vrrp"),
                     format!("instance {name:?} does not list {} in its vips", v.address),
-                ));
+                );
             }
         }
-        self.validate_bgp()?;
+        self.validate_bgp(errors);
         let mut track_names = HashSet::new();
         for (i, t) in self.track.iter().enumerate() {
             let f = format!("track[{i}]");
             if !self.vrrp.iter().any(|r| r.name == t.instance) {
-                return Err(invalid(
+                errors.add(
                     format!("{f}.instance"),
                     format!("no VRRP instance named {:?}", t.instance),
-                ));
+                );
             }
             if t.name.is_empty() || t.name.contains('/') || !track_names.insert(t.name.as_str()) {
-                return Err(invalid(
+                errors.add(
                     format!("{f}.name"),
                     "must be non-empty, unique and without '/'",
-                ));
+                );
             }
             if !(-254..=254).contains(&t.weight) {
-                return Err(invalid(
+                errors.add(
                     format!("{f}.weight"),
                     format!("must be -254..=254, got {}", t.weight),
-                ));
+                );
             }
             if t.address.is_some() {
-                t.health
-                    .validate(&format!("{f}.health"))
-                    .map_err(ConfigError::Parse)?;
+                errors.within(&format!("{f}.health"), &t.health);
             } else if t.or_lb_ready {
-                return Err(invalid(
+                errors.add(
                     format!("{f}.or_lb_ready"),
                     "needs an address: a track without one is the load balancer's readiness already",
-                ));
+                );
             }
         }
-        Ok(())
     }
 }
 
 impl Config {
     /// A group (see [`crate::vrrp::group`]) has at least two members with one priority and
     /// one preemption: the members' elections must rank the nodes alike.
-    fn validate_groups(&self) -> Result<(), ConfigError> {
+    fn validate_groups(&self, errors: &mut ConfigErrors) {
         for (i, r) in self.vrrp.iter().enumerate() {
             let Some(g) = &r.group else { continue };
             let mut members = self.vrrp.iter().filter(|o| o.group.as_ref() == Some(g));
             let first = members.next().expect("r is a member");
             if members.next().is_none() {
-                return Err(invalid(
+                errors.add(
                     format!("vrrp[{i}].group"),
                     format!(
                         "group {g:?} has only this instance: instances move together with others of the same group"
                     ),
-                ));
+                );
             }
             if r.priority != first.priority {
-                return Err(invalid(
+                errors.add(
                     format!("vrrp[{i}].priority"),
                     format!(
                         "{} differs from {} of {:?}, the first instance of group {g:?}: members need one priority",
                         r.priority, first.priority, first.name
                     ),
-                ));
+                );
             }
             if r.preempt != first.preempt {
-                return Err(invalid(
+                errors.add(
                     format!("vrrp[{i}].preempt"),
                     format!(
                         "differs from {:?}, the first instance of group {g:?}",
                         first.name
                     ),
-                ));
+                );
             }
         }
-        Ok(())
     }
 }
 
@@ -808,89 +821,87 @@ pub const RESERVED_VIP_NAME: &str = "track";
 
 impl Config {
     /// Who holds VIP `i`: exactly one of `vrrp`, `owned = true` or `announce = "bgp"`.
-    fn validate_ownership(&self, i: usize, v: &VipConfig) -> Result<(), ConfigError> {
+    fn validate_ownership(&self, i: usize, v: &VipConfig, errors: &mut ConfigErrors) {
         let f = format!("vips[{i}]");
         let bgp = v.announce == Announce::Bgp;
         if v.held_statically() && (v.vrrp.is_some() || bgp) {
-            return Err(invalid(
+            errors.add(
                 format!("{f}.owned"),
                 if bgp {
                     "a BGP VIP is forwarded by every ready node; remove `owned`"
                 } else {
                     "a VIP is either elected by VRRP (`vrrp`) or held statically (`owned = true`), not both"
                 },
-            ));
+            );
         }
         if v.vrrp.is_none() && v.owned.is_none() && !bgp {
-            return Err(invalid(
-                f,
+            errors.add(
+                &f,
                 format!(
                     "{}: who holds it? Set `vrrp = \"<instance>\"` to have a VRRP instance elect one node, `owned = true` to hold it on this node statically (every node given this config holds it), `owned = false` if this node never holds it, or `announce = \"bgp\"`",
                     v.address
                 ),
-            ));
+            );
         }
         if v.held_statically()
             && let Some(r) = self.vrrp.iter().find(|r| r.vips.contains(&v.address))
         {
-            return Err(invalid(
+            errors.add(
                 format!("{f}.owned"),
                 format!(
                     "{} is a VIP of VRRP instance {:?}: it cannot also be held statically",
                     v.address, r.name
                 ),
-            ));
+            );
         }
-        Ok(())
     }
 
-    fn validate_bgp(&self) -> Result<(), ConfigError> {
+    fn validate_bgp(&self, errors: &mut ConfigErrors) {
         if self.bgp.len() > 1 {
-            return Err(invalid(
+            errors.add(
                 "bgp[1]",
                 "only one [[bgp]] section: one routing daemon, one local AS per node",
-            ));
+            );
         }
         for (i, b) in self.bgp.iter().enumerate() {
-            b.validate_at(i).map_err(|(f, r)| invalid(f, r))?;
+            errors.within(&format!("bgp[{i}]"), b);
         }
         for (i, v) in self.vips.iter().enumerate() {
             if v.announce != Announce::Bgp {
                 continue;
             }
             if self.bgp.is_empty() {
-                return Err(invalid(
+                errors.add(
                     format!("vips[{i}].announce"),
                     "\"bgp\" needs a [[bgp]] section (local ASN and peers)",
-                ));
+                );
             }
             if v.vrrp.is_some() {
-                return Err(invalid(
+                errors.add(
                     format!("vips[{i}].announce"),
                     "a VIP is either announced over BGP or elected by VRRP, not both (remove `vrrp`)",
-                ));
+                );
             }
             // Its blackhole host route would swallow the session to that peer (or this node's
             // own traffic).
             for b in &self.bgp {
                 if let Some(p) = b.peers.iter().find(|p| p.address == v.address) {
-                    return Err(invalid(
+                    errors.add(
                         format!("vips[{i}].address"),
                         format!(
                             "{} is the address of BGP peer {}: its host route would cut the session",
                             v.address, p.address
                         ),
-                    ));
+                    );
                 }
                 if b.router_id.is_some_and(|id| IpAddr::V4(id) == v.address) {
-                    return Err(invalid(
+                    errors.add(
                         format!("vips[{i}].address"),
                         format!("{} is this node's BGP router id", v.address),
-                    ));
+                    );
                 }
             }
         }
-        Ok(())
     }
 }
 
@@ -914,6 +925,38 @@ weight = 2
 
     fn err(text: &str) -> String {
         Config::parse(text).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn every_problem_of_a_file_is_reported_each_by_its_field() {
+        // Five independent mistakes in five parts (top level, the sync section, a VIP's health
+        // table, its backend, a VRRP instance): all named in one refusal.
+        let text = format!(
+            "table_size = 65536\n{}[[vrrp]]\nname = \"v\"\nvrid = 0\nvips = [\"192.168.111.9\"]\n[sync]\npeers = []\nkey_file = \"/k\"\n",
+            GOOD.replace("weight = 2", "weight = 5000").replace(
+                "owned = true\n",
+                "owned = true\nhealth = { interval_ms = 1, timeout_ms = 1 }\n"
+            )
+        );
+        let e = Config::parse(&text).unwrap_err();
+        assert_eq!(
+            e.fields(),
+            [
+                "table_size",
+                "sync.peers",
+                "vips[0].health.interval_ms",
+                "vips[0].backends[1].weight",
+                "vrrp[0].vrid",
+            ],
+            "{e}"
+        );
+        assert_eq!(e.to_string().lines().count(), 5, "{e}");
+        // One mistake reads as before: `field: reason`.
+        let one = err(&GOOD.replace("weight = 2", "weight = 5000"));
+        assert_eq!(
+            one,
+            "vips[0].backends[1].weight: must be 0..=1000, got 5000"
+        );
     }
 
     #[test]

@@ -7,7 +7,7 @@ use std::{net::IpAddr, path::PathBuf};
 
 use serde::Deserialize;
 
-use super::{ConfigError, invalid};
+use super::{LoadError, invalid};
 
 /// The config this node runs when `path` is a directory of rendered configs (a MachineConfig
 /// ships every node's to every node of a pool): the one whose VRRP source address is an
@@ -19,11 +19,11 @@ use super::{ConfigError, invalid};
 /// even a broken one, never stops this node. "An address of this host" is read from the
 /// interfaces, not tried with bind(2), which `ip_nonlocal_bind=1` lets succeed for any
 /// address.
-pub fn node_config_path(path: &std::path::Path) -> Result<PathBuf, ConfigError> {
+pub fn node_config_path(path: &std::path::Path) -> Result<PathBuf, LoadError> {
     if !path.is_dir() {
         return Ok(path.to_owned());
     }
-    let read_err = |error| ConfigError::Read {
+    let read_err = |error| LoadError::Read {
         path: path.to_owned(),
         error,
     };
@@ -65,7 +65,7 @@ pub fn pick_node_config(
     dir: &std::path::Path,
     files: &[(PathBuf, String)],
     host: &[IpAddr],
-) -> Result<PathBuf, ConfigError> {
+) -> Result<PathBuf, LoadError> {
     let mut mine = Vec::new();
     let mut unreadable = Vec::new();
     for (f, text) in files {
@@ -85,7 +85,7 @@ pub fn pick_node_config(
     }
     match mine.len() {
         1 => Ok(mine.remove(0)),
-        0 => Err(invalid(
+        0 => Err(LoadError::from(invalid(
             dir.display().to_string(),
             format!(
                 "none of the {} configs has a unicast_src that is an address of this host{}",
@@ -96,11 +96,11 @@ pub fn pick_node_config(
                     format!(" (not TOML: {})", unreadable.join(", "))
                 }
             ),
-        )),
-        _ => Err(invalid(
+        ))),
+        _ => Err(LoadError::from(invalid(
             dir.display().to_string(),
             format!("several configs match this host: {mine:?}"),
-        )),
+        ))),
     }
 }
 

@@ -11,7 +11,11 @@ use std::{collections::HashSet, net::IpAddr};
 use anyhow::{Context, Result, bail};
 
 use super::{health_targets, initial_health, owner::Owner, vrrp::VrrpHandle};
-use crate::{config::Config, netlink, vrrp::InstanceConfig};
+use crate::{
+    config::{Config, Validate},
+    netlink,
+    vrrp::InstanceConfig,
+};
 
 /// Top-level config fields a reload applies. Any other field that changes refuses the reload
 /// (the running config stays), so no setting is ever silently ignored.
@@ -99,7 +103,7 @@ pub fn preflight_vrrp(new: &Config, changes: &VrrpChanges) -> Result<()> {
         let Some((i, r)) = new.vrrp.iter().enumerate().find(|(_, r)| r.name == *name) else {
             continue;
         };
-        r.validate_at(i).map_err(anyhow::Error::from)?;
+        r.validate_at(&format!("vrrp[{i}]"))?;
         let ifname = super::vrrp::interface_of(r, new);
         if crate::vrrp::io::if_index(&ifname).is_err() {
             let field = if r.interface.is_some() {
@@ -161,7 +165,7 @@ impl Owner {
 
     async fn try_reload(&mut self, read: std::io::Result<Vec<u8>>) -> Result<()> {
         let path = &self.config_path;
-        let bytes = read.map_err(|error| crate::config::ConfigError::Read {
+        let bytes = read.map_err(|error| crate::config::LoadError::Read {
             path: path.clone(),
             error,
         })?;

@@ -29,6 +29,8 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
+use crate::config::{ConfigErrors, Validate};
+
 /// Which probe to run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
 #[serde(rename_all = "lowercase")]
@@ -221,37 +223,49 @@ impl HealthConfig {
             ..Self::default()
         }
     }
+}
 
-    /// Check the settings; `path` names this table in the messages, e.g. `vips[0].health`.
-    pub fn validate(&self, path: &str) -> Result<(), String> {
+/// Fields relative to this health table (`interval_ms`); the config names them
+/// `vips[0].health.interval_ms`.
+impl Validate for HealthConfig {
+    fn validate_into(&self, errors: &mut ConfigErrors) {
         if !(MIN_INTERVAL_MS..=MAX_INTERVAL_MS).contains(&self.interval_ms) {
-            return Err(format!(
-                "{path}.interval_ms: must be between {MIN_INTERVAL_MS} and {MAX_INTERVAL_MS}, got {}",
-                self.interval_ms
-            ));
+            errors.add(
+                "interval_ms",
+                format!(
+                    "must be between {MIN_INTERVAL_MS} and {MAX_INTERVAL_MS}, got {}",
+                    self.interval_ms
+                ),
+            );
         }
         if self.timeout_ms == 0 || self.timeout_ms > self.interval_ms {
-            return Err(format!(
-                "{path}.timeout_ms: must be > 0 and <= interval_ms ({}), got {}; \
-                 probes of one backend must not overlap",
-                self.interval_ms, self.timeout_ms
-            ));
+            errors.add(
+                "timeout_ms",
+                format!(
+                    "must be > 0 and <= interval_ms ({}), got {}; probes of one backend must not overlap",
+                    self.interval_ms, self.timeout_ms
+                ),
+            );
         }
         for (name, v) in [("rise", self.rise), ("fall", self.fall)] {
             if !(1..=MAX_RISE_FALL).contains(&v) {
-                return Err(format!(
-                    "{path}.{name}: must be between 1 and {MAX_RISE_FALL}, got {v}"
-                ));
+                errors.add(
+                    name,
+                    format!("must be between 1 and {MAX_RISE_FALL}, got {v}"),
+                );
             }
         }
         if self.slow_start_ms > MAX_SLOW_START_MS {
-            return Err(format!(
-                "{path}.slow_start_ms: must be at most {MAX_SLOW_START_MS} (an hour), got {}",
-                self.slow_start_ms
-            ));
+            errors.add(
+                "slow_start_ms",
+                format!(
+                    "must be at most {MAX_SLOW_START_MS} (an hour), got {}",
+                    self.slow_start_ms
+                ),
+            );
         }
         if self.port == Some(0) {
-            return Err(format!("{path}.port: must be 1-65535, got 0"));
+            errors.add("port", "must be 1-65535, got 0");
         }
         if matches!(self.kind, CheckKind::Http | CheckKind::Https) {
             // The path goes verbatim into the request line: it must be one token.
@@ -260,14 +274,15 @@ impl HealthConfig {
                 .bytes()
                 .any(|b| b.is_ascii_whitespace() || b.is_ascii_control() || !b.is_ascii());
             if !self.path.starts_with('/') || bad {
-                return Err(format!(
-                    "{path}.path: must start with '/' and hold no spaces, control or non-ASCII \
-                     characters, got {:?}",
-                    self.path
-                ));
+                errors.add(
+                    "path",
+                    format!(
+                        "must start with '/' and hold no spaces, control or non-ASCII characters, got {:?}",
+                        self.path
+                    ),
+                );
             }
         }
-        Ok(())
     }
 }
 
@@ -286,7 +301,7 @@ mod tests {
         assert_eq!(c.kind, CheckKind::Https);
         assert_eq!(c.path, "/readyz");
         assert_eq!(c.expect_status, StatusRange::new(200, 399));
-        c.validate("vips[0].health").unwrap();
+        c.validate().unwrap();
     }
 
     #[test]
@@ -408,7 +423,7 @@ mod tests {
             ),
         ];
         for (c, want) in cases {
-            let err = c.validate("vips[1].health").unwrap_err();
+            let err = c.validate_at("vips[1].health").unwrap_err().to_string();
             assert!(err.starts_with(want), "{err:?} should start with {want:?}");
         }
         // A TCP check has no path to validate.
@@ -416,7 +431,7 @@ mod tests {
             path: String::new(),
             ..HealthConfig::tcp()
         }
-        .validate("x")
+        .validate()
         .unwrap();
     }
 

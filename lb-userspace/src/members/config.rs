@@ -5,7 +5,7 @@ use std::{net::IpAddr, path::PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::ConfigError;
+use crate::config::{ConfigErrors, Validate};
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -51,44 +51,37 @@ fn default_join_wait_ms() -> u64 {
     DEFAULT_JOIN_WAIT_MS
 }
 
-fn invalid(field: &str, reason: impl Into<String>) -> ConfigError {
-    ConfigError::Invalid {
-        field: format!("members.{field}"),
-        reason: reason.into(),
-    }
-}
-
-impl MembersConfig {
-    pub fn validate(&self) -> Result<(), ConfigError> {
+/// Fields relative to `[members]`.
+impl Validate for MembersConfig {
+    fn validate_into(&self, errors: &mut ConfigErrors) {
         if self.key_file.as_os_str().is_empty() {
-            return Err(invalid("key_file", "must be a path"));
+            errors.add("key_file", "must be a path");
         }
         if self.port == 0 {
-            return Err(invalid("port", "must be 1-65535"));
+            errors.add("port", "must be 1-65535");
         }
         if !(100..=60_000).contains(&self.announce_ms) {
-            return Err(invalid(
+            errors.add(
                 "announce_ms",
                 format!("must be 100-60000, got {}", self.announce_ms),
-            ));
+            );
         }
         if self.expire_ms < 3 * self.announce_ms {
-            return Err(invalid(
+            errors.add(
                 "expire_ms",
                 format!(
                     "must be at least 3 x announce_ms ({}), got {}",
                     3 * self.announce_ms,
                     self.expire_ms
                 ),
-            ));
+            );
         }
         if self.join_wait_ms > 60_000 {
-            return Err(invalid(
+            errors.add(
                 "join_wait_ms",
                 format!("must be at most 60000, got {}", self.join_wait_ms),
-            ));
+            );
         }
-        Ok(())
     }
 }
 
@@ -101,9 +94,10 @@ mod tests {
         let base: MembersConfig = toml::from_str("key_file = \"/etc/lb/sync.key\"").unwrap();
         assert!(base.validate().is_ok());
         assert_eq!(base.port, DEFAULT_PORT);
-        let field = |c: &MembersConfig| match c.validate() {
-            Err(ConfigError::Invalid { field, .. }) => field,
-            other => panic!("{other:?}"),
+        let field = |c: &MembersConfig| {
+            let mut e = ConfigErrors::new();
+            e.within("members", c);
+            e.fields().first().expect("an error").to_string()
         };
         let mut c = base.clone();
         c.expire_ms = 1000;

@@ -69,11 +69,12 @@ pub fn track_counts(script: &str) -> (u32, u32) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::Validate;
 
     #[test]
     fn the_api_check_still_finds_a_dead_apiserver_within_a_second() {
         let c = api_health();
-        c.validate("api").unwrap();
+        c.validate().unwrap();
         let silent = c.fall as u64 * c.interval_ms + c.timeout_ms;
         assert!(silent < 1000, "{silent} ms");
         // Refused or reset: out at the first check that sees it.
@@ -89,7 +90,7 @@ mod tests {
     #[test]
     fn the_router_check_is_its_readiness_and_absence_is_not_down() {
         let c = router_health(1937);
-        c.validate("ingress").unwrap();
+        c.validate().unwrap();
         assert_eq!((c.path.as_str(), c.port), ("/healthz/ready", Some(1937)));
         assert!(c.absent_when_refused && c.slow_start_ms == 0);
     }

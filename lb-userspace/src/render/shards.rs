@@ -17,10 +17,10 @@ use serde::{Deserialize, Serialize};
 
 use super::{
     ClusterSpec, INGRESS_PRIORITY, NodeSpec, Platform, ROUTER_STATS_PORT, Role, W_DEFAULT_INGRESS,
-    W_INGRESS, backend, check_vip_list, checks, indexed, invalid, loopback, node_address,
+    W_INGRESS, backend, check_vip_list, checks, indexed, loopback, node_address,
 };
 use crate::{
-    config::{Config, ConfigError, TrackConfig, VipConfig},
+    config::{Config, ConfigErrors, TrackConfig, VipConfig},
     health::CheckKind,
     vrrp::vrids::openshift_vrids,
 };
@@ -74,7 +74,7 @@ impl IngressShard {
 impl ClusterSpec {
     /// The shards' part of [`ClusterSpec::validate`]: names, VIPs, ports and VRIDs that cannot
     /// clash with the default ingress, the API or each other.
-    pub(super) fn validate_shards(&self) -> Result<(), ConfigError> {
+    pub(super) fn validate_shards(&self, errors: &mut ConfigErrors) {
         let (api_vrid, ingress_vrid) = self.vrids();
         let mut taken_vips: Vec<IpAddr> = self.api_vips();
         taken_vips.extend(self.ingress_vips());
@@ -104,60 +104,61 @@ impl ClusterSpec {
                     .bytes()
                     .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
             if !ok_name || s.name == "default" {
-                return Err(invalid(
+                errors.add(
                     format!("{f}.name"),
                     format!(
                         "{:?}: lower-case letters, digits and '-', at most 40, not \"default\" (the default IngressController is ingress_vip)",
                         s.name
                     ),
-                ));
+                );
             }
             if !names.insert(s.name.as_str()) {
-                return Err(invalid(format!("{f}.name"), "two shards of this name"));
+                errors.add(format!("{f}.name"), "two shards of this name");
             }
-            check_vip_list(&format!("{f}.vip"), None, &s.vips, true).map_err(|e| match e {
-                ConfigError::Invalid { reason, .. } => invalid(format!("{f}.vips"), reason),
-                other => other,
-            })?;
+            let mut vips = ConfigErrors::new();
+            check_vip_list(&format!("{f}.vip"), None, &s.vips, true, &mut vips);
+            for e in vips {
+                errors.add(format!("{f}.vips"), e.reason);
+            }
             for (j, v) in s.vips.iter().enumerate() {
                 if taken_vips.contains(v) {
-                    return Err(invalid(
+                    errors.add(
                         format!("{f}.vips[{j}]"),
                         format!("{v} is already a VIP of the cluster"),
-                    ));
+                    );
                 }
                 if self
                     .nodes
                     .iter()
                     .any(|n| node_address(n, v.is_ipv4()) == Some(*v))
                 {
-                    return Err(invalid(format!("{f}.vips[{j}]"), "is a node's address"));
+                    errors.add(format!("{f}.vips[{j}]"), "is a node's address");
                 }
                 taken_vips.push(*v);
             }
             if s.ports.is_empty() || s.ports.contains(&0) {
-                return Err(invalid(format!("{f}.ports"), "one or more ports, 1-65535"));
+                errors.add(format!("{f}.ports"), "one or more ports, 1-65535");
             }
             if s.stats_port == 0 {
-                return Err(invalid(format!("{f}.stats_port"), "must be 1-65535"));
+                errors.add(format!("{f}.stats_port"), "must be 1-65535");
             }
             let selected: Vec<&NodeSpec> = self.nodes.iter().filter(|n| s.selects(n)).collect();
             if selected.is_empty() {
-                return Err(invalid(
+                errors.add(
                     format!("{f}.node_selector"),
                     "selects no node (labels are matched against nodes[].labels)",
-                ));
+                );
             }
             for n in &selected {
                 for v in &s.vips {
                     if node_address(n, v.is_ipv4()).is_none() {
-                        return Err(invalid(
+                        errors.add(
                             format!("{f}.vips"),
                             format!(
                                 "node {} has no address of {v}'s family (secondary_address)",
                                 n.name
                             ),
-                        ));
+                        );
                     }
                 }
             }
@@ -168,19 +169,19 @@ impl ClusterSpec {
                     continue;
                 };
                 if let Some(p) = s.ports.iter().find(|p| ports.contains(p)) {
-                    return Err(invalid(
+                    errors.add(
                         format!("{f}.ports"),
                         format!("port {p} is also {other}'s, whose routers share node {shared}"),
-                    ));
+                    );
                 }
                 if s.stats_port == *stats || ports.contains(&s.stats_port) {
-                    return Err(invalid(
+                    errors.add(
                         format!("{f}.stats_port"),
                         format!(
                             "port {} is also {other}'s, whose routers share node {shared}",
                             s.stats_port
                         ),
-                    ));
+                    );
                 }
             }
             placed.push((
@@ -191,17 +192,16 @@ impl ClusterSpec {
             ));
             let vrid = s.vrid_in(&self.name);
             if vrid == 0 {
-                return Err(invalid(format!("{f}.vrid"), "must be 1-255"));
+                errors.add(format!("{f}.vrid"), "must be 1-255");
             }
             if let Some((_, whose)) = vrids.iter().find(|(v, _)| *v == vrid) {
-                return Err(invalid(
+                errors.add(
                     format!("{f}.vrid"),
                     format!("VRID {vrid} is also {whose}'s: set another one"),
-                ));
+                );
             }
             vrids.push((vrid, format!("shard {}", s.name)));
         }
-        Ok(())
     }
 
     /// The shards node `me` serves: their VIPs, VRRP instances and tracked checks, added to
@@ -301,7 +301,7 @@ roles = ["worker"]
 
     fn err(text: &str) -> String {
         ClusterSpec::parse(text)
-            .and_then(|s| s.render())
+            .and_then(|s| s.render().map_err(Into::into))
             .unwrap_err()
             .to_string()
     }

@@ -12,7 +12,7 @@ use std::{net::IpAddr, path::PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::ConfigError;
+use crate::config::{ConfigError, ConfigErrors, Validate};
 
 /// Shortest cluster key accepted: 32 bytes (HMAC-SHA256's output size).
 pub const MIN_KEY_LEN: usize = 32;
@@ -57,58 +57,53 @@ fn default_max_entries() -> u32 {
     DEFAULT_MAX_ENTRIES
 }
 
+/// A problem with a key file (`field` relative to `[sync]`, as [`KeyRing::read`] renames it).
 fn invalid(field: &str, reason: impl Into<String>) -> ConfigError {
-    ConfigError::Invalid {
-        field: format!("sync.{field}"),
-        reason: reason.into(),
-    }
+    ConfigError::new(format!("sync.{field}"), reason)
 }
 
-impl SyncConfig {
-    pub fn validate(&self) -> Result<(), ConfigError> {
+/// Fields relative to `[sync]`; [`SyncConfig::fits`] checks what needs the rest of the config.
+impl Validate for SyncConfig {
+    fn validate_into(&self, errors: &mut ConfigErrors) {
         if self.peers.is_empty() {
-            return Err(invalid("peers", "must name at least one peer"));
+            errors.add("peers", "must name at least one peer");
         }
         // No cap on the number of peers: a scan's datagrams go to each peer in turn, so the
         // cost grows with peers x exceptions (bounded by `max_entries`), not with a limit here.
         for (i, p) in self.peers.iter().enumerate() {
             if p.is_unspecified() || p.is_multicast() || p.is_loopback() {
-                return Err(invalid(
-                    &format!("peers[{i}]"),
+                errors.add(
+                    format!("peers[{i}]"),
                     format!("{p} is not a node's unicast address"),
-                ));
+                );
             }
             if self.peers[..i].contains(p) {
-                return Err(invalid(
-                    &format!("peers[{i}]"),
-                    format!("{p} is listed twice"),
-                ));
+                errors.add(format!("peers[{i}]"), format!("{p} is listed twice"));
             }
         }
         if self.port == 0 {
-            return Err(invalid("port", "must be 1-65535"));
+            errors.add("port", "must be 1-65535");
         }
         if !(100..=60_000).contains(&self.interval_ms) {
-            return Err(invalid(
+            errors.add(
                 "interval_ms",
                 format!("must be 100-60000, got {}", self.interval_ms),
-            ));
+            );
         }
         if !(1..=1_048_576).contains(&self.max_entries) {
-            return Err(invalid(
+            errors.add(
                 "max_entries",
                 format!("must be 1-1048576, got {}", self.max_entries),
-            ));
+            );
         }
         if self.key_file.as_os_str().is_empty() {
-            return Err(invalid("key_file", "must be a path"));
+            errors.add("key_file", "must be a path");
         }
         for (i, f) in self.accept_key_files.iter().enumerate() {
             if f.as_os_str().is_empty() {
-                return Err(invalid(&format!("accept_key_files[{i}]"), "must be a path"));
+                errors.add(format!("accept_key_files[{i}]"), "must be a path");
             }
         }
-        Ok(())
     }
 }
 
@@ -135,12 +130,12 @@ impl SyncConfig {
     /// table is an LRU, and entries installed for peers beyond that would push out the node's
     /// own connections' entries. (Peers a `[members]` announcement adds later are not counted
     /// here; each still sends at most `max_entries`.)
-    pub fn fits(&self, conntrack_size: u32) -> Result<(), ConfigError> {
+    pub fn fits(&self, conntrack_size: u32, errors: &mut ConfigErrors) {
         let room = u64::from(conntrack_size) / 2;
         if self.peer_entries() > room {
             let most = room / (self.peers.len() as u64).max(1);
-            return Err(invalid(
-                "max_entries",
+            errors.add(
+                "sync.max_entries",
                 format!(
                     "{} sync.peers x sync.max_entries {} = {} entries the peers may install, \
                      more than half of conntrack_size {conntrack_size}: set sync.max_entries \
@@ -149,9 +144,8 @@ impl SyncConfig {
                     self.max_entries,
                     self.peer_entries()
                 ),
-            ));
+            );
         }
-        Ok(())
     }
 }
 
@@ -186,13 +180,7 @@ impl KeyRing {
         accept_key_files: &[PathBuf],
     ) -> Result<KeyRing, ConfigError> {
         let rename = |field: String| {
-            move |e| match e {
-                ConfigError::Invalid { reason, .. } => ConfigError::Invalid {
-                    field: format!("{section}.{field}"),
-                    reason,
-                },
-                e => e,
-            }
+            move |e: ConfigError| ConfigError::new(format!("{section}.{field}"), e.reason)
         };
         let sign = read_key(key_file).map_err(rename("key_file".into()))?;
         let mut also_accept: Vec<Vec<u8>> = Vec::new();
@@ -261,11 +249,17 @@ mod tests {
         }
     }
 
+    /// The first field named, as the daemon's config names it.
     fn field(c: &SyncConfig) -> String {
-        match c.validate() {
-            Err(ConfigError::Invalid { field, .. }) => field,
-            other => panic!("{other:?}"),
-        }
+        let mut e = ConfigErrors::new();
+        e.within("sync", c);
+        e.fields().first().expect("an error").to_string()
+    }
+
+    fn fits(c: &SyncConfig, conntrack_size: u32) -> Result<(), ConfigErrors> {
+        let mut e = ConfigErrors::new();
+        c.fits(conntrack_size, &mut e);
+        e.into_result()
     }
 
     #[test]
@@ -302,9 +296,9 @@ mod tests {
             .collect();
         c.max_entries = 32768;
         // 4 x 32768 = 131072: half of the default 262144.
-        assert!(c.fits(262_144).is_ok());
+        assert!(fits(&c, 262_144).is_ok());
         c.max_entries = 32769;
-        let e = c.fits(262_144).unwrap_err().to_string();
+        let e = fits(&c, 262_144).unwrap_err().to_string();
         assert!(e.starts_with("sync.max_entries: "), "{e}");
         for part in ["sync.peers", "conntrack_size 262144", "at most 32768"] {
             assert!(e.contains(part), "{e}");
@@ -341,7 +335,7 @@ max_entries = 300
         let s = cfg.sync.as_ref().unwrap();
         // 4 peers, half of the default 262,144 entries: 32,768 each.
         assert_eq!(s.max_entries, (cfg.conntrack_size / 2) / 4);
-        assert!(s.fits(cfg.conntrack_size).is_ok());
+        assert!(fits(s, cfg.conntrack_size).is_ok());
         let e = crate::config::Config::parse(&text("max_entries = 40000\n"))
             .unwrap_err()
             .to_string();
@@ -391,7 +385,7 @@ max_entries = 300
         );
         c.accept_key_files = vec![old, open];
         match KeyRing::load(&c) {
-            Err(ConfigError::Invalid { field, .. }) => {
+            Err(ConfigError { field, .. }) => {
                 assert_eq!(field, "sync.accept_key_files[1]")
             }
             other => panic!("{other:?}"),
@@ -407,9 +401,7 @@ max_entries = 300
         let p = dir.join("k");
         std::fs::write(&p, b"short\n").unwrap();
         std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
-        assert!(
-            matches!(read_key(&p), Err(ConfigError::Invalid { field, .. }) if field == "sync.key_file")
-        );
+        assert!(matches!(read_key(&p), Err(ConfigError { field, .. }) if field == "sync.key_file"));
         std::fs::write(&p, [b'k'; 40]).unwrap();
         assert_eq!(read_key(&p).unwrap().len(), 40);
         std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o644)).unwrap();

@@ -5,6 +5,7 @@ use std::net::IpAddr;
 use serde::{Deserialize, Serialize};
 
 use super::codec::{Auth, Version};
+use crate::config::{ConfigErrors, Validate};
 
 fn default_version() -> u8 {
     3
@@ -108,69 +109,49 @@ fn default_max_ttl() -> u8 {
     255
 }
 
-/// A config error naming the field (e.g. `vrrp[0].auth_pass`) and the reason.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("{field}: {reason}")]
-pub struct ConfigError {
-    pub field: String,
-    pub reason: String,
-}
-
-impl InstanceConfig {
-    /// Validate as the `index`-th entry of the `vrrp` list.
-    pub fn validate_at(&self, index: usize) -> Result<(), ConfigError> {
-        self.validate().map_err(|e| ConfigError {
-            field: format!("vrrp[{index}].{}", e.field),
-            reason: e.reason,
-        })
-    }
-
-    /// Validate; the error's field is relative to this entry (see [`Self::validate_at`]).
-    pub fn validate(&self) -> Result<(), ConfigError> {
-        let err = |field: &str, reason: String| {
-            Err(ConfigError {
-                field: field.to_string(),
-                reason,
-            })
-        };
+/// Fields relative to this entry (`auth_pass`); the daemon's config names them
+/// `vrrp[i].auth_pass`.
+impl Validate for InstanceConfig {
+    fn validate_into(&self, errors: &mut ConfigErrors) {
         if self.name.is_empty() {
-            return err("name", "must not be empty".into());
+            errors.add("name", "must not be empty");
         }
         if self.group.as_deref().is_some_and(str::is_empty) {
-            return err(
+            errors.add(
                 "group",
-                "must not be empty (omit it for an instance of its own)".into(),
+                "must not be empty (omit it for an instance of its own)",
             );
         }
         if let Some(i) = &self.interface
             && (i.is_empty() || i.len() >= libc::IFNAMSIZ)
         {
-            return err("interface", format!("{i:?} is not a valid interface name"));
+            errors.add("interface", format!("{i:?} is not a valid interface name"));
         }
         if self.vrid == 0 {
-            return err("vrid", "must be 1..=255".into());
+            errors.add("vrid", "must be 1..=255");
         }
         let version = match self.version {
             2 => Version::V2,
             3 => Version::V3,
-            v => return err("version", format!("{v} is not 2 or 3")),
+            v => {
+                // The other checks depend on the version.
+                errors.add("version", format!("{v} is not 2 or 3"));
+                return;
+            }
         };
         if self.priority == 0 {
-            return err(
-                "priority",
-                "must be 1..=255 (0 is reserved for resigning)".into(),
-            );
+            errors.add("priority", "must be 1..=255 (0 is reserved for resigning)");
         }
         let ms = self.interval_ms();
         match version {
             Version::V2 if !ms.is_multiple_of(1000) || !(1000..=255_000).contains(&ms) => {
-                return err(
+                errors.add(
                     "advert_interval_ms",
                     format!("{ms}: VRRPv2 needs whole seconds, 1000..=255000"),
                 );
             }
             Version::V3 if !ms.is_multiple_of(10) || !(10..=40_950).contains(&ms) => {
-                return err(
+                errors.add(
                     "advert_interval_ms",
                     format!("{ms}: VRRPv3 needs centiseconds, 10..=40950 in steps of 10"),
                 );
@@ -179,13 +160,13 @@ impl InstanceConfig {
         }
         if self.v2_compat {
             if version != Version::V3 {
-                return err(
+                errors.add(
                     "v2_compat",
-                    "only for version = 3 (a v2 instance speaks v2)".into(),
+                    "only for version = 3 (a v2 instance speaks v2)",
                 );
             }
             if !ms.is_multiple_of(1000) || ms > 255_000 {
-                return err(
+                errors.add(
                     "v2_compat",
                     format!("advert_interval_ms {ms}: VRRPv2 peers need whole seconds"),
                 );
@@ -193,49 +174,50 @@ impl InstanceConfig {
         }
         if let Some(pass) = &self.auth_pass {
             if version == Version::V3 && !self.v2_compat {
-                return err("auth_pass", "VRRPv3 has no authentication".into());
+                errors.add("auth_pass", "VRRPv3 has no authentication");
             }
             if pass.is_empty() {
-                return err(
+                errors.add(
                     "auth_pass",
-                    "must not be empty (omit it for no authentication)".into(),
+                    "must not be empty (omit it for no authentication)",
                 );
             }
             if pass.len() > 8 {
-                return err("auth_pass", "longer than 8 bytes".into());
+                errors.add("auth_pass", "longer than 8 bytes");
             }
         }
         let Some(first) = self.vips.first() else {
-            return err("vips", "at least one VIP is needed".into());
+            errors.add("vips", "at least one VIP is needed");
+            return;
         };
         let v6 = first.is_ipv6();
         for (i, vip) in self.vips.iter().enumerate() {
             if vip.is_ipv6() != v6 {
-                return err(
-                    &format!("vips[{i}]"),
+                errors.add(
+                    format!("vips[{i}]"),
                     format!("{vip}: all VIPs must be one address family"),
                 );
             }
             if vip.is_unspecified() || vip.is_multicast() || vip.is_loopback() {
-                return err(&format!("vips[{i}]"), format!("{vip} cannot be a VIP"));
+                errors.add(format!("vips[{i}]"), format!("{vip} cannot be a VIP"));
             }
             if self.vips[..i].contains(vip) {
-                return err(&format!("vips[{i}]"), format!("{vip} is listed twice"));
+                errors.add(format!("vips[{i}]"), format!("{vip} is listed twice"));
             }
         }
         if version == Version::V2 && v6 {
-            return err(
+            errors.add(
                 "version",
-                "VRRPv2 is IPv4 only; use version 3 for IPv6 VIPs".into(),
+                "VRRPv2 is IPv4 only; use version 3 for IPv6 VIPs",
             );
         }
         if self.v2_compat && v6 {
-            return err("v2_compat", "VRRPv2 is IPv4 only".into());
+            errors.add("v2_compat", "VRRPv2 is IPv4 only");
         }
         for (i, peer) in self.unicast_peers.iter().enumerate() {
             if peer.is_ipv6() != v6 {
-                return err(
-                    &format!("unicast_peers[{i}]"),
+                errors.add(
+                    format!("unicast_peers[{i}]"),
                     format!("{peer}: not the VIPs' address family"),
                 );
             }
@@ -243,20 +225,20 @@ impl InstanceConfig {
         for (i, b) in self.unicast_peer_ttl.iter().enumerate() {
             let f = format!("unicast_peer_ttl[{i}]");
             if !self.unicast_peers.contains(&b.address) {
-                return err(
-                    &format!("{f}.address"),
+                errors.add(
+                    format!("{f}.address"),
                     format!("{} is not one of unicast_peers", b.address),
                 );
             }
             if b.address.is_ipv4() {
-                return err(
-                    &format!("{f}.address"),
-                    "IPv4 adverts always need TTL 255; bounds are for IPv6 unicast peers".into(),
+                errors.add(
+                    format!("{f}.address"),
+                    "IPv4 adverts always need TTL 255; bounds are for IPv6 unicast peers",
                 );
             }
             if b.min_ttl > b.max_ttl {
-                return err(
-                    &format!("{f}.min_ttl"),
+                errors.add(
+                    format!("{f}.min_ttl"),
                     format!("{} is above max_ttl {}", b.min_ttl, b.max_ttl),
                 );
             }
@@ -264,26 +246,27 @@ impl InstanceConfig {
                 .iter()
                 .any(|o| o.address == b.address)
             {
-                return err(&format!("{f}.address"), "listed twice".into());
+                errors.add(format!("{f}.address"), "listed twice");
             }
         }
         if let Some(src) = self.unicast_src
             && src.is_ipv6() != v6
         {
-            return err(
+            errors.add(
                 "unicast_src",
                 format!("{src}: not the VIPs' address family"),
             );
         }
         if self.garp_master_delay_s > 3600 {
-            return err("garp_master_delay_s", "more than an hour".into());
+            errors.add("garp_master_delay_s", "more than an hour");
         }
         if self.preempt_delay_ms > 3_600_000 {
-            return err("preempt_delay_ms", "more than an hour".into());
+            errors.add("preempt_delay_ms", "more than an hour");
         }
-        Ok(())
     }
+}
 
+impl InstanceConfig {
     /// The advert interval, as configured or by version.
     pub fn interval_ms(&self) -> u32 {
         self.advert_interval_ms
@@ -403,7 +386,7 @@ mod tests {
         let e = |f: fn(&mut InstanceConfig)| {
             let mut c = cfg();
             f(&mut c);
-            c.validate_at(0).unwrap_err().to_string()
+            c.validate_at("vrrp[0]").unwrap_err().to_string()
         };
         assert_eq!(
             e(|c| {
@@ -462,7 +445,7 @@ mod tests {
         let mut bad = c.clone();
         bad.unicast_peer_ttl[0].address = "fd00::3".parse().unwrap();
         assert!(
-            bad.validate_at(0)
+            bad.validate_at("vrrp[0]")
                 .unwrap_err()
                 .to_string()
                 .starts_with("vrrp[0].unicast_peer_ttl[0].address:")
@@ -471,7 +454,7 @@ mod tests {
         bad.unicast_peer_ttl[0].min_ttl = 255;
         bad.unicast_peer_ttl[0].max_ttl = 64;
         assert!(
-            bad.validate_at(0)
+            bad.validate_at("vrrp[0]")
                 .unwrap_err()
                 .to_string()
                 .starts_with("vrrp[0].unicast_peer_ttl[0].min_ttl:")
@@ -483,7 +466,7 @@ mod tests {
             min_ttl: 0,
             max_ttl: 255,
         }];
-        assert!(v4.validate().unwrap_err().reason.contains("TTL 255"));
+        assert!(v4.validate().unwrap_err().to_string().contains("TTL 255"));
         let parsed: InstanceConfig = toml::from_str(
             r#"
             name = "api6"
@@ -505,7 +488,7 @@ mod tests {
             c.advert_interval_ms = Some(1000);
             c.auth_pass = Some("ostest_a".into());
             f(&mut c);
-            c.validate_at(0).map_err(|e| e.to_string())
+            c.validate_at("vrrp[0]").map_err(|e| e.to_string())
         };
         assert_eq!(e(|_| {}), Ok(()));
         assert!(

@@ -30,6 +30,7 @@ use super::limiter::WarnLimiter;
 use super::realtime::{self, Sched};
 use super::split_brain::DualMaster;
 use super::state::{self, Action, Event, Machine, Params, State};
+use crate::config::Validate;
 
 pub use super::hold::{FORWARDING_ACK_WAIT, GARP_BURST, GARP_SPACING};
 /// How often link state is polled (a link going down means fault).

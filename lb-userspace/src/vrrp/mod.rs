@@ -33,5 +33,5 @@ pub use lb_core::vrrp::state;
 pub mod track;
 pub mod vrids;
 
-pub use config::{ConfigError, InstanceConfig};
+pub use config::InstanceConfig;
 pub use instance::{Instance, InstanceStatus};

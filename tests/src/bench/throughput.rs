@@ -664,7 +664,7 @@ fn new_flows_sync(
         interval_ms: lb_userspace::sync::config::DEFAULT_INTERVAL_MS,
         max_entries: lb_userspace::sync::config::DEFAULT_MAX_ENTRIES,
     };
-    cfg.validate().expect("the bench's sync config");
+    lb_userspace::config::Validate::validate(&cfg).expect("the bench's sync config");
     lb_userspace::dataplane::sync_view::ConntrackPins::open(&t.opts.pin_dir())
         .expect("the sync task's view of the pinned connection table");
     let rt = tokio::runtime::Builder::new_multi_thread()
