@@ -17,12 +17,13 @@
 //!   another CPU may see part of a write. A pair is retired by clearing its flags and epoch
 //!   only (`retire`), its addressing left as it was, so whatever mix a reader sees, a frame it
 //!   still forwards goes where the pair pointed; a retired id is handed out again only after
-//!   every other free one (`alloc_backend_id`).
+//!   every other free one ([`ids::BackendIds`], which hands out slots, VIP ids and epochs).
 
 mod batch;
 mod counters;
 pub mod decap;
 mod explain;
+mod ids;
 pub mod kernel;
 mod pins;
 mod pmtu;
@@ -135,12 +136,10 @@ pub struct Dataplane {
     _new_tables_map: MapData,
     logger: Option<aya_log::EbpfLogger<&'static dyn log::Log>>,
     services: HashMap<VipKey, InstalledService>,
-    /// Backend ids handed out; ids are reused only after every never-used one is gone, the
-    /// longest-retired first.
-    next_backend_id: u32,
-    free_backend_ids: std::collections::VecDeque<u32>,
-    /// Next pair epoch (persisted in `LbConfig::next_epoch` before use).
-    next_epoch: u32,
+    /// Backend slots handed out (see [`ids`]).
+    backend_ids: ids::BackendIds,
+    /// Pair epochs (persisted in `LbConfig::next_epoch` before use).
+    epochs: ids::Epochs,
     attached: Option<String>,
     /// Lets the kernel learn routed backends' path MTU from the routers' errors.
     _pmtu: pmtu::PmtuListeners,
@@ -252,9 +251,8 @@ impl Dataplane {
             _new_tables_map: new_tables_map,
             logger,
             services: HashMap::new(),
-            next_backend_id: 0,
-            free_backend_ids: Default::default(),
-            next_epoch: 1,
+            backend_ids: ids::BackendIds::new(MAX_BACKENDS),
+            epochs: ids::Epochs::from_persisted(0),
             attached: None,
             _pmtu: pmtu::PmtuListeners::open(),
             opts,
@@ -281,7 +279,7 @@ impl Dataplane {
             tracing::warn!(?old, new = ?cfg, "pinned state used other settings; resetting it");
             dp.clear_all()?;
         }
-        dp.next_epoch = cfg.next_epoch.max(1);
+        dp.epochs = ids::Epochs::from_persisted(cfg.next_epoch);
         dp.config.set(0, cfg, 0)?;
         dp.adopt()?;
         Ok(dp)
@@ -294,8 +292,7 @@ impl Dataplane {
             let (k, v) = entry?;
             by_id.insert(v.vip_id, (k, v));
         }
-        let mut max_id = 0;
-        let mut used = vec![false; MAX_BACKENDS as usize];
+        let mut used = Vec::new();
         let mut services: HashMap<VipKey, InstalledService> = by_id
             .values()
             .map(|(k, v)| {
@@ -340,10 +337,8 @@ impl Dataplane {
                 retire(&mut self.backends, id)?;
                 continue;
             };
-            used[id as usize] = true;
-            max_id = max_id.max(id + 1);
-            // Never hand out an epoch that a slot already holds.
-            self.next_epoch = self.next_epoch.max(b.epoch.wrapping_add(1)).max(1);
+            used.push(id);
+            self.epochs.seen(b.epoch);
             let in_set = b.flags & BACKEND_F_IN_SET != 0;
             svc.backends.insert(
                 addr,
@@ -386,8 +381,7 @@ impl Dataplane {
                         self.backends.set(id, BackendInfo { flags, ..b }, 0)?;
                     }
                     p.aliases.push(id);
-                    used[id as usize] = true;
-                    max_id = max_id.max(id + 1);
+                    used.push(id);
                 }
                 None => retire(&mut self.backends, id)?,
             }
@@ -398,8 +392,7 @@ impl Dataplane {
                 self.set_vip_owned(vip_id, false)?;
             }
         }
-        self.next_backend_id = max_id;
-        self.free_backend_ids = (0..max_id).filter(|i| !used[*i as usize]).collect();
+        self.backend_ids = ids::BackendIds::adopted(MAX_BACKENDS, used);
         if !services.is_empty() {
             tracing::info!(services = services.len(), "adopted pinned data-plane state");
         }
@@ -574,33 +567,26 @@ impl Dataplane {
     }
 
     fn alloc_vip_id(&self) -> Result<u32> {
-        let used: Vec<u32> = self.services.values().map(|s| s.vip_id).collect();
-        (0..MAX_VIPS)
-            .find(|i| !used.contains(i))
+        ids::lowest_free_vip_id(self.services.values().map(|s| s.vip_id), MAX_VIPS)
             .ok_or_else(|| anyhow!("more than {MAX_VIPS} VIP services"))
     }
 
     fn alloc_backend_id(&mut self) -> Result<u32> {
-        if self.next_backend_id < MAX_BACKENDS {
-            self.next_backend_id += 1;
-            return Ok(self.next_backend_id - 1);
-        }
-        self.free_backend_ids
-            .pop_front()
+        self.backend_ids
+            .take()
             .ok_or_else(|| anyhow!("more than {MAX_BACKENDS} backends"))
     }
 
     /// A fresh pair epoch, persisted before it is used so that no later `lbd` hands it out
     /// again.
     fn alloc_epoch(&mut self) -> Result<u32> {
-        let epoch = self.next_epoch;
-        let next = epoch.checked_add(1).ok_or_else(|| {
+        let (epoch, next) = self.epochs.next().ok_or_else(|| {
             anyhow!("pair epochs exhausted (4 billion pairs created); remove the pins to reset")
         })?;
         let mut cfg = self.config.get(&0, 0)?;
         cfg.next_epoch = next;
         self.config.set(0, cfg, 0)?;
-        self.next_epoch = next;
+        self.epochs.advance_to(next);
         Ok(epoch)
     }
 
@@ -638,7 +624,7 @@ impl Dataplane {
         while aliases.len() > MAX_ALIASES {
             let gone = aliases.remove(0);
             retire(&mut self.backends, gone)?;
-            self.free_backend_ids.push_back(gone);
+            self.backend_ids.release(gone);
             self.carry_counters(vip_id, gone)?;
         }
         for a in &aliases {
@@ -790,7 +776,7 @@ impl Dataplane {
         }
         for id in retired {
             retire(&mut self.backends, id)?;
-            self.free_backend_ids.push_back(id);
+            self.backend_ids.release(id);
             self.carry_counters(vip_id, id)?;
         }
         Ok(())
@@ -847,7 +833,7 @@ impl Dataplane {
         for b in svc.backends.values() {
             for id in b.aliases.iter().chain([&b.id]) {
                 retire(&mut self.backends, *id)?;
-                self.free_backend_ids.push_back(*id);
+                self.backend_ids.release(*id);
             }
         }
         Ok(())
