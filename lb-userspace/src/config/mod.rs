@@ -1,4 +1,5 @@
-//! The daemon's configuration (TOML) and its validation. Pure: parsing never touches the system.
+//! The daemon's configuration (TOML) and its validation. Pure: parsing never touches the system
+//! (reading a file and this host's addresses is `node.rs`'s: [`Config::load`]).
 //!
 //! Every error names the field (`vips[1].backends[0].weight`) and the reason, so a bad config is
 //! refused with something an operator can act on; validation reports every problem of a file,
@@ -365,27 +366,6 @@ pub const MAX_WEIGHT: u32 = 1000;
 pub const MAX_TABLE_SIZE: u32 = 1_000_003;
 
 impl Config {
-    /// Read, parse and validate `path`, then check its VIPs against this host's addresses
-    /// ([`Config::check_host`]). [`Config::parse`] alone never touches the system.
-    pub fn load(path: &std::path::Path) -> Result<Config, LoadError> {
-        let text = std::fs::read_to_string(path).map_err(|error| LoadError::Read {
-            path: path.to_owned(),
-            error,
-        })?;
-        Self::from_file_text(&text)
-    }
-
-    /// A config file's text as [`Config::load`] takes it: parsed, validated and checked
-    /// against this host (for a caller that has read the file already, once).
-    pub fn from_file_text(text: &str) -> Result<Config, LoadError> {
-        let cfg = Self::parse(text)?;
-        // Without the host's addresses (no /proc?), the parse-time checks are all there is.
-        if let Ok(host) = crate::vrrp::io::host_addresses() {
-            cfg.check_host(&host)?;
-        }
-        Ok(cfg)
-    }
-
     /// Refuse a VIP that is one of this node's own addresses (not one lbd added, see
     /// [`crate::vrrp::announce::added_by_lbd`]) on an interface lbd holds VIPs on, or for a
     /// BGP VIP on any interface: a typo or an RFC "address owner" setup would have lbd

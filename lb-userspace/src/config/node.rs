@@ -1,13 +1,37 @@
-//! Which config file this node runs: the file given, or, in a directory of rendered configs
-//! (`lbctl render`; a MachineConfig ships every node's to every node of a pool), the one whose
-//! VRRP source address is an address of this host. The look-up reads the directory and the
+//! The config as read on this node, the config module's only I/O: the file, checked against
+//! this host's addresses ([`Config::load`]), and which file this node runs: the file given, or,
+//! in a directory of rendered configs (`lbctl render`; a MachineConfig ships every node's to
+//! every node of a pool), the one whose VRRP source address is an address of this host. The look-up reads the directory and the
 //! host's addresses; the choice itself ([`pick_node_config`]) is pure.
 
 use std::{net::IpAddr, path::PathBuf};
 
 use serde::Deserialize;
 
-use super::{LoadError, invalid};
+use super::{Config, LoadError, invalid};
+
+impl Config {
+    /// Read, parse and validate `path`, then check its VIPs against this host's addresses
+    /// ([`Config::check_host`]). [`Config::parse`] alone never touches the system.
+    pub fn load(path: &std::path::Path) -> Result<Config, LoadError> {
+        let text = std::fs::read_to_string(path).map_err(|error| LoadError::Read {
+            path: path.to_owned(),
+            error,
+        })?;
+        Self::from_file_text(&text)
+    }
+
+    /// A config file's text as [`Config::load`] takes it: parsed, validated and checked
+    /// against this host (for a caller that has read the file already, once).
+    pub fn from_file_text(text: &str) -> Result<Config, LoadError> {
+        let cfg = Self::parse(text)?;
+        // Without the host's addresses (no /proc?), the parse-time checks are all there is.
+        if let Ok(host) = crate::vrrp::io::host_addresses() {
+            cfg.check_host(&host)?;
+        }
+        Ok(cfg)
+    }
+}
 
 /// The config this node runs when `path` is a directory of rendered configs (a MachineConfig
 /// ships every node's to every node of a pool): the one whose VRRP source address is an
