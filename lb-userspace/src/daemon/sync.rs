@@ -30,7 +30,7 @@ use crate::{
         config::{KeyRing, SyncConfig},
         replay::{Counter, Gate, Pass, Refusal, Window},
         status::{NotExceptionsRow, RefusedRow, SyncPeerRow, SyncRow},
-        view::{Index, Refused, Skip, View},
+        view::{Changes, Index, Refused, Skip, View},
         wire::{self, Record, WireError},
     },
 };
@@ -215,6 +215,7 @@ impl SyncHandle {
             periodic: 0,
             full_due: false,
             retracted: HashMap::new(),
+            changes: Changes::default(),
             hellos_left: 2,
         };
         tokio::spawn(task.run(flush_rx, apply_rx));
@@ -431,6 +432,8 @@ struct Task {
     /// Retractions repeated in the next full sends (a lost one would leave a peer's entry
     /// naming the old backend): the backend retracted and the full sends left.
     retracted: HashMap<FlowKey, (IpAddr, u8)>,
+    /// When each service's table last changed (its entries on their slot are shared a while).
+    changes: Changes,
     /// Scans left that flag their datagrams as a hello and send one even with nothing in it:
     /// the first two with the services in place (a peer may miss the first datagram).
     hellos_left: u8,
@@ -550,6 +553,8 @@ impl Task {
         let Some(view) = self.view.borrow().clone() else {
             return;
         };
+        let mut view = (*view).clone();
+        self.changes.mark(&mut view, Instant::now());
         let pins = match self.pins() {
             Ok(p) => p,
             Err(e) => {
