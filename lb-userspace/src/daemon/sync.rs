@@ -395,7 +395,7 @@ fn set_buffers(s: &socket2::Socket) {
 
 /// Before the `i`th datagram of a send (to every peer): a pause after each [`PACE_EVERY`].
 async fn pace(i: usize) {
-    if i > 0 && i % PACE_EVERY == 0 {
+    if i > 0 && i.is_multiple_of(PACE_EVERY) {
         tokio::time::sleep(PACE_PAUSE).await;
     }
 }
