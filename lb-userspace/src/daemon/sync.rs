@@ -623,9 +623,18 @@ impl Task {
             let pins = pins.lock().unwrap();
             let mut scanned = [0u64; 4];
             let mut on_slot_now = HashSet::new();
+            // Entries on their slot shared because the table may differ from a peer's
+            // (`share_all`): kept apart, and sent only in the room the exceptions leave.
+            let mut shared: HashMap<FlowKey, IpAddr> = HashMap::new();
             pins.scan(limit, |k, v| {
                 let r = ix.classify(k, v);
+                let on_slot = match r {
+                    Err(Skip::OnSlot) => true,
+                    Ok(_) => ix.on_its_slot(k, v),
+                    Err(_) => false,
+                };
                 scanned[match r {
+                    Ok(_) if on_slot => 3,
                     Ok(_) => 0,
                     Err(Skip::Stale) => 1,
                     Err(Skip::NotForwarded) => 2,
@@ -634,22 +643,32 @@ impl Task {
                 // Sent as an exception to another backend, now on its slot: a new connection
                 // on the 5-tuple. (On its slot with the backend sent, the table changed: the
                 // peers' entry does no harm.)
-                if matches!(r, Err(Skip::OnSlot))
+                if on_slot
                     && let Some(sent) = was_sent.get(k)
                     && ix.backend_addr(v) != Some(*sent)
                 {
                     on_slot_now.insert(*k);
                 }
+                if let Ok(b) = r
+                    && on_slot
+                {
+                    // The flow cache is walked first: its entry decides.
+                    if shared.len() < limit {
+                        shared.entry(*k).or_insert(b);
+                    }
+                    return false;
+                }
                 r.is_ok()
             })
             .map(|entries| {
                 let complete = entries.len() < limit;
-                let found = entries
+                let mut found = entries
                     .into_iter()
                     .filter_map(|(k, v)| ix.exception(&k, &v).map(|b| (k, b)))
                     .collect::<HashMap<FlowKey, IpAddr>>();
                 // Only from a complete scan: one cut short at `limit` may not have seen the
-                // exception that still stands in the other table.
+                // exception that still stands in the other table. A moved flow shared on its
+                // slot is retracted too (a peer that forwards the service keeps what it holds).
                 let moved: Vec<FlowKey> = if complete {
                     on_slot_now
                         .into_iter()
@@ -658,6 +677,12 @@ impl Task {
                 } else {
                     Vec::new()
                 };
+                for (k, b) in shared {
+                    if found.len() >= limit {
+                        break;
+                    }
+                    found.entry(k).or_insert(b);
+                }
                 (scanned, found, moved)
             })
         })

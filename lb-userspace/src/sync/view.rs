@@ -181,6 +181,18 @@ impl<'a> Index<'a> {
         Ok(pair.addr)
     }
 
+    /// Whether the live table gives the flow's slot the entry's own pair (a shared entry of a
+    /// service with `share_all` may be: see [`Index::classify`]).
+    pub fn on_its_slot(&self, key: &FlowKey, value: &FlowValue) -> bool {
+        let Some(&(s, p)) = self.by_id.get(&value.backend()) else {
+            return false;
+        };
+        let svc = &self.view.services[s];
+        !svc.table.is_empty()
+            && svc.table[flow_hash(key, self.view.hash_seed) as usize % svc.table.len()]
+                == svc.pairs[p].id
+    }
+
     /// Whether this node forwards the flow's service (then its own entries decide, and a
     /// peer's record never replaces one).
     pub fn forwarded(&self, key: &FlowKey) -> bool {
@@ -340,6 +352,7 @@ mod tests {
                 ix.classify(&k, &value),
                 Ok(format!("10.0.0.{}", 10 + on).parse().unwrap())
             );
+            assert!(ix.on_its_slot(&k, &value));
             // Stale entries stay unshared.
             let stale = FlowValue { epoch: 1, ..value };
             assert_eq!(ix.classify(&k, &stale), Err(Skip::Stale));
