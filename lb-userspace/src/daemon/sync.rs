@@ -30,11 +30,19 @@ use crate::{
         config::{KeyRing, SyncConfig},
         replay::{Counter, Gate, Pass, Refusal, Window},
         status::{NotExceptionsRow, RefusedRow, SyncPeerRow, SyncRow},
-        view::{Index, Refused, Skip, View},
+        view::{Changes, Index, Refused, Skip, View},
         wire::{self, Record, WireError},
     },
 };
 
+/// Datagrams read off the socket and waiting for the task (about 5.6 MB at most): a scan (up to
+/// about 0.45 s) or a send in progress leaves them here rather than in the kernel's receive
+/// queue, whose overflow is dropped. A full send at `max_entries` is about 2,980 datagrams.
+const RECEIVE_QUEUE: usize = 4096;
+/// A send pauses [`PACE_PAUSE`] after each this many datagrams (to every peer), so a large
+/// full send reaches a peer at most at about 16,000 datagrams a second, not in one burst.
+const PACE_EVERY: usize = 16;
+const PACE_PAUSE: Duration = Duration::from_millis(1);
 /// A table change is scanned this long after it (changes come in bursts).
 const SETTLE: Duration = Duration::from_millis(200);
 /// Every this many periodic scans all exceptions are sent again, not only new ones: a peer
@@ -195,12 +203,17 @@ impl SyncHandle {
         let stats = Arc::new(SyncStats::default());
         set_peer_rows(&stats, &cfg.peers);
         let run = new_run()?;
+        let sock = Arc::new(sock);
+        let (inbox_tx, inbox) = mpsc::channel(RECEIVE_QUEUE);
+        let reader = spawn_reader(sock.clone(), inbox_tx.clone());
         let task = Task {
             cfg: cfg.clone(),
             configured: cfg.peers.clone(),
             learned: Vec::new(),
             keys: keys.clone(),
             sock,
+            reader,
+            inbox_tx,
             pin_dir,
             pins: None,
             view: view_rx,
@@ -215,9 +228,10 @@ impl SyncHandle {
             periodic: 0,
             full_due: false,
             retracted: HashMap::new(),
+            changes: Changes::default(),
             hellos_left: 2,
         };
-        tokio::spawn(task.run(flush_rx, apply_rx));
+        tokio::spawn(task.run(inbox, flush_rx, apply_rx));
         Ok(SyncHandle {
             keys,
             view: view_tx,
@@ -313,7 +327,7 @@ fn bind(cfg: &SyncConfig) -> Result<tokio::net::UdpSocket> {
 }
 
 /// The receive (and send) buffer asked for: a full send is up to `max_entries / 22` datagrams
-/// at once.
+/// per peer (paced, see [`PACE_EVERY`]), and a node may get several peers' at once.
 const SOCKET_BUFFER: usize = 4 << 20;
 
 /// Bind the sync socket, creating it with `new`: at `listen`, else at `[::]` (both families)
@@ -379,6 +393,38 @@ fn set_buffers(s: &socket2::Socket) {
     }
 }
 
+/// Before the `i`th datagram of a send (to every peer): a pause after each [`PACE_EVERY`].
+async fn pace(i: usize) {
+    if i > 0 && i.is_multiple_of(PACE_EVERY) {
+        tokio::time::sleep(PACE_PAUSE).await;
+    }
+}
+
+/// Read `sock` into `tx`, apart from the task (which may be scanning or sending): until the
+/// task is gone. With the queue full it waits, and the kernel's receive queue fills.
+fn spawn_reader(
+    sock: Arc<tokio::net::UdpSocket>,
+    tx: mpsc::Sender<(Vec<u8>, IpAddr)>,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut buf = vec![0u8; wire::MAX_DATAGRAM + 1];
+        loop {
+            match sock.recv_from(&mut buf).await {
+                Ok((n, from)) => {
+                    if tx
+                        .send((buf[..n].to_vec(), from.ip().to_canonical()))
+                        .await
+                        .is_err()
+                    {
+                        return;
+                    }
+                }
+                Err(e) => tracing::debug!(error = %e, "sync: receive"),
+            }
+        }
+    })
+}
+
 /// Datagrams the kernel dropped on `sock` (a full receive queue): `SK_MEMINFO_DROPS` of
 /// `SO_MEMINFO`.
 fn socket_drops(sock: &tokio::net::UdpSocket) -> Option<u64> {
@@ -408,7 +454,10 @@ struct Task {
     learned: Vec<IpAddr>,
     /// The key signed with first, then the others accepted (a rotation's overlap).
     keys: Keys,
-    sock: tokio::net::UdpSocket,
+    sock: Arc<tokio::net::UdpSocket>,
+    /// Reads `sock` into the task's inbox (replaced with the socket).
+    reader: tokio::task::JoinHandle<()>,
+    inbox_tx: mpsc::Sender<(Vec<u8>, IpAddr)>,
     pin_dir: PathBuf,
     pins: Option<Arc<Mutex<ConntrackPins>>>,
     view: watch::Receiver<Option<Arc<View>>>,
@@ -431,34 +480,39 @@ struct Task {
     /// Retractions repeated in the next full sends (a lost one would leave a peer's entry
     /// naming the old backend): the backend retracted and the full sends left.
     retracted: HashMap<FlowKey, (IpAddr, u8)>,
+    /// When each service's table last changed (its entries on their slot are shared a while).
+    changes: Changes,
     /// Scans left that flag their datagrams as a hello and send one even with nothing in it:
     /// the first two with the services in place (a peer may miss the first datagram).
     hellos_left: u8,
 }
 
+impl Drop for Task {
+    fn drop(&mut self) {
+        self.reader.abort();
+    }
+}
+
 impl Task {
     async fn run(
         mut self,
+        mut inbox: mpsc::Receiver<(Vec<u8>, IpAddr)>,
         mut flush: mpsc::Receiver<oneshot::Sender<()>>,
         mut apply: mpsc::Receiver<Update>,
     ) {
         let mut tick = tokio::time::interval(Duration::from_millis(self.cfg.interval_ms));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut settle: Option<tokio::time::Instant> = None;
-        let mut buf = vec![0u8; wire::MAX_DATAGRAM + 1];
         loop {
             let at =
                 settle.unwrap_or_else(|| tokio::time::Instant::now() + Duration::from_secs(3600));
             tokio::select! {
-                r = self.sock.recv_from(&mut buf) => match r {
-                    Ok((n, from)) => {
-                        self.received(&buf[..n], from.ip().to_canonical());
-                        if self.full_due {
-                            settle.get_or_insert(tokio::time::Instant::now() + SETTLE);
-                        }
+                Some((d, from)) = inbox.recv() => {
+                    self.received(&d, from);
+                    if self.full_due {
+                        settle.get_or_insert(tokio::time::Instant::now() + SETTLE);
                     }
-                    Err(e) => tracing::debug!(error = %e, "sync: receive"),
-                },
+                }
                 c = self.view.changed() => {
                     if c.is_err() {
                         return; // the owner is gone
@@ -503,7 +557,9 @@ impl Task {
     /// windows of peers that left are forgotten.
     fn apply(&mut self, p: Prepared) {
         if let Some(sock) = p.sock {
-            self.sock = sock;
+            self.reader.abort();
+            self.sock = Arc::new(sock);
+            self.reader = spawn_reader(self.sock.clone(), self.inbox_tx.clone());
         }
         self.configured = p.cfg.peers.clone();
         let mut cfg = p.cfg;
@@ -550,6 +606,8 @@ impl Task {
         let Some(view) = self.view.borrow().clone() else {
             return;
         };
+        let mut view = (*view).clone();
+        self.changes.mark(&mut view, Instant::now());
         let pins = match self.pins() {
             Ok(p) => p,
             Err(e) => {
@@ -565,9 +623,18 @@ impl Task {
             let pins = pins.lock().unwrap();
             let mut scanned = [0u64; 4];
             let mut on_slot_now = HashSet::new();
+            // Entries on their slot shared because the table may differ from a peer's
+            // (`share_all`): kept apart, and sent only in the room the exceptions leave.
+            let mut shared: HashMap<FlowKey, IpAddr> = HashMap::new();
             pins.scan(limit, |k, v| {
                 let r = ix.classify(k, v);
+                let on_slot = match r {
+                    Err(Skip::OnSlot) => true,
+                    Ok(_) => ix.on_its_slot(k, v),
+                    Err(_) => false,
+                };
                 scanned[match r {
+                    Ok(_) if on_slot => 3,
                     Ok(_) => 0,
                     Err(Skip::Stale) => 1,
                     Err(Skip::NotForwarded) => 2,
@@ -576,22 +643,32 @@ impl Task {
                 // Sent as an exception to another backend, now on its slot: a new connection
                 // on the 5-tuple. (On its slot with the backend sent, the table changed: the
                 // peers' entry does no harm.)
-                if matches!(r, Err(Skip::OnSlot))
+                if on_slot
                     && let Some(sent) = was_sent.get(k)
                     && ix.backend_addr(v) != Some(*sent)
                 {
                     on_slot_now.insert(*k);
                 }
+                if let Ok(b) = r
+                    && on_slot
+                {
+                    // The flow cache is walked first: its entry decides.
+                    if shared.len() < limit {
+                        shared.entry(*k).or_insert(b);
+                    }
+                    return false;
+                }
                 r.is_ok()
             })
             .map(|entries| {
                 let complete = entries.len() < limit;
-                let found = entries
+                let mut found = entries
                     .into_iter()
                     .filter_map(|(k, v)| ix.exception(&k, &v).map(|b| (k, b)))
                     .collect::<HashMap<FlowKey, IpAddr>>();
                 // Only from a complete scan: one cut short at `limit` may not have seen the
-                // exception that still stands in the other table.
+                // exception that still stands in the other table. A moved flow shared on its
+                // slot is retracted too (a peer that forwards the service keeps what it holds).
                 let moved: Vec<FlowKey> = if complete {
                     on_slot_now
                         .into_iter()
@@ -600,6 +677,12 @@ impl Task {
                 } else {
                     Vec::new()
                 };
+                for (k, b) in shared {
+                    if found.len() >= limit {
+                        break;
+                    }
+                    found.entry(k).or_insert(b);
+                }
                 (scanned, found, moved)
             })
         })
@@ -695,7 +778,8 @@ impl Task {
         if chunks.is_empty() {
             chunks.push(&[]);
         }
-        for chunk in chunks {
+        for (i, chunk) in chunks.into_iter().enumerate() {
+            pace(i).await;
             let (epoch, seq) = self.counter.next(unix_us());
             if let Some((by_us, at_us)) = self.counter.stepped_back.take() {
                 tracing::warn!(
@@ -937,6 +1021,52 @@ mod tests {
         let mut c = cfg(0);
         c.listen = Some("::1".parse().unwrap());
         assert!(bind_with(&c, no_ipv6).is_err());
+    }
+
+    /// Full sends at the default `max_entries` from two peers at once (2,980 datagrams of the
+    /// largest size each, paced as `Task::send` paces them: a restarted node's hello answered by
+    /// both) arrive while the task is busy for half a second (a scan): the reader keeps the
+    /// socket drained into the task's queue, so the kernel drops none. Read by nobody for that
+    /// time, the same bursts overflow the socket's receive queue.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_full_send_during_a_scan_loses_no_datagram() {
+        const BURST: usize = 65_536_usize.div_ceil(wire::MAX_RECORDS);
+        async fn one(to: SocketAddr) {
+            let tx = bind(&cfg(0)).unwrap();
+            let d = vec![0u8; wire::MAX_DATAGRAM];
+            for i in 0..BURST {
+                pace(i).await;
+                tx.send_to(&d, to).await.unwrap();
+            }
+        }
+        async fn burst(to: SocketAddr) {
+            tokio::join!(one(to), one(to));
+        }
+        let local = |s: &tokio::net::UdpSocket| {
+            SocketAddr::new("::1".parse().unwrap(), s.local_addr().unwrap().port())
+        };
+        // Read apart: the task's queue takes the burst while the task scans.
+        let rx = Arc::new(bind(&cfg(0)).unwrap());
+        let (tx, mut inbox) = mpsc::channel(RECEIVE_QUEUE);
+        let reader = spawn_reader(rx.clone(), tx);
+        let scan = tokio::time::sleep(Duration::from_millis(500));
+        burst(local(&rx)).await;
+        scan.await;
+        let mut got = 0;
+        while got < 2 * BURST {
+            let (d, _) = inbox.recv().await.unwrap();
+            assert_eq!(d.len(), wire::MAX_DATAGRAM);
+            got += 1;
+        }
+        assert_eq!(socket_drops(&rx), Some(0));
+        reader.abort();
+        // Not read while the burst comes: the kernel drops what its queue cannot hold.
+        let idle = bind(&cfg(0)).unwrap();
+        burst(local(&idle)).await;
+        assert!(
+            socket_drops(&idle).unwrap() > 0,
+            "the bursts fit the kernel's queue alone"
+        );
     }
 
     /// The kernel's per-socket drop count is readable (the `receive_drops` counter).

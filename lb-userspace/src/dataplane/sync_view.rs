@@ -35,6 +35,11 @@ impl Dataplane {
                         aliases: b.aliases.clone(),
                     })
                     .collect(),
+                // Climbing through slow start: the step is this node's own.
+                share_all: s
+                    .backends
+                    .values()
+                    .any(|b| b.spec.in_table() && b.spec.step < crate::plan::SLOW_START_STEPS),
             })
             .collect();
         services.sort_by_key(|s| (s.key.addr, s.key.port, s.key.proto));

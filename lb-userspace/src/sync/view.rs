@@ -2,7 +2,12 @@
 //! is not the one the live Maglev table gives their slot, so another node could not find it
 //! by hashing), and where a peer's record goes in this node's table.
 
-use std::{collections::HashMap, net::IpAddr, sync::Arc};
+use std::{
+    collections::HashMap,
+    net::IpAddr,
+    sync::Arc,
+    time::{Duration, Instant},
+};
 
 use lb_common::{ALL_PORTS, FlowKey, FlowValue, VipKey, flow_hash};
 
@@ -27,6 +32,13 @@ pub struct Service {
     /// The live Maglev table (backend ids by slot).
     pub table: Arc<Vec<u32>>,
     pub pairs: Vec<Pair>,
+    /// Its entries on their slot are shared too: its table may differ from a peer's now. A
+    /// backend of it climbs through slow start here (each node steps on its own clock from
+    /// when its own checks saw the backend back, and a restarted lbd gives a backend it finds
+    /// serving its full weight), or its table changed a short while ago (the nodes' checks see
+    /// a change at different times). A flow on its slot here may be off it at the node that
+    /// forwards it next.
+    pub share_all: bool,
 }
 
 /// The data plane's services as the owner last applied them.
@@ -34,6 +46,40 @@ pub struct Service {
 pub struct View {
     pub hash_seed: u32,
     pub services: Vec<Service>,
+}
+
+/// How long a service's entries on their slot are shared after its table changed here: longer
+/// than the nodes' health checks take to agree on a change at their default intervals (each
+/// node checks on its own), so that a flow placed here meanwhile is not on another slot at a
+/// peer that has not seen the change yet.
+pub const SHARE_AFTER_CHANGE: Duration = Duration::from_secs(10);
+
+/// When each service's table last changed here (pure: the sync task keeps one and marks each
+/// view it scans).
+#[derive(Debug, Default)]
+pub struct Changes {
+    seen: HashMap<VipKey, (Arc<Vec<u32>>, Instant)>,
+}
+
+impl Changes {
+    /// Note the tables of `view` at `now` and set `share_all` on each service whose table
+    /// changed (or appeared) less than [`SHARE_AFTER_CHANGE`] ago.
+    pub fn mark(&mut self, view: &mut View, now: Instant) {
+        self.seen
+            .retain(|k, _| view.services.iter().any(|s| s.key == *k));
+        for s in &mut view.services {
+            let e = self
+                .seen
+                .entry(s.key)
+                .or_insert_with(|| (s.table.clone(), now));
+            if e.0 != s.table {
+                *e = (s.table.clone(), now);
+            }
+            if now.saturating_duration_since(e.1) < SHARE_AFTER_CHANGE {
+                s.share_all = true;
+            }
+        }
+    }
 }
 
 /// Why an entry is not an exception.
@@ -129,10 +175,22 @@ impl<'a> Index<'a> {
             return Err(Skip::Stale);
         }
         let slot = flow_hash(key, self.view.hash_seed) as usize % svc.table.len();
-        if svc.table[slot] == pair.id {
+        if svc.table[slot] == pair.id && !svc.share_all {
             return Err(Skip::OnSlot);
         }
         Ok(pair.addr)
+    }
+
+    /// Whether the live table gives the flow's slot the entry's own pair (a shared entry of a
+    /// service with `share_all` may be: see [`Index::classify`]).
+    pub fn on_its_slot(&self, key: &FlowKey, value: &FlowValue) -> bool {
+        let Some(&(s, p)) = self.by_id.get(&value.backend()) else {
+            return false;
+        };
+        let svc = &self.view.services[s];
+        !svc.table.is_empty()
+            && svc.table[flow_hash(key, self.view.hash_seed) as usize % svc.table.len()]
+                == svc.pairs[p].id
     }
 
     /// Whether this node forwards the flow's service (then its own entries decide, and a
@@ -205,6 +263,7 @@ mod tests {
                 owned,
                 table: Arc::new(vec![1, 2, 3, 1, 2, 3, 1]),
                 pairs,
+                share_all: false,
             }],
         }
     }
@@ -275,6 +334,67 @@ mod tests {
             ),
             None
         );
+    }
+
+    #[test]
+    fn a_service_whose_table_may_differ_shares_its_entries_on_their_slot_too() {
+        let mut v = view(true);
+        v.services[0].share_all = true;
+        let ix = Index::new(&v);
+        for i in 0..200 {
+            let k = flow(i);
+            let on = slot_pair(&v, &k);
+            let value = FlowValue {
+                backend_id: on,
+                epoch: 100 + on,
+            };
+            assert_eq!(
+                ix.classify(&k, &value),
+                Ok(format!("10.0.0.{}", 10 + on).parse().unwrap())
+            );
+            assert!(ix.on_its_slot(&k, &value));
+            // Stale entries stay unshared.
+            let stale = FlowValue { epoch: 1, ..value };
+            assert_eq!(ix.classify(&k, &stale), Err(Skip::Stale));
+        }
+        // Not forwarded here: still nothing.
+        v.services[0].owned = false;
+        let ix = Index::new(&v);
+        let k = flow(1);
+        let on = slot_pair(&v, &k);
+        let value = FlowValue {
+            backend_id: on,
+            epoch: 100 + on,
+        };
+        assert_eq!(ix.classify(&k, &value), Err(Skip::NotForwarded));
+    }
+
+    #[test]
+    fn a_table_change_shares_everything_for_a_while() {
+        let t0 = Instant::now();
+        let mut changes = Changes::default();
+        let marked = |c: &mut Changes, v: &View, at: Instant| {
+            let mut v = v.clone();
+            c.mark(&mut v, at);
+            v.services[0].share_all
+        };
+        let mut v = view(true);
+        // New here: it may differ.
+        assert!(marked(&mut changes, &v, t0));
+        let later = t0 + SHARE_AFTER_CHANGE;
+        assert!(!marked(&mut changes, &v, later));
+        // Its table changes: shared again, until the same time has passed.
+        v.services[0].table = Arc::new(vec![1, 1, 3, 1, 2, 3, 1]);
+        assert!(marked(&mut changes, &v, later));
+        assert!(marked(
+            &mut changes,
+            &v,
+            later + SHARE_AFTER_CHANGE - Duration::from_millis(1)
+        ));
+        assert!(!marked(&mut changes, &v, later + SHARE_AFTER_CHANGE));
+        // Climbing (set by the data plane) stays shared whatever the time.
+        v.services[0].share_all = true;
+        assert!(marked(&mut changes, &v, later + SHARE_AFTER_CHANGE * 3));
     }
 
     #[test]
