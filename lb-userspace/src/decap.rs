@@ -37,13 +37,13 @@ pub async fn serve(o: DecapOptions) -> Result<()> {
     let mut d = Decap::load(&o.name, std::path::Path::new("/sys/fs/bpf"))?;
     d.set_peers(&o.lb_nodes)?;
     d.set_vips(&o.vips)?;
-    let nl = crate::netlink::Netlink::new()?;
+    let nl = crate::net::Netlink::new()?;
     let saved = o.state_dir.join(format!("{}-decap-sysctls.json", o.name));
     if !o.vips.is_empty() {
-        crate::netlink::set_arp_sysctls(&o.interface, &saved)?;
+        crate::net::set_arp_sysctls(&o.interface, &saved)?;
     }
     for vip in &o.vips {
-        crate::netlink::ensure_local_vip(nl.handle(), *vip).await?;
+        crate::net::ensure_local_vip(nl.handle(), *vip).await?;
     }
     // The VIPs are on `lo` now: part of the host's addresses, as the outer destination may be.
     d.set_local(&local_addrs()?)?;
@@ -90,11 +90,11 @@ pub async fn serve(o: DecapOptions) -> Result<()> {
     }
     drop(d);
     for vip in &o.vips {
-        if let Err(e) = crate::netlink::remove_local_vip(nl.handle(), *vip).await {
+        if let Err(e) = crate::net::remove_local_vip(nl.handle(), *vip).await {
             tracing::warn!(%vip, error = %format!("{e:#}"), "removing the VIP from lo");
         }
     }
-    crate::netlink::restore_arp_sysctls(&saved)?;
+    crate::net::restore_arp_sysctls(&saved)?;
     Ok(())
 }
 

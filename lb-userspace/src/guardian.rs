@@ -259,7 +259,7 @@ fn give_back(w: &Watch) -> Result<()> {
             }
         }
         for (ifname, vips) in &w.interfaces {
-            match crate::vrrp::announce::remove_stale(&handle, ifname, vips).await {
+            match crate::net::addr::remove_stale(&handle, ifname, vips).await {
                 Ok(removed) => {
                     tracing::info!(interface = %ifname, ?removed, "guardian: VIPs given back")
                 }

@@ -5,8 +5,9 @@
 //! - [`maglev`]: the weighted Maglev table builder (pure).
 //! - [`desired`]: what the data plane should hold, as plain values (pure).
 //! - [`dataplane`]: loads and attaches the XDP program; the only writer of its maps.
-//! - [`netlink`]: interface, neighbour and address facts through rtnetlink.
-//! - [`vrrp`]: VRRP codec, pure state machine, socket I/O and VIP announcement.
+//! - [`net`]: the host's network: interfaces and addresses, VIP addresses, links, neighbours and
+//!   routes (rtnetlink, getifaddrs); depends on no protocol module.
+//! - [`vrrp`]: VRRP codec, pure state machine, socket I/O and VIP announcements (GARP/NA).
 //! - [`bgp`]: active-active VIPs announced over BGP ECMP through FRR.
 //! - [`health`]: backend health checks (HTTPS, HTTP, TCP) with rise/fall.
 //! - [`plan`]: from config and facts to what the data plane should do (pure).
@@ -40,7 +41,7 @@ pub use lb_core::maglev;
 pub mod members;
 pub mod metrics;
 pub mod metrics_tls;
-pub mod netlink;
+pub mod net;
 pub mod plan;
 pub mod render;
 pub mod static_vip;

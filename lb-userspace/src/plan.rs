@@ -40,7 +40,7 @@ pub struct Facts {
     pub peer_macs: HashMap<IpAddr, [u8; 6]>,
     /// Routed backends (`encap = "ipip"`): the path to each, when it leaves by the XDP
     /// interface (its next hop's MAC is in `macs`, under the next hop's address).
-    pub paths: HashMap<IpAddr, crate::netlink::RoutePath>,
+    pub paths: HashMap<IpAddr, crate::net::RoutePath>,
     /// The time the plan is made at (holds of failed backends end by it); `None`: every
     /// hold still applies.
     pub now: Option<Instant>,
@@ -530,7 +530,7 @@ address = "10.0.0.3"
         let mut f = Facts::default();
         f.macs.insert(ip("10.0.0.254"), router);
         f.macs.insert(ip("10.0.0.3"), [2, 0, 0, 0, 0, 3]);
-        let path = crate::netlink::RoutePath {
+        let path = crate::net::RoutePath {
             next_hop: ip("10.0.0.254"),
             oif: 2,
             src: Some(ip("10.0.0.10")),
@@ -558,10 +558,8 @@ address = "10.0.0.3"
         // The router brings client traffic too: its MAC is never a loop-guard peer.
         assert_eq!(want.peers, vec![[2, 0, 0, 0, 0, 3]]);
         // A path without a source address cannot be wrapped from.
-        f.paths.insert(
-            ip("10.9.0.1"),
-            crate::netlink::RoutePath { src: None, ..path },
-        );
+        f.paths
+            .insert(ip("10.9.0.1"), crate::net::RoutePath { src: None, ..path });
         let (want, rows) = plan(&cfg, &f);
         assert!(!want.services[0].backends[0].in_set());
         assert!(rows[0].reason.contains("source"), "{}", rows[0].reason);
@@ -598,7 +596,7 @@ encap = "ipip"
         let mut f = Facts::default();
         f.macs.insert(ip("10.0.0.254"), [2, 0, 0, 0, 0, 0xfe]);
         f.macs.insert(ip("fd00::fe"), [2, 0, 0, 0, 0, 0xfe]);
-        let path = |hop: &str, src: &str, mtu| crate::netlink::RoutePath {
+        let path = |hop: &str, src: &str, mtu| crate::net::RoutePath {
             next_hop: ip(hop),
             oif: 2,
             src: Some(ip(src)),

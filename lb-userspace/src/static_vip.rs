@@ -16,7 +16,7 @@ use rtnetlink::Handle;
 use crate::{
     config::Config,
     vrrp::{
-        announce::{self, Announcer},
+        announce::Announcer,
         instance::{GARP_BURST, GARP_SPACING},
     },
 };
@@ -82,7 +82,7 @@ impl StaticVips {
             |gone| {
                 let ifname = ifname.clone();
                 async move {
-                    announce::remove_vip(handle, &ifname, gone).await?;
+                    crate::net::addr::remove_vip(handle, &ifname, gone).await?;
                     tracing::info!(vip = %gone, "static VIP removed");
                     Ok(())
                 }
@@ -90,7 +90,7 @@ impl StaticVips {
             |new| {
                 let ifname = ifname.clone();
                 async move {
-                    announce::add_vip(handle, &ifname, new).await?;
+                    crate::net::addr::add_vip(handle, &ifname, new).await?;
                     tracing::info!(vip = %new, interface = %ifname, "static VIP added");
                     Ok(())
                 }
@@ -160,7 +160,7 @@ async fn announce_loop(ifname: String, vips: Vec<IpAddr>) {
             return;
         }
     };
-    let mut link_events = crate::netlink::link_changes().ok();
+    let mut link_events = crate::net::link_changes().ok();
     let mut refresh = tokio::time::interval(LINK_POLL);
     refresh.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut next_burst = tokio::time::Instant::now();
@@ -178,9 +178,9 @@ async fn announce_loop(ifname: String, vips: Vec<IpAddr>) {
         }
         tokio::select! {
             _ = refresh.tick() => {}
-            () = crate::netlink::next_link_change(&mut link_events) => {}
+            () = crate::net::next_link_change(&mut link_events) => {}
         }
-        let mac = crate::vrrp::io::interface_info(&ifname)
+        let mac = crate::net::iface::interface_info(&ifname)
             .ok()
             .and_then(|i| i.mac);
         if let Some(mac) = mac.filter(|m| *m != announcer.mac())

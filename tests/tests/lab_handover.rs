@@ -289,7 +289,7 @@ fn a_new_master_announces_its_vips_only_once_its_data_plane_forwards() {
             .build()
             .unwrap();
         rt.block_on(async move {
-            let nl = lb_userspace::netlink::Netlink::new().expect("netlink");
+            let nl = lb_userspace::net::Netlink::new().expect("netlink");
             let mut inst = lb_userspace::vrrp::Instance::spawn(
                 cfg,
                 "eth0",

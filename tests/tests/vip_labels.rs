@@ -5,7 +5,7 @@
 use std::net::IpAddr;
 
 use lb_tests::lab::{Lab, sh};
-use lb_userspace::{netlink, vrrp::announce};
+use lb_userspace::net::{self, addr};
 
 /// The node's IPv4 addresses on `dev` as OVN-Kubernetes keeps them: (address, label), minus
 /// those whose label ends in "vip".
@@ -71,10 +71,10 @@ fn vips_lbd_adds_are_skipped_by_ovn_kubernetes_and_still_recognised_by_lbd() {
         tokio::runtime::Runtime::new()
             .unwrap()
             .block_on(async move {
-                let nl = netlink::Netlink::new().unwrap();
+                let nl = net::Netlink::new().unwrap();
                 // A master's VIP on its interface, a DSR backend's copy on lo.
-                announce::add_vip(nl.handle(), "eth0", vip).await.unwrap();
-                netlink::ensure_local_vip(nl.handle(), backend_vip)
+                addr::add_vip(nl.handle(), "eth0", vip).await.unwrap();
+                net::ensure_local_vip(nl.handle(), backend_vip)
                     .await
                     .unwrap();
             })
@@ -102,8 +102,8 @@ fn vips_lbd_adds_are_skipped_by_ovn_kubernetes_and_still_recognised_by_lbd() {
         tokio::runtime::Runtime::new()
             .unwrap()
             .block_on(async move {
-                let nl = netlink::Netlink::new().unwrap();
-                let mut gone = announce::remove_orphans(nl.handle(), "eth0", &[])
+                let nl = net::Netlink::new().unwrap();
+                let mut gone = addr::remove_orphans(nl.handle(), "eth0", &[])
                     .await
                     .unwrap();
                 gone.sort();
@@ -114,7 +114,7 @@ fn vips_lbd_adds_are_skipped_by_ovn_kubernetes_and_still_recognised_by_lbd() {
                         "10.93.0.100".parse().unwrap()
                     ]
                 );
-                netlink::remove_local_vip(nl.handle(), backend_vip)
+                net::remove_local_vip(nl.handle(), backend_vip)
                     .await
                     .unwrap();
             })

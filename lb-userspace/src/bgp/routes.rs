@@ -57,7 +57,7 @@ pub async fn installed(handle: &Handle) -> Result<BTreeSet<IpAddr>> {
             IpVersion::V4 => RouteMessageBuilder::<std::net::Ipv4Addr>::new().build(),
             IpVersion::V6 => RouteMessageBuilder::<std::net::Ipv6Addr>::new().build(),
         };
-        let routes = crate::netlink::dump(|| handle.route().get(req.clone()).execute())
+        let routes = crate::net::dump(|| handle.route().get(req.clone()).execute())
             .await
             .context("list routes")?;
         for m in routes {

@@ -367,23 +367,23 @@ pub const MAX_TABLE_SIZE: u32 = 1_000_003;
 
 impl Config {
     /// Refuse a VIP that is one of this node's own addresses (not one lbd added, see
-    /// [`crate::vrrp::announce::added_by_lbd`]) on an interface lbd holds VIPs on, or for a
+    /// [`crate::net::addr::added_by_lbd`]) on an interface lbd holds VIPs on, or for a
     /// BGP VIP on any interface: a typo or an RFC "address owner" setup would have lbd
     /// announce, and on a step-down remove, the node's own address. `host` is (interface,
-    /// address) as [`crate::vrrp::io::host_addresses`] lists them. Pure.
+    /// address) as [`crate::net::iface::host_addresses`] lists them. Pure.
     pub fn check_host(
         &self,
-        host: &[(String, crate::vrrp::announce::ListedAddr)],
+        host: &[(String, crate::net::addr::ListedAddr)],
     ) -> Result<(), ConfigErrors> {
         let mut errors = ConfigErrors::new();
         let owned_by_host = |ifname: Option<&str>, vip: IpAddr| {
             host.iter().find(|(i, a)| {
                 a.addr == vip
                     && ifname.is_none_or(|n| n == i)
-                    && !crate::vrrp::announce::added_by_lbd(i, a)
+                    && !crate::net::addr::added_by_lbd(i, a)
             })
         };
-        let refuse = |field: String, (i, a): &(String, crate::vrrp::announce::ListedAddr)| {
+        let refuse = |field: String, (i, a): &(String, crate::net::addr::ListedAddr)| {
             invalid(
                 field,
                 format!(
@@ -1095,13 +1095,13 @@ weight = 2
 
     fn host(
         entries: &[(&str, &str, u8, Option<&str>, bool)],
-    ) -> Vec<(String, crate::vrrp::announce::ListedAddr)> {
+    ) -> Vec<(String, crate::net::addr::ListedAddr)> {
         entries
             .iter()
             .map(|(i, a, p, l, nodad)| {
                 (
                     i.to_string(),
-                    crate::vrrp::announce::ListedAddr {
+                    crate::net::addr::ListedAddr {
                         addr: a.parse().unwrap(),
                         prefix_len: *p,
                         label: l.map(str::to_string),

@@ -26,7 +26,7 @@ impl Config {
     pub fn from_file_text(text: &str) -> Result<Config, LoadError> {
         let cfg = Self::parse(text)?;
         // Without the host's addresses (no /proc?), the parse-time checks are all there is.
-        if let Ok(host) = crate::vrrp::io::host_addresses() {
+        if let Ok(host) = crate::net::iface::host_addresses() {
             cfg.check_host(&host)?;
         }
         Ok(cfg)
@@ -61,7 +61,7 @@ pub fn node_config_path(path: &std::path::Path) -> Result<PathBuf, LoadError> {
         .iter()
         .map(|f| (f.clone(), std::fs::read_to_string(f).unwrap_or_default()))
         .collect();
-    let host: Vec<IpAddr> = crate::vrrp::io::host_addresses()
+    let host: Vec<IpAddr> = crate::net::iface::host_addresses()
         .map_err(read_err)?
         .into_iter()
         .map(|(_, a)| a.addr)

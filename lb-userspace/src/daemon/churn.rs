@@ -10,7 +10,7 @@ use std::path::Path;
 use anyhow::Result;
 
 use super::owner::Owner;
-use crate::{dataplane::LoadOptions, netlink::Link};
+use crate::{dataplane::LoadOptions, net::Link};
 
 /// Every this many refreshes (about seconds) the interface's XDP attachment is checked through
 /// netlink even when its index did not change.
@@ -37,7 +37,7 @@ impl Owner {
     /// check (same index, attached when last looked) failed, or the periodic full check is due.
     pub(super) fn link_check_due(&mut self) -> bool {
         self.churn_checks += 1;
-        !(crate::vrrp::io::if_index(&self.cfg.interface).ok() == Some(self.ifindex)
+        !(crate::net::iface::if_index(&self.cfg.interface).ok() == Some(self.ifindex)
             && self.attached
             && !self.churn_checks.is_multiple_of(FULL_CHECK_EVERY))
     }

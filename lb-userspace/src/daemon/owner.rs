@@ -31,7 +31,7 @@ use crate::{
     config::Config,
     dataplane::Dataplane,
     health::{FailureClass, Health, HealthEvent, HealthMonitor},
-    netlink::{self, Netlink},
+    net::{self, Netlink},
     plan::{self, BackendPlan, Facts},
 };
 use lb_core::backends;
@@ -278,7 +278,7 @@ impl Owner {
     /// The loop: until SIGTERM/SIGINT (`Ok(None)`) or a task failure (`Ok(Some(why))`).
     pub async fn run(&mut self) -> Result<Option<String>> {
         let mut events = self.health_events.take().context("the loop runs once")?;
-        let mut neigh = netlink::neighbour_changes()?;
+        let mut neigh = net::neighbour_changes()?;
         let mut tick = tokio::time::interval(Duration::from_secs(1));
         let mut frr_check = tokio::time::interval(Duration::from_secs(5));
         use tokio::signal::unix::{SignalKind, signal};

@@ -15,7 +15,7 @@ use anyhow::{Context, Result};
 use super::owner::{Msg, Owner};
 use crate::{
     config::EncapMode,
-    netlink::{self, Link, Netlink, RoutePath},
+    net::{self, Link, Netlink, RoutePath},
 };
 
 /// A gather that has not answered by then is given up (and the next one starts).
@@ -74,7 +74,7 @@ pub async fn gather(nl: Netlink, input: GatherInput) -> Result<Gathered> {
     let local_addrs = nl.local_addresses().await?;
     for b in &all {
         if !macs.contains_key(b) && !local_addrs.contains(b) {
-            netlink::trigger_resolution(&input.iface, *b);
+            net::trigger_resolution(&input.iface, *b);
         }
     }
     let peer_macs = input

@@ -13,7 +13,7 @@ use anyhow::{Context, Result, bail};
 use super::{health_targets, initial_health, owner::Owner, vrrp::VrrpHandle};
 use crate::{
     config::{Config, Validate},
-    netlink,
+    net,
     vrrp::InstanceConfig,
 };
 
@@ -105,7 +105,7 @@ pub fn preflight_vrrp(new: &Config, changes: &VrrpChanges) -> Result<()> {
         };
         r.validate_at(&format!("vrrp[{i}]"))?;
         let ifname = super::vrrp::interface_of(r, new);
-        if crate::vrrp::io::if_index(&ifname).is_err() {
+        if crate::net::iface::if_index(&ifname).is_err() {
             let field = if r.interface.is_some() {
                 format!("vrrp[{i}].interface")
             } else {
@@ -372,7 +372,7 @@ impl Owner {
     async fn start_instance(&mut self, new: &Config, r: InstanceConfig) -> Result<VrrpHandle> {
         if new.dsr_backend {
             for vip in r.vips.iter().filter(|v| new.backend_here(&r, **v)) {
-                netlink::ensure_local_vip(self.netlink.handle(), *vip).await?;
+                net::ensure_local_vip(self.netlink.handle(), *vip).await?;
             }
         }
         self.spawn_instance(r).await

@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use anyhow::Result;
 
 use super::load_options;
-use crate::{bgp, config::Config, dataplane::Dataplane, netlink, vrrp::announce};
+use crate::{bgp, config::Config, dataplane::Dataplane, net};
 
 /// Where the ARP sysctls lbd replaced are saved (next to the API socket).
 pub fn saved_sysctls(cfg: &Config) -> PathBuf {
@@ -22,7 +22,7 @@ pub async fn teardown(cfg: &Config) -> Result<()> {
     // Not under a running lbd: it would put back what this removes.
     let _lock = super::lock::InstanceLock::acquire(cfg, &load_options(cfg))?;
     Dataplane::teardown(&load_options(cfg))?;
-    let nl = netlink::Netlink::new()?;
+    let nl = net::Netlink::new()?;
     let vips: Vec<std::net::IpAddr> = cfg.vrrp.iter().flat_map(|r| r.vips.clone()).collect();
     let mut interfaces: Vec<String> = cfg
         .vrrp
@@ -33,17 +33,17 @@ pub async fn teardown(cfg: &Config) -> Result<()> {
     interfaces.sort();
     interfaces.dedup();
     for ifname in &interfaces {
-        let mut removed = announce::remove_stale(nl.handle(), ifname, &vips).await?;
-        removed.extend(announce::remove_orphans(nl.handle(), ifname, &[]).await?);
+        let mut removed = crate::net::addr::remove_stale(nl.handle(), ifname, &vips).await?;
+        removed.extend(crate::net::addr::remove_orphans(nl.handle(), ifname, &[]).await?);
         if !removed.is_empty() {
             tracing::info!(interface = %ifname, ?removed, "removed VIPs");
         }
     }
     for vip in &vips {
-        netlink::remove_local_vip(nl.handle(), *vip).await?;
+        net::remove_local_vip(nl.handle(), *vip).await?;
     }
     withdraw_bgp(&nl, cfg).await?;
-    let restored = netlink::restore_arp_sysctls(&saved_sysctls(cfg))?;
+    let restored = net::restore_arp_sysctls(&saved_sysctls(cfg))?;
     tracing::info!(?restored, "restored ARP sysctls");
     let _ = std::fs::remove_file(&cfg.api_socket);
     let _ = std::fs::remove_file(super::lock::lock_path(cfg));
@@ -52,7 +52,7 @@ pub async fn teardown(cfg: &Config) -> Result<()> {
 
 /// Withdraw every announcement route (what FRR redistributes) and remove lbd's objects from
 /// FRR's configuration. FRR not answering is logged, not fatal: the routes are what announce.
-async fn withdraw_bgp(nl: &netlink::Netlink, cfg: &Config) -> Result<()> {
+async fn withdraw_bgp(nl: &net::Netlink, cfg: &Config) -> Result<()> {
     let routes = bgp::routes::installed(nl.handle()).await?;
     for a in &routes {
         bgp::routes::remove(nl.handle(), *a).await?;

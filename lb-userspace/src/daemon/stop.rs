@@ -137,7 +137,7 @@ impl Owner {
         for (ifname, vips) in vips {
             let removed = tokio::time::timeout(
                 Duration::from_secs(1),
-                crate::vrrp::announce::remove_stale(self.netlink.handle(), &ifname, &vips),
+                crate::net::addr::remove_stale(self.netlink.handle(), &ifname, &vips),
             )
             .await;
             match removed {

@@ -13,7 +13,7 @@ use super::owner::{Msg, Owner};
 use crate::{
     config::Config,
     handover::Handover,
-    netlink, plan,
+    net, plan,
     vrrp::{Instance, InstanceConfig},
 };
 
@@ -54,7 +54,7 @@ impl Owner {
         let keep: Vec<IpAddr> = crate::static_vip::configured_vips(&cfg);
         for ifname in &interfaces {
             let removed =
-                crate::vrrp::announce::remove_orphans(self.netlink.handle(), ifname, &keep).await?;
+                crate::net::addr::remove_orphans(self.netlink.handle(), ifname, &keep).await?;
             if !removed.is_empty() {
                 tracing::info!(interface = %ifname, ?removed, "removed VIPs of an earlier configuration");
             }
@@ -342,10 +342,10 @@ pub async fn prepare_dsr_backend(cfg: &Config, handle: &rtnetlink::Handle) -> Re
     if !cfg.dsr_backend || cfg.vrrp.is_empty() {
         return Ok(());
     }
-    netlink::set_arp_sysctls(&cfg.interface, &super::rollback::saved_sysctls(cfg))?;
+    net::set_arp_sysctls(&cfg.interface, &super::rollback::saved_sysctls(cfg))?;
     for r in &cfg.vrrp {
         for vip in r.vips.iter().filter(|v| cfg.backend_here(r, **v)) {
-            netlink::ensure_local_vip(handle, *vip).await?;
+            net::ensure_local_vip(handle, *vip).await?;
         }
     }
     Ok(())

@@ -20,17 +20,18 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::{Instant, MissedTickBehavior};
 
 use super::admission::Policy;
-use super::announce::{self, Announcer};
+use super::announce::Announcer;
 use super::codec::{self, Advert, DecodeError, Version};
 use super::collision::{Collisions, Mismatch};
 use super::config::InstanceConfig;
 use super::hold::{self, Hold};
-use super::io::{Incoming, VrrpSocket, interface_info};
+use super::io::{Incoming, VrrpSocket};
 use super::limiter::WarnLimiter;
 use super::realtime::{self, Sched};
 use super::split_brain::DualMaster;
 use super::state::{self, Action, Event, Machine, Params, State};
 use crate::config::Validate;
+use crate::net::iface::interface_info;
 
 pub use super::hold::{FORWARDING_ACK_WAIT, GARP_BURST, GARP_SPACING};
 /// How often link state is polled (a link going down means fault).
@@ -166,7 +167,7 @@ impl Instance {
             })?,
         };
         // Only this instance's VIPs: another instance's may be up on the same interface.
-        let removed = announce::remove_stale(&netlink, &ifname, &cfg.vips).await?;
+        let removed = crate::net::addr::remove_stale(&netlink, &ifname, &cfg.vips).await?;
         if !removed.is_empty() {
             tracing::info!(instance = %cfg.name, ?removed, "removed stale VIPs left by an earlier run");
         }
@@ -532,7 +533,7 @@ impl Runner {
         let mut link_poll = tokio::time::interval(LINK_POLL);
         // Link notifications make the poll immediate (a MAC change, a link going down); the
         // interval stays as the fallback.
-        let mut link_events = match crate::netlink::link_changes() {
+        let mut link_events = match crate::net::link_changes() {
             Ok(rx) => Some(rx),
             Err(e) => {
                 tracing::warn!(instance = %self.cfg.name, error = format!("{e:#}"), "no link notifications; polling the interface only");
@@ -591,7 +592,7 @@ impl Runner {
                     }
                 },
                 _ = link_poll.tick() => self.poll_link().await,
-                () = crate::netlink::next_link_change(&mut link_events) => self.poll_link().await,
+                () = crate::net::next_link_change(&mut link_events) => self.poll_link().await,
                 cmd = commands.recv() => match cmd {
                     Some(Command::TrackWeight(t)) => {
                         self.weight = t.weight;
@@ -633,7 +634,7 @@ impl Runner {
         let confirmed = if seen == Polled::Up(true) || seen == Polled::Gone {
             None
         } else {
-            match announce::link_state(&self.netlink, &self.ifname).await {
+            match crate::net::addr::link_state(&self.netlink, &self.ifname).await {
                 Ok(state) => Some(state.unwrap_or(false)),
                 Err(e) => {
                     tracing::debug!(instance = %self.cfg.name, error = format!("{e:#}"), "link state not confirmed");
@@ -688,7 +689,7 @@ impl Runner {
     /// The interface's MAC or (IPv6) link-local address changed under us (bond failover, a
     /// cloned MAC): announce with the new MAC at once, or clients keep the old one and lose
     /// the VIP; send adverts from the new link-local address.
-    async fn follow_addresses(&mut self, info: &super::io::InterfaceInfo) {
+    async fn follow_addresses(&mut self, info: &crate::net::iface::InterfaceInfo) {
         if let (Some(mac), Some(a)) = (info.mac, self.announcer.as_ref())
             && mac != a.mac()
         {
@@ -1069,7 +1070,7 @@ impl Runner {
     async fn add_vips(&mut self) -> bool {
         let mut ok = true;
         for vip in self.cfg.vips.clone() {
-            if let Err(e) = announce::add_vip(&self.netlink, &self.ifname, vip).await {
+            if let Err(e) = crate::net::addr::add_vip(&self.netlink, &self.ifname, vip).await {
                 tracing::error!(instance = %self.cfg.name, error = format!("{e:#}"), "adding VIP failed; retrying");
                 self.with_status(|s| s.counters.vip_errors += 1);
                 ok = false;
@@ -1084,7 +1085,7 @@ impl Runner {
     async fn remove_vips(&mut self) -> bool {
         let mut ok = true;
         for vip in self.cfg.vips.clone() {
-            if let Err(e) = announce::remove_vip(&self.netlink, &self.ifname, vip).await {
+            if let Err(e) = crate::net::addr::remove_vip(&self.netlink, &self.ifname, vip).await {
                 tracing::error!(instance = %self.cfg.name, error = format!("{e:#}"), "removing VIP failed; retrying");
                 self.with_status(|s| s.counters.vip_errors += 1);
                 ok = false;

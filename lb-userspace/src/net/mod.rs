@@ -1,6 +1,13 @@
-//! Facts from the kernel through rtnetlink: interfaces, local addresses and the neighbour table
-//! (backend MACs). Read-only except for [`trigger_resolution`], which makes the kernel resolve a
-//! missing neighbour.
+//! The host's network, for every part of lbd that needs it (no protocol module below it):
+//! - here: facts through rtnetlink (interfaces, local addresses, the neighbour table with the
+//!   backends' MACs, routes), its dumps and change subscriptions, and the DSR backend role's
+//!   VIP on `lo` and ARP sysctls; read-only otherwise except for [`trigger_resolution`], which
+//!   makes the kernel resolve a missing neighbour;
+//! - [`addr`]: VIP addresses on an interface (added with lbd's label, removed only if lbd's);
+//! - [`iface`]: interfaces and the host's addresses from getifaddrs(3) and /proc.
+
+pub mod addr;
+pub mod iface;
 
 use std::{
     collections::{HashMap, HashSet},
@@ -354,7 +361,7 @@ pub async fn ensure_local_vip(handle: &Handle, vip: IpAddr) -> Result<()> {
     let mut req = handle.address().add(lo, vip, prefix);
     // Labelled like every address lbd adds, so removal can tell it from the host's own.
     if vip.is_ipv4()
-        && let Some(label) = crate::vrrp::announce::vip_label("lo")
+        && let Some(label) = crate::net::addr::vip_label("lo")
     {
         req.message_mut()
             .attributes
@@ -435,5 +442,5 @@ pub fn restore_arp_sysctls(saved: &std::path::Path) -> Result<Vec<String>> {
 
 /// Remove `vip` from `lo` (the DSR-backend address [`ensure_local_vip`] added). Absent is fine.
 pub async fn remove_local_vip(handle: &Handle, vip: IpAddr) -> Result<()> {
-    crate::vrrp::announce::remove_vip(handle, "lo", vip).await
+    crate::net::addr::remove_vip(handle, "lo", vip).await
 }
