@@ -117,8 +117,8 @@ pub mod step {
     /// The flow key was noted (`TraceRecord::flow`): the packet reached the connection table.
     pub const FLOW: u32 = 1 << 15;
     /// The entry's connection was closed by the client (a FIN or RST went through): a SYN
-    /// opens a new connection on the 5-tuple and is placed afresh, at once if the entry's pair
-    /// takes no new flows, else once the close is `FLOW_CLOSE_HOLD` old.
+    /// opens a new connection on the 5-tuple and is placed afresh once the close is
+    /// `FLOW_CLOSE_HOLD` old (at once if the entry's pair left the set).
     pub const ENTRY_CLOSED: u32 = 1 << 16;
 }
 

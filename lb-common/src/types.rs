@@ -126,10 +126,10 @@ const _: () = assert!(size_of::<FlowKey>() == 40);
 /// for: a TCP FIN or RST from the client went through this node. Later segments of that
 /// connection (the last ACK, retransmits) still follow the entry. A SYN on a closed entry opens
 /// a new connection on the 5-tuple (a client reusing its port) and is placed afresh, as IPVS
-/// reschedules a SYN on a connection in FIN_WAIT in direct-routing mode (`conn_reuse_mode`):
-/// at once if the entry's pair takes no new flows (a drained or failing backend gets no new
-/// connections from clients that reuse ports at once), else only once the close is
-/// `FLOW_CLOSE_HOLD` time units old; before, it follows the entry.
+/// reschedules a SYN on a connection in FIN_WAIT in direct-routing mode (`conn_reuse_mode`),
+/// once the close is `FLOW_CLOSE_HOLD` time units old, whatever the entry's pair takes; before,
+/// it follows the entry (a forged close and SYN must not move a connection, not even one on a
+/// drained or failing backend), unless the pair left the set.
 /// The close keeps the low bits of the closing segment's end sequence number
 /// (`FLOW_CLOSE_SEQ_*`) and the coarse time of the close (`FLOW_CLOSE_TIME_*`) in the bits of
 /// `backend_id` above the backend's slot: a later client segment whose sequence number is not
@@ -151,8 +151,8 @@ pub const FLOW_CLOSE_SEQ_BITS: u32 = 7;
 pub const FLOW_CLOSE_TIME_SHIFT: u32 = 19;
 pub const FLOW_CLOSE_TIME_BITS: u32 = 10;
 pub const FLOW_CLOSE_TIME_UNIT: u32 = 31;
-/// A SYN on a closed entry whose pair takes new flows is placed afresh once the close is this
-/// many time units old (at least 6.4 s, at most 8.6 s); before, it follows the entry.
+/// A SYN on a closed entry (its pair in the set) is placed afresh once the close is this many
+/// time units old (at least 6.4 s, at most 8.6 s); before, it follows the entry.
 pub const FLOW_CLOSE_HOLD: u32 = 4;
 // Bits 29 and 30 stay clear in every entry: the program's flow-cache hints use them.
 const _: () = assert!(FLOW_CLOSE_TIME_SHIFT + FLOW_CLOSE_TIME_BITS <= 29);

@@ -272,9 +272,9 @@ enum Track {
     /// and nothing the client sent since contradicted it: the client is reusing its port for a
     /// new connection) it starts a flow: Maglev, skipping backends that take no new flows, and
     /// remembered at once so the rest of the handshake follows the SYN even if the table
-    /// changes in between. A closed entry whose pair takes new flows must be
-    /// `FLOW_CLOSE_HOLD` old for that; a SYN on a younger one follows the entry, which it
-    /// leaves as it is.
+    /// changes in between. A closed entry whose pair is still in the set must be
+    /// `FLOW_CLOSE_HOLD` old for that, whatever the pair takes; a SYN on a younger one follows
+    /// the entry, which it leaves as it is.
     NewConnection,
     /// A TCP FIN or RST from the client: as `Yes`, and the entry it follows is marked closed
     /// (`FLOW_F_CLIENT_CLOSED`) with the segment's end and the time, unless it is closed at
@@ -455,19 +455,17 @@ fn balance(
     let cached = found.map(|(v, _)| v);
     let entry = cached.and_then(|v| flows::entry_backend(&v));
     // A SYN on an entry whose connection the client closed: a new connection on a reused
-    // 5-tuple, placed afresh (the entry is replaced, so the rest of its handshake follows it):
-    // at once if the entry's pair takes no new flows (or is gone), so that a drained or failing
-    // backend gets no new connections from clients that reuse ports at once; else once the
-    // close is `FLOW_CLOSE_HOLD` old (`close_held`). On a younger close it follows the entry:
-    // a forged FIN or RST and a forged SYN right after it cannot move a connection (one placed
-    // under an older table, or by a skip, on a pair that takes new flows), and the client's
-    // own segments meanwhile show the close was forged (see the `Closing` rules below).
+    // 5-tuple, placed afresh (the entry is replaced, so the rest of its handshake follows it)
+    // once the close is `FLOW_CLOSE_HOLD` old (`close_held`), whatever the entry's pair takes
+    // (at once only if the pair left the set: the entry is stale). On a younger close it
+    // follows the entry: a forged FIN or RST and a forged SYN right after it cannot move a
+    // connection (one on a drained backend or a failing one in its hold, one placed under an
+    // older table or by a skip), and the client's own segments meanwhile show the close was
+    // forged (see the `Closing` rules below). A client that reuses its port sooner stays on
+    // the old connection's backend, even one that takes no new flows.
     let reopen = track == Track::NewConnection
-        && cached.is_some_and(|v| {
-            v.client_closed()
-                && (entry.is_none_or(|(_, b)| b.flags & BACKEND_F_NO_NEW != 0)
-                    || v.close_held(coarse_now()))
-        });
+        && cached
+            .is_some_and(|v| v.client_closed() && (entry.is_none() || v.close_held(coarse_now())));
     explain::note(rec, |r| {
         if let Some((v, at)) = found {
             r.entry_backend = v.backend();

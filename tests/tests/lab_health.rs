@@ -372,15 +372,37 @@ fn reload_refuses_bad_config_and_applies_good_one() {
         l.lbctl(&["stats"]).unwrap_or_default(),
         l.lab.log("lbd")
     );
+    // Weight 0 takes no new 5-tuples. A client port reused within `FLOW_CLOSE_HOLD` of its
+    // close follows the closed entry (the data plane cannot tell it from a forged close and
+    // SYN, which must not move a live connection off b3): such a reuse of a port whose previous
+    // connection was on b3 may reach b3 (docs/architecture.md, "When the client closed").
+    let hold_ms = ((u64::from(lb_common::FLOW_CLOSE_HOLD) + 1) << lb_common::FLOW_CLOSE_TIME_UNIT)
+        as u128
+        / 1_000_000;
     let after = ids_between(&samples, applied_at + 200, u128::MAX);
-    assert_eq!(
-        count(&after, "b3"),
-        0,
-        "weight 0 still gets new connections: {after:?}; b3 at {:?} (SIGHUP at {hup_at}, applied at {applied_at})\n{}",
+    let reuse_of_b3 = |s: &Sample| {
+        let prev = samples
+            .iter()
+            .filter(|e| s.port.is_some() && e.port == s.port && e.at_ms < s.at_ms)
+            .max_by_key(|e| e.at_ms);
+        prev.is_some_and(|e| e.result.as_deref() == Ok("b3") && s.at_ms - e.at_ms < hold_ms + 2000)
+    };
+    let late_b3: Vec<&Sample> = samples
+        .iter()
+        .filter(|s| s.at_ms >= applied_at + 200 && s.result.as_deref() == Ok("b3"))
+        .collect();
+    let fresh: Vec<&&Sample> = late_b3.iter().filter(|s| !reuse_of_b3(s)).collect();
+    println!(
+        "after the change b3 took {} reuses of its ports within the close hold",
+        late_b3.len()
+    );
+    assert!(
+        fresh.is_empty(),
+        "weight 0 still gets new connections: {fresh:?}; after: {after:?}; b3 at {:?} (SIGHUP at {hup_at}, applied at {applied_at})\n{}",
         samples
             .iter()
             .filter(|s| s.result.as_deref() == Ok("b3"))
-            .map(|s| s.at_ms)
+            .map(|s| (s.at_ms, s.port))
             .collect::<Vec<_>>(),
         l.lab.log("lbd")
     );

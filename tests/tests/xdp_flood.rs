@@ -539,52 +539,85 @@ fn a_reused_port_follows_its_new_syn_in_flood_mode_and_out_of_it() {
 }
 
 #[test]
-fn a_port_reused_after_the_clients_fin_or_rst_is_a_new_connection_in_flood_mode_or_out_of_it() {
-    // The client closed its connection (its FIN or RST went through this node) and opens a new
-    // one on the same 5-tuple, as a client whose server closed first does at once: the new SYN
-    // is placed like any new connection, so a drained backend gets none, and its handshake
-    // follows it. The closed connection's last segments still reach its backend.
+fn a_port_reused_after_the_clients_fin_or_rst_on_a_drained_backend_is_placed_afresh_after_the_hold()
+{
+    // The client closed its connection on backend 11, drained (its FIN or RST went through this
+    // node, then its last ACK at the close's end), and opens a new one on the same 5-tuple, as
+    // a client whose server closed first does at once. Within `FLOW_CLOSE_HOLD` of the close
+    // the new SYN follows the entry to 11 (the data plane cannot tell it from a forged close
+    // and SYN, which must not move a live connection), its handshake too, and it stays there;
+    // after the hold it is placed like any new connection, so the drained backend gets none,
+    // and its handshake follows it. In flood mode and out of it.
+    let client = [10, 67, 6, 6];
+    let mut cases = Vec::new();
     for flood in [false, true] {
-        for close in [FIN | ACK, RST, RST | ACK] {
-            let mut t = no_flood_yet();
-            t.dp.apply(&desired(false)).unwrap();
-            let client = [10, 67, 6, 6];
-            let on_11 = opened_on_11(&mut t, client, 35000..35300);
-            // Backend 11 drained: it keeps its connections and takes no new ones.
-            t.dp.apply(&desired(true)).unwrap();
-            if flood {
-                flood_mode_on(&mut t);
-            }
-            let stale_before = counter(&t, stat::CONNTRACK_STALE);
-            for sport in &on_11 {
-                assert_eq!(backend_of(&mut t, &frame(client, *sport, ACK)), 11);
-                assert_eq!(
-                    backend_of(&mut t, &frame(client, *sport, close)),
-                    11,
-                    "the client's close goes to its connection's backend"
-                );
-                assert_eq!(
-                    backend_of(&mut t, &frame(client, *sport, ACK)),
-                    11,
-                    "the closed connection's last ACK goes to its backend"
-                );
-                let b = backend_of(&mut t, &frame(client, *sport, SYN));
-                assert_ne!(
-                    b, 11,
-                    "flood {flood}, close {close:#x}: a new connection on reused port {sport} went to the drained backend"
-                );
-                assert_eq!(
-                    backend_of(&mut t, &frame(client, *sport, ACK)),
-                    b,
-                    "flood {flood}: the new connection's ACK left its SYN's backend"
-                );
-                // The new connection is open: a forged or retransmitted SYN keeps it there.
-                assert_eq!(backend_of(&mut t, &frame(client, *sport, SYN)), b);
-                assert_eq!(backend_of(&mut t, &frame(client, *sport, ACK)), b);
-            }
-            assert!(
-                counter(&t, stat::CONNTRACK_STALE) - stale_before >= on_11.len() as u64,
-                "each reopened 5-tuple counts as a stale entry"
+        let mut t = no_flood_yet();
+        t.dp.apply(&desired(false)).unwrap();
+        let on_11 = opened_on_11(&mut t, client, 35000..35300);
+        // Backend 11 drained: it keeps its connections and takes no new ones.
+        t.dp.apply(&desired(true)).unwrap();
+        if flood {
+            flood_mode_on(&mut t);
+        }
+        for (i, sport) in on_11.iter().enumerate() {
+            let close = [FIN | ACK, RST, RST | ACK][i % 3];
+            assert_eq!(backend_of(&mut t, &frame_seq(client, *sport, ACK, 500)), 11);
+            assert_eq!(
+                backend_of(&mut t, &frame_seq(client, *sport, close, 500)),
+                11,
+                "the client's close goes to its connection's backend"
+            );
+            let end = if close & FIN != 0 { 501 } else { 500 };
+            assert_eq!(
+                backend_of(&mut t, &frame_seq(client, *sport, ACK, end)),
+                11,
+                "the closed connection's last ACK goes to its backend"
+            );
+        }
+        let (early, late) = on_11.split_at(on_11.len() / 2);
+        for sport in early {
+            assert_eq!(
+                backend_of(&mut t, &frame_seq(client, *sport, SYN, 9000)),
+                11,
+                "flood {flood}: a reuse of port {sport} within the hold left its entry"
+            );
+            assert_eq!(
+                backend_of(&mut t, &frame_seq(client, *sport, ACK, 9001)),
+                11
+            );
+        }
+        cases.push((flood, t, early.to_vec(), late.to_vec()));
+    }
+    wait_out_the_close_hold();
+    for (flood, mut t, early, late) in cases {
+        if flood {
+            flood_mode_on(&mut t);
+        }
+        let stale_before = counter(&t, stat::CONNTRACK_STALE);
+        for sport in &late {
+            let b = backend_of(&mut t, &frame_seq(client, *sport, SYN, 9000));
+            assert_ne!(
+                b, 11,
+                "flood {flood}: a new connection on reused port {sport} went to the drained backend after the hold"
+            );
+            assert_eq!(
+                backend_of(&mut t, &frame_seq(client, *sport, ACK, 9001)),
+                b,
+                "flood {flood}: the new connection's ACK left its SYN's backend"
+            );
+            // The new connection is open: a forged or retransmitted SYN keeps it there.
+            assert_eq!(backend_of(&mut t, &frame_seq(client, *sport, SYN, 9000)), b);
+            assert_eq!(backend_of(&mut t, &frame_seq(client, *sport, ACK, 9001)), b);
+        }
+        assert!(
+            counter(&t, stat::CONNTRACK_STALE) - stale_before >= late.len() as u64,
+            "each reopened 5-tuple counts as a stale entry"
+        );
+        // The reuses within the hold are live connections on 11: a SYN keeps them there.
+        for sport in &early {
+            assert_eq!(
+                backend_of(&mut t, &frame_seq(client, *sport, SYN, 9000)),
+                11
             );
         }
     }
@@ -594,24 +627,32 @@ fn a_port_reused_after_the_clients_fin_or_rst_is_a_new_connection_in_flood_mode_
 fn a_fin_for_a_flow_this_node_never_saw_is_remembered_closed() {
     // At a new VIP owner the client's FIN is the first segment seen of a connection: it goes
     // where the table says and is remembered closed, so the client's next SYN on that 5-tuple
-    // is placed as a new connection (not sent to a drained backend's old slot).
+    // after `FLOW_CLOSE_HOLD` is placed as a new connection (not sent to a drained backend's
+    // old slot); within the hold it follows the entry (a forged FIN and SYN must not move a
+    // connection the old owner placed there).
     let mut t = no_flood_yet();
     t.dp.apply(&desired(true)).unwrap();
     let client = [10, 67, 7, 7];
-    let mut reopened = 0;
+    let mut closed = Vec::new();
     for sport in 36000..36300u16 {
-        let b = backend_of(&mut t, &frame(client, sport, FIN | ACK));
-        if b == 11 {
-            let n = backend_of(&mut t, &frame(client, sport, SYN));
-            assert_ne!(
-                n, 11,
-                "port {sport}: a new connection went to the drained backend"
-            );
-            assert_eq!(backend_of(&mut t, &frame(client, sport, ACK)), n);
-            reopened += 1;
+        if backend_of(&mut t, &frame(client, sport, FIN | ACK)) == 11 {
+            closed.push(sport);
         }
     }
-    assert!(reopened > 20, "{reopened}");
+    assert!(closed.len() > 20, "{}", closed.len());
+    let (early, late) = closed.split_at(closed.len() / 2);
+    for sport in early {
+        assert_eq!(backend_of(&mut t, &frame(client, *sport, SYN)), 11);
+    }
+    wait_out_the_close_hold();
+    for sport in late {
+        let n = backend_of(&mut t, &frame(client, *sport, SYN));
+        assert_ne!(
+            n, 11,
+            "port {sport}: a new connection went to the drained backend"
+        );
+        assert_eq!(backend_of(&mut t, &frame(client, *sport, ACK)), n);
+    }
 }
 
 #[test]
@@ -887,6 +928,70 @@ fn a_forged_close_and_syn_do_not_move_a_connection_off_its_slot() {
             assert_eq!(
                 backend_of(&mut t, &frame_seq(client, *sport, ACK, 1000)),
                 *b
+            );
+        }
+    }
+}
+
+#[test]
+fn a_forged_close_and_syn_do_not_move_a_connection_off_a_drained_or_failing_backend() {
+    // Connections on backend 11, which is then drained, or failing in its hold (its flows
+    // held): in the set, taking no new flows. A blind attacker's FIN or RST (any sequence
+    // number) and SYN on a 5-tuple: the SYN follows the entry while the close is younger than
+    // `FLOW_CLOSE_HOLD`, so the connection stays on 11; the client's next segment (at its own
+    // sequence number) reopens the entry, so a SYN after the hold keeps it there too. In flood
+    // mode and out of it.
+    let client = [10, 67, 2, 4];
+    let mut cases = Vec::new();
+    for failing in [false, true] {
+        for flood in [false, true] {
+            let mut t = no_flood_yet();
+            t.dp.apply(&desired(false)).unwrap();
+            let on_11 = opened_on_11(&mut t, client, 44000..44300);
+            let mut d = desired(false);
+            if failing {
+                d.services[0].backends[0].failing = true;
+            } else {
+                d.services[0].backends[0].drained = true;
+            }
+            t.dp.apply(&d).unwrap();
+            if flood {
+                flood_mode_on(&mut t);
+            }
+            for (i, sport) in on_11.iter().enumerate() {
+                let close = if i % 2 == 0 { FIN | ACK } else { RST };
+                assert_eq!(
+                    backend_of(&mut t, &frame_seq(client, *sport, close, FORGED)),
+                    11
+                );
+                assert_eq!(
+                    backend_of(&mut t, &frame_seq(client, *sport, SYN, 0x0bad_0000)),
+                    11,
+                    "failing {failing}, flood {flood}, close {close:#x}: a forged close and SYN moved port {sport} off backend 11"
+                );
+                assert_eq!(
+                    backend_of(&mut t, &frame_seq(client, *sport, ACK, 1000)),
+                    11,
+                    "failing {failing}, flood {flood}: the client's next segment left backend 11"
+                );
+            }
+            cases.push((failing, flood, t, on_11));
+        }
+    }
+    wait_out_the_close_hold();
+    for (failing, flood, mut t, on_11) in cases {
+        if flood {
+            flood_mode_on(&mut t);
+        }
+        for sport in &on_11 {
+            assert_eq!(
+                backend_of(&mut t, &frame_seq(client, *sport, SYN, 0x0bad_0000)),
+                11,
+                "failing {failing}, flood {flood}: a SYN after the hold moved port {sport}, whose close was forged"
+            );
+            assert_eq!(
+                backend_of(&mut t, &frame_seq(client, *sport, ACK, 1000)),
+                11
             );
         }
     }

@@ -119,7 +119,9 @@ fn steps(r: &ExplainRow, table_size: u32, entry: Option<u32>, slot_id: Option<u3
         s.push(format!(
             "connection-table entry in the {t}: {}, {}",
             name(r.entry_backend, entry),
-            if r.entry_closed && r.packet == "syn" {
+            if r.entry_closed && r.packet == "syn" && r.entry_used {
+                "its connection was closed by the client less than 6.4 to 8.6 s ago: this SYN follows it"
+            } else if r.entry_closed && r.packet == "syn" {
                 "its connection was closed by the client: this SYN opens a new one, placed afresh"
             } else if r.entry_current {
                 "its pair still stands"

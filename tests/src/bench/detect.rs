@@ -63,11 +63,13 @@ pub fn now_ms() -> u128 {
         .as_millis()
 }
 
-/// One line of `standin stream`: when the connection started and who answered (or why not).
+/// One line of `standin stream`: when the connection started and who answered (or why not),
+/// and from which local port (for an answer).
 #[derive(Clone, Debug)]
 pub struct Sample {
     pub at_ms: u128,
     pub result: Result<String, String>,
+    pub port: Option<u16>,
 }
 
 pub fn parse_stream(text: &str) -> Vec<Sample> {
@@ -75,11 +77,18 @@ pub fn parse_stream(text: &str) -> Vec<Sample> {
         .filter_map(|l| {
             let (at, rest) = l.split_once(' ')?;
             let at_ms = at.parse().ok()?;
-            let result = match rest.strip_prefix("ERR ") {
-                Some(e) => Err(e.to_string()),
-                None => Ok(rest.trim().to_string()),
+            let (result, port) = match rest.strip_prefix("ERR ") {
+                Some(e) => (Err(e.to_string()), None),
+                None => match rest.trim().rsplit_once(" port ") {
+                    Some((id, port)) => (Ok(id.to_string()), port.parse().ok()),
+                    None => (Ok(rest.trim().to_string()), None),
+                },
             };
-            Some(Sample { at_ms, result })
+            Some(Sample {
+                at_ms,
+                result,
+                port,
+            })
         })
         .collect()
 }

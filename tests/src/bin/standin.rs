@@ -371,12 +371,15 @@ impl Requester {
         }
     }
 
-    /// One request on a new connection: the id the backend answered, or why it failed.
-    async fn one(&self) -> Result<String, String> {
+    /// One request on a new connection: the id the backend answered, or why it failed; and the
+    /// connection's local port, once it connected.
+    async fn one(&self) -> (Result<String, String>, Option<u16>) {
+        let mut port = None;
         let work = async {
             let tcp = TcpStream::connect(self.target)
                 .await
                 .map_err(|e| format!("connect: {}", e.kind()))?;
+            port = tcp.local_addr().ok().map(|a| a.port());
             let _ = tcp.set_nodelay(true);
             match &self.tls {
                 Some(c) => {
@@ -390,10 +393,11 @@ impl Requester {
                 None => exchange(tcp, &self.request).await,
             }
         };
-        match tokio::time::timeout(self.timeout, work).await {
+        let r = match tokio::time::timeout(self.timeout, work).await {
             Ok(r) => r,
             Err(_) => Err("timeout".into()),
-        }
+        };
+        (r, port)
     }
 }
 
@@ -471,7 +475,7 @@ async fn get_many(a: GetManyArgs) -> Result<()> {
             let (req, tally, next) = (req.clone(), tally.clone(), next.clone());
             tokio::spawn(async move {
                 while next.fetch_add(1, Ordering::SeqCst) < a.count {
-                    let r = req.one().await;
+                    let (r, _) = req.one().await;
                     let mut t = tally.lock().unwrap();
                     match r {
                         Ok(id) => {
@@ -514,8 +518,9 @@ async fn stream(a: StreamArgs) -> Result<()> {
                 loop {
                     let at = unix_ms();
                     let line = match req.one().await {
-                        Ok(id) => format!("{at} {id}"),
-                        Err(e) => format!("{at} ERR {e}"),
+                        (Ok(id), Some(port)) => format!("{at} {id} port {port}"),
+                        (Ok(id), None) => format!("{at} {id}"),
+                        (Err(e), _) => format!("{at} ERR {e}"),
                     };
                     // One write per line so concurrent workers never interleave within a line.
                     {
