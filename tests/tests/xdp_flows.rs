@@ -984,6 +984,69 @@ fn an_upgrade_writes_the_earlier_flow_cache_back_to_the_connection_table() {
 }
 
 #[test]
+fn an_upgrade_on_several_devices_writes_the_earlier_cache_back_once_the_last_runs_the_new_program()
+{
+    // With several attach devices (`xdp_interfaces`: br-ex's uplinks), the new lbd replaces the
+    // old program device by device, behind each pinned link. Until the last, the old program
+    // still forwards on the others and writes its flow cache (`LB_FLOW_CACHE_V2`): that cache
+    // is written back, and its pin removed, only once every pinned link runs the new program.
+    use lb_userspace::config::XdpMode;
+    let mut lab = lb_tests::lab::Lab::new("fv2");
+    lab.add_node("n1", "10.93.0.1", "fd93::1");
+    lab.add_node("n2", "10.93.0.2", "fd93::2");
+    lab.link("n1", "up1", "10.94.0.1/24", "n2", "up2", "10.94.0.2/24");
+    lab.in_netns("n1", move || {
+        let vip = IpAddr::from(VIP4);
+        let client = IpAddr::from([10, 68, 8, 9]);
+        let mut t = TestDataplane::new(251);
+        t.dp.apply(&desired(vip, 3)).unwrap();
+        for dev in ["eth0", "up1"] {
+            t.dp.attach(dev, XdpMode::Skb).unwrap();
+        }
+        let old_pin = t.opts.pin_dir().join(lb_common::maps::FLOW_CACHE_V2);
+        pin_array64(&old_pin, 64);
+        // A flow the old program keeps only in its cache (its LRU entry aged out).
+        let k = key(client, vip, 50100);
+        send(&mut t, &frame(client, vip, 50100, SYN));
+        let mut m = Maps::open(&t);
+        let v = m.conntrack.get(&k, 0).unwrap();
+        m.conntrack.remove(&k).unwrap();
+        m.clear(&k);
+        let w = lb_common::key_words(&k);
+        let entry = [
+            w[0],
+            w[1],
+            w[2],
+            w[3],
+            w[4],
+            lb_common::value_word(v),
+            flow_cache_check(flow_cache_hash(&k, m.seed), v),
+            0,
+        ];
+        drop(m);
+        // The new lbd: loaded, then attached to one device; the old program runs on the other.
+        t.restart(251, t.opts.hash_seed);
+        t.dp.attach("eth0", XdpMode::Skb).unwrap();
+        assert!(
+            old_pin.exists(),
+            "the earlier cache retired while the old program still runs on up1"
+        );
+        // The old program's decision, written on up1 meanwhile.
+        let mut old: Array<MapData, [u64; 8]> =
+            Array::try_from(Map::Array(MapData::from_pin(&old_pin).unwrap())).unwrap();
+        old.set(7, entry, 0).unwrap();
+        drop(old);
+        t.dp.attach("up1", XdpMode::Skb).unwrap();
+        assert!(
+            !old_pin.exists(),
+            "retired once the new program runs on both"
+        );
+        let m = Maps::open(&t);
+        assert_eq!(m.conntrack.get(&k, 0).ok(), Some(v), "written back");
+    });
+}
+
+#[test]
 fn the_connection_table_walks_see_every_entry_once() {
     // lbd's walks of the table (the sync's scan, `lbctl flows`, the entry count) read the LRU
     // hash in batches and the flow cache through its mapping. Each sees every entry once with
