@@ -984,6 +984,69 @@ fn an_upgrade_writes_the_earlier_flow_cache_back_to_the_connection_table() {
 }
 
 #[test]
+fn an_upgrade_on_several_devices_writes_the_earlier_cache_back_once_the_last_runs_the_new_program()
+{
+    // With several attach devices (`xdp_interfaces`: br-ex's uplinks), the new lbd replaces the
+    // old program device by device, behind each pinned link. Until the last, the old program
+    // still forwards on the others and writes its flow cache (`LB_FLOW_CACHE_V2`): that cache
+    // is written back, and its pin removed, only once every pinned link runs the new program.
+    use lb_userspace::config::XdpMode;
+    let mut lab = lb_tests::lab::Lab::new("fv2");
+    lab.add_node("n1", "10.93.0.1", "fd93::1");
+    lab.add_node("n2", "10.93.0.2", "fd93::2");
+    lab.link("n1", "up1", "10.94.0.1/24", "n2", "up2", "10.94.0.2/24");
+    lab.in_netns("n1", move || {
+        let vip = IpAddr::from(VIP4);
+        let client = IpAddr::from([10, 68, 8, 9]);
+        let mut t = TestDataplane::new(251);
+        t.dp.apply(&desired(vip, 3)).unwrap();
+        for dev in ["eth0", "up1"] {
+            t.dp.attach(dev, XdpMode::Skb).unwrap();
+        }
+        let old_pin = t.opts.pin_dir().join(lb_common::maps::FLOW_CACHE_V2);
+        pin_array64(&old_pin, 64);
+        // A flow the old program keeps only in its cache (its LRU entry aged out).
+        let k = key(client, vip, 50100);
+        send(&mut t, &frame(client, vip, 50100, SYN));
+        let mut m = Maps::open(&t);
+        let v = m.conntrack.get(&k, 0).unwrap();
+        m.conntrack.remove(&k).unwrap();
+        m.clear(&k);
+        let w = lb_common::key_words(&k);
+        let entry = [
+            w[0],
+            w[1],
+            w[2],
+            w[3],
+            w[4],
+            lb_common::value_word(v),
+            flow_cache_check(flow_cache_hash(&k, m.seed), v),
+            0,
+        ];
+        drop(m);
+        // The new lbd: loaded, then attached to one device; the old program runs on the other.
+        t.restart(251, t.opts.hash_seed);
+        t.dp.attach("eth0", XdpMode::Skb).unwrap();
+        assert!(
+            old_pin.exists(),
+            "the earlier cache retired while the old program still runs on up1"
+        );
+        // The old program's decision, written on up1 meanwhile.
+        let mut old: Array<MapData, [u64; 8]> =
+            Array::try_from(Map::Array(MapData::from_pin(&old_pin).unwrap())).unwrap();
+        old.set(7, entry, 0).unwrap();
+        drop(old);
+        t.dp.attach("up1", XdpMode::Skb).unwrap();
+        assert!(
+            !old_pin.exists(),
+            "retired once the new program runs on both"
+        );
+        let m = Maps::open(&t);
+        assert_eq!(m.conntrack.get(&k, 0).ok(), Some(v), "written back");
+    });
+}
+
+#[test]
 fn the_connection_table_walks_see_every_entry_once() {
     // lbd's walks of the table (the sync's scan, `lbctl flows`, the entry count) read the LRU
     // hash in batches and the flow cache through its mapping. Each sees every entry once with
@@ -1152,4 +1215,111 @@ fn a_peer_record_never_replaces_this_nodes_own_entry_held_only_in_the_cache() {
         let scanned = pins.scan(usize::MAX, |s, _| *s == k).unwrap();
         assert_eq!(scanned, vec![(k, *own)], "the scan reads the cache's copy");
     }
+}
+
+#[test]
+fn a_retraction_racing_the_program_leaves_the_flow_in_neither_table() {
+    // A retraction (`ConntrackPins::remove_if`) while another CPU forwards new flows whose
+    // decisions take the ways of the line that holds the retracted flow: whatever the
+    // interleaving, once it returns neither the LRU hash nor the cache holds the retracted
+    // entry. (A way that changes hands between the removal from one map and from the other
+    // writes the entry back to the LRU hash; in the other order a hit in the LRU hash copies
+    // it into a way in between.)
+    use lb_userspace::dataplane::sync_view::ConntrackPins;
+    use std::sync::{
+        Arc,
+        atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::Relaxed},
+    };
+    let vip = IpAddr::from(VIP4);
+    let client = IpAddr::from([10, 68, 7, 3]);
+    // A small table: 64 lines.
+    let mut t = TestDataplane::with_conntrack(251, 128);
+    // Flood mode off: the other CPU's new flows come faster than its default threshold.
+    t.opts.syn_flood_rate = 0;
+    t.restart(251, t.opts.hash_seed);
+    t.dp.apply(&desired(vip, 3)).unwrap();
+    let m = Maps::open(&t);
+    let mut pins = ConntrackPins::open(&t.opts.pin_dir()).unwrap();
+    // Flows of other clients by home line, each sent once (a new decision, which takes a way
+    // of its home line).
+    let lines = lb_common::flow_cache_slots(128) as usize;
+    let mut by_line: Vec<Vec<(IpAddr, u16)>> = vec![Vec::new(); lines];
+    for i in 0..65_536u32 {
+        let c = IpAddr::from([10, 70, (i >> 8) as u8, i as u8]);
+        for sport in 1024..1030u16 {
+            by_line[m.slot(&key(c, vip, sport)) as usize].push((c, sport));
+        }
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    // The line that holds the flow being retracted, plus one (0: none yet).
+    let target = Arc::new(AtomicU32::new(0));
+    let churned = Arc::new(AtomicU64::new(0));
+    let churn = {
+        let mut dp = t.second_instance();
+        let (stop, target, churned) = (stop.clone(), target.clone(), churned.clone());
+        std::thread::spawn(move || {
+            let mut next = vec![0usize; lines];
+            while !stop.load(Relaxed) {
+                let Some(line) = target.load(Relaxed).checked_sub(1) else {
+                    std::thread::yield_now();
+                    continue;
+                };
+                let pool = &by_line[line as usize];
+                let (c, sport) = pool[next[line as usize] % pool.len()];
+                next[line as usize] += 1;
+                let (v, _, _) = dp
+                    .test_run("lb_xdp", &frame(c, vip, sport, SYN), 1)
+                    .unwrap();
+                assert_eq!(v, TX);
+                churned.fetch_add(1, Relaxed);
+            }
+        })
+    };
+    // `k`'s entry in the cache, if its check word holds (what the program would trust).
+    let cached = |k: &FlowKey| {
+        let home = m.slot(k);
+        [home, home ^ 1].into_iter().find_map(|i| {
+            m.line_at(i)
+                .entries(m.seed)
+                .find_map(|(_, c, v)| (c == *k).then_some(v))
+        })
+    };
+    let (mut retracted, mut left) = (0u32, Vec::new());
+    for round in 0..6u16 {
+        for sport in 1024..11024u16 {
+            let k = key(client, vip, sport);
+            send(&mut t, &frame(client, vip, sport, SYN));
+            let Some((line, _)) = m.find(&k) else {
+                continue;
+            };
+            target.store(line + 1, Relaxed);
+            // The other CPU's flows may have pushed it out of the LRU hash (then the cache
+            // holds it) or out of the cache (then the LRU hash does).
+            let Some(v) = m.conntrack.get(&k, 0).ok().or_else(|| cached(&k)) else {
+                continue;
+            };
+            if !pins.remove_if(&k, v).unwrap() {
+                continue;
+            }
+            retracted += 1;
+            let in_lru = m.conntrack.get(&k, 0).is_ok();
+            let in_cache = cached(&k).is_some();
+            if in_lru || in_cache {
+                left.push((round, sport, in_lru, in_cache));
+            }
+        }
+    }
+    stop.store(true, Relaxed);
+    churn.join().unwrap();
+    println!(
+        "{retracted} retractions, {} packets of other flows meanwhile, {} entries left",
+        churned.load(Relaxed),
+        left.len()
+    );
+    assert!(churned.load(Relaxed) > 10_000, "the other CPU forwarded");
+    left.truncate(10);
+    assert!(
+        left.is_empty(),
+        "retracted entries still held (round, port, in the LRU hash, in the cache): {left:?}"
+    );
 }

@@ -452,14 +452,60 @@ impl Dataplane {
             tracing::info!(interface, ?mode, "attached XDP program");
         }
         self.attached = Some(interface.to_owned());
-        self.retire_earlier_cache()
+        if !self.opts.pin_dir().join(maps::FLOW_CACHE_V2).exists() {
+            return Ok(());
+        }
+        match self.forwarding_alone() {
+            Ok(None) => self.retire_earlier_cache(),
+            Ok(Some(link)) => {
+                tracing::info!(
+                    link = %link.display(),
+                    "an earlier program still runs behind this pinned link: its flow cache is kept until it is replaced"
+                );
+                Ok(())
+            }
+            Err(e) => {
+                tracing::warn!(error = %format!("{e:#}"), "cannot tell whether an earlier program still runs: its flow cache is written back now");
+                self.retire_earlier_cache()
+            }
+        }
     }
 
-    /// What `attach` does once this program forwards: the previous version's flow cache, which
-    /// the old program wrote and served from until then, goes into the connection table and
-    /// its pin is removed (see `pins::retire_earlier_cache`).
+    /// What `attach` does once this program forwards on every device: the previous version's
+    /// flow cache, which the old program wrote and served from until then, goes into the
+    /// connection table and its pin is removed (see `pins::retire_earlier_cache`).
     pub fn retire_earlier_cache(&self) -> Result<()> {
         pins::retire_earlier_cache(&self.opts.pin_dir())
+    }
+
+    /// `None` when every XDP link pinned here (`link_<interface>`, one per device an `lbd`
+    /// attached to) runs this program; else the first that runs another: an earlier `lbd`'s
+    /// program, which still forwards on that device (with several `xdp_interfaces` the new
+    /// program replaces the old one device by device) and still writes its own flow cache.
+    fn forwarding_alone(&self) -> Result<Option<PathBuf>> {
+        let prog: &Xdp = self
+            .ebpf
+            .program(maps::PROGRAM)
+            .expect("loaded")
+            .try_into()?;
+        let id = prog.info()?.id();
+        let dir = self.opts.pin_dir();
+        for entry in std::fs::read_dir(&dir).with_context(|| format!("read {}", dir.display()))? {
+            let path = entry?.path();
+            if !path
+                .file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("link_"))
+            {
+                continue;
+            }
+            let link: FdLink = PinnedLink::from_pin(&path)
+                .with_context(|| format!("open pinned link {}", path.display()))?
+                .into();
+            if link.info()?.program_id() != id {
+                return Ok(Some(path));
+            }
+        }
+        Ok(None)
     }
 
     /// Socket load balancing: attach the cgroup hooks (see `sock`). They detach when this

@@ -307,10 +307,25 @@ impl ConntrackPins {
 
     /// [`LruPins::remove_if`], and the same in the flow cache ([`FlowCachePins::invalidate_if`]):
     /// a way left holding the entry would keep deciding, and be written back to the LRU hash
-    /// when it changes hands. The LRU hash first: the program copies a hit there into the cache.
+    /// when it changes hands. The program moves an entry between the two while this runs (a
+    /// hit in the LRU hash copied into a free way, a way that changes hands written back), so
+    /// no order of the two removals is enough: both are repeated until a round finds the entry
+    /// in neither (at most `REMOVE_ROUNDS`; a round is two or three syscalls, a packet's move a
+    /// few map operations).
     pub fn remove_if(&mut self, key: &FlowKey, value: FlowValue) -> Result<bool> {
-        let lru = self.lru.remove_if(key, value)?;
-        let cache = self.cache.invalidate_if(key, value)?;
-        Ok(lru || cache)
+        let mut removed = false;
+        for _ in 0..REMOVE_ROUNDS {
+            let cache = self.cache.invalidate_if(key, value)?;
+            let lru = self.lru.remove_if(key, value)?;
+            if !cache && !lru {
+                break;
+            }
+            removed = true;
+        }
+        Ok(removed)
     }
 }
+
+/// [`ConntrackPins::remove_if`]'s bound: a flow the program keeps moving between the tables for
+/// this many rounds is forwarded meanwhile (the entry then stays until a later retraction).
+const REMOVE_ROUNDS: usize = 4;
