@@ -9,6 +9,7 @@
 //! - [`backends`]: backends' health facts and the decisions that change them: a check's
 //!   result, a dead master's backends (fate sharing), the failed-backend hold.
 //! - [`maglev`]: the weighted Maglev table builder.
+//! - [`sync`]: the connection sync's datagram format and replay window.
 //! - [`vrrp`]: the VRRP codec and the RFC state machine.
 //! - [`handover`]: the grace after a VIP leaves this node, and an adopted master's hold.
 //! - [`vrrp::hold`]: what a VRRP master does with its VIPs (wait for forwarding, hold,
@@ -18,4 +19,5 @@ pub mod backends;
 pub mod config_error;
 pub mod handover;
 pub mod maglev;
+pub mod sync;
 pub mod vrrp;

@@ -175,12 +175,12 @@ enum Update {
 /// it to the task cannot fail.
 pub struct Prepared {
     cfg: SyncConfig,
-    keys: Vec<ring::hmac::Key>,
+    keys: Vec<wire::HmacKey>,
     /// A socket for a new port or listen address; `None`: the running one stays.
     sock: Option<tokio::net::UdpSocket>,
 }
 
-fn hmac_keys(ring: &KeyRing) -> Vec<ring::hmac::Key> {
+fn hmac_keys(ring: &KeyRing) -> Vec<wire::HmacKey> {
     ring.accepted().map(wire::key).collect()
 }
 
@@ -189,7 +189,7 @@ fn hmac_keys(ring: &KeyRing) -> Vec<ring::hmac::Key> {
 /// looks at its updates (after a scan in progress): once a reload is applied, no datagram is
 /// signed or checked with the keys it replaced, so a rotation's next step may follow it on
 /// another node right away.
-type Keys = Arc<std::sync::RwLock<Vec<ring::hmac::Key>>>;
+type Keys = Arc<std::sync::RwLock<Vec<wire::HmacKey>>>;
 
 impl SyncHandle {
     /// Read the keys, bind the socket and start the task. A bad key file or a port in use

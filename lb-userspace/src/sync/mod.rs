@@ -6,7 +6,7 @@
 //! The task that scans, sends and installs is `daemon/sync.rs`.
 
 pub mod config;
-pub mod replay;
+pub use lb_core::sync::replay;
 pub mod status;
 pub mod view;
 pub mod wire;

@@ -198,7 +198,7 @@ mod tests {
         assert_eq!(c.stepped_back, None);
     }
 
-    use crate::sync::wire::Sender;
+    use super::super::wire::Sender;
     const A: Sender = Sender {
         run: 0xa,
         epoch: 0,
