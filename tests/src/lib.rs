@@ -49,13 +49,27 @@ impl TestDataplane {
     /// Like [`TestDataplane::new`] with a connection table of `conntrack_size` entries
     /// (benchmarks use the production default, `lb_common::DEFAULT_CONNTRACK_SIZE`).
     pub fn with_conntrack(table_size: u32, conntrack_size: u32) -> Self {
+        Self::with_options(
+            table_size,
+            conntrack_size,
+            lb_common::DEFAULT_SYN_FLOOD_RATE,
+        )
+    }
+
+    /// Like [`TestDataplane::new`] with flood mode's threshold `syn_flood_rate` (0: off),
+    /// loaded once (a load verifies the programs: seconds under a VM's software emulation).
+    pub fn with_flood_rate(table_size: u32, syn_flood_rate: u32) -> Self {
+        Self::with_options(table_size, 4096, syn_flood_rate)
+    }
+
+    fn with_options(table_size: u32, conntrack_size: u32, syn_flood_rate: u32) -> Self {
         let opts = LoadOptions {
             name: unique("lbt"),
             bpffs_root: PathBuf::from("/sys/fs/bpf"),
             table_size,
             conntrack_size,
             hash_seed: 0x1b_5eed,
-            syn_flood_rate: lb_common::DEFAULT_SYN_FLOOD_RATE,
+            syn_flood_rate,
         };
         let dp = Dataplane::load(opts.clone())
             .expect("load the XDP program (needs root and `cargo xtask setup`)");
