@@ -100,6 +100,27 @@ impl Drop for TestDataplane {
     }
 }
 
+/// Load a data plane and attach its pass program to `ifaces` inside namespace `netns` (what a
+/// veth needs to receive the frames its peer's native XDP program sends: a veth delivers an
+/// XDP_TX only to a peer that runs an XDP program). Detached when the result is dropped.
+pub fn attach_pass(netns: &str, ifaces: &[&str]) -> crate::TestDataplane {
+    let netns = netns.to_string();
+    let ifaces: Vec<String> = ifaces.iter().map(|s| s.to_string()).collect();
+    std::thread::spawn(move || {
+        let f = std::fs::File::open(format!("/run/netns/{netns}")).unwrap();
+        let rc = unsafe { libc::setns(std::os::fd::AsRawFd::as_raw_fd(&f), libc::CLONE_NEWNET) };
+        assert_eq!(rc, 0, "setns {netns}");
+        let mut t = TestDataplane::new(257);
+        for i in &ifaces {
+            t.dp.attach_pass(i)
+                .unwrap_or_else(|e| panic!("attach lb_pass to {i}: {e:#}"));
+        }
+        t
+    })
+    .join()
+    .unwrap()
+}
+
 /// A remote backend with a resolved MAC whose last byte is `n`.
 pub fn backend(addr: &str, n: u8) -> BackendSpec {
     BackendSpec {
