@@ -79,7 +79,7 @@ fn flows(l: &VrrpLab) -> String {
 }
 
 #[test]
-#[ignore = "needs Open vSwitch's datapath (the openvswitch module), which the lab kernel lacks: the kernel matrix runs it in Debian's kernel (cargo xtask kernels, --include-ignored), where it does not pass yet (docs/kernels.md)"]
+#[ignore = "needs Open vSwitch's datapath (the openvswitch module), which the lab kernel lacks: cargo xtask test's kernel matrix runs it in Debian's kernel (--include-ignored, docs/kernels.md)"]
 fn on_br_ex_lbd_fails_over_forwards_dsr_keeps_connections_and_host_traffic() {
     if let Err(why) = brex::available() {
         panic!("{why}: this lab needs Open vSwitch's datapath (run it in the kernel matrix)");
