@@ -49,13 +49,27 @@ impl TestDataplane {
     /// Like [`TestDataplane::new`] with a connection table of `conntrack_size` entries
     /// (benchmarks use the production default, `lb_common::DEFAULT_CONNTRACK_SIZE`).
     pub fn with_conntrack(table_size: u32, conntrack_size: u32) -> Self {
+        Self::with_options(
+            table_size,
+            conntrack_size,
+            lb_common::DEFAULT_SYN_FLOOD_RATE,
+        )
+    }
+
+    /// Like [`TestDataplane::new`] with flood mode's threshold `syn_flood_rate` (0: off),
+    /// loaded once (a load verifies the programs: seconds under a VM's software emulation).
+    pub fn with_flood_rate(table_size: u32, syn_flood_rate: u32) -> Self {
+        Self::with_options(table_size, 4096, syn_flood_rate)
+    }
+
+    fn with_options(table_size: u32, conntrack_size: u32, syn_flood_rate: u32) -> Self {
         let opts = LoadOptions {
             name: unique("lbt"),
             bpffs_root: PathBuf::from("/sys/fs/bpf"),
             table_size,
             conntrack_size,
             hash_seed: 0x1b_5eed,
-            syn_flood_rate: lb_common::DEFAULT_SYN_FLOOD_RATE,
+            syn_flood_rate,
         };
         let dp = Dataplane::load(opts.clone())
             .expect("load the XDP program (needs root and `cargo xtask setup`)");
@@ -84,6 +98,27 @@ impl Drop for TestDataplane {
     fn drop(&mut self) {
         let _ = Dataplane::teardown(&self.opts);
     }
+}
+
+/// Load a data plane and attach its pass program to `ifaces` inside namespace `netns` (what a
+/// veth needs to receive the frames its peer's native XDP program sends: a veth delivers an
+/// XDP_TX only to a peer that runs an XDP program). Detached when the result is dropped.
+pub fn attach_pass(netns: &str, ifaces: &[&str]) -> crate::TestDataplane {
+    let netns = netns.to_string();
+    let ifaces: Vec<String> = ifaces.iter().map(|s| s.to_string()).collect();
+    std::thread::spawn(move || {
+        let f = std::fs::File::open(format!("/run/netns/{netns}")).unwrap();
+        let rc = unsafe { libc::setns(std::os::fd::AsRawFd::as_raw_fd(&f), libc::CLONE_NEWNET) };
+        assert_eq!(rc, 0, "setns {netns}");
+        let mut t = TestDataplane::new(257);
+        for i in &ifaces {
+            t.dp.attach_pass(i)
+                .unwrap_or_else(|e| panic!("attach lb_pass to {i}: {e:#}"));
+        }
+        t
+    })
+    .join()
+    .unwrap()
 }
 
 /// A remote backend with a resolved MAC whose last byte is `n`.

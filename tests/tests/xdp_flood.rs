@@ -66,9 +66,7 @@ struct Flood {
 /// next packets. `syn_flood_rate` 0 turns flood mode off. The flood's packets are SYNs, or ACKs
 /// of connections nobody opened (`flood_flags`).
 fn flood_run(syn_flood_rate: u32, flood_flags: u8) -> Flood {
-    let mut t = TestDataplane::new(251);
-    t.opts.syn_flood_rate = syn_flood_rate;
-    t.restart(251, t.opts.hash_seed);
+    let mut t = TestDataplane::with_flood_rate(251, syn_flood_rate);
     t.dp.apply(&desired(false)).unwrap();
     let client = [10, 67, 1, 1];
     // Long-lived connections: the handshake and some data, then idle.
@@ -250,9 +248,7 @@ fn a_handshake_whose_syn_skipped_a_drained_slot_in_flood_mode_completes_after_th
     assert!(on_11.len() > 40, "flows on backend 11: {}", on_11.len());
 
     // The owner: backend 11 drained, flood mode at one SYN per 100 ms window.
-    let mut t = TestDataplane::new(251);
-    t.opts.syn_flood_rate = 10;
-    t.restart(251, t.opts.hash_seed);
+    let mut t = TestDataplane::with_flood_rate(251, 10);
     t.dp.apply(&desired(true)).unwrap();
     for n in 0..5u16 {
         backend_of(&mut t, &frame([100, 1, 1, 1], 1000 + n, SYN));
@@ -323,9 +319,7 @@ fn flood_mode_counts_misses_of_every_cpu_together() {
         cpus >= 2,
         "this test needs two CPUs, the machine has {cpus}"
     );
-    let mut t = TestDataplane::new(251);
-    t.opts.syn_flood_rate = 100;
-    t.restart(251, t.opts.hash_seed);
+    let mut t = TestDataplane::with_flood_rate(251, 100);
     let mut d = desired(false);
     d.services.push(ServiceSpec {
         key: vip_key(IpAddr::from(VIP), 6443, PROTO_UDP),
@@ -450,10 +444,7 @@ fn flood_mode_on(t: &mut TestDataplane) {
 
 /// A data plane whose flood mode is off until `flood_mode_on`.
 fn no_flood_yet() -> TestDataplane {
-    let mut t = TestDataplane::new(251);
-    t.opts.syn_flood_rate = 0;
-    t.restart(251, t.opts.hash_seed);
-    t
+    TestDataplane::with_flood_rate(251, 0)
 }
 
 #[test]

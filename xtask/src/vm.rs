@@ -2,10 +2,13 @@
 //! installs (Debian's `linux-image-amd64`, under /boot), with the host's files shared in
 //! (virtme-ng's `vng`: the guest runs the test binaries built on the host as they are).
 //!
-//! KVM hangs at boot on this machine kind, so the guest runs under software emulation unless
-//! `LB_VM_KVM=1`: slow (the verifier alone takes seconds per program), which is why the guest
-//! runs a chosen set of test binaries (`GUEST_TESTS`), not all of them. docs/kernels.md holds
-//! the matrix and what each kernel ran.
+//! The guest runs under KVM only where the host's KVM is a hardware one (the `kvm_intel` or
+//! `kvm_amd` module, or `LB_VM_KVM=1`); on this machine kind /dev/kvm is `kvm_pvm`, which boots
+//! only kernels built as PVM guests (a distribution kernel's boot code creeps there, emulated
+//! instruction by instruction), so the guest runs under software emulation: slow (the verifier
+//! alone takes seconds per program), which is why the guest runs a chosen set of test binaries
+//! (`GUEST_TESTS`), not all of them, two tests at a time where they are independent.
+//! docs/kernels.md holds the matrix and what each kernel ran.
 
 use std::{
     collections::{BTreeMap, HashMap},
@@ -17,19 +20,22 @@ use std::{
 
 use anyhow::{Context, Result, bail};
 
-/// Test binaries of lb-tests the guest runs, with their filters (empty: every test).
-pub const GUEST_TESTS: &[(&str, &[&str])] = &[
+/// Test binaries of lb-tests the guest runs: (name, tests at a time, arguments: filters and
+/// options). Two at a time on the VM's two CPUs: each test loads a data plane of its own
+/// (unique pins), and the verifier of one load runs on one CPU.
+pub const GUEST_TESTS: &[(&str, u32, &[&str])] = &[
     // Every program of the object loads and attaches. `--show-output`: its `LBVM-INSNS` lines
     // (the verifier's counts) come out whole, each on a line of its own.
-    ("kernel_load", &["--show-output"]),
+    ("kernel_load", 1, &["--show-output"]),
     // The forwarding rules through the kernel's BPF_PROG_TEST_RUN.
-    ("xdp", &[]),
+    ("xdp", 2, &[]),
     // Three flood tests need a flood faster than `syn_flood_rate` (10,000 misses a second), more
     // than BPF_PROG_TEST_RUN pushes under software emulation (about 4,400 to 12,000 a second,
     // by the load on the host): flood mode then does not hold, whatever the kernel. They run on
     // the lab kernel only.
     (
         "xdp_flood",
+        2,
         &[
             "--skip",
             "idle_established_flows_survive_a_spoofed_syn_flood_of_ten_times_the_table",
@@ -39,16 +45,16 @@ pub const GUEST_TESTS: &[(&str, &[&str])] = &[
             "the_flood_is_visible_next_to_the_table_size",
         ],
     ),
-    ("xdp_flows", &[]),
+    ("xdp_flows", 2, &[]),
     // OVN-Kubernetes' br-ex (Open vSwitch with its shared-gateway flows, the VIP on the
-    // bridge): VRRP failover, DSR, connections through the VIP's move, host traffic, with the
-    // program on the uplink (native) and on br-ex (generic). Needs the openvswitch module,
-    // which only the distribution kernels have. (Only in `cargo xtask kernels`, see `LABS`.)
-    ("lab_brex", &["--include-ignored"]),
-    // One lab with VRRP failover and DSR traffic: connections through the VIP while its owner
-    // fails and a backup takes over. (Only in `cargo xtask kernels`, see `LABS`.)
+    // bridge): VRRP failover, DSR to the other node, connections through the VIP's move, host
+    // traffic, with the program on the uplink (native) and on br-ex (generic). Needs the
+    // openvswitch module, which only the distribution kernels have: ignored on the lab kernel.
+    ("lab_brex", 1, &["--include-ignored"]),
+    // The VRRP lab on veths and a Linux bridge (only in `cargo xtask kernels`, see `LABS`).
     (
         "lab_vrrp",
+        1,
         &[
             "lbd_crash_alone_does_not_interrupt_and_a_backup_takes_over",
             "--exact",
@@ -56,12 +62,11 @@ pub const GUEST_TESTS: &[(&str, &[&str])] = &[
     ),
 ];
 
-/// The labs of `GUEST_TESTS`: `cargo xtask test` leaves them out until they pass there
-/// (docs/kernels.md, "Not yet shown"). `lab_vrrp`'s start-up waits (a master within 15 s)
-/// assume data planes that load in seconds; under emulation three lbds load theirs for
-/// minutes and it fails before any failover. `lab_brex` stops at DSR from the native attach on
-/// the uplink veth.
-pub const LABS: &[&str] = &["lab_vrrp", "lab_brex"];
+/// The tests of `GUEST_TESTS` that `cargo xtask test` leaves out (docs/kernels.md, "Not yet
+/// shown"): `lab_vrrp`'s start-up waits (a master within 15 s) assume data planes that load in
+/// seconds; under emulation three lbds load theirs for minutes and it fails before any
+/// failover. `lab_brex` shows VRRP failover and DSR in the VM instead.
+pub const LABS: &[&str] = &["lab_vrrp"];
 
 /// The marker of a result line the guest script prints: `LBVM <test> <rc> <seconds>`.
 const MARK: &str = "LBVM ";
@@ -98,6 +103,32 @@ pub fn install_vng() -> Result<()> {
         .context("install virtme-ng (vng) from PyPI")
 }
 
+/// One test binary the guest runs.
+pub struct GuestTest {
+    pub name: String,
+    pub exe: PathBuf,
+    pub threads: u32,
+    pub args: Vec<String>,
+}
+
+/// Whether the guest runs under KVM: `LB_VM_KVM=1` or `0` decides; otherwise where the host's
+/// KVM is a hardware one (`kvm_intel`, `kvm_amd`). A PVM host (`kvm_pvm`, this machine kind)
+/// boots only kernels built as PVM guests: a distribution kernel creeps through its boot code
+/// there (past "Probing EDD" its decompressor runs emulated, far slower than software
+/// emulation), so the guest runs under software emulation.
+fn hardware_kvm() -> bool {
+    match std::env::var("LB_VM_KVM").ok().as_deref() {
+        Some("1") => true,
+        Some(_) => false,
+        None => {
+            Path::new("/dev/kvm").exists()
+                && ["kvm_intel", "kvm_amd"]
+                    .iter()
+                    .any(|m| Path::new("/sys/module").join(m).exists())
+        }
+    }
+}
+
 /// One test binary's result in one kernel.
 #[derive(Debug, serde::Serialize)]
 pub struct Outcome {
@@ -117,7 +148,7 @@ pub struct KernelRun {
 
 /// The guest's script: bpffs and cgroup2 mounted, then each test binary, one line of result
 /// each.
-fn guest_script(root: &Path, tests: &[(String, PathBuf, Vec<String>)]) -> String {
+fn guest_script(root: &Path, tests: &[GuestTest]) -> String {
     let mut s = String::from(
         "#!/bin/sh\n\
          # Written by `cargo xtask test` for its kernel matrix (xtask/src/vm.rs).\n\
@@ -132,9 +163,15 @@ fn guest_script(root: &Path, tests: &[(String, PathBuf, Vec<String>)]) -> String
         root.display(),
         root.join("target/debug").display()
     );
-    for (name, exe, args) in tests {
+    for GuestTest {
+        name,
+        exe,
+        threads,
+        args,
+    } in tests
+    {
         s += &format!(
-            "t0=$(date +%s); {} --test-threads=1 {}; rc=$?; echo \"{MARK} {name} $rc $(( $(date +%s) - t0 ))\"\n",
+            "t0=$(date +%s); {} --test-threads={threads} {}; rc=$?; echo \"{MARK} {name} $rc $(( $(date +%s) - t0 ))\"\n",
             exe.display(),
             args.join(" ")
         );
@@ -148,7 +185,7 @@ pub fn run_kernel(
     root: &Path,
     release: &str,
     vmlinuz: &Path,
-    tests: &[(String, PathBuf, Vec<String>)],
+    tests: &[GuestTest],
 ) -> Result<KernelRun> {
     let dir = root.join("target/vm");
     std::fs::create_dir_all(&dir)?;
@@ -163,7 +200,7 @@ pub fn run_kernel(
         .arg("--run")
         .arg(vmlinuz)
         .args(["--memory", "2G", "--cpus", "2"]);
-    if std::env::var_os("LB_VM_KVM").is_none() {
+    if !hardware_kvm() {
         c.arg("--disable-kvm");
     }
     c.arg("--exec")
@@ -199,7 +236,7 @@ pub fn run_kernel(
         "{release}: VM done in {:.0}s ({status})",
         t.elapsed().as_secs_f64()
     );
-    for (name, _, _) in tests {
+    for GuestTest { name, .. } in tests {
         if !outcomes.iter().any(|o| &o.test == name) {
             outcomes.push(Outcome {
                 test: name.clone(),
@@ -258,22 +295,23 @@ pub fn matrix(root: &Path, cargo: Command, with_lab: bool) -> Result<()> {
     let exes = test_executables(cargo)?;
     // LB_VM_TESTS=kernel_load,xdp: only these of GUEST_TESTS (a quicker look at one kernel).
     let only = std::env::var("LB_VM_TESTS").ok();
-    let tests: Vec<(String, PathBuf, Vec<String>)> = GUEST_TESTS
+    let tests: Vec<GuestTest> = GUEST_TESTS
         .iter()
-        .filter(|(name, _)| with_lab || !LABS.contains(name))
-        .filter(|(name, _)| {
+        .filter(|(name, _, _)| with_lab || !LABS.contains(name))
+        .filter(|(name, _, _)| {
             only.as_deref()
                 .is_none_or(|o| o.split(',').any(|n| n.trim() == *name))
         })
-        .map(|(name, args)| {
+        .map(|(name, threads, args)| {
             let exe = exes
                 .get(*name)
                 .with_context(|| format!("no test binary {name}"))?;
-            Ok((
-                name.to_string(),
-                exe.clone(),
-                args.iter().map(|a| a.to_string()).collect(),
-            ))
+            Ok(GuestTest {
+                name: name.to_string(),
+                exe: exe.clone(),
+                threads: *threads,
+                args: args.iter().map(|a| a.to_string()).collect(),
+            })
         })
         .collect::<Result<_>>()?;
     let mut all = Vec::new();

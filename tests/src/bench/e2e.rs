@@ -95,25 +95,6 @@ fn native() -> bool {
     std::env::var("LB_E2E_XDP_MODE").is_ok_and(|v| v == "native" || v == "driver")
 }
 
-/// Load a data plane and attach its pass program to `ifaces` inside namespace `netns`.
-fn attach_pass(netns: &str, ifaces: &[&str]) -> crate::TestDataplane {
-    let netns = netns.to_string();
-    let ifaces: Vec<String> = ifaces.iter().map(|s| s.to_string()).collect();
-    std::thread::spawn(move || {
-        let f = std::fs::File::open(format!("/run/netns/{netns}")).unwrap();
-        let rc = unsafe { libc::setns(std::os::fd::AsRawFd::as_raw_fd(&f), libc::CLONE_NEWNET) };
-        assert_eq!(rc, 0, "setns {netns}");
-        let mut t = crate::TestDataplane::new(257);
-        for i in &ifaces {
-            t.dp.attach_pass(i)
-                .unwrap_or_else(|e| panic!("attach lb_pass to {i}: {e:#}"));
-        }
-        t
-    })
-    .join()
-    .unwrap()
-}
-
 fn mac_of(lab: &Lab, node: &str) -> [u8; 6] {
     let v: Vec<u8> = lab
         .node(node)
@@ -200,7 +181,7 @@ impl E2eLab {
         lab.add_address(FLOOR, VIP_FLOOR);
         let pass = native().then(|| {
             let peers: Vec<&str> = LBDS.iter().copied().chain([FLOOR]).collect();
-            attach_pass(&format!("{}-sw", lab.prefix), &peers)
+            crate::attach_pass(&format!("{}-sw", lab.prefix), &peers)
         });
         let floor = attach_floor(&lab);
         let mut l = E2eLab {
