@@ -898,6 +898,21 @@ fn pin_array64(path: &std::path::Path, entries: u32) {
     unsafe { libc::close(fd as i32) };
 }
 
+/// One entry of the earlier version's flow cache (one 64-byte slot per flow): the key's words,
+/// the value's, and `check` as the slot's check word.
+fn earlier_cache_entry(k: &FlowKey, v: FlowValue, check: u64) -> [u64; 8] {
+    let w = lb_common::key_words(k);
+    [
+        w[0],
+        w[1],
+        w[2],
+        w[3],
+        w[4],
+        lb_common::value_word(v),
+        check,
+        0,
+    ]
+}
 #[test]
 fn an_upgrade_writes_the_earlier_flow_cache_back_to_the_connection_table() {
     // An lbd of the earlier version kept a flow only in its flow cache (`LB_FLOW_CACHE_V2`:
@@ -926,20 +941,10 @@ fn an_upgrade_writes_the_earlier_flow_cache_back_to_the_connection_table() {
             .map(|_| m.entry(&k).unwrap().0)
             .unwrap();
         m.clear(&k);
-        let w = lb_common::key_words(&k);
         let check = flow_cache_check(flow_cache_hash(&k, m.seed), v);
         // Every fourth entry torn: its check word does not bind its value.
         let torn = i % 4 == 3;
-        let entry = [
-            w[0],
-            w[1],
-            w[2],
-            w[3],
-            w[4],
-            lb_common::value_word(v),
-            if torn { check ^ 1 } else { check },
-            0,
-        ];
+        let entry = earlier_cache_entry(&k, v, if torn { check ^ 1 } else { check });
         old.set(i as u32, entry, 0).unwrap();
         flows.push((k, sport, b, v, torn));
     }
@@ -1012,17 +1017,7 @@ fn an_upgrade_on_several_devices_writes_the_earlier_cache_back_once_the_last_run
         let v = m.conntrack.get(&k, 0).unwrap();
         m.conntrack.remove(&k).unwrap();
         m.clear(&k);
-        let w = lb_common::key_words(&k);
-        let entry = [
-            w[0],
-            w[1],
-            w[2],
-            w[3],
-            w[4],
-            lb_common::value_word(v),
-            flow_cache_check(flow_cache_hash(&k, m.seed), v),
-            0,
-        ];
+        let entry = earlier_cache_entry(&k, v, flow_cache_check(flow_cache_hash(&k, m.seed), v));
         drop(m);
         // The new lbd: loaded, then attached to one device; the old program runs on the other.
         t.restart(251, t.opts.hash_seed);
