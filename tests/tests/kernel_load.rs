@@ -67,3 +67,79 @@ fn every_program_of_the_object_loads_and_attaches_on_this_kernel() {
         println!("LBVM-INSNS lb_decap {}", verified_insns(id));
     });
 }
+
+/// On a kernel older than the oldest lb supports, lbd stops at start with one error that names
+/// the kernel, the refused program and the verifier's reason, then what the kernel lacks by its
+/// number; never the verifier's dump (that goes to the debug log). The kernel matrix runs it,
+/// alone, on each such kernel (xtask/src/vm.rs); on a supported kernel there is nothing to see.
+#[test]
+#[ignore = "needs a kernel older than lb's oldest supported (5.12): the kernel matrix runs it on Debian 11's 5.10"]
+fn on_a_kernel_older_than_the_oldest_supported_lbd_stops_naming_the_kernel_and_the_reason() {
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
+    let release = release.trim();
+    let parsed = lb_userspace::dataplane::kernel::Release::parse(release).expect("a release");
+    let (major, minor) = lb_userspace::dataplane::kernel::oldest_supported();
+    assert!(
+        parsed.version < (major, minor),
+        "kernel {release} is not older than {major}.{minor}: this test is for the matrix's old kernel"
+    );
+    let mut lab = Lab::new("ko");
+    lab.add_node("n1", "10.93.0.1", "fd93::1");
+    let name = lab.prefix.replace('-', "_");
+    let socket = lab.dir.join("lbd.sock").display().to_string();
+    let cfg = lab.dir.join("lbd.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "interface = \"eth0\"\nname = \"{name}\"\napi_socket = \"{socket}\"\n\n\
+             [[vips]]\nname = \"api\"\naddress = \"10.93.0.100\"\nports = [6443]\nowned = true\n\
+             [[vips.backends]]\naddress = \"10.93.0.1\"\n"
+        ),
+    )
+    .unwrap();
+    lab.cleanup(Path::new("/sys/fs/bpf").join(&name));
+    let out = lab
+        .cmd("n1", "timeout")
+        .arg("900")
+        .arg(lb_tests::bin_dir().join("lbd"))
+        .arg("--config")
+        .arg(&cfg)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    println!("lbd exited {:?}; its stderr:\n{stderr}", out.status.code());
+    // It stops (not the timeout's 124, not running on without its data plane)...
+    assert!(
+        !out.status.success() && out.status.code() != Some(124),
+        "lbd did not stop with an error on {release}"
+    );
+    // ...with one error naming the kernel, the program and the verifier's reason, then what
+    // the kernel lacks by its number.
+    let line = stderr
+        .lines()
+        .find(|l| l.contains("refused the data plane program"))
+        .unwrap_or_else(|| panic!("no refusal naming the program in lbd's error:\n{stderr}"));
+    assert!(
+        line.contains(&format!(
+            "kernel {release} refused the data plane program lb_xdp: "
+        )),
+        "{line}"
+    );
+    assert!(
+        line.contains(&format!("lb needs Linux {major}.{minor}")) && line.contains("bpf_check_mtu"),
+        "{line}"
+    );
+    // Not the verifier's dump: no instruction or register-state lines.
+    let dump = stderr
+        .lines()
+        .filter(|l| {
+            l.contains("R1=")
+                || l.trim_start().starts_with("0: (")
+                || l.trim_start().starts_with("; ")
+        })
+        .count();
+    assert!(
+        dump == 0 && stderr.lines().count() < 20,
+        "a verifier dump in lbd's error:\n{stderr}"
+    );
+}

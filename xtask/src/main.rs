@@ -13,6 +13,7 @@ use std::{
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
 
+mod debkernel;
 mod vm;
 
 #[derive(Parser)]
@@ -245,6 +246,8 @@ fn setup() -> Result<()> {
             }
         }
     }
+    step("setup: the kernel matrix's kernels from Debian's other suites");
+    debkernel::install(&root().join("target/vm"));
     step("setup: virtme-ng (the kernel matrix's VM runner)");
     vm::install_vng()?;
     eprintln!("setup done in {:.1}s", t.elapsed().as_secs_f64());

@@ -74,23 +74,52 @@ const MARK: &str = "LBVM ";
 /// `LBVM-INSNS <program> <instructions processed>`.
 const INSNS: &str = "LBVM-INSNS ";
 
-/// The kernels of the matrix besides the running one: (release, vmlinuz), oldest first.
-pub fn kernels() -> Vec<(String, PathBuf)> {
+/// The kernels of the matrix besides the running one: (release, vmlinuz), oldest first. Those
+/// the host's apt installs are under /boot; those of Debian's other suites under
+/// `target/vm/kernels` (xtask/src/debkernel.rs).
+pub fn kernels(root: &Path) -> Vec<(String, PathBuf)> {
     let running = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
-    let mut found: Vec<(String, PathBuf)> = std::fs::read_dir("/boot")
-        .map(|d| {
-            d.filter_map(|e| e.ok())
-                .filter_map(|e| {
-                    let name = e.file_name().to_string_lossy().to_string();
-                    let release = name.strip_prefix("vmlinuz-")?.to_string();
-                    (release != running.trim()).then(|| (release, e.path()))
-                })
-                .collect()
-        })
-        .unwrap_or_default();
-    found.sort();
+    let mut found: Vec<(String, PathBuf)> = [
+        PathBuf::from("/boot"),
+        crate::debkernel::kernel_dir(&root.join("target/vm")),
+    ]
+    .iter()
+    .filter_map(|dir| std::fs::read_dir(dir).ok())
+    .flatten()
+    .filter_map(|e| e.ok())
+    .filter_map(|e| {
+        let name = e.file_name().to_string_lossy().to_string();
+        let release = name.strip_prefix("vmlinuz-")?.to_string();
+        (release != running.trim()).then(|| (release, e.path()))
+    })
+    .collect();
+    found.sort_by_key(|(release, _)| version(release));
     found
 }
+
+/// A release's leading numbers (`6.12.117+deb13-amd64` -> [6, 12, 117]), to order kernels
+/// oldest first (`6.1` before `6.12`, `6.9` before `6.10`).
+fn version(release: &str) -> Vec<u64> {
+    release
+        .split(|c: char| !c.is_ascii_digit())
+        .take_while(|p| !p.is_empty())
+        .map(|p| p.parse().unwrap_or(0))
+        .collect()
+}
+
+/// What `cargo xtask test` runs on the kernels of the matrix after the oldest supported: every
+/// program loads and attaches. The oldest supported (its verifier the strictest) runs all of
+/// `GUEST_TESTS`;
+/// `cargo xtask kernels` runs all of them on every kernel. (The whole set costs about 13
+/// minutes a kernel under software emulation, more than CI's budget holds twice.)
+pub const NEWER_KERNELS_IN_TEST: &[&str] = &["kernel_load"];
+
+/// lb's oldest supported release (`lb_userspace::dataplane::kernel::oldest_supported`, checked
+/// by `kernel_load`'s refusal test itself). A kernel of the matrix older than this runs only
+/// that test: lbd must stop there, naming the kernel and the reason.
+pub const OLDEST_SUPPORTED: [u64; 2] = [5, 12];
+pub const REFUSAL_TEST: &str =
+    "on_a_kernel_older_than_the_oldest_supported_lbd_stops_naming_the_kernel_and_the_reason";
 
 /// virtme-ng from PyPI, if `vng` is missing.
 pub fn install_vng() -> Result<()> {
@@ -148,7 +177,7 @@ pub struct KernelRun {
 
 /// The guest's script: bpffs and cgroup2 mounted, then each test binary, one line of result
 /// each.
-fn guest_script(root: &Path, tests: &[GuestTest]) -> String {
+fn guest_script(root: &Path, tests: &[&GuestTest]) -> String {
     let mut s = String::from(
         "#!/bin/sh\n\
          # Written by `cargo xtask test` for its kernel matrix (xtask/src/vm.rs).\n\
@@ -185,7 +214,7 @@ pub fn run_kernel(
     root: &Path,
     release: &str,
     vmlinuz: &Path,
-    tests: &[GuestTest],
+    tests: &[&GuestTest],
 ) -> Result<KernelRun> {
     let dir = root.join("target/vm");
     std::fs::create_dir_all(&dir)?;
@@ -288,7 +317,16 @@ pub fn test_executables(mut cargo: Command) -> Result<HashMap<String, PathBuf>> 
 /// Every kernel of the matrix: boot, run `GUEST_TESTS`, and write `target/vm/matrix.json`.
 /// Fails if any test failed in any kernel, or if there is no kernel to run.
 pub fn matrix(root: &Path, cargo: Command, with_lab: bool) -> Result<()> {
-    let kernels = kernels();
+    // LB_VM_KERNELS=6.12: only the kernels whose release starts with one of these.
+    let only_kernels = std::env::var("LB_VM_KERNELS").ok();
+    let kernels: Vec<(String, PathBuf)> = kernels(root)
+        .into_iter()
+        .filter(|(release, _)| {
+            only_kernels
+                .as_deref()
+                .is_none_or(|o| o.split(',').any(|k| release.starts_with(k.trim())))
+        })
+        .collect();
     if kernels.is_empty() {
         bail!("no distribution kernel under /boot: `cargo xtask setup` installs linux-image-amd64");
     }
@@ -314,9 +352,38 @@ pub fn matrix(root: &Path, cargo: Command, with_lab: bool) -> Result<()> {
             })
         })
         .collect::<Result<_>>()?;
+    // The oldest supported kernel runs everything (its verifier the strictest).
+    let oldest = self::kernels(root)
+        .into_iter()
+        .map(|(release, _)| release)
+        .find(|r| version(r) >= OLDEST_SUPPORTED.to_vec())
+        .unwrap_or_default();
+    let refusal = GuestTest {
+        name: "kernel_load".into(),
+        exe: exes
+            .get("kernel_load")
+            .context("no test binary kernel_load")?
+            .clone(),
+        threads: 1,
+        args: ["--ignored", "--exact", "--show-output", REFUSAL_TEST]
+            .map(String::from)
+            .to_vec(),
+    };
     let mut all = Vec::new();
     for (release, vmlinuz) in &kernels {
-        all.push(run_kernel(root, release, vmlinuz, &tests)?);
+        let these: Vec<&GuestTest> = if version(release) < OLDEST_SUPPORTED.to_vec() {
+            vec![&refusal]
+        } else {
+            tests
+                .iter()
+                .filter(|t| {
+                    with_lab
+                        || *release == oldest
+                        || NEWER_KERNELS_IN_TEST.contains(&t.name.as_str())
+                })
+                .collect()
+        };
+        all.push(run_kernel(root, release, vmlinuz, &these)?);
     }
     std::fs::write(
         root.join("target/vm/matrix.json"),
