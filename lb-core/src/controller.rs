@@ -121,7 +121,7 @@ pub enum Effect {
     ReloadDone(Result<(), String>),
 }
 
-/// Where a reload is (one at a time: the shell runs it to its end before the next input).
+/// Where a reload is (one at a time; other inputs are taken between its steps).
 #[derive(Clone, Debug, PartialEq, Eq)]
 enum Step {
     /// The new config is in force; waiting for the data plane to take it.
@@ -226,6 +226,10 @@ impl Controller {
     }
     pub fn tracks(&self) -> &HashMap<String, bool> {
         &self.tracks
+    }
+    /// A reload runs: its steps' answers are awaited (the shell starts no other meanwhile).
+    pub fn reloading(&self) -> bool {
+        self.reload.is_some()
     }
     /// The last apply succeeded.
     pub fn in_sync(&self) -> bool {
@@ -388,6 +392,9 @@ impl Controller {
                     }
                 }
             }
+            Input::ReloadStaged { .. } if self.reload.is_some() => {
+                out.push(Effect::ReloadDone(Err("a reload is in progress".into())));
+            }
             Input::ReloadStaged { fresh, hold } => {
                 let running = std::mem::replace(&mut self.health, fresh);
                 self.reload = Some(Reload {
@@ -456,9 +463,16 @@ impl Controller {
     /// A reload step failed: the running config comes back with its health facts, in the data
     /// plane and (when that step ran) in the static VIPs.
     fn undo(&mut self, now: Instant, static_vips: bool, why: &str, out: &mut Vec<Effect>) {
-        let Some(r) = self.reload.take() else {
+        let Some(mut r) = self.reload.take() else {
             return;
         };
+        // The steps' answers come through the owner's loop: checks of the running config's
+        // backends that changed meanwhile are newer than the facts kept for the undo.
+        for (pair, fact) in std::mem::take(&mut self.health) {
+            if let Some(kept) = r.health.get_mut(&pair) {
+                *kept = fact;
+            }
+        }
         self.health = r.health;
         self.hold = r.hold;
         out.push(Effect::RestoreConfig);

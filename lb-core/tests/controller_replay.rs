@@ -347,3 +347,59 @@ fn a_restart_after_a_crash_mid_reload_forwards_with_the_adopted_state_for_the_ho
     let out = c.handle(t0, Input::Stopping);
     assert!(out.is_empty(), "nothing forwarded: {out:?}");
 }
+
+#[test]
+fn a_check_that_changed_while_a_reload_step_waited_survives_its_undo() {
+    // The static VIPs' answer comes through the owner's loop: a backend fails meanwhile.
+    let t0 = Instant::now();
+    let mut c = Controller::new(
+        Adopted {
+            health: up(&["10.0.0.1"]),
+            ..Default::default()
+        },
+        HOLD,
+    );
+    assert!(!c.reloading());
+    let out = c.handle(
+        t0,
+        Input::ReloadStaged {
+            fresh: up(&["10.0.0.1"]),
+            hold: HOLD,
+        },
+    );
+    assert_eq!(out, [Effect::InstallConfig, Effect::Apply]);
+    assert_eq!(
+        c.handle(t0, Input::Applied { error: None }),
+        [Effect::SetStaticVips]
+    );
+    assert!(c.reloading());
+    // Another apply's result (a health change's) does not move the reload on.
+    c.handle(t0 + s(1), check("10.0.0.1", false, Some(true)));
+    assert!(
+        c.handle(t0 + s(1), Input::Applied { error: None })
+            .is_empty()
+    );
+    // A second reload waits for this one.
+    let out = c.handle(
+        t0 + s(1),
+        Input::ReloadStaged {
+            fresh: HealthFacts::new(),
+            hold: HOLD,
+        },
+    );
+    assert_eq!(
+        out,
+        [Effect::ReloadDone(Err("a reload is in progress".into()))]
+    );
+    let out = c.handle(
+        t0 + s(2),
+        Input::StaticVipsSet {
+            error: Some("netlink did not answer within 2s".into()),
+        },
+    );
+    assert_eq!(out[0], Effect::RestoreConfig);
+    let h = &c.health()[&pair("10.0.0.1")];
+    assert!(!h.healthy, "the failure seen during the step stays");
+    assert_eq!(h.hold_until, Some(t0 + s(31)));
+    assert!(!c.reloading());
+}

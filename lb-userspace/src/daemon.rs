@@ -30,6 +30,7 @@ mod flows;
 pub mod front;
 mod lock;
 pub mod members;
+mod netexec;
 pub mod owner;
 mod query;
 mod refresh;

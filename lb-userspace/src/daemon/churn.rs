@@ -81,7 +81,7 @@ impl Owner {
         self.facts.if_mac = link.mac;
         self.attached(true);
         if recreated {
-            self.readd_static_vips().await;
+            self.readd_static_vips();
         }
         self.apply()
     }
@@ -91,11 +91,16 @@ impl Owner {
     }
 
     /// The interface was recreated: its addresses went with the old device, and the static
-    /// VIPs' announcer was bound to it. Hold them afresh.
-    async fn readd_static_vips(&mut self) {
-        self.static_vips = crate::static_vip::StaticVips::new(&self.cfg.interface);
-        if let Err(e) = self.static_vips.set(self.netlink.handle(), &self.cfg).await {
-            tracing::error!(error = %format!("{e:#}"), "static VIPs on the recreated interface");
-        }
+    /// VIPs' announcer was bound to it. Hold them afresh (beside the owner, see `netexec`).
+    fn readd_static_vips(&mut self) {
+        let want = crate::static_vip::static_vips(&self.cfg);
+        let answer = self
+            .netexec
+            .ask(super::netexec::Request::StaticVips { want, fresh: true });
+        tokio::spawn(async move {
+            if let Ok(Err(e)) = answer.await {
+                tracing::error!(error = %e, "static VIPs on the recreated interface");
+            }
+        });
     }
 }

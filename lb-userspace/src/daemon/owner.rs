@@ -25,7 +25,8 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::{
     adopt, bgp::BgpHandle, churn, conntrack, front::Front, health_targets, initial_health,
-    load_options, lock::InstanceLock, refresh::Gathered, supervise::Shared, vrrp::VrrpHandle,
+    load_options, lock::InstanceLock, netexec, refresh::Gathered, supervise::Shared,
+    vrrp::VrrpHandle,
 };
 use crate::{
     api::{Request, Response},
@@ -61,6 +62,10 @@ pub enum Msg {
     PeerFailed { name: String, peer: IpAddr },
     /// Kernel facts gathered beside the owner (see `refresh`).
     Gathered(Box<Result<Gathered>>),
+    /// The netlink executor's answer to [`Effect::SetStaticVips`] (see `netexec`).
+    StaticVipsSet { error: Option<String> },
+    /// A reload asked for while another ran: its turn.
+    Reload,
     /// The config file's contents changed (see `config_watch`): reload, as on SIGHUP.
     ConfigChanged,
     /// The learned members changed (see `members`): their peers join the VRRP instances and
@@ -91,8 +96,12 @@ pub struct Owner {
     /// A reload's new config until it is installed, then the running one until it commits
     /// (see `reload`).
     pub(super) staged: Option<super::reload::Staged>,
-    /// The outcome of the last reload ([`Effect::ReloadDone`]).
-    pub(super) reload_result: Option<Result<(), String>>,
+    /// Who waits for the reload in progress (`lbctl reload`), and for the one asked for
+    /// while it runs (`Some`: one is asked for; it reads the file when this one is done).
+    pub(super) reload_waiters: Vec<oneshot::Sender<Response>>,
+    pub(super) next_reload: Option<Vec<oneshot::Sender<Response>>>,
+    /// Address changes run beside the owner, with a deadline (see `netexec`).
+    pub(super) netexec: super::netexec::NetExec,
     /// The config file's bytes at the last load or reload attempt: a file change with the same
     /// bytes (a reload already read them) is not reloaded again (see `config_watch`).
     pub(super) config_bytes: Option<Vec<u8>>,
@@ -100,8 +109,6 @@ pub struct Owner {
     health_events: Option<mpsc::UnboundedReceiver<HealthEvent>>,
     pub(super) vrrp: Vec<VrrpHandle>,
     pub(super) netlink: Netlink,
-    /// VIPs owned without VRRP, held on the interface and announced.
-    pub(super) static_vips: crate::static_vip::StaticVips,
     pub(super) bgp: BgpHandle,
     /// Interface checks so far (see `churn.rs`).
     pub(super) churn_checks: u64,
@@ -204,8 +211,8 @@ impl Owner {
         let (api_tx, api_rx) = mpsc::channel(API_QUEUE);
         let shared = Arc::new(Shared::new());
         let config_bytes = std::fs::read(&config_path).ok();
+        let netexec = netexec::NetExec::spawn(netlink.handle().clone(), &cfg.interface);
         let mut owner = Owner {
-            static_vips: crate::static_vip::StaticVips::new(&cfg.interface),
             cfg,
             config_path,
             dp,
@@ -215,7 +222,9 @@ impl Owner {
             ctl,
             pending_ack: None,
             staged: None,
-            reload_result: None,
+            reload_waiters: Vec::new(),
+            next_reload: None,
+            netexec,
             config_bytes,
             health,
             health_events: Some(events),
@@ -317,7 +326,7 @@ impl Owner {
                     }
                 }
                 _ = frr_check.tick() => self.bgp.check(),
-                _ = hup.recv() => { let _ = self.reload().await; }
+                _ = hup.recv() => self.reload(None).await,
                 // (Closed only when the front is gone: the branch is then off.)
                 Some(m) = self.api_rx.recv() => self.handle(m).await,
             }
@@ -334,6 +343,14 @@ impl Owner {
 
     async fn handle(&mut self, m: Msg) {
         match m {
+            Msg::Api(crate::api::Request::Reload, reply) => self.reload(Some(reply)).await,
+            Msg::Reload => self.reload(None).await,
+            Msg::StaticVipsSet { error } => {
+                if let Some(e) = &error {
+                    tracing::error!(error = %e, "static VIPs");
+                }
+                self.feed(Input::StaticVipsSet { error }).await;
+            }
             Msg::Api(req, reply) => {
                 let resp = self.api(req).await;
                 let _ = reply.send(resp);
@@ -375,7 +392,7 @@ impl Owner {
                 let read = std::fs::read(&self.config_path);
                 if crate::config_watch::reload_due(&self.config_bytes, &read.as_ref().ok().cloned())
                 {
-                    let _ = self.reload_bytes(read).await;
+                    self.reload_bytes(read).await;
                 }
             }
             Msg::Members(roster) => {
@@ -406,10 +423,8 @@ impl Owner {
                     self.set_drained(&d.vip, d.backend, false).await?;
                     Response::json(&serde_json::json!({"undrained": d.backend, "vip": d.vip}))
                 }
-                Request::Reload => match self.reload().await {
-                    Ok(()) => Response::json(&serde_json::json!({"reloaded": true})),
-                    Err(e) => Response::error(422, format!("{e:#}")),
-                },
+                // Answered when the reload ends (see `handle`).
+                Request::Reload => Response::error(500, "reloads are answered when done"),
                 // Answered by the front from the loop's tick.
                 Request::Healthz => Response::text(200, "ok\n".into()),
                 Request::Version => Response::json(&crate::status::VersionRow::this()),
@@ -469,10 +484,18 @@ impl Owner {
             }
             Effect::InstallConfig | Effect::RestoreConfig => self.swap_staged(),
             Effect::SetStaticVips => {
-                let cfg = self.cfg.clone();
-                let r = self.static_vips.set(self.netlink.handle(), &cfg).await;
-                return Some(Input::StaticVipsSet {
-                    error: r.err().map(|e| format!("{e:#}")),
+                // Beside the owner: the answer comes back as a message, within the deadline.
+                let want = crate::static_vip::static_vips(&self.cfg);
+                let answer = self
+                    .netexec
+                    .ask(netexec::Request::StaticVips { want, fresh: false });
+                let tx = self.tx.clone();
+                tokio::spawn(async move {
+                    let error = match answer.await {
+                        Ok(r) => r.err(),
+                        Err(_) => Some("the netlink executor stopped".into()),
+                    };
+                    let _ = tx.send(Msg::StaticVipsSet { error });
                 });
             }
             Effect::ReconcileVrrp => {
@@ -492,7 +515,18 @@ impl Owner {
                     }
                 }
                 self.staged = None;
-                self.reload_result = Some(r);
+                let answer = |_: ()| match &r {
+                    Ok(()) => crate::api::Response::json(&serde_json::json!({"reloaded": true})),
+                    Err(e) => crate::api::Response::error(422, e.clone()),
+                };
+                for w in std::mem::take(&mut self.reload_waiters) {
+                    let _ = w.send(answer(()));
+                }
+                // One asked for meanwhile reads the file now.
+                if let Some(waiters) = self.next_reload.take() {
+                    self.reload_waiters = waiters;
+                    let _ = self.tx.send(Msg::Reload);
+                }
             }
         }
         None

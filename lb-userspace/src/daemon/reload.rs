@@ -11,11 +11,12 @@ use std::{collections::HashSet, net::IpAddr};
 use anyhow::{Context, Result, bail};
 
 use lb_core::{backends::HealthFacts, controller::Input};
+use tokio::sync::oneshot;
 
 use super::{health_targets, initial_health, owner::Owner, vrrp::VrrpHandle};
 use crate::{
+    api::Response,
     config::{Config, Validate},
-    net,
     vrrp::InstanceConfig,
 };
 
@@ -140,21 +141,31 @@ pub(super) struct Staged {
 }
 
 impl Owner {
-    /// Reload the config file (SIGHUP, `lbctl reload`): all or nothing. The new config is
-    /// validated, then applied step by step (data plane, static VIPs, VRRP instances); if a
-    /// step fails, the steps already done are undone and the running config stays (the
-    /// controller decides the steps and the undo). Either way the outcome is counted and
-    /// logged, and a failure is shown in `lbctl stats`.
-    pub(super) async fn reload(&mut self) -> Result<()> {
+    /// Reload the config file (SIGHUP, `lbctl reload`; `reply`: who waits for the outcome):
+    /// all or nothing. The new config is validated, then applied step by step (data plane,
+    /// static VIPs, VRRP instances); if a step fails, the steps already done are undone and the
+    /// running config stays (the controller decides the steps and the undo; the owner's loop
+    /// goes on between them). Either way the outcome is counted and logged, and a failure is
+    /// shown in `lbctl stats`. One asked for while one runs follows it.
+    pub(super) async fn reload(&mut self, reply: Option<oneshot::Sender<Response>>) {
+        if self.ctl.reloading() {
+            self.next_reload.get_or_insert_with(Vec::new).extend(reply);
+            return;
+        }
+        self.reload_waiters.extend(reply);
         let read = std::fs::read(&self.config_path);
         self.reload_bytes(read).await
     }
 
     /// [`Owner::reload`] of the file's bytes as read once (a watcher that compared them reads
     /// no second time: the file may change between two reads).
-    pub(super) async fn reload_bytes(&mut self, read: std::io::Result<Vec<u8>>) -> Result<()> {
+    pub(super) async fn reload_bytes(&mut self, read: std::io::Result<Vec<u8>>) {
+        if self.ctl.reloading() {
+            // It reads the file again when this one is done.
+            self.next_reload.get_or_insert_with(Vec::new);
+            return;
+        }
         self.config_bytes = read.as_ref().ok().cloned();
-        self.reload_result = None;
         match self.stage(read) {
             Ok((staged, fresh)) => {
                 let hold = std::time::Duration::from_millis(staged.cfg.failed_backend_hold_ms);
@@ -165,11 +176,6 @@ impl Owner {
                 let error = format!("{e:#}");
                 self.feed(Input::ReloadRefused { error }).await;
             }
-        }
-        match self.reload_result.take() {
-            Some(Ok(())) => Ok(()),
-            Some(Err(e)) => Err(anyhow::anyhow!(e)),
-            None => bail!("the reload did not finish"),
         }
     }
 
@@ -376,7 +382,8 @@ impl Owner {
     async fn start_instance(&mut self, new: &Config, r: InstanceConfig) -> Result<VrrpHandle> {
         if new.dsr_backend {
             for vip in r.vips.iter().filter(|v| new.backend_here(&r, **v)) {
-                net::ensure_local_vip(self.netlink.handle(), *vip).await?;
+                let req = super::netexec::Request::LocalVip(*vip);
+                self.netexec.call(req).await.map_err(anyhow::Error::msg)?;
             }
         }
         self.spawn_instance(r).await

@@ -42,7 +42,12 @@ impl Owner {
     /// state drives the ownership of its VIPs in the data plane.
     pub async fn start_vrrp(&mut self) -> Result<()> {
         let cfg = self.cfg.clone();
-        self.static_vips.set(self.netlink.handle(), &cfg).await?;
+        let want = crate::static_vip::static_vips(&cfg);
+        let req = super::netexec::Request::StaticVips { want, fresh: false };
+        self.netexec
+            .call(req)
+            .await
+            .map_err(|e| anyhow::anyhow!("static VIPs: {e}"))?;
         if cfg.vrrp.is_empty() {
             return Ok(());
         }
