@@ -6,6 +6,8 @@
 //!
 //! - [`config_error`]: one error type for every config, and validation that reports every
 //!   problem ([`config_error::Validate`]).
+//! - [`controller`]: the daemon's decisions as one machine, `handle(now, Input) -> Vec<Effect>`
+//!   (the owner task is its shell).
 //! - [`backends`]: backends' health facts and the decisions that change them: a check's
 //!   result, a dead master's backends (fate sharing), the failed-backend hold.
 //! - [`maglev`]: the weighted Maglev table builder.
@@ -17,6 +19,7 @@
 
 pub mod backends;
 pub mod config_error;
+pub mod controller;
 pub mod handover;
 pub mod maglev;
 pub mod sync;

@@ -1,16 +1,19 @@
-//! `lbd`'s core: one task, the owner ([`owner::Owner`]), holds the configuration, the facts, the
-//! data plane, the VRRP instances, the BGP worker's handle and what the status rows are made
-//! of. Everything else reaches it as a message (see [`owner::Msg`]) or a stream it selects on:
-//! health events, VRRP ownership changes and dead peers, netlink notifications, signals, API
-//! requests and timers. Slow work (netlink dumps, vtysh, the connection-table count) runs in
-//! tasks beside it that report back with a deadline, so the owner never waits on them. No
-//! policy lives here: [`crate::plan`] decides, [`crate::dataplane`] writes the maps.
+//! `lbd`'s core: one task, the owner ([`owner::Owner`]), holds the configuration, the kernel's
+//! facts, the data plane, the VRRP instances, the BGP worker's handle and what the status rows
+//! are made of. Everything else reaches it as a message (see [`owner::Msg`]) or a stream it
+//! selects on: health events, VRRP ownership changes and dead peers, netlink notifications,
+//! signals, API requests and timers. Slow work (netlink dumps, vtysh, the connection-table
+//! count) runs in tasks beside it that report back with a deadline. No policy lives here: the
+//! decisions are [`lb_core::controller`]'s (the owner turns events into its inputs and carries
+//! out its effects), [`crate::plan`] makes the desired state, [`crate::dataplane`] writes the
+//! maps.
 //!
-//! - [`owner`]: the owner, its messages and its loop.
+//! - [`owner`]: the owner, its messages, its loop and the controller's shell (`feed`).
 //! - [`front`]: the API's side: requests become messages; `/healthz` from the loop's tick.
 //! - `refresh`: kernel facts gathered beside the owner; `churn`: the interface recreated.
-//! - `vrrp`: the VRRP instances' handles; `bgp`: the BGP worker; `fate`: fate sharing.
-//! - `reload`: all-or-nothing reloads; `stop`: the stop order; `lock`: one lbd per config.
+//! - `vrrp`: the VRRP instances' handles; `bgp`: the BGP worker.
+//! - `reload`: reading and checking a new config, the steps the controller runs; `stop`: the
+//!   stop order; `lock`: one lbd per config.
 //! - `query`: status rows and metrics; `adopt`: state a previous lbd left; `conntrack`,
 //!   `supervise`, `rollback` (`lbd teardown`).
 
@@ -23,11 +26,11 @@ mod bgp;
 mod churn;
 mod conntrack;
 mod explain;
-mod fate;
 mod flows;
 pub mod front;
 mod lock;
 pub mod members;
+mod netexec;
 pub mod owner;
 mod query;
 mod refresh;

@@ -71,9 +71,13 @@ impl StaticVips {
         }
     }
 
-    /// Hold exactly `cfg`'s static VIPs: add new ones, give back removed ones, and announce.
-    pub async fn set(&mut self, handle: &Handle, cfg: &Config) -> Result<()> {
-        let want = static_vips(cfg);
+    pub fn ifname(&self) -> &str {
+        &self.ifname
+    }
+
+    /// Hold exactly `want` (a config's [`static_vips`]): add new ones, give back removed ones,
+    /// and announce.
+    pub async fn set(&mut self, handle: &Handle, want: Vec<IpAddr>) -> Result<()> {
         let ifname = self.ifname.clone();
         let changed = want != self.held;
         change_held(

@@ -471,3 +471,98 @@ fn a_dead_guardian_is_replaced_at_once() {
         l.log(0)
     );
 }
+
+/// A stalled netlink answer holds neither the owner's loop nor the rollback's order. The stall
+/// is lbd's test-only fault injection (`LB_TEST_NETLINK_DELAY_FILE`, `daemon/netexec.rs`):
+/// every address request of the netlink executor waits the file's milliseconds before it is
+/// sent. Node 2 (backup) reloads a config adding a static VIP while its netlink stalls 6 s;
+/// its master dies meanwhile. The reload gets no answer within the executor's 2 s deadline
+/// and is undone; the takeover, its forwarding acknowledgement and the dead node's backend
+/// leaving the table all happen during the stall; the late add lands, and the undo's removal
+/// follows it.
+#[test]
+fn a_stalled_netlink_answer_delays_neither_health_nor_ownership_and_the_undo_follows_it() {
+    const STATIC_VIP: &str = "10.78.0.110";
+    let mut l = VrrpLab::prepare(LABNODE, vec![prio(150), prio(100)]);
+    let delay = l.lab.dir.join("netlink-delay");
+    l.start(0);
+    wait_master(&l, 0);
+    // Only node 2's lbd reads the delay file (the variable is in its environment alone).
+    unsafe { std::env::set_var("LB_TEST_NETLINK_DELAY_FILE", &delay) };
+    l.start(1);
+    unsafe { std::env::remove_var("LB_TEST_NETLINK_DELAY_FILE") };
+    let backend_up = |l: &VrrpLab, addr: &str| -> Option<bool> {
+        let rows = l.lbctl(1, &["backends", "list"])?;
+        rows.as_array()?
+            .iter()
+            .find(|r| r["backend"] == addr)
+            .and_then(|r| r["healthy"].as_bool())
+    };
+    let n1 = l.addr(&l.nodes[0].clone());
+    let n2 = l.addr(&l.nodes[1].clone());
+    assert!(
+        wait_for(Duration::from_secs(15), || (l.state(1).as_deref()
+            == Some("backup")
+            && backend_up(&l, &n1) == Some(true))
+        .then_some(()))
+        .is_some(),
+        "node 2 is a backup with node 1's backend up\n{}",
+        l.logs()
+    );
+    let with_static = l.config(1)
+        + &format!(
+            "\n[[vips]]\nname = \"static\"\naddress = \"{STATIC_VIP}\"\nports = [8080]\nowned = true\n[[vips.backends]]\naddress = \"{n2}\"\n"
+        );
+    std::fs::write(l.config_path(1), with_static).unwrap();
+    std::fs::write(&delay, "6000").unwrap();
+    let stalled = std::time::Instant::now();
+    l.signal(1, libc::SIGHUP);
+    std::thread::sleep(Duration::from_millis(300));
+    l.fail_node(0);
+    // During the stall: node 2 takes over and forwards, node 1's backend is out.
+    let took_over = wait_for(Duration::from_secs(5), || {
+        (l.state(1).as_deref() == Some("master")
+            && holds(&l, 1, VIP4)
+            && backend_up(&l, &n1) == Some(false))
+        .then_some(())
+    });
+    let during = stalled.elapsed();
+    assert!(
+        took_over.is_some() && during < Duration::from_millis(5800),
+        "node 2 took over with node 1's backend out while netlink stalled ({during:?})\n{}",
+        l.log(1)
+    );
+    assert!(
+        !l.log(1).contains("data plane slow to forward"),
+        "the forwarding acknowledgement did not wait for netlink\n{}",
+        l.log(1)
+    );
+    // The reload got no answer in time and was undone.
+    let failed = wait_for(Duration::from_secs(5), || {
+        (stats(&l, 1)["reload_failures"] == 1).then_some(())
+    });
+    let s = stats(&l, 1);
+    assert!(failed.is_some(), "reload failed: {s}\n{}", l.log(1));
+    assert!(
+        s["last_reload_error"]
+            .as_str()
+            .unwrap_or("")
+            .contains("did not answer"),
+        "{s}"
+    );
+    assert_eq!(s["reloads"], 0, "{s}");
+    // The late add lands (the request was sent), then the undo's removal, queued behind it.
+    let landed = wait_for(Duration::from_secs(10), || {
+        holds(&l, 1, STATIC_VIP).then_some(())
+    });
+    assert!(landed.is_some(), "the late add landed\n{}", l.log(1));
+    std::fs::remove_file(&delay).unwrap();
+    assert!(
+        wait_holds(&l, 1, STATIC_VIP, false),
+        "the undo removed what the late add added\n{}",
+        l.log(1)
+    );
+    std::thread::sleep(Duration::from_secs(1));
+    assert!(!holds(&l, 1, STATIC_VIP), "and it stays removed");
+    assert!(holds(&l, 1, VIP4), "the VRRP VIP stays");
+}

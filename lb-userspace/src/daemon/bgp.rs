@@ -156,7 +156,7 @@ impl Owner {
         let _ = self.bgp.tx.send(Cmd::Sync {
             cfg: Box::new(self.cfg.clone()),
             rows: self.rows.clone(),
-            attached: self.attached,
+            attached: self.ctl.attached(),
         });
     }
 

@@ -7,7 +7,10 @@
 
 use std::path::Path;
 
+use std::time::Instant;
+
 use anyhow::Result;
+use lb_core::controller::Input;
 
 use super::owner::Owner;
 use crate::{dataplane::LoadOptions, net::Link};
@@ -38,7 +41,7 @@ impl Owner {
     pub(super) fn link_check_due(&mut self) -> bool {
         self.churn_checks += 1;
         !(crate::net::iface::if_index(&self.cfg.interface).ok() == Some(self.ifindex)
-            && self.attached
+            && self.ctl.attached()
             && !self.churn_checks.is_multiple_of(FULL_CHECK_EVERY))
     }
 
@@ -51,7 +54,8 @@ impl Owner {
             Ok(l) => l,
             Err(_) => {
                 // Gone: nothing to forward on; VRRP instances are in fault meanwhile.
-                if std::mem::replace(&mut self.attached, false) {
+                if self.ctl.attached() {
+                    self.attached(false);
                     tracing::warn!(interface = %iface, "interface gone; waiting for it to come back");
                 }
                 return Ok(());
@@ -60,14 +64,14 @@ impl Owner {
         // With `xdp_interfaces` the program is on other devices: `interface` has none.
         let attach_here = self.cfg.xdp_interfaces.is_empty();
         if link.index == self.ifindex && (link.xdp_attached || !attach_here) {
-            self.attached = true;
+            self.attached(true);
             return Ok(());
         }
         if attach_here {
             let opts = self.dp.options().clone();
             drop_stale_link_pin(&link_pin(&opts, &iface), &link)?;
             if let Err(e) = self.dp.attach(&iface, self.cfg.xdp_mode) {
-                self.attached = false;
+                self.attached(false);
                 return Err(e.context(format!("re-attach XDP to the recreated {iface}")));
             }
             tracing::info!(interface = %iface, old = self.ifindex, new = link.index, "XDP program attached to the recreated interface");
@@ -75,19 +79,28 @@ impl Owner {
         let recreated = link.index != self.ifindex;
         self.ifindex = link.index;
         self.facts.if_mac = link.mac;
-        self.attached = true;
+        self.attached(true);
         if recreated {
-            self.readd_static_vips().await;
+            self.readd_static_vips();
         }
         self.apply()
     }
 
+    fn attached(&mut self, attached: bool) {
+        self.ctl.handle(Instant::now(), Input::Attached(attached));
+    }
+
     /// The interface was recreated: its addresses went with the old device, and the static
-    /// VIPs' announcer was bound to it. Hold them afresh.
-    async fn readd_static_vips(&mut self) {
-        self.static_vips = crate::static_vip::StaticVips::new(&self.cfg.interface);
-        if let Err(e) = self.static_vips.set(self.netlink.handle(), &self.cfg).await {
-            tracing::error!(error = %format!("{e:#}"), "static VIPs on the recreated interface");
-        }
+    /// VIPs' announcer was bound to it. Hold them afresh (beside the owner, see `netexec`).
+    fn readd_static_vips(&mut self) {
+        let want = crate::static_vip::static_vips(&self.cfg);
+        let answer = self
+            .netexec
+            .ask(super::netexec::Request::StaticVips { want, fresh: true });
+        tokio::spawn(async move {
+            if let Ok(Err(e)) = answer.await {
+                tracing::error!(error = %e, "static VIPs on the recreated interface");
+            }
+        });
     }
 }

@@ -1,7 +1,8 @@
-//! The owner: the one task that holds lbd's state and changes it. Inputs arrive as [`Msg`]s
-//! (API requests, VRRP ownership, dead peers, facts gathered beside it, reload requests) or
-//! from streams it selects on (health events, netlink notifications, signals, timers). Every
-//! handler is short: anything that can block (netlink dumps, vtysh) runs in a task beside the
+//! The owner: the one task that holds lbd's state and changes it, the shell of
+//! [`lb_core::controller`]. Events arrive as [`Msg`]s (API requests, VRRP ownership, dead peers,
+//! facts gathered beside it, reload requests) or from streams it selects on (health events,
+//! netlink notifications, signals, timers); the owner turns them into the controller's inputs
+//! and carries out the effects it returns ([`Owner::feed`]). Every handler is short: anything that can block (netlink dumps, vtysh) runs in a task beside the
 //! owner and reports back as a message, with a deadline, so a stuck FRR or kernel call never
 //! delays a stop, a health change or a VIP move.
 //!
@@ -12,7 +13,7 @@
 //! API answer being computed; the clients wait for room in the queue.
 
 use std::{
-    collections::{HashMap, HashSet},
+    collections::VecDeque,
     net::IpAddr,
     path::PathBuf,
     sync::Arc,
@@ -24,7 +25,8 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::{
     adopt, bgp::BgpHandle, churn, conntrack, front::Front, health_targets, initial_health,
-    load_options, lock::InstanceLock, refresh::Gathered, supervise::Shared, vrrp::VrrpHandle,
+    load_options, lock::InstanceLock, netexec, refresh::Gathered, supervise::Shared,
+    vrrp::VrrpHandle,
 };
 use crate::{
     api::{Request, Response},
@@ -34,7 +36,7 @@ use crate::{
     net::{self, Netlink},
     plan::{self, BackendPlan, Facts},
 };
-use lb_core::backends;
+use lb_core::controller::{self, Controller, Effect, Input};
 
 /// What reaches the owner from other tasks.
 pub enum Msg {
@@ -55,10 +57,15 @@ pub enum Msg {
         forward: bool,
         done: oneshot::Sender<()>,
     },
-    /// A VRRP instance took over because its master `peer` went silent (see `fate`).
+    /// A VRRP instance took over because its master `peer` went silent (fate sharing, see
+    /// `lb_core::backends`).
     PeerFailed { name: String, peer: IpAddr },
     /// Kernel facts gathered beside the owner (see `refresh`).
     Gathered(Box<Result<Gathered>>),
+    /// The netlink executor's answer to [`Effect::SetStaticVips`] (see `netexec`).
+    StaticVipsSet { error: Option<String> },
+    /// A reload asked for while another ran: its turn.
+    Reload,
     /// The config file's contents changed (see `config_watch`): reload, as on SIGHUP.
     ConfigChanged,
     /// The learned members changed (see `members`): their peers join the VRRP instances and
@@ -77,40 +84,34 @@ pub struct Owner {
     pub(super) cfg: Config,
     pub(super) config_path: PathBuf,
     pub(super) dp: Dataplane,
+    /// The kernel's facts (the health, drains and ownership the plan also reads are the
+    /// controller's).
     pub(super) facts: Facts,
     pub(super) rows: Vec<BackendPlan>,
     pub(super) ifindex: u32,
-    pub(super) reloads: u64,
-    pub(super) reload_failures: u64,
-    pub(super) last_reload_error: Option<String>,
+    /// The decisions (see [`lb_core::controller`]): this task is their shell.
+    pub(super) ctl: Controller,
+    /// The answer of the ownership message being handled ([`Effect::AckOwnership`]).
+    pending_ack: Option<oneshot::Sender<()>>,
+    /// A reload's new config until it is installed, then the running one until it commits
+    /// (see `reload`).
+    pub(super) staged: Option<super::reload::Staged>,
+    /// Who waits for the reload in progress (`lbctl reload`), and for the one asked for
+    /// while it runs (`Some`: one is asked for; it reads the file when this one is done).
+    pub(super) reload_waiters: Vec<oneshot::Sender<Response>>,
+    pub(super) next_reload: Option<Vec<oneshot::Sender<Response>>>,
+    /// Address changes run beside the owner, with a deadline (see `netexec`).
+    pub(super) netexec: super::netexec::NetExec,
     /// The config file's bytes at the last load or reload attempt: a file change with the same
     /// bytes (a reload already read them) is not reloaded again (see `config_watch`).
     pub(super) config_bytes: Option<Vec<u8>>,
     pub(super) health: HealthMonitor,
     health_events: Option<mpsc::UnboundedReceiver<HealthEvent>>,
-    /// The last apply succeeded: the maps say what `cfg` and `facts` ask for.
-    pub(super) in_sync: bool,
     pub(super) vrrp: Vec<VrrpHandle>,
-    /// Incarnation numbers of VRRP instances (see [`Msg::Ownership`]).
-    pub(super) next_instance_id: u64,
-    /// Tracked checks by name: passing or not.
-    pub(super) tracks: HashMap<String, bool>,
     pub(super) netlink: Netlink,
-    pub(super) ready: bool,
-    /// The XDP program is attached to the interface as it is now.
-    pub(super) attached: bool,
-    /// `start_vrrp` has run: every configured instance should be running.
-    pub(super) vrrp_started: bool,
-    /// VRRP instances whose VIPs the previous lbd was forwarding (adopted pinned state).
-    pub(super) adopted_master: HashSet<String>,
-    /// VIPs owned without VRRP, held on the interface and announced.
-    pub(super) static_vips: crate::static_vip::StaticVips,
     pub(super) bgp: BgpHandle,
     /// Interface checks so far (see `churn.rs`).
     pub(super) churn_checks: u64,
-    /// A gather runs beside the owner; `gather_again`: another was asked for meanwhile.
-    pub(super) gathering: bool,
-    pub(super) gather_again: bool,
     /// Gives the VRRP VIPs back if this process dies without stopping (`lbd run` only).
     pub(super) guardian: Option<crate::guardian::Guardian>,
     pub(super) conntrack: Arc<conntrack::ConntrackCount>,
@@ -193,11 +194,16 @@ impl Owner {
         let (health, events) = HealthMonitor::start(health_targets(&cfg, &up));
         let facts = Facts {
             if_mac: link.mac,
-            health: initial_health(&cfg, &up),
-            drained,
-            vrrp_master: vrrp_master.clone(),
             ..Default::default()
         };
+        let ctl = Controller::new(
+            controller::Adopted {
+                health: initial_health(&cfg, &up),
+                drained,
+                forwarding: vrrp_master.into_keys().collect(),
+            },
+            Duration::from_millis(cfg.failed_backend_hold_ms),
+        );
         let bgp = BgpHandle::spawn(
             netlink.handle().clone(),
             crate::bgp::drain_marker(&cfg.api_socket).exists(),
@@ -205,33 +211,27 @@ impl Owner {
         let (api_tx, api_rx) = mpsc::channel(API_QUEUE);
         let shared = Arc::new(Shared::new());
         let config_bytes = std::fs::read(&config_path).ok();
+        let netexec = netexec::NetExec::spawn(netlink.handle().clone(), &cfg.interface);
         let mut owner = Owner {
-            static_vips: crate::static_vip::StaticVips::new(&cfg.interface),
             cfg,
             config_path,
             dp,
             facts,
             rows: Vec::new(),
             ifindex: link.index,
-            reloads: 0,
-            reload_failures: 0,
-            last_reload_error: None,
+            ctl,
+            pending_ack: None,
+            staged: None,
+            reload_waiters: Vec::new(),
+            next_reload: None,
+            netexec,
             config_bytes,
             health,
             health_events: Some(events),
-            in_sync: false,
             vrrp: Vec::new(),
-            next_instance_id: 0,
-            tracks: HashMap::new(),
             netlink,
-            ready: false,
-            attached: true,
-            vrrp_started: false,
-            adopted_master: vrrp_master.into_keys().collect(),
             bgp,
             churn_checks: 0,
-            gathering: false,
-            gather_again: false,
             guardian: None,
             conntrack,
             sync,
@@ -248,7 +248,11 @@ impl Owner {
         let input = owner.gather_input(true);
         let got = super::refresh::gather(owner.netlink.clone(), input).await;
         owner.gathered(got).await?;
-        owner.ready = true;
+        // A data plane that refuses the first plan fails the start, with its error.
+        if !owner.ctl.in_sync() {
+            owner.apply()?;
+        }
+        owner.ctl.handle(Instant::now(), Input::Started);
         owner.shared.tick();
         // Without it only `lbctl trace` is missing: never a reason not to forward.
         let trace = match owner
@@ -296,20 +300,16 @@ impl Owner {
                 _ = int.recv() => return Ok(None),
                 f = shared.supervisor.failed() => return Ok(Some(f)),
                 _ = tick.tick() => {
-                    self.on_tick();
-                    // Groups follow their members' states, which change without a message.
-                    self.sync_tracking().await;
+                    self.shared.tick();
+                    let ramping = self.rows.iter().any(|r| r.ramping());
+                    self.feed(Input::Tick { ramping }).await;
                 }
                 m = self.rx.recv() => match m {
                     Some(m) => self.handle(m).await,
                     None => return Ok(Some("the owner's channel closed".into())),
                 },
                 e = events.recv() => match e {
-                    Some(e) => {
-                        if let Err(err) = self.health_event(e).await {
-                            tracing::error!(error = %format!("{err:#}"), "applying a health change");
-                        }
-                    }
+                    Some(e) => self.health_event(e).await,
                     None => {
                         self.shared.supervisor.fail("health monitor failed: its event channel closed".into());
                     }
@@ -322,11 +322,11 @@ impl Owner {
                     // Coalesce bursts of notifications.
                     if last_neigh.elapsed() > Duration::from_millis(20) {
                         last_neigh = Instant::now();
-                        self.start_gather();
+                        self.feed(Input::GatherWanted).await;
                     }
                 }
                 _ = frr_check.tick() => self.bgp.check(),
-                _ = hup.recv() => { let _ = self.reload().await; }
+                _ = hup.recv() => self.reload(None).await,
                 // (Closed only when the front is gone: the branch is then off.)
                 Some(m) = self.api_rx.recv() => self.handle(m).await,
             }
@@ -341,24 +341,16 @@ impl Owner {
         while self.api_rx.try_recv().is_ok() {}
     }
 
-    fn on_tick(&mut self) {
-        self.shared.tick();
-        // Slow start climbs with time alone: the next step, if one is due.
-        if self.rows.iter().any(|r| r.ramping())
-            && let Err(e) = self.apply()
-        {
-            tracing::error!(error = %format!("{e:#}"), "applying a slow-start step");
-        }
-        self.sync_view();
-        self.start_gather();
-        self.check_vrrp_tasks();
-        if let Some(g) = &self.guardian {
-            g.check();
-        }
-    }
-
     async fn handle(&mut self, m: Msg) {
         match m {
+            Msg::Api(crate::api::Request::Reload, reply) => self.reload(Some(reply)).await,
+            Msg::Reload => self.reload(None).await,
+            Msg::StaticVipsSet { error } => {
+                if let Some(e) = &error {
+                    tracing::error!(error = %e, "static VIPs");
+                }
+                self.feed(Input::StaticVipsSet { error }).await;
+            }
             Msg::Api(req, reply) => {
                 let resp = self.api(req).await;
                 let _ = reply.send(resp);
@@ -377,17 +369,18 @@ impl Owner {
             } => {
                 // The instance announces its VIPs on this reply: it goes as soon as the data
                 // plane forwards, not after the follow-up work of the change.
-                let applied = self.ownership(&name, id, forward).await;
-                let _ = done.send(());
-                if applied {
-                    self.after_apply().await;
-                }
+                self.pending_ack = Some(done);
+                self.feed(Input::Ownership { name, id, forward }).await;
             }
             Msg::PeerFailed { name, peer } => {
-                if let Err(e) = self.peer_failed(&name, peer) {
-                    tracing::error!(error = %format!("{e:#}"), %peer, "fate sharing");
-                }
-                self.after_apply().await;
+                let pairs = plan::fate_shared(&self.cfg, peer);
+                let instance = name;
+                self.feed(Input::DeadMaster {
+                    instance,
+                    peer,
+                    pairs,
+                })
+                .await;
             }
             Msg::Gathered(got) => {
                 if let Err(e) = self.gathered(*got).await {
@@ -399,7 +392,7 @@ impl Owner {
                 let read = std::fs::read(&self.config_path);
                 if crate::config_watch::reload_due(&self.config_bytes, &read.as_ref().ok().cloned())
                 {
-                    let _ = self.reload_bytes(read).await;
+                    self.reload_bytes(read).await;
                 }
             }
             Msg::Members(roster) => {
@@ -423,19 +416,15 @@ impl Owner {
                 Request::Trace(_) => Response::error(500, "traces are answered by the front"),
                 Request::BgpDrain(drained) => Response::json(&self.set_node_drained(drained)?),
                 Request::Drain(d) => {
-                    self.set_drained(&d.vip, d.backend, true)?;
-                    self.after_apply().await;
+                    self.set_drained(&d.vip, d.backend, true).await?;
                     Response::json(&serde_json::json!({"drained": d.backend, "vip": d.vip}))
                 }
                 Request::Undrain(d) => {
-                    self.set_drained(&d.vip, d.backend, false)?;
-                    self.after_apply().await;
+                    self.set_drained(&d.vip, d.backend, false).await?;
                     Response::json(&serde_json::json!({"undrained": d.backend, "vip": d.vip}))
                 }
-                Request::Reload => match self.reload().await {
-                    Ok(()) => Response::json(&serde_json::json!({"reloaded": true})),
-                    Err(e) => Response::error(422, format!("{e:#}")),
-                },
+                // Answered when the reload ends (see `handle`).
+                Request::Reload => Response::error(500, "reloads are answered when done"),
                 // Answered by the front from the loop's tick.
                 Request::Healthz => Response::text(200, "ok\n".into()),
                 Request::Version => Response::json(&crate::status::VersionRow::this()),
@@ -450,28 +439,124 @@ impl Owner {
         result.unwrap_or_else(|e| Response::error(400, format!("{e:#}")))
     }
 
-    /// Rebuild the plan from config and facts and write it to the data plane.
+    /// Feed the controller and carry out its effects, in order, the results of those that do
+    /// I/O fed back, until none is left.
+    pub(super) async fn feed(&mut self, input: Input) {
+        let mut queue: VecDeque<Effect> = self.ctl.handle(Instant::now(), input).into();
+        while let Some(effect) = queue.pop_front() {
+            if let Some(result) = self.execute(effect).await {
+                queue.extend(self.ctl.handle(Instant::now(), result));
+            }
+        }
+    }
+
+    /// Carry out one effect; the input its result is, if any.
+    async fn execute(&mut self, effect: Effect) -> Option<Input> {
+        match effect {
+            Effect::Apply => {
+                let error = self.write_plan().err().map(|e| {
+                    tracing::error!(error = %format!("{e:#}"), "applying the plan");
+                    format!("{e:#}")
+                });
+                return Some(Input::Applied { error });
+            }
+            Effect::ForceDown { ids, reason } => {
+                let changed = self.health.force_down(&ids, &reason);
+                tracing::warn!(%reason, backends = ?changed, "backends of the failed master taken out at once");
+            }
+            Effect::PushTracks => self.sync_tracking().await,
+            Effect::SyncBgp => self.sync_bgp(),
+            Effect::SyncView => self.sync_view(),
+            Effect::AckOwnership => {
+                if let Some(done) = self.pending_ack.take() {
+                    let _ = done.send(());
+                }
+            }
+            Effect::WatchOwnership { name, .. } => {
+                tracing::error!(instance = %name, "an instance's watcher outside its start");
+            }
+            Effect::StartGather => self.start_gather(),
+            Effect::CheckTasks => {
+                self.check_vrrp_tasks();
+                if let Some(g) = &self.guardian {
+                    g.check();
+                }
+            }
+            Effect::InstallConfig | Effect::RestoreConfig => self.swap_staged(),
+            Effect::SetStaticVips => {
+                // Beside the owner: the answer comes back as a message, within the deadline.
+                let want = crate::static_vip::static_vips(&self.cfg);
+                let answer = self
+                    .netexec
+                    .ask(netexec::Request::StaticVips { want, fresh: false });
+                let tx = self.tx.clone();
+                tokio::spawn(async move {
+                    let error = match answer.await {
+                        Ok(r) => r.err(),
+                        Err(_) => Some("the netlink executor stopped".into()),
+                    };
+                    let _ = tx.send(Msg::StaticVipsSet { error });
+                });
+            }
+            Effect::ReconcileVrrp => {
+                let r = self.reconcile_staged().await;
+                return Some(Input::VrrpReconciled {
+                    error: r.err().map(|e| format!("{e:#}")),
+                });
+            }
+            Effect::CommitReload => self.commit_reload().await,
+            Effect::ReloadDone(r) => {
+                match &r {
+                    Ok(()) => {
+                        tracing::info!(path = %self.config_path.display(), "config reloaded")
+                    }
+                    Err(e) => {
+                        tracing::error!(error = %e, "config refused; the running config stays")
+                    }
+                }
+                self.staged = None;
+                let answer = |_: ()| match &r {
+                    Ok(()) => crate::api::Response::json(&serde_json::json!({"reloaded": true})),
+                    Err(e) => crate::api::Response::error(422, e.clone()),
+                };
+                for w in std::mem::take(&mut self.reload_waiters) {
+                    let _ = w.send(answer(()));
+                }
+                // One asked for meanwhile reads the file now.
+                if let Some(waiters) = self.next_reload.take() {
+                    self.reload_waiters = waiters;
+                    let _ = self.tx.send(Msg::Reload);
+                }
+            }
+        }
+        None
+    }
+
+    /// An apply the shell does itself (inside a step such as a VRRP reconcile, or following
+    /// the interface): the controller learns whether the maps are in sync.
     pub(super) fn apply(&mut self) -> Result<()> {
-        let now = Instant::now();
-        self.facts.now = Some(now);
-        // Holds that ended: their backends' flows move now (and the refresh stops asking).
-        // This is the rebuild the tick asks for.
-        let hold = self.hold();
-        backends::handle(&mut self.facts.health, hold, now, backends::Input::Tick);
-        let (desired, rows) = plan::plan(&self.cfg, &self.facts);
-        self.in_sync = false;
+        let r = self.write_plan();
+        let error = r.as_ref().err().map(|e| format!("{e:#}"));
+        let effects = self.ctl.handle(Instant::now(), Input::Applied { error });
+        debug_assert!(effects.is_empty(), "{effects:?}");
+        r
+    }
+
+    /// Rebuild the plan from the config, the kernel's facts and the controller's, and write it
+    /// to the data plane.
+    fn write_plan(&mut self) -> Result<()> {
+        let facts = Facts {
+            now: Some(Instant::now()),
+            health: self.ctl.health().clone(),
+            drained: self.ctl.drained().clone(),
+            vrrp_master: self.ctl.vrrp_master().clone(),
+            ..self.facts.clone()
+        };
+        let (desired, rows) = plan::plan(&self.cfg, &facts);
         self.dp.apply(&desired).context("apply to the data plane")?;
-        self.in_sync = true;
         log_fail_open(&self.rows, &rows);
         self.rows = rows;
         Ok(())
-    }
-
-    /// What follows a change of the plan: tracked weights and BGP announcements.
-    pub(super) async fn after_apply(&mut self) {
-        self.sync_tracking().await;
-        self.sync_bgp();
-        self.sync_view();
     }
 
     /// The connection sync learns the services as applied (it scans after a change).
@@ -481,38 +566,21 @@ impl Owner {
         }
     }
 
-    /// A VRRP instance's forwarding changed: apply it (unless the instance was replaced).
-    /// Whether it was applied ([`Owner::after_apply`] is then the caller's).
-    async fn ownership(&mut self, name: &str, id: u64, forward: bool) -> bool {
-        if !self.vrrp.iter().any(|h| h.id == id && h.cfg.name == name) {
-            return false;
-        }
-        self.facts.vrrp_master.insert(name.to_string(), forward);
-        // A group's other members follow this change before the data plane is rebuilt: the
-        // instant their VIPs are on another node than this one's is that much shorter.
-        self.sync_tracking().await;
-        if let Err(e) = self.apply() {
-            tracing::error!(error = %format!("{e:#}"), "applying VRRP ownership");
-        }
-        true
-    }
-
     /// A backend's health changed: rebuild that VIP's table (the plan does the rest).
-    async fn health_event(&mut self, e: HealthEvent) -> Result<()> {
+    async fn health_event(&mut self, e: HealthEvent) {
         if let Some(track) = e.id.strip_prefix(super::TRACK_PREFIX) {
             tracing::info!(track, passing = e.healthy, reason = %e.reason, "tracked check changed");
-            self.tracks.insert(track.to_string(), e.healthy);
-            self.sync_tracking().await;
-            return Ok(());
+            let (name, passing) = (track.to_string(), e.healthy);
+            return self.feed(Input::Track { name, passing }).await;
         }
         let Some((vip, addr)) = e.id.rsplit_once('/') else {
-            return Ok(());
+            return;
         };
         let Ok(addr) = addr.parse::<IpAddr>() else {
-            return Ok(());
+            return;
         };
         tracing::info!(vip, backend = %addr, healthy = e.healthy, reason = %e.reason, "backend health changed");
-        let check = backends::Check {
+        let check = lb_core::backends::Check {
             pair: (vip.to_string(), addr),
             healthy: e.healthy,
             reason: e.reason.clone(),
@@ -524,33 +592,10 @@ impl Owner {
             hard: e.failure.is_hard(),
             refused: e.failure == FailureClass::Refused,
         };
-        let r = self.backend_input(backends::Input::Check(check));
-        self.after_apply().await;
-        r
+        self.feed(Input::Health(check)).await;
     }
 
-    /// How long a failed backend keeps its established flows.
-    fn hold(&self) -> Duration {
-        Duration::from_millis(self.cfg.failed_backend_hold_ms)
-    }
-
-    /// Feed the backends' controller (`lb_core::backends`) and carry out its effects.
-    pub(super) fn backend_input(&mut self, input: backends::Input) -> Result<()> {
-        let hold = self.hold();
-        let effects = backends::handle(&mut self.facts.health, hold, Instant::now(), input);
-        for effect in effects {
-            match effect {
-                backends::Effect::ForceDown { ids, reason } => {
-                    let changed = self.health.force_down(&ids, &reason);
-                    tracing::warn!(%reason, backends = ?changed, "backends of the failed master taken out at once");
-                }
-                backends::Effect::Apply => self.apply()?,
-            }
-        }
-        Ok(())
-    }
-
-    fn set_drained(&mut self, vip: &str, backend: IpAddr, drained: bool) -> Result<()> {
+    async fn set_drained(&mut self, vip: &str, backend: IpAddr, drained: bool) -> Result<()> {
         let Some(v) = self
             .cfg
             .vips
@@ -563,12 +608,12 @@ impl Owner {
             bail!("{backend} is not a backend of VIP {}", v.name);
         }
         let pair = (v.name.clone(), backend);
-        if drained {
-            self.facts.drained.insert(pair);
-        } else {
-            self.facts.drained.remove(&pair);
+        self.feed(Input::Drain { pair, drained }).await;
+        // The operator hears whether the data plane took it.
+        match self.ctl.in_sync() {
+            true => Ok(()),
+            false => bail!("the data plane refused the change (see lbd's log)"),
         }
-        self.apply()
     }
 }
 

@@ -39,8 +39,8 @@ impl Owner {
                         checks_failed: c.checks_failed,
                     });
                 out.push(BackendRow {
-                    healthy: g.facts.health.get(&pair).map(|h| h.healthy).unwrap_or(true),
-                    drained: g.facts.drained.contains(&pair),
+                    healthy: g.ctl.health().get(&pair).map(|h| h.healthy).unwrap_or(true),
+                    drained: g.ctl.drained().contains(&pair),
                     expected: r.expected,
                     check,
                     vip_name: v.name.clone(),
@@ -115,9 +115,9 @@ impl Owner {
                 active: flood.active,
             },
             table_size: g.cfg.table_size,
-            reloads: g.reloads,
-            reload_failures: g.reload_failures,
-            last_reload_error: g.last_reload_error.clone(),
+            reloads: g.ctl.reloads().done,
+            reload_failures: g.ctl.reloads().failed,
+            last_reload_error: g.ctl.reloads().last_error.clone(),
             counters: g
                 .dp
                 .global_stats()?

@@ -7,10 +7,11 @@
 use std::{
     collections::{HashMap, HashSet},
     net::IpAddr,
-    time::{Duration, Instant},
+    time::Duration,
 };
 
 use anyhow::{Context, Result};
+use lb_core::controller::Input;
 
 use super::owner::{Msg, Owner};
 use crate::{
@@ -116,14 +117,8 @@ impl Owner {
         }
     }
 
-    /// Refresh the kernel facts: start a gather beside the owner (one at a time; a request
-    /// while one runs starts another when it is done).
+    /// Read the kernel facts beside the owner (the controller allows one at a time).
     pub(super) fn start_gather(&mut self) {
-        if self.gathering {
-            self.gather_again = true;
-            return;
-        }
-        self.gathering = true;
         let input = self.gather_input(false);
         let (nl, tx) = (self.netlink.clone(), self.tx.clone());
         tokio::spawn(async move {
@@ -138,12 +133,23 @@ impl Owner {
         });
     }
 
-    /// A gather's answer: follow the interface, then re-apply the plan if anything changed.
+    /// A gather's answer: the controller decides whether the plan is applied again.
     pub(super) async fn gathered(&mut self, got: Result<Gathered>) -> Result<()> {
-        self.gathering = false;
-        if std::mem::take(&mut self.gather_again) {
-            self.start_gather();
+        let taken = self.take_facts(got).await;
+        let changed = match &taken {
+            Ok(Taken::Facts { changed }) => Some(*changed),
+            _ => None,
+        };
+        self.feed(Input::Gathered { changed }).await;
+        if matches!(taken, Ok(Taken::Moved)) {
+            // Read on the old device: gather again on the new one.
+            self.feed(Input::GatherWanted).await;
         }
+        taken.map(|_| ())
+    }
+
+    /// Follow the interface, then hold the facts read on it.
+    async fn take_facts(&mut self, got: Result<Gathered>) -> Result<Taken> {
         let got = got.context("gather kernel facts")?;
         if let Some(link) = got.link {
             let before = self.ifindex;
@@ -151,13 +157,11 @@ impl Owner {
             self.sync_bgp();
             r?;
             if self.ifindex != before {
-                // Read on the old device: gather again on the new one.
-                self.start_gather();
-                return Ok(());
+                return Ok(Taken::Moved);
             }
         }
         if got.ifindex != self.ifindex {
-            return Ok(());
+            return Ok(Taken::Stale);
         }
         // Only unicast addresses of real interfaces count; VIPs themselves are not backends.
         let vips: HashSet<IpAddr> = self.cfg.vips.iter().map(|v| v.address).collect();
@@ -168,25 +172,25 @@ impl Owner {
             .collect();
         // Refreshes come every second and on every neighbour notification (many under load):
         // with nothing new, re-applying would only rebuild every Maglev table to find it equal.
-        // A failed backend's hold that has run out is news: its flows move now.
-        let now = Instant::now();
-        let hold_over = lb_core::backends::holds_over(&self.facts.health, now);
         let f = &mut self.facts;
-        let unchanged = f.macs == got.macs
+        let changed = !(f.macs == got.macs
             && f.peer_macs == got.peer_macs
             && f.local_addrs == local_addrs
-            && f.paths == got.paths
-            && !hold_over;
+            && f.paths == got.paths);
         f.paths = got.paths;
         f.macs = got.macs;
         f.peer_macs = got.peer_macs;
         f.local_addrs = local_addrs;
-        let r = if !(unchanged && self.in_sync) {
-            self.apply()
-        } else {
-            Ok(())
-        };
-        self.sync_bgp();
-        r
+        Ok(Taken::Facts { changed })
     }
+}
+
+/// What a gather's answer was.
+enum Taken {
+    /// Facts of the interface as it is; `changed` from the ones held.
+    Facts { changed: bool },
+    /// The interface was recreated: the facts were read on the old device.
+    Moved,
+    /// Read on a device the interface no longer is.
+    Stale,
 }

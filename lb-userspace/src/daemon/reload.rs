@@ -10,10 +10,13 @@ use std::{collections::HashSet, net::IpAddr};
 
 use anyhow::{Context, Result, bail};
 
+use lb_core::{backends::HealthFacts, controller::Input};
+use tokio::sync::oneshot;
+
 use super::{health_targets, initial_health, owner::Owner, vrrp::VrrpHandle};
 use crate::{
+    api::Response,
     config::{Config, Validate},
-    net,
     vrrp::InstanceConfig,
 };
 
@@ -59,7 +62,7 @@ pub fn check_reloadable(old: &Config, new: &Config) -> Result<()> {
 }
 
 /// What a reload does to the running VRRP instances (see [`Owner::reconcile_vrrp`]).
-#[derive(Debug, Default, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct VrrpChanges {
     /// Names of instances that keep running unchanged or take the change in place.
     pub in_place: Vec<String>,
@@ -118,7 +121,7 @@ pub fn preflight_vrrp(new: &Config, changes: &VrrpChanges) -> Result<()> {
 }
 
 /// What a reload does to the connection sync, decided before anything changes.
-enum SyncStep {
+pub(super) enum SyncStep {
     Same,
     /// `[sync]` was added: the task, started (its socket bound), not yet shown the services.
     Start(super::sync::SyncHandle),
@@ -126,44 +129,59 @@ enum SyncStep {
     Stop,
 }
 
-/// What a reload replaced, to put it back if a later step fails.
-struct Undo {
+/// A reload's data while the controller runs it (`lb_core::controller`'s reload steps): the
+/// config not in force (the new one until `Effect::InstallConfig`, then the running one,
+/// which `Effect::RestoreConfig` puts back), and what the steps and the commit need.
+pub(super) struct Staged {
     cfg: Config,
-    health: std::collections::HashMap<(String, IpAddr), crate::plan::HealthFact>,
+    changes: VrrpChanges,
+    sync: Option<SyncStep>,
+    /// Pairs up before the reload: they stay up in the health monitor.
+    up: HashSet<(String, IpAddr)>,
 }
 
 impl Owner {
-    /// Reload the config file (SIGHUP, `lbctl reload`): all or nothing. The new config is
-    /// validated, then applied step by step (data plane, static VIPs, VRRP instances); if a
-    /// step fails, the steps already done are undone and the running config stays. Either way
-    /// the outcome is counted and logged, and a failure is shown in `lbctl stats`.
-    pub(super) async fn reload(&mut self) -> Result<()> {
+    /// Reload the config file (SIGHUP, `lbctl reload`; `reply`: who waits for the outcome):
+    /// all or nothing. The new config is validated, then applied step by step (data plane,
+    /// static VIPs, VRRP instances); if a step fails, the steps already done are undone and the
+    /// running config stays (the controller decides the steps and the undo; the owner's loop
+    /// goes on between them). Either way the outcome is counted and logged, and a failure is
+    /// shown in `lbctl stats`. One asked for while one runs follows it.
+    pub(super) async fn reload(&mut self, reply: Option<oneshot::Sender<Response>>) {
+        if self.ctl.reloading() {
+            self.next_reload.get_or_insert_with(Vec::new).extend(reply);
+            return;
+        }
+        self.reload_waiters.extend(reply);
         let read = std::fs::read(&self.config_path);
         self.reload_bytes(read).await
     }
 
     /// [`Owner::reload`] of the file's bytes as read once (a watcher that compared them reads
     /// no second time: the file may change between two reads).
-    pub(super) async fn reload_bytes(&mut self, read: std::io::Result<Vec<u8>>) -> Result<()> {
-        let path = self.config_path.clone();
+    pub(super) async fn reload_bytes(&mut self, read: std::io::Result<Vec<u8>>) {
+        if self.ctl.reloading() {
+            // It reads the file again when this one is done.
+            self.next_reload.get_or_insert_with(Vec::new);
+            return;
+        }
         self.config_bytes = read.as_ref().ok().cloned();
-        match self.try_reload(read).await {
-            Ok(()) => {
-                self.reloads += 1;
-                self.last_reload_error = None;
-                tracing::info!(path = %path.display(), "config reloaded");
-                Ok(())
+        match self.stage(read) {
+            Ok((staged, fresh)) => {
+                let hold = std::time::Duration::from_millis(staged.cfg.failed_backend_hold_ms);
+                self.staged = Some(staged);
+                self.feed(Input::ReloadStaged { fresh, hold }).await;
             }
             Err(e) => {
-                self.reload_failures += 1;
-                self.last_reload_error = Some(format!("{e:#}"));
-                tracing::error!(error = %format!("{e:#}"), "config refused; the running config stays");
-                Err(e)
+                let error = format!("{e:#}");
+                self.feed(Input::ReloadRefused { error }).await;
             }
         }
     }
 
-    async fn try_reload(&mut self, read: std::io::Result<Vec<u8>>) -> Result<()> {
+    /// Read and check the new config and decide what it changes, touching nothing: what the
+    /// reload's steps need, and the health facts it starts with.
+    fn stage(&self, read: std::io::Result<Vec<u8>>) -> Result<(Staged, HealthFacts)> {
         let path = &self.config_path;
         let bytes = read.map_err(|error| crate::config::LoadError::Read {
             path: path.clone(),
@@ -186,75 +204,65 @@ impl Owner {
                 super::load_options(&new).pin_dir(),
             )?),
         };
-
         // Pairs that are up now stay up across the reload; new ones wait for a check.
-        let up: HashSet<(String, IpAddr)> = self
-            .facts
-            .health
+        let health = self.ctl.health();
+        let up: HashSet<(String, IpAddr)> = health
             .iter()
             .filter(|(_, h)| h.healthy)
             .map(|(k, _)| k.clone())
             .collect();
         let mut fresh = initial_health(&new, &up);
-        for (k, v) in &self.facts.health {
+        for (k, v) in health {
             if fresh.contains_key(k) {
                 fresh.insert(k.clone(), v.clone());
             }
         }
-        let undo = Undo {
-            cfg: std::mem::replace(&mut self.cfg, new),
-            health: std::mem::replace(&mut self.facts.health, fresh),
+        let staged = Staged {
+            cfg: new,
+            changes,
+            sync: Some(sync),
+            up,
         };
-        if let Err(e) = self.apply() {
-            // The data plane refused it (e.g. limits).
-            self.undo(undo, false).await;
-            return Err(e.context("new config refused by the data plane; kept the running one"));
+        Ok((staged, fresh))
+    }
+
+    /// The config in force and the staged one change places (install, restore).
+    pub(super) fn swap_staged(&mut self) {
+        if let Some(st) = &mut self.staged {
+            std::mem::swap(&mut self.cfg, &mut st.cfg);
         }
-        let cfg = self.cfg.clone();
-        if let Err(e) = self.static_vips.set(self.netlink.handle(), &cfg).await {
-            self.undo(undo, true).await;
-            return Err(e.context("static VIPs; kept the running config"));
-        }
-        if let Err(e) = self.reconcile_vrrp(&changes).await {
-            self.undo(undo, true).await;
-            return Err(e.context("VRRP instances; kept the running config"));
-        }
-        // Committed: what cannot fail (or is retried on its own) follows the new config.
-        match sync {
-            SyncStep::Same => {}
-            SyncStep::Start(h) => self.sync = Some(h),
-            SyncStep::Change(p) => {
+    }
+
+    /// The reload's VRRP step, for the config in force.
+    pub(super) async fn reconcile_staged(&mut self) -> Result<()> {
+        let changes = match &mut self.staged {
+            Some(st) => std::mem::take(&mut st.changes),
+            None => bail!("no reload in progress"),
+        };
+        self.reconcile_vrrp(&changes).await
+    }
+
+    /// Committed: what cannot fail (or is retried on its own) follows the new config.
+    pub(super) async fn commit_reload(&mut self) {
+        let Some(mut st) = self.staged.take() else {
+            return;
+        };
+        match st.sync.take() {
+            None | Some(SyncStep::Same) => {}
+            Some(SyncStep::Start(h)) => self.sync = Some(h),
+            Some(SyncStep::Change(p)) => {
                 if let Some(h) = &mut self.sync {
                     h.commit(p).await;
                 }
             }
-            SyncStep::Stop => self.sync = None,
+            Some(SyncStep::Stop) => self.sync = None,
         }
         // A new sync learns the members too.
         self.apply_members().await;
-        self.sync_view();
-        self.health.set_targets(health_targets(&self.cfg, &up));
+        self.health.set_targets(health_targets(&self.cfg, &st.up));
         self.configure_bgp();
         if let Some(g) = &self.guardian {
             g.watch(&crate::guardian::Watch::of(&self.cfg));
-        }
-        self.sync_tracking().await;
-        self.start_gather();
-        Ok(())
-    }
-
-    /// Put the running config back after a failed step (`static_vips`: that step ran).
-    async fn undo(&mut self, undo: Undo, static_vips: bool) {
-        self.cfg = undo.cfg;
-        self.facts.health = undo.health;
-        if let Err(e) = self.apply() {
-            tracing::error!(error = %format!("{e:#}"), "reload: putting the running config back in the data plane");
-        }
-        if static_vips {
-            let cfg = self.cfg.clone();
-            if let Err(e) = self.static_vips.set(self.netlink.handle(), &cfg).await {
-                tracing::error!(error = %format!("{e:#}"), "reload: putting the static VIPs back");
-            }
         }
     }
 
@@ -277,6 +285,7 @@ impl Owner {
                 Err(e) => {
                     for h in started {
                         h.instance.shutdown().await;
+                        self.instance_stopped(&h.cfg.name);
                     }
                     return Err(e);
                 }
@@ -294,7 +303,7 @@ impl Owner {
             let old = self.vrrp.remove(pos);
             let old_cfg = old.cfg.clone();
             old.instance.shutdown().await;
-            self.facts.vrrp_master.remove(name);
+            self.instance_stopped(name);
             match self.start_instance(&new, r).await {
                 Ok(h) => {
                     self.vrrp.push(h);
@@ -310,12 +319,13 @@ impl Owner {
         if let Some(e) = failure {
             for h in started {
                 h.instance.shutdown().await;
+                self.instance_stopped(&h.cfg.name);
             }
             for old_cfg in replaced {
                 if let Some(pos) = self.vrrp.iter().position(|h| h.cfg.name == old_cfg.name) {
                     let h = self.vrrp.remove(pos);
                     h.instance.shutdown().await;
-                    self.facts.vrrp_master.remove(&old_cfg.name);
+                    self.instance_stopped(&old_cfg.name);
                 }
                 let name = old_cfg.name.clone();
                 match self.spawn_instance(old_cfg).await {
@@ -359,7 +369,7 @@ impl Owner {
                 tracing::info!(instance = %name, why = "removed", "VRRP instance restarts");
                 let h = self.vrrp.remove(pos);
                 h.instance.shutdown().await;
-                self.facts.vrrp_master.remove(name);
+                self.instance_stopped(name);
             }
         }
         if let Err(e) = self.apply() {
@@ -372,7 +382,8 @@ impl Owner {
     async fn start_instance(&mut self, new: &Config, r: InstanceConfig) -> Result<VrrpHandle> {
         if new.dsr_backend {
             for vip in r.vips.iter().filter(|v| new.backend_here(&r, **v)) {
-                net::ensure_local_vip(self.netlink.handle(), *vip).await?;
+                let req = super::netexec::Request::LocalVip(*vip);
+                self.netexec.call(req).await.map_err(anyhow::Error::msg)?;
             }
         }
         self.spawn_instance(r).await

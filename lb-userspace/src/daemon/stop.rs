@@ -18,6 +18,8 @@
 
 use std::time::{Duration, Instant};
 
+use lb_core::controller::{Effect, Input};
+
 use super::owner::{Msg, Owner};
 
 /// The whole stop, within a 10 s termination grace with room for the process to exit.
@@ -38,7 +40,7 @@ impl Owner {
     /// Stop in the order above.
     pub async fn stop(&mut self) {
         let start = Instant::now();
-        let forwarding = self.facts.vrrp_master.values().any(|m| *m);
+        let forwarding = self.ctl.forwarding();
         // The peers learn this node's exceptions before one of them takes the VIPs.
         if let Some(s) = &self.sync {
             self.sync_view();
@@ -65,7 +67,7 @@ impl Owner {
         // dropped reply channels, and nothing new gets in.
         self.close_inbox();
         if grace.is_zero() {
-            self.end_vrrp_forwarding();
+            self.feed(Input::Stopping).await;
         }
         self.bgp.stop(BGP_DEADLINE).await;
         if forwarding && !grace.is_zero() {
@@ -85,20 +87,9 @@ impl Owner {
             self.sync_view();
             s.flush(SYNC_FLUSH_DEADLINE).await;
         }
-        self.end_vrrp_forwarding();
+        self.feed(Input::Stopping).await;
         if let Some(g) = self.guardian.take() {
             g.bye();
-        }
-    }
-
-    /// The VRRP VIPs are not forwarded here any more (once is enough; later calls change nothing).
-    fn end_vrrp_forwarding(&mut self) {
-        if self.facts.vrrp_master.is_empty() {
-            return;
-        }
-        self.facts.vrrp_master.clear();
-        if let Err(e) = self.apply() {
-            tracing::error!(error = %format!("{e:#}"), "stop: applying the end of VRRP ownership");
         }
     }
 
@@ -159,11 +150,17 @@ impl Owner {
             done,
         } = m
         {
-            if ids.contains(&id) {
-                self.facts.vrrp_master.insert(name, forward);
-                if let Err(e) = self.apply() {
-                    tracing::error!(error = %format!("{e:#}"), "applying VRRP ownership");
-                }
+            // Only the rebuild: the instances are gone, and so are their weights.
+            let effects = if ids.contains(&id) {
+                self.ctl
+                    .handle(Instant::now(), Input::Ownership { name, id, forward })
+            } else {
+                Vec::new()
+            };
+            if effects.contains(&Effect::Apply)
+                && let Err(e) = self.apply()
+            {
+                tracing::error!(error = %format!("{e:#}"), "applying VRRP ownership");
             }
             let _ = done.send(());
         }

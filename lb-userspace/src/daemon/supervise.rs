@@ -157,22 +157,17 @@ impl Owner {
         if let Some(f) = self.shared.supervisor.failure() {
             return (503, format!("failed: {f}\n"));
         }
-        if !self.ready {
-            return (503, "starting\n".into());
-        }
-        if !self.attached {
-            return (503, "data plane not attached to the interface\n".into());
-        }
-        for r in &self.cfg.vrrp {
-            let name = &r.name;
-            match self.vrrp.iter().find(|h| h.cfg.name == *name) {
-                Some(h) if h.instance.is_running() => {}
-                Some(_) => return (503, format!("VRRP instance {name} is not running\n")),
-                None if self.vrrp_started => {
-                    return (503, format!("VRRP instance {name} is not running\n"));
-                }
-                None => return (503, "VRRP not started yet\n".into()),
-            }
+        let instances: Vec<(&str, Option<bool>)> = self
+            .cfg
+            .vrrp
+            .iter()
+            .map(|r| {
+                let running = self.vrrp.iter().find(|h| h.cfg.name == r.name);
+                (r.name.as_str(), running.map(|h| h.instance.is_running()))
+            })
+            .collect();
+        if let Err(why) = self.ctl.readiness(&instances) {
+            return (503, format!("{why}\n"));
         }
         (200, "ready\n".into())
     }

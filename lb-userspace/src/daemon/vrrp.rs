@@ -8,6 +8,7 @@ use std::{
 };
 
 use anyhow::{Context, Result};
+use lb_core::controller::{Effect, Input};
 
 use super::owner::{Msg, Owner};
 use crate::{
@@ -41,7 +42,12 @@ impl Owner {
     /// state drives the ownership of its VIPs in the data plane.
     pub async fn start_vrrp(&mut self) -> Result<()> {
         let cfg = self.cfg.clone();
-        self.static_vips.set(self.netlink.handle(), &cfg).await?;
+        let want = crate::static_vip::static_vips(&cfg);
+        let req = super::netexec::Request::StaticVips { want, fresh: false };
+        self.netexec
+            .call(req)
+            .await
+            .map_err(|e| anyhow::anyhow!("static VIPs: {e}"))?;
         if cfg.vrrp.is_empty() {
             return Ok(());
         }
@@ -63,8 +69,7 @@ impl Owner {
             let h = self.spawn_instance(r.clone()).await?;
             self.vrrp.push(h);
         }
-        self.vrrp_started = true;
-        self.sync_tracking().await;
+        self.feed(Input::VrrpStarted).await;
         Ok(())
     }
 
@@ -146,23 +151,21 @@ impl Owner {
         )
         .await
         .with_context(|| format!("start VRRP instance {}", r.name))?;
-        self.next_instance_id += 1;
-        let id = self.next_instance_id;
+        // Its incarnation, and an adopted master's hold (the controller decides both).
+        let started = Input::InstanceStarted {
+            name: r.name.clone(),
+            priority: r.priority,
+            interval: Duration::from_millis(u64::from(r.interval_ms())),
+        };
+        let (id, hold) = match self.ctl.handle(Instant::now(), started).as_slice() {
+            [Effect::WatchOwnership { id, hold, .. }] => (*id, *hold),
+            other => anyhow::bail!("VRRP instance {}: unexpected {other:?}", r.name),
+        };
         let mut failures = instance.take_peer_failures();
         let mut owned = instance.ownership();
         let forwarding = instance.forwarding_ack();
         let (tx, name) = (self.tx.clone(), r.name.clone());
         let grace = Duration::from_millis(self.cfg.handover_grace_ms);
-        // After a crash and a quick restart, clients may still send to this node (their ARP/ND
-        // caches) until another node has taken over and announced it. Keep forwarding with the
-        // adopted table until the new master can have done so, instead of answering from the
-        // local stack with resets: the instance's master-down interval plus a second.
-        let hold = if self.adopted_master.contains(&r.name) {
-            let interval = Duration::from_millis(u64::from(r.interval_ms()));
-            crate::handover::adopted_hold(r.priority, interval)
-        } else {
-            Duration::ZERO
-        };
         tokio::spawn(async move {
             // Mastership drives forwarding, through the handover grace (see `handover`).
             let mut handover = Handover::adopted(grace, hold, Instant::now());
@@ -176,7 +179,7 @@ impl Owner {
                 // A master that went silent is reported before our mastership (the instance
                 // sends it first, and the owner takes messages in order): its backends leave
                 // the new-flow tables before this node forwards, so no SYN at the takeover is
-                // placed on a dead backend (see `fate.rs`).
+                // placed on a dead backend (see `lb_core::backends`).
                 if let Some(rx) = failures.as_mut() {
                     while let Ok(peer) = rx.try_recv() {
                         if !report(peer) {
@@ -231,6 +234,13 @@ impl Owner {
         })
     }
 
+    /// An instance was stopped (restart, removal): its ownership is gone.
+    pub(super) fn instance_stopped(&mut self, name: &str) {
+        let name = name.to_string();
+        self.ctl
+            .handle(Instant::now(), Input::InstanceStopped { name });
+    }
+
     /// Push each instance's tracked weight (checks passing, load balancer ready, and the
     /// instances it moves together with, see [`crate::vrrp::group`]) if it changed.
     pub(super) async fn sync_tracking(&mut self) {
@@ -242,7 +252,8 @@ impl Owner {
         let own: Vec<crate::vrrp::track::Tracking> = order
             .iter()
             .map(|i| {
-                plan::track_weight(&self.cfg, &self.vrrp[*i].cfg.name, &self.tracks, &self.rows)
+                let tracks = self.ctl.tracks();
+                plan::track_weight(&self.cfg, &self.vrrp[*i].cfg.name, tracks, &self.rows)
             })
             .collect();
         let statuses: Vec<_> = order
@@ -316,7 +327,7 @@ impl Owner {
                             .map(|a| a.to_string())
                             .unwrap_or_else(|| "load balancer ready".into()),
                         passing: match t.address {
-                            Some(_) => self.tracks.get(&t.name).copied().unwrap_or(false),
+                            Some(_) => self.ctl.tracks().get(&t.name).copied().unwrap_or(false),
                             None => ready,
                         },
                     })
