@@ -16,8 +16,10 @@
 //!   announce), beside the RFC machine.
 
 pub mod backends;
+pub mod config;
 pub mod config_error;
 pub mod handover;
 pub mod maglev;
+pub mod net;
 pub mod sync;
 pub mod vrrp;

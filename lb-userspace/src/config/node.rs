@@ -1,5 +1,5 @@
 //! The config as read on this node, the config module's only I/O: the file, checked against
-//! this host's addresses ([`Config::load`]), and which file this node runs: the file given, or,
+//! this host's addresses ([`ConfigFile::load`]), and which file this node runs: the file given, or,
 //! in a directory of rendered configs (`lbctl render`; a MachineConfig ships every node's to
 //! every node of a pool), the one whose VRRP source address is an address of this host. The look-up reads the directory and the
 //! host's addresses; the choice itself ([`pick_node_config`]) is pure.
@@ -10,10 +10,20 @@ use serde::Deserialize;
 
 use super::{Config, LoadError, invalid};
 
-impl Config {
+/// A config as read on this node: [`Config::parse`] and [`Config::check_host`] (pure) with the
+/// file and the host's addresses read.
+pub trait ConfigFile: Sized {
     /// Read, parse and validate `path`, then check its VIPs against this host's addresses
     /// ([`Config::check_host`]). [`Config::parse`] alone never touches the system.
-    pub fn load(path: &std::path::Path) -> Result<Config, LoadError> {
+    fn load(path: &std::path::Path) -> Result<Self, LoadError>;
+
+    /// A config file's text as [`ConfigFile::load`] takes it: parsed, validated and checked
+    /// against this host (for a caller that has read the file already, once).
+    fn from_file_text(text: &str) -> Result<Self, LoadError>;
+}
+
+impl ConfigFile for Config {
+    fn load(path: &std::path::Path) -> Result<Config, LoadError> {
         let text = std::fs::read_to_string(path).map_err(|error| LoadError::Read {
             path: path.to_owned(),
             error,
@@ -21,9 +31,7 @@ impl Config {
         Self::from_file_text(&text)
     }
 
-    /// A config file's text as [`Config::load`] takes it: parsed, validated and checked
-    /// against this host (for a caller that has read the file already, once).
-    pub fn from_file_text(text: &str) -> Result<Config, LoadError> {
+    fn from_file_text(text: &str) -> Result<Config, LoadError> {
         let cfg = Self::parse(text)?;
         // Without the host's addresses (no /proc?), the parse-time checks are all there is.
         if let Ok(host) = crate::net::iface::host_addresses() {

@@ -12,7 +12,7 @@ use anyhow::{Context, Result, bail};
 
 use super::{health_targets, initial_health, owner::Owner, vrrp::VrrpHandle};
 use crate::{
-    config::{Config, Validate},
+    config::{Config, ConfigFile, Validate},
     net,
     vrrp::InstanceConfig,
 };

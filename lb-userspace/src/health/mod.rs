@@ -9,7 +9,7 @@
 //! [`Target`] for `127.0.0.1:6443` with `HealthConfig::https("/readyz")` tracks the local
 //! kube-apiserver, one for `127.0.0.1:1936` with `HealthConfig::http("/healthz")` the router.
 
-pub mod config;
+pub use lb_core::config::health as config;
 pub mod monitor;
 pub mod probe;
 pub mod tracker;

@@ -16,6 +16,6 @@
 //! Pure parts only: the section (`config`), the signed datagram (`wire`) and who is a member
 //! now (`roster`). The task that sends and receives is `daemon/members.rs`.
 
-pub mod config;
+pub use lb_core::config::members as config;
 pub mod roster;
 pub mod wire;

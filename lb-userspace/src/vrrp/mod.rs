@@ -22,7 +22,7 @@ pub mod announce;
 pub use lb_core::vrrp::codec;
 pub use lb_core::vrrp::hold;
 pub mod collision;
-pub mod config;
+pub use lb_core::config::vrrp as config;
 pub mod group;
 pub mod instance;
 pub mod io;
