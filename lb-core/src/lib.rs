@@ -18,8 +18,10 @@
 pub mod backends;
 pub mod config;
 pub mod config_error;
+pub mod desired;
 pub mod handover;
 pub mod maglev;
 pub mod net;
+pub mod plan;
 pub mod sync;
 pub mod vrrp;

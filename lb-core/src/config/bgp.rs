@@ -218,6 +218,8 @@ address = "10.0.0.21"
         assert_eq!(b.bfd.detect_ms(), 300);
         assert!(b.peers[0].bfd);
         assert_eq!(c.vips[0].announce, crate::config::Announce::Bgp);
+        // Every node forwards a BGP VIP.
+        assert!(crate::plan::owned(&c, 0, &Default::default()));
     }
 
     #[test]

@@ -4,7 +4,7 @@
 //!
 //! Every error names the field (`vips[1].backends[0].weight`) and the reason, so a bad config is
 //! refused with something an operator can act on; validation reports every problem of a file,
-//! not the first ([`lb_core::config_error`]). See `docs/config.md` for an example.
+//! not the first ([`crate::config_error`]). See `docs/config.md` for an example.
 
 use std::{collections::HashSet, net::IpAddr, path::PathBuf};
 

@@ -30,7 +30,7 @@ pub mod limiter;
 pub mod realtime;
 pub mod split_brain;
 pub use lb_core::vrrp::state;
-pub mod track;
+pub use lb_core::vrrp::track;
 pub mod vrids;
 
 pub use config::InstanceConfig;
