@@ -23,5 +23,6 @@ pub mod handover;
 pub mod maglev;
 pub mod net;
 pub mod plan;
+pub mod render;
 pub mod sync;
 pub mod vrrp;

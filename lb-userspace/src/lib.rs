@@ -43,7 +43,7 @@ pub mod metrics;
 pub mod metrics_tls;
 pub mod net;
 pub use lb_core::plan;
-pub mod render;
+pub use lb_core::render;
 pub mod static_vip;
 pub mod status;
 pub mod sync;

@@ -6,8 +6,10 @@
 //! - [`hold`]: beside it, what a master does with its VIPs: wait for the data plane to forward,
 //!   hold them, announce them in bursts, give them back.
 //! - [`track`]: tracked checks' weights and FAULT, keepalived's rules.
+//! - [`vrids`]: the VRIDs OpenShift derives from a cluster name.
 
 pub mod codec;
 pub mod hold;
 pub mod state;
 pub mod track;
+pub mod vrids;

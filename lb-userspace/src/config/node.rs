@@ -181,4 +181,61 @@ mod tests {
                 .contains("several")
         );
     }
+
+    /// A cluster of two control-plane nodes and two workers (`lbctl render`'s input).
+    const SPLIT: &str = r#"
+name = "ostest"
+interface = "br-ex"
+api_vip = "192.168.111.5"
+ingress_vip = "192.168.111.4"
+[[nodes]]
+name = "master-0"
+address = "192.168.111.20"
+roles = ["control-plane"]
+[[nodes]]
+name = "master-1"
+address = "192.168.111.21"
+roles = ["control-plane"]
+[[nodes]]
+name = "worker-0"
+address = "192.168.111.30"
+roles = ["worker"]
+[[nodes]]
+name = "worker-1"
+address = "192.168.111.31"
+roles = ["worker"]
+"#;
+
+    #[test]
+    fn a_directory_of_rendered_configs_resolves_to_this_hosts() {
+        // 127.0.0.1 is local on every host; 192.0.2.x (TEST-NET-1) is not assigned here.
+        let text = SPLIT
+            .replace("192.168.111.20", "127.0.0.1")
+            .replace("192.168.111.", "192.0.2.")
+            // A loopback address is no sync peer.
+            + "\n[sync]\nenabled = false\n";
+        let out = crate::render::ClusterSpec::parse(&text)
+            .unwrap()
+            .render()
+            .unwrap();
+        let dir = std::env::temp_dir().join(format!("lb-render-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        for r in &out {
+            std::fs::write(
+                dir.join(format!("{}.toml", r.node)),
+                crate::render::to_toml("t", r),
+            )
+            .unwrap();
+        }
+        let got = node_config_path(&dir);
+        let none = {
+            std::fs::remove_file(dir.join("master-0.toml")).unwrap();
+            node_config_path(&dir).unwrap_err().to_string()
+        };
+        let _ = std::fs::remove_dir_all(&dir);
+        assert_eq!(got.unwrap(), dir.join("master-0.toml"));
+        assert!(none.contains("none of the 3 configs"), "{none}");
+        let file = std::path::Path::new("/etc/lb/lbd.toml");
+        assert_eq!(node_config_path(file).unwrap(), file);
+    }
 }

@@ -31,7 +31,7 @@ pub mod realtime;
 pub mod split_brain;
 pub use lb_core::vrrp::state;
 pub use lb_core::vrrp::track;
-pub mod vrids;
+pub use lb_core::vrrp::vrids;
 
 pub use config::InstanceConfig;
 pub use instance::{Instance, InstanceStatus};
