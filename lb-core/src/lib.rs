@@ -4,13 +4,19 @@
 //! `lb-userspace` is the shell that reads the world, feeds these machines and carries out what
 //! they return.
 //!
+//! - [`config`]: the TOML config, every section of it and their validation; which of a
+//!   directory of rendered configs is this node's ([`config::rendered`]).
 //! - [`config_error`]: one error type for every config, and validation that reports every
 //!   problem ([`config_error::Validate`]).
+//! - [`net`]: facts about the host's network as values (listed addresses, which ones lbd adds,
+//!   the path to a routed backend).
+//! - [`plan`]: from config and facts to what the data plane should hold ([`desired`]).
+//! - [`render`]: every node's config from one cluster description (`lbctl render`).
 //! - [`backends`]: backends' health facts and the decisions that change them: a check's
 //!   result, a dead master's backends (fate sharing), the failed-backend hold.
 //! - [`maglev`]: the weighted Maglev table builder.
 //! - [`sync`]: the connection sync's datagram format and replay window.
-//! - [`vrrp`]: the VRRP codec and the RFC state machine.
+//! - [`vrrp`]: the VRRP codec, the RFC state machine, tracked checks' weights, OpenShift's VRIDs.
 //! - [`handover`]: the grace after a VIP leaves this node, and an adopted master's hold.
 //! - [`vrrp::hold`]: what a VRRP master does with its VIPs (wait for forwarding, hold,
 //!   announce), beside the RFC machine.

@@ -14,6 +14,7 @@ pub mod bgp;
 pub mod health;
 pub mod members;
 pub mod metrics_tls;
+pub mod rendered;
 pub mod sync;
 pub mod vrrp;
 

@@ -1,6 +1,6 @@
 //! Active-active VIPs over BGP ECMP, through FRR (lbd never speaks BGP itself).
 //!
-//! - [`config`]: the `[[bgp]]` section and its validation (pure).
+//! - [`config`]: the `[[bgp]]` section and its validation (pure; `lb_core::config::bgp`).
 //! - [`decide`]: which VIP host routes this node announces and why the others are withdrawn
 //!   (pure).
 //! - [`frr`]: FRR's configuration for the section (pure rendering) and the vtysh driver.

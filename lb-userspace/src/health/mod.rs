@@ -1,6 +1,7 @@
 //! Health checks: is each backend (and each locally tracked service) fit for new flows?
 //!
-//! - [`config`]: the `health` table of a service, its defaults (and why) and validation (pure).
+//! - [`config`]: the `health` table of a service, its defaults (and why) and validation (pure;
+//!   `lb_core::config::health`).
 //! - [`probe`]: one HTTPS/HTTP/TCP probe under one hard timeout (I/O).
 //! - [`tracker`]: rise/fall over probe results; the initial-state policy (pure).
 //! - [`monitor`]: one tokio task per target, events on every change, status for the API.
