@@ -44,9 +44,10 @@ pub struct ListedAddr {
     pub nodad: bool,
 }
 
-/// Whether `a`, listed on `ifname`, is an address lbd adds (see [`add_vip`]) and so may ever
-/// remove: IPv4 only as a /32 with our [`vip_label`] (when the interface name leaves no room
-/// for the label, a /32), IPv6 only as a /128 without duplicate address detection. Pure.
+/// Whether `a`, listed on `ifname`, is an address lbd adds (lb-userspace's `net::addr::add_vip`)
+/// and so may ever remove: IPv4 only as a /32 with our [`vip_label`] (when the interface name
+/// leaves no room for the label, a /32), IPv6 only as a /128 without duplicate address
+/// detection. Pure.
 ///
 /// A node's own address (its prefix, and with it the connected route) never matches, even when
 /// a VIP was configured equal to it by mistake: lbd never takes a node off its network.
