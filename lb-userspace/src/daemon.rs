@@ -45,7 +45,7 @@ mod vrrp;
 pub use rollback::teardown;
 
 use crate::{
-    config::Config,
+    config::{Config, ConfigFile},
     dataplane::LoadOptions,
     health::{CheckKind, Health, Target},
     plan::HealthFact,

@@ -1,6 +1,6 @@
 //! Active-active VIPs over BGP ECMP, through FRR (lbd never speaks BGP itself).
 //!
-//! - [`config`]: the `[[bgp]]` section and its validation (pure).
+//! - [`config`]: the `[[bgp]]` section and its validation (pure; `lb_core::config::bgp`).
 //! - [`decide`]: which VIP host routes this node announces and why the others are withdrawn
 //!   (pure).
 //! - [`frr`]: FRR's configuration for the section (pure rendering) and the vtysh driver.
@@ -9,7 +9,7 @@
 //! [`Announcer`] is the one owner of those side effects: the daemon hands it the config and the
 //! plan's backend rows, it converges the kernel routes (and FRR's config on start and reload).
 
-pub mod config;
+pub use lb_core::config::bgp as config;
 pub mod decide;
 pub mod frr;
 pub mod routes;
@@ -24,13 +24,7 @@ pub use decide::{NodeState, PrefixDecision};
 
 use crate::plan::BackendPlan;
 
-/// A VIP with `announce = "bgp"`, as the config names it (`Config::bgp_vips`): this module
-/// takes what it needs of the config as arguments, so the config depends on it and not back.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct BgpVip {
-    pub name: String,
-    pub address: IpAddr,
-}
+pub use lb_core::config::bgp::BgpVip;
 
 /// The BGP VIP addresses, each once, in config order.
 pub fn bgp_addresses(vips: &[BgpVip]) -> Vec<IpAddr> {

@@ -2,6 +2,7 @@
 use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
+use lb_userspace::config::ConfigFile;
 
 #[derive(Parser)]
 #[command(

@@ -16,7 +16,8 @@ use tokio::sync::oneshot;
 use super::{health_targets, initial_health, owner::Owner, vrrp::VrrpHandle};
 use crate::{
     api::Response,
-    config::{Config, Validate},
+    config::{Config, ConfigFile, Validate},
+    net,
     vrrp::InstanceConfig,
 };
 

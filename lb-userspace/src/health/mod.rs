@@ -1,6 +1,7 @@
 //! Health checks: is each backend (and each locally tracked service) fit for new flows?
 //!
-//! - [`config`]: the `health` table of a service, its defaults (and why) and validation (pure).
+//! - [`config`]: the `health` table of a service, its defaults (and why) and validation (pure;
+//!   `lb_core::config::health`).
 //! - [`probe`]: one HTTPS/HTTP/TCP probe under one hard timeout (I/O).
 //! - [`tracker`]: rise/fall over probe results; the initial-state policy (pure).
 //! - [`monitor`]: one tokio task per target, events on every change, status for the API.
@@ -9,7 +10,7 @@
 //! [`Target`] for `127.0.0.1:6443` with `HealthConfig::https("/readyz")` tracks the local
 //! kube-apiserver, one for `127.0.0.1:1936` with `HealthConfig::http("/healthz")` the router.
 
-pub mod config;
+pub use lb_core::config::health as config;
 pub mod monitor;
 pub mod probe;
 pub mod tracker;

@@ -13,9 +13,9 @@
 //! floor peer has answered (or `join_wait_ms`): by then they send it their adverts, so it
 //! never elects itself beside a master that does not know it.
 //!
-//! Pure parts only: the section (`config`), the signed datagram (`wire`) and who is a member
+//! Pure parts only: the section (`config`, `lb_core::config::members`), the signed datagram (`wire`) and who is a member
 //! now (`roster`). The task that sends and receives is `daemon/members.rs`.
 
-pub mod config;
+pub use lb_core::config::members as config;
 pub mod roster;
 pub mod wire;

@@ -268,16 +268,7 @@ impl Netlink {
     }
 }
 
-/// See [`Netlink::route_to`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct RoutePath {
-    pub next_hop: IpAddr,
-    pub oif: u32,
-    pub src: Option<IpAddr>,
-    /// The path's MTU: the out interface's, or the route's (its `mtu` metric, or a path MTU the
-    /// kernel learned for the destination) when smaller.
-    pub mtu: u32,
-}
+pub use lb_core::net::RoutePath;
 
 /// Make the kernel resolve `addr`'s MAC: a zero-length UDP datagram to the discard port, sent out
 /// of `interface`. The backend's reply (if any) is irrelevant; the ARP/ND exchange is the point.

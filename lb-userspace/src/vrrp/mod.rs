@@ -8,10 +8,12 @@
 //! - [`admission`]: who may vote: the receive policy every advert passes (pure).
 //! - [`limiter`]: one WARN per peer and reason per interval (pure).
 //! - [`split_brain`]: dual-master episodes, not ordinary preemptions (pure).
-//! - [`config`]: one instance's configuration and its validation (pure).
+//! - [`config`]: one instance's configuration and its validation (pure;
+//!   `lb_core::config::vrrp`).
 //! - [`group`]: instances that move together, keepalived's sync groups (pure).
-//! - [`track`]: tracked checks' weights and FAULT, keepalived's rules (pure).
-//! - [`vrids`]: the VRIDs OpenShift derives from a cluster name (pure).
+//! - [`track`]: tracked checks' weights and FAULT, keepalived's rules (pure;
+//!   `lb_core::vrrp::track`).
+//! - [`vrids`]: the VRIDs OpenShift derives from a cluster name (pure; `lb_core::vrrp::vrids`).
 //! - [`io`]: raw VRRP sockets (tokio `AsyncFd`), TTL checks, interface facts.
 //! - [`announce`]: VIP add/remove (rtnetlink), gratuitous ARP and unsolicited NA.
 //! - [`instance`]: one instance as a task on its own thread; its config, handle and status.
@@ -22,7 +24,7 @@ pub mod announce;
 pub use lb_core::vrrp::codec;
 pub use lb_core::vrrp::hold;
 pub mod collision;
-pub mod config;
+pub use lb_core::config::vrrp as config;
 pub mod group;
 pub mod instance;
 pub mod io;
@@ -30,8 +32,8 @@ pub mod limiter;
 pub mod realtime;
 pub mod split_brain;
 pub use lb_core::vrrp::state;
-pub mod track;
-pub mod vrids;
+pub use lb_core::vrrp::track;
+pub use lb_core::vrrp::vrids;
 
 pub use config::InstanceConfig;
 pub use instance::{Instance, InstanceStatus};

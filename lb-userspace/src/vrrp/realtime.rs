@@ -9,11 +9,7 @@
 
 use std::io;
 
-/// The real-time priority lbd's VRRP threads ask for unless `vrrp_rt_priority` says otherwise:
-/// above every normal thread, below the kernel's interrupt threads (50) and watchdogs (99).
-pub const DEFAULT_RT_PRIORITY: u8 = 10;
-/// The highest `SCHED_RR` priority Linux accepts.
-pub const MAX_RT_PRIORITY: u8 = 99;
+pub use lb_core::config::{DEFAULT_RT_PRIORITY, MAX_RT_PRIORITY};
 
 /// What the calling thread runs under after [`set_current_thread`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -18,7 +18,7 @@ use std::{
 
 use serde_json::Value;
 
-use lb_userspace::config::Config;
+use lb_userspace::config::{Config, ConfigFile};
 
 use crate::{
     bin_dir,

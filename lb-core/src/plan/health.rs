@@ -23,9 +23,9 @@ pub fn slow_start_step(elapsed: Duration, period: Duration) -> u32 {
     (step as u32 + 1).min(SLOW_START_STEPS)
 }
 
-pub use crate::health::config::SLOW_START_STEPS;
+pub use crate::config::health::SLOW_START_STEPS;
 
-pub use lb_core::backends::{SLOW_START_MIN_OUTAGE, slow_start_from};
+pub use crate::backends::{SLOW_START_MIN_OUTAGE, slow_start_from};
 
 /// Fail-open: when no backend of `v` passes its checks, the ones that failed softly (slow,
 /// wrong answer: not refused, not reset, not on a dead node) and together (within
@@ -40,7 +40,7 @@ pub(super) fn fail_open(
     specs: &mut [BackendSpec],
     rows: &mut [BackendPlan],
 ) {
-    if !v.health.fail_open || v.health.kind == crate::health::CheckKind::None {
+    if !v.health.fail_open || v.health.kind == crate::config::health::CheckKind::None {
         return;
     }
     let fact = |addr: IpAddr| facts.health.get(&(v.name.clone(), addr));

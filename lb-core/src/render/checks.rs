@@ -19,7 +19,7 @@
 //! - Tracked checks (VRRP priority): OpenShift's scripts' rise and fall counts, at lb's 200 ms
 //!   interval (keepalived: 1-5 s) so the election still follows a failure within a second.
 
-use crate::health::{CheckKind, HealthConfig};
+use crate::config::health::{CheckKind, HealthConfig};
 
 /// The kube-apiserver's readiness as the API VIP's backends are checked.
 pub const API_RISE: u32 = 20;

@@ -4,8 +4,8 @@ use std::net::IpAddr;
 
 use serde::{Deserialize, Serialize};
 
-use super::codec::{Auth, Version};
 use crate::config::{ConfigErrors, Validate};
+use crate::vrrp::codec::{Auth, Version};
 
 fn default_version() -> u8 {
     3
@@ -84,7 +84,7 @@ pub struct InstanceConfig {
     pub garp_master_delay_s: u64,
     /// Instances with the same group move together (keepalived's `vrrp_sync_group`): FAULT
     /// spreads to every member, they share the lowest tracked weight, and the first member in
-    /// config order leads the others (see [`super::group`]). Members need the same priority.
+    /// config order leads the others (see lb-userspace's `vrrp::group`). Members need the same priority.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub group: Option<String>,
 }
@@ -123,7 +123,7 @@ impl Validate for InstanceConfig {
             );
         }
         if let Some(i) = &self.interface
-            && (i.is_empty() || i.len() >= libc::IFNAMSIZ)
+            && (i.is_empty() || i.len() >= crate::net::IFNAMSIZ)
         {
             errors.add("interface", format!("{i:?} is not a valid interface name"));
         }

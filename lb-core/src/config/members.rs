@@ -1,5 +1,5 @@
 //! The `[members]` section (pure validation; the keys are read by
-//! [`crate::sync::config::KeyRing`], the one place cluster keys are read).
+//! lb-userspace's `sync::config::KeyRing`, the one place cluster keys are read).
 
 use std::{net::IpAddr, path::PathBuf};
 

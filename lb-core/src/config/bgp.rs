@@ -174,6 +174,14 @@ impl Validate for BgpConfig {
     }
 }
 
+/// A VIP with `announce = "bgp"`, as the config names it (`Config::bgp_vips`): lb-userspace's `bgp`
+/// takes what it needs of the config as arguments, never a `Config`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BgpVip {
+    pub name: String,
+    pub address: IpAddr,
+}
+
 #[cfg(test)]
 mod tests {
     use crate::config::Config;

@@ -64,7 +64,7 @@ impl BackendSpec {
     /// Whether `other` can be installed over this pair's slot in place: only the flags may
     /// differ (health, drain, weight); addressing is written once per slot (a change moves the
     /// pair to a new slot: `Dataplane::move_pair`).
-    pub(crate) fn same_pair(&self, other: &BackendSpec) -> bool {
+    pub fn same_pair(&self, other: &BackendSpec) -> bool {
         self.mac == other.mac
             && self.src_mac == other.src_mac
             && self.ifindex == other.ifindex

@@ -46,7 +46,7 @@ pub struct Facts {
     pub now: Option<Instant>,
 }
 
-pub use lb_core::backends::{HealthFact, flows_held};
+pub use crate::backends::{HealthFact, flows_held};
 
 pub use health::{
     FAIL_OPEN_WINDOW, SLOW_START_MIN_OUTAGE, SLOW_START_STEPS, failing_open, slow_start_from,
@@ -183,7 +183,7 @@ pub fn owned(cfg: &Config, i: usize, facts: &Facts) -> bool {
 pub fn fate_shared(cfg: &Config, dead: IpAddr) -> Vec<(String, IpAddr)> {
     cfg.vips
         .iter()
-        .filter(|v| v.health.kind != crate::health::CheckKind::None)
+        .filter(|v| v.health.kind != crate::config::health::CheckKind::None)
         .flat_map(|v| {
             v.backends
                 .iter()

@@ -38,12 +38,13 @@ use std::{collections::HashSet, net::IpAddr, path::PathBuf};
 use serde::{Deserialize, Serialize};
 
 use crate::{
+    config::health::{CheckKind, HealthConfig},
+    config::vrrp::InstanceConfig,
     config::{
         BackendConfig, Config, ConfigErrors, LoadError, TrackConfig, Validate, VipConfig, XdpMode,
         from_toml,
     },
-    health::{CheckKind, HealthConfig},
-    vrrp::{InstanceConfig, vrids::openshift_vrids},
+    vrrp::vrids::openshift_vrids,
 };
 
 /// The cluster description (`cluster.toml`).
@@ -105,7 +106,7 @@ pub struct ClusterSpec {
     #[serde(default = "default_metrics")]
     pub metrics_listen: Option<std::net::SocketAddr>,
     /// The port of lbd's HTTPS /metrics listener on every node (`[metrics_tls]`: the kubelet's
-    /// serving certificate and client CA, see [`crate::metrics_tls`]), which cluster monitoring
+    /// serving certificate and client CA, see lb-userspace's `metrics_tls`), which cluster monitoring
     /// scrapes (deploy/monitoring/service-monitor.yaml names the same port). 0: none.
     #[serde(default = "default_metrics_tls_port")]
     pub metrics_tls_port: u16,
@@ -116,7 +117,7 @@ pub struct ClusterSpec {
     pub sync: Option<ClusterSync>,
     /// The install config's platform. On `openstack` the VIPs of a role (both families of a
     /// dual-stack cluster) move together: their instances form one group (keepalived's
-    /// `vrrp_sync_group`, see [`crate::vrrp::group`]).
+    /// `vrrp_sync_group`, see lb-userspace's `vrrp::group`).
     #[serde(default)]
     pub platform: Platform,
     /// IngressController shards, each with its own VIPs, ports, router stats port and node
@@ -653,7 +654,7 @@ impl ClusterSpec {
         let interval = self.advert_interval_ms.unwrap_or(if migrating {
             1000
         } else if self.fast_failover {
-            crate::vrrp::config::FAST_ADVERT_INTERVAL_MS
+            crate::config::vrrp::FAST_ADVERT_INTERVAL_MS
         } else {
             100
         });
@@ -690,7 +691,7 @@ impl ClusterSpec {
                     .iter()
                     .filter(|p| p.name != me.name)
                     .filter_map(|p| node_address(p, v4))
-                    .map(|address| crate::vrrp::config::PeerTtl {
+                    .map(|address| crate::config::vrrp::PeerTtl {
                         address,
                         min_ttl: 255,
                         max_ttl: 255,
@@ -707,8 +708,8 @@ impl ClusterSpec {
 
     /// `me`'s `[sync]`: peers are the other nodes sharing a role that forwards a VIP with it
     /// (control-plane: the API VIPs; worker: the ingress VIPs), by their `address`.
-    fn sync_config(&self, s: &ClusterSync, me: &NodeSpec) -> crate::sync::config::SyncConfig {
-        use crate::sync::config as sc;
+    fn sync_config(&self, s: &ClusterSync, me: &NodeSpec) -> crate::config::sync::SyncConfig {
+        use crate::config::sync as sc;
         let forwards = |n: &NodeSpec| {
             (n.roles.contains(&Role::ControlPlane) && me.roles.contains(&Role::ControlPlane))
                 || (!self.ingress_vips().is_empty()
@@ -744,7 +745,7 @@ impl ClusterSpec {
     /// `me`'s `[sync]`: none when turned off, and none by default for a node nobody else
     /// forwards with (a lone control-plane node); a `[sync]` written in the description
     /// refuses such a node (`sync.peers`).
-    fn sync_of(&self, me: &NodeSpec) -> Option<crate::sync::config::SyncConfig> {
+    fn sync_of(&self, me: &NodeSpec) -> Option<crate::config::sync::SyncConfig> {
         let s = self.sync_settings();
         if !s.enabled {
             return None;
@@ -754,9 +755,9 @@ impl ClusterSpec {
     }
 
     /// Every node's `[members]`: the announcements that make joining and leaving nodes peers
-    /// without a new config (see [`crate::members`]), signed with the cluster key.
-    fn members_of(&self) -> crate::members::config::MembersConfig {
-        use crate::members::config as mc;
+    /// without a new config (see lb-userspace's `members`), signed with the cluster key.
+    fn members_of(&self) -> crate::config::members::MembersConfig {
+        use crate::config::members as mc;
         mc::MembersConfig {
             key_file: self.sync_settings().key_file,
             accept_key_files: Vec::new(),
@@ -792,7 +793,7 @@ impl ClusterSpec {
             api_socket: self.api_socket.clone(),
             metrics_listen: self.metrics_listen,
             metrics_tls: (self.metrics_tls_port != 0).then(|| {
-                crate::metrics_tls::MetricsTlsConfig {
+                crate::config::metrics_tls::MetricsTlsConfig {
                     // Every address of the node's family: Prometheus scrapes the pod's IP.
                     listen: match me.address {
                         IpAddr::V4(_) => {
@@ -805,7 +806,7 @@ impl ClusterSpec {
                     cert_file: KUBELET_SERVING_CERT.into(),
                     key_file: KUBELET_SERVING_CERT.into(),
                     client_ca_file: KUBELET_CLIENT_CA.into(),
-                    allowed_clients: vec![crate::metrics_tls::PROMETHEUS_K8S.into()],
+                    allowed_clients: vec![crate::config::metrics_tls::PROMETHEUS_K8S.into()],
                 }
             }),
             xdp_mode: self.xdp_mode_of(me),
@@ -827,7 +828,7 @@ impl ClusterSpec {
             socket_lb: true,
             sync: self.sync_of(me),
             members: Some(self.members_of()),
-            vrrp_rt_priority: crate::vrrp::realtime::DEFAULT_RT_PRIORITY,
+            vrrp_rt_priority: crate::config::DEFAULT_RT_PRIORITY,
         };
         // OpenShift's tracked script `script` of instance `instance` (named `script`, with a
         // `-<i>` suffix for the i-th VIP of a role, track names being unique): a probe of a
@@ -1736,34 +1737,6 @@ roles = ["worker"]
     }
 
     #[test]
-    fn a_directory_of_rendered_configs_resolves_to_this_hosts() {
-        // 127.0.0.1 is local on every host; 192.0.2.x (TEST-NET-1) is not assigned here.
-        let text = SPLIT
-            .replace("192.168.111.20", "127.0.0.1")
-            .replace("192.168.111.", "192.0.2.")
-            // A loopback address is no sync peer.
-            + "\n[sync]\nenabled = false\n";
-        let out = ClusterSpec::parse(&text).unwrap().render().unwrap();
-        let dir = std::env::temp_dir().join(format!("lb-render-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        for r in &out {
-            std::fs::write(dir.join(format!("{}.toml", r.node)), to_toml("t", r)).unwrap();
-        }
-        let got = crate::config::node::node_config_path(&dir);
-        let none = {
-            std::fs::remove_file(dir.join("master-0.toml")).unwrap();
-            crate::config::node::node_config_path(&dir)
-                .unwrap_err()
-                .to_string()
-        };
-        let _ = std::fs::remove_dir_all(&dir);
-        assert_eq!(got.unwrap(), dir.join("master-0.toml"));
-        assert!(none.contains("none of the 3 configs"), "{none}");
-        let file = std::path::Path::new("/etc/lb/lbd.toml");
-        assert_eq!(crate::config::node::node_config_path(file).unwrap(), file);
-    }
-
-    #[test]
     fn control_plane_nodes_are_in_the_master_pool() {
         let spec = ClusterSpec::parse(SPLIT).unwrap();
         let pools: Vec<&str> = spec.nodes.iter().map(pool).collect();
@@ -1847,7 +1820,7 @@ roles = ["worker"]
         let compact = ClusterSpec::parse(COMPACT).unwrap().render().unwrap();
         assert_eq!(
             compact[0].config.sync.as_ref().unwrap().max_entries,
-            crate::sync::config::DEFAULT_MAX_ENTRIES
+            crate::config::sync::DEFAULT_MAX_ENTRIES
         );
     }
 
@@ -1861,7 +1834,7 @@ roles = ["worker"]
         let peers = |r: &Rendered| -> Vec<String> {
             let s = r.config.sync.as_ref().expect("a [sync] section");
             assert_eq!(s.key_file, PathBuf::from("/etc/lb/sync.key"));
-            assert_eq!(s.port, crate::sync::config::DEFAULT_PORT);
+            assert_eq!(s.port, crate::config::sync::DEFAULT_PORT);
             s.peers.iter().map(|p| p.to_string()).collect()
         };
         let split = with(SPLIT);

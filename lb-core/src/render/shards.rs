@@ -20,8 +20,8 @@ use super::{
     W_INGRESS, backend, check_vip_list, checks, indexed, loopback, node_address,
 };
 use crate::{
+    config::health::CheckKind,
     config::{Config, ConfigErrors, TrackConfig, VipConfig},
-    health::CheckKind,
     vrrp::vrids::openshift_vrids,
 };
 
@@ -242,7 +242,7 @@ impl ClusterSpec {
                         weight,
                         address: Some(SocketAddr::new(loopback(vip), s.stats_port)),
                         or_lb_ready: false,
-                        health: crate::health::HealthConfig::http(path),
+                        health: crate::config::health::HealthConfig::http(path),
                     };
                     t.health.kind = CheckKind::Http;
                     (t.health.rise, t.health.fall) = checks::track_counts(script);
