@@ -17,7 +17,6 @@ use super::{health_targets, initial_health, owner::Owner, vrrp::VrrpHandle};
 use crate::{
     api::Response,
     config::{Config, ConfigFile, Validate},
-    net,
     vrrp::InstanceConfig,
 };
 
