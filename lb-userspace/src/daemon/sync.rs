@@ -834,6 +834,9 @@ impl Task {
                     Ok(_) if flags & wire::F_RETRACT != 0 => {
                         s.sent_datagrams.fetch_add(1, Relaxed);
                         s.retractions_sent.fetch_add(chunk.len() as u64, Relaxed);
+                        if let Some(p) = s.peers.lock().unwrap().get_mut(&peer) {
+                            p.sent_datagrams += 1;
+                        }
                     }
                     Ok(_) => {
                         s.sent_datagrams.fetch_add(1, Relaxed);

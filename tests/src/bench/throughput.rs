@@ -994,10 +994,28 @@ fn sync_receive(
         // The owner's scans after the change have sent (the last within an interval of the
         // sample's end); the peers then read what is queued.
         std::thread::sleep(Duration::from_millis(DEFAULT_INTERVAL_MS + 500));
-        let o = owner.stats.snapshot();
+        // A scan in progress runs to its end after the handle goes, and the peers read what is
+        // queued: the counts are read once neither changed for 2 s (longer than a scan).
+        let owner_stats = owner.stats.clone();
         drop(owner);
-        std::thread::sleep(Duration::from_millis(1000));
-        let got: Vec<_> = receivers.iter().map(|h| h.stats.snapshot()).collect();
+        let counts = || {
+            let o = owner_stats.snapshot();
+            let got: Vec<_> = receivers.iter().map(|h| h.stats.snapshot()).collect();
+            let key: Vec<u64> = std::iter::once(o.sent_datagrams)
+                .chain(got.iter().map(|r| r.received_datagrams))
+                .collect();
+            (o, got, key)
+        };
+        let (mut o, mut got, mut key) = counts();
+        let mut still = Instant::now();
+        while still.elapsed() < Duration::from_secs(2) {
+            std::thread::sleep(Duration::from_millis(250));
+            let now = counts();
+            if now.2 != key {
+                still = Instant::now();
+            }
+            (o, got, key) = now;
+        }
         let errors: Vec<u64> = peers
             .iter()
             .zip(&errors_before)
