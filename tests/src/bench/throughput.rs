@@ -20,7 +20,8 @@
 //! Then the new-flow rate with the connection sync off and on ([`new_flows_sync`]): every
 //! frame a SYN of a flow not in the table (each writes a connection-table entry), samples
 //! alternating between no sync task and lbd's sync task (`daemon::sync`) scanning the same
-//! pinned tables and sending to a peer namespace.
+//! pinned tables and sending to a peer namespace; and the sync received by two peers' tasks
+//! while the table fills ([`sync_receive`]: the peers' `Udp RcvbufErrors`).
 use std::{
     path::PathBuf,
     time::{Duration, Instant},
