@@ -293,6 +293,30 @@ fn a_close_keeps_its_backend_and_epoch_and_reads_back_its_end_and_age() {
     assert!(!c.close_held(at + (FLOW_CLOSE_HOLD as u64 - 1) * unit));
     assert!(c.close_held(at + FLOW_CLOSE_HOLD as u64 * unit));
     assert_eq!(c.open(), v);
+    // What a peer is sent (the close's end bits, the age of its time unit) rebuilds the close
+    // on another clock with its hold (never shorter, at most one unit longer).
+    assert_eq!(c.close_seq(), 0xffff_fff0 & 0x7f);
+    for (sent_at, peer_now) in [
+        (at + 2 * unit + 7, 5 * unit + 3),
+        (at + unit / 3, 1u64 << 40),
+    ] {
+        let age = c.close_age_ns(sent_at);
+        assert!(age >= sent_at - at && age < sent_at - at + unit, "{age}");
+        let p = v.closed_aged(c.close_seq(), age, peer_now);
+        assert!(p.client_closed() && p.close_matches(0xffff_fff0));
+        assert_eq!((p.backend(), p.epoch), (MAX_BACKENDS - 1, 77));
+        let start = peer_now - age; // the close's unit started here on the peer's clock
+        let held = (age..8 * unit)
+            .step_by(unit as usize / 64)
+            .find(|d| p.close_held(start + d))
+            .unwrap();
+        assert!(!p.close_held(peer_now));
+        assert!(held >= FLOW_CLOSE_HOLD as u64 * unit, "{held}");
+        assert!(held <= (FLOW_CLOSE_HOLD as u64 + 1) * unit, "{held}");
+    }
+    // A close far older than the hold stays held.
+    let old = v.closed_aged(3, 60 << 30, 1u64 << 40);
+    assert!(old.close_held(1u64 << 40));
     // A close again at another end replaces the first one's bits.
     let again = c.closed_at(3, at + unit);
     assert!(again.close_matches(3) && !again.close_matches(0xffff_fff0));

@@ -219,6 +219,33 @@ impl FlowValue {
         let stored = self.backend_id >> FLOW_CLOSE_SEQ_SHIFT;
         stored.wrapping_sub(seq) & FLOW_CLOSE_SEQ_MASK <= 1
     }
+    /// A closed entry: the low `FLOW_CLOSE_SEQ_BITS` bits of the close's end.
+    #[inline(always)]
+    pub const fn close_seq(&self) -> u32 {
+        (self.backend_id >> FLOW_CLOSE_SEQ_SHIFT) & FLOW_CLOSE_SEQ_MASK
+    }
+    /// A closed entry: the time at `now_ns` since the start of the coarse time unit its close
+    /// fell in (an upper bound of the close's age, modulo the time bits' wrap every 2,199 s).
+    /// What the connection sync sends so a peer's copy keeps the close's hold.
+    #[inline(always)]
+    pub const fn close_age_ns(&self, now_ns: u64) -> u64 {
+        let now = (now_ns >> FLOW_CLOSE_TIME_UNIT) as u32;
+        let at = self.backend_id >> FLOW_CLOSE_TIME_SHIFT;
+        let units = now.wrapping_sub(at) & FLOW_CLOSE_TIME_MASK;
+        ((units as u64) << FLOW_CLOSE_TIME_UNIT) | (now_ns & ((1 << FLOW_CLOSE_TIME_UNIT) - 1))
+    }
+    /// The same entry, closed at end `seq_end` by a close whose time unit started `age_ns`
+    /// before `now_ns` (a peer's [`FlowValue::close_age_ns`]): its time is the first unit
+    /// starting at or after that instant, so the hold here is never shorter than the data
+    /// plane's own (at least `FLOW_CLOSE_HOLD - 1` units after the close; at most one unit
+    /// longer than the sender's).
+    #[inline(always)]
+    pub const fn closed_aged(self, seq_end: u32, age_ns: u64, now_ns: u64) -> FlowValue {
+        let start = now_ns.wrapping_sub(age_ns);
+        let unit = 1u64 << FLOW_CLOSE_TIME_UNIT;
+        let at = start.wrapping_add(unit - 1) & !(unit - 1);
+        self.closed_at(seq_end, at)
+    }
     /// A closed entry: is the close at least `FLOW_CLOSE_HOLD` time units old at `now_ns`?
     #[inline(always)]
     pub const fn close_held(&self, now_ns: u64) -> bool {

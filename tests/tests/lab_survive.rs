@@ -830,6 +830,129 @@ fn reused_5_tuple(lose_retractions: bool) {
     );
 }
 
+/// Connections the client closed travel closed: the first connections on a 5-tuple are
+/// exceptions (their slot's backend k drained) on the other backends, synced, and closed by
+/// the client (its FIN at the owner). Then k takes new flows again and another backend, a,
+/// is drained; the VIP moves once the closes are older than the close rule's hold. A client
+/// reusing those 5-tuples at the new owner is placed afresh, as the old owner would have
+/// placed it: never on the drained a. With the peers' copies open (as lbd installed them
+/// before the close travelled), the reused 5-tuples followed them to a.
+#[test]
+fn a_5_tuple_reused_after_its_close_is_placed_afresh_after_a_vip_move() {
+    const N: u64 = 60;
+    const FIRST: &str = "42000";
+    let mut l = lab(true, false, 500);
+    let all = [0usize, 1, 2];
+    let (m, k, kaddr) = serving(&l);
+    let a = (m + 2) % 3;
+    let aaddr = l.addr(&l.nodes[a].clone());
+    let client = l.lab.node("client").netns.clone();
+    l.lab.sysctl(&client, "net.ipv4.tcp_tw_reuse", "1");
+    let set = |l: &VrrpLab, verb: &str, addr: &str| {
+        for i in all {
+            l.lbctl(i, &["backends", verb, "api", addr])
+                .unwrap_or_else(|| panic!("lbctl backends {verb}"));
+        }
+    };
+    set(&l, "drain", &kaddr);
+    wait_backend(&l, &all, &kaddr, false);
+    let conns = |l: &mut VrrpLab, name: &str| {
+        l.lab.spawn(
+            "client",
+            name,
+            LABNODE,
+            &[
+                "hold-ids",
+                l.vip,
+                PORT,
+                &N.to_string(),
+                "1",
+                "200",
+                "3",
+                FIRST,
+            ],
+        );
+        assert!(l.lab.wait(name, Duration::from_secs(30)).is_some());
+        last_json(&l.lab.log(name))
+    };
+    // First connections, closed by the client when done: none on k.
+    let first = conns(&mut l, "first");
+    assert_eq!(
+        sum_counts(&first["survived_by_id"]),
+        N,
+        "first connections: {first}"
+    );
+    let peers: Vec<usize> = all.iter().copied().filter(|i| *i != m).collect();
+    // The peers' copies of the exceptions on a.
+    let closed_on_a = |l: &VrrpLab| -> (u64, u64) {
+        let mut n = (0, 0);
+        for i in &peers {
+            let f = l
+                .lbctl(*i, &["flows", l.vip, "--limit", "10000"])
+                .unwrap_or_default();
+            for r in f["flows"].as_array().into_iter().flatten() {
+                if r["backend"].as_str() == Some(aaddr.as_str()) {
+                    if r["client_closed"].as_bool() == Some(true) {
+                        n.0 += 1;
+                    } else {
+                        n.1 += 1;
+                    }
+                }
+            }
+        }
+        n
+    };
+    assert!(
+        lb_tests::lab::wait_for(Duration::from_secs(10), || {
+            let (closed, open) = closed_on_a(&l);
+            (closed + open > 0).then_some(())
+        })
+        .is_some(),
+        "the peers never installed an exception on n{}\n{}",
+        a + 1,
+        l.logs()
+    );
+    set(&l, "undrain", &kaddr);
+    set(&l, "drain", &aaddr);
+    wait_backend(&l, &all, &kaddr, true);
+    wait_backend(&l, &all, &aaddr, false);
+    // The closes are older than the hold everywhere (a copy's hold is at most one coarse unit
+    // longer than the owner's).
+    std::thread::sleep(Duration::from_nanos(
+        u64::from(lb_common::FLOW_CLOSE_HOLD + 1) << lb_common::FLOW_CLOSE_TIME_UNIT,
+    ));
+    let before_move = closed_on_a(&l);
+    l.signal(m, libc::SIGTERM);
+    let new_master = l
+        .wait_one_master(&peers, Duration::from_secs(20))
+        .unwrap_or_else(|| panic!("no new master\n{}", l.logs()));
+    std::thread::sleep(Duration::from_secs(1));
+    let second = conns(&mut l, "second");
+    let on = |r: &Value, n: usize| {
+        r["survived_by_id"][&l.nodes[n]].as_u64().unwrap_or(0)
+            + r["failed_by_id"][&l.nodes[n]].as_u64().unwrap_or(0)
+    };
+    let detail = format!(
+        "owner n{} -> n{}, k n{} (drained, then not), a n{} (drained after); first {first}; second {second}; the peers' entries on a before the move (closed, open) {before_move:?}; new owner's sync {}",
+        m + 1,
+        new_master + 1,
+        k + 1,
+        a + 1,
+        sync_stats(&l, new_master)
+    );
+    println!("{detail}");
+    assert_eq!(
+        on(&second, a),
+        0,
+        "reused 5-tuples went to the drained backend: {detail}"
+    );
+    assert_eq!(sum_counts(&second["survived_by_id"]), N, "{detail}");
+    assert_eq!(
+        before_move.1, 0,
+        "the peers held open copies of closed connections: {detail}"
+    );
+}
+
 /// Send `n` UDP datagrams of `len` bytes (an authentic-looking header, a tag of garbage) from
 /// `node` to `to`'s sync port.
 fn send_forged(l: &VrrpLab, node: &str, to: &str, n: usize, len: usize) {

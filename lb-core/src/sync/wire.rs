@@ -7,7 +7,8 @@
 //! | LBS1 | ver 2 | flags | count | run (u64) | echo (u64) | epoch u32 | 0 x4 | seq (u64) | records | tag (32) |
 //! version 1 (read, and sent to a peer heard speaking it: a rolling upgrade):
 //! | LBS1 | ver 1 | flags | count | seq (u64) | records | tag (32) |
-//! record: src 16 | dst 16 | sport 2 | dport 2 | proto 1 | family 1 | backend 16 | bfamily 1 | 0 x5
+//! record: src 16 | dst 16 | sport 2 | dport 2 | proto 1 | family 1 | backend 16 | bfamily 1 |
+//!         rflags 1 | close seq 1 | close age (ms, u24) 3
 //! ```
 //!
 //! All big-endian. `run` is the sender's identity for this run of lbd (random at its start),
@@ -19,6 +20,11 @@
 //! Flags: [`F_HELLO`] (the sender started lately and has nothing of its peers: send it
 //! everything), [`F_RETRACT`] (the records are retractions). A receiver of another version
 //! refuses a datagram with a flag it does not know.
+//!
+//! Record flags: [`R_CLOSED`] (the client closed the connection: the close's end bits and the
+//! age of its time unit follow, see [`Close`]). These five bytes were zero before, and a
+//! receiver of an earlier lbd ignores them: it installs the entry open, as it always did.
+//! Other record flag bits are ignored.
 //!
 //! The tag itself is the caller's [`Mac`] (lbd's is HMAC-SHA256 with ring, which compares tags
 //! in constant time): this crate links no crypto, and the format is tested with any MAC.
@@ -53,11 +59,29 @@ pub const F_HELLO: u8 = 1;
 /// connection); a receiver drops its entry for the flow if it still names that backend.
 pub const F_RETRACT: u8 = 2;
 
-/// One connection: its 5-tuple (as the connection table keys it) and its backend's address.
+/// The record's connection was closed by its client (`FLOW_F_CLIENT_CLOSED`): [`Close`] holds
+/// what the receiver's close rule needs.
+pub const R_CLOSED: u8 = 1;
+/// The largest close age a record carries (ms, 24 bits: past the data plane's 2,199 s wrap).
+pub const MAX_CLOSE_AGE_MS: u32 = (1 << 24) - 1;
+
+/// A closed connection's close, as its entry holds it: the low 7 bits of the closing segment's
+/// end (`FlowValue::close_seq`), and the time since the start of the coarse time unit the close
+/// fell in, in ms (`FlowValue::close_age_ns`), so the receiver keeps the hold rather than
+/// restarting it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Close {
+    pub seq: u8,
+    pub age_ms: u32,
+}
+
+/// One connection: its 5-tuple (as the connection table keys it), its backend's address and,
+/// if its client closed it, the close.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Record {
     pub key: FlowKey,
     pub backend: IpAddr,
+    pub close: Option<Close>,
 }
 
 #[derive(Debug, PartialEq, Eq)]
@@ -147,7 +171,14 @@ pub fn seal(
         let (b, f) = addr_bytes(r.backend);
         out.extend_from_slice(&b);
         out.push(f);
-        out.extend_from_slice(&[0; 5]);
+        match r.close {
+            Some(c) => {
+                out.push(R_CLOSED);
+                out.push(c.seq & 0x7f);
+                out.extend_from_slice(&c.age_ms.min(MAX_CLOSE_AGE_MS).to_be_bytes()[1..]);
+            }
+            None => out.extend_from_slice(&[0; 5]),
+        }
     }
     let tag = key.tag(&out);
     out.extend_from_slice(&tag);
@@ -211,6 +242,10 @@ pub fn open(key: &impl Mac, buf: &[u8]) -> Result<Opened, WireError> {
                 _pad: [0; 2],
             },
             backend,
+            close: (r[55] & R_CLOSED != 0).then(|| Close {
+                seq: r[56] & 0x7f,
+                age_ms: u32::from_be_bytes([0, r[57], r[58], r[59]]),
+            }),
         });
     }
     Ok(Opened {
@@ -275,6 +310,10 @@ mod tests {
             } else {
                 "10.0.0.11".parse().unwrap()
             },
+            close: (i % 3 == 1).then_some(Close {
+                seq: i * 5 % 128,
+                age_ms: u32::from(i) * 1_000_003 % (MAX_CLOSE_AGE_MS + 1),
+            }),
         }
     }
 
@@ -322,6 +361,34 @@ mod tests {
             open(&k, &seal(&k, zero, 1, 0, &[])),
             Err(WireError::Version)
         );
+    }
+
+    /// A closed record's close reads back (its age capped); the same bytes zero (as an earlier
+    /// lbd sends them) read as an open record.
+    #[test]
+    fn a_close_travels_in_the_records_last_bytes() {
+        let k = key(&[7; 32]);
+        let mut r = rec(1, false);
+        r.close = Some(Close {
+            seq: 0x7f,
+            age_ms: MAX_CLOSE_AGE_MS + 5,
+        });
+        let d = seal(&k, S, 1, 0, &[r]);
+        let got = open(&k, &d).unwrap().records[0];
+        assert_eq!(
+            got.close,
+            Some(Close {
+                seq: 0x7f,
+                age_ms: MAX_CLOSE_AGE_MS
+            })
+        );
+        assert_eq!(got.key, r.key);
+        let at = HEADER + RECORD - 5;
+        assert_eq!(&d[at..at + 5], &[R_CLOSED, 0x7f, 0xff, 0xff, 0xff]);
+        r.close = None;
+        let d = seal(&k, S, 1, 0, &[r]);
+        assert_eq!(&d[at..at + 5], &[0; 5]);
+        assert_eq!(open(&k, &d).unwrap().records, vec![r]);
     }
 
     #[test]

@@ -30,8 +30,8 @@ use crate::{
         config::{KeyRing, SyncConfig},
         replay::{Counter, Gate, Pass, Refusal, Window},
         status::{NotExceptionsRow, RefusedRow, SyncPeerRow, SyncRow},
-        view::{Changes, Index, Refused, Skip, View},
-        wire::{self, Record, WireError},
+        view::{Changes, Index, Refused, Skip, View, close_of, shared_state, with_close},
+        wire::{self, Close, Record, WireError},
     },
 };
 
@@ -55,6 +55,18 @@ fn unix_us() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_micros() as u64)
+}
+
+/// The data plane's coarse clock (`bpf_ktime_get_coarse_ns`): a close's time in an entry is
+/// on it.
+fn coarse_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: the kernel writes one timespec.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
 /// This run's identity in the datagrams' headers (`wire::Sender::run`): random, never 0.
@@ -472,8 +484,9 @@ struct Task {
     peer_runs: HashMap<IpAddr, u64>,
     /// Peers last heard speaking version 1: sent version 1 until they speak version 2.
     v1_peers: std::collections::HashSet<IpAddr>,
-    /// What the last scan found (and sent): a later scan sends only what changed.
-    sent: Arc<HashMap<FlowKey, IpAddr>>,
+    /// What the last scan found (and sent), with each closed entry's close: a later scan
+    /// sends only what changed.
+    sent: Arc<HashMap<FlowKey, (IpAddr, Option<Close>)>>,
     periodic: u64,
     /// A peer said it just started (`F_HELLO`): the next scan sends everything.
     full_due: bool,
@@ -619,13 +632,14 @@ impl Task {
         let t = Instant::now();
         let was_sent = self.sent.clone();
         let found = tokio::task::spawn_blocking(move || {
+            let now = coarse_ns();
             let ix = Index::new(&view);
             let pins = pins.lock().unwrap();
             let mut scanned = [0u64; 4];
             let mut on_slot_now = HashSet::new();
             // Entries on their slot shared because the table may differ from a peer's
             // (`share_all`): kept apart, and sent only in the room the exceptions leave.
-            let mut shared: HashMap<FlowKey, IpAddr> = HashMap::new();
+            let mut shared: HashMap<FlowKey, (IpAddr, Option<Close>)> = HashMap::new();
             pins.scan(limit, |k, v| {
                 let r = ix.classify(k, v);
                 let on_slot = match r {
@@ -645,7 +659,7 @@ impl Task {
                 // peers' entry does no harm.)
                 if on_slot
                     && let Some(sent) = was_sent.get(k)
-                    && ix.backend_addr(v) != Some(*sent)
+                    && ix.backend_addr(v) != Some(sent.0)
                 {
                     on_slot_now.insert(*k);
                 }
@@ -654,7 +668,7 @@ impl Task {
                 {
                     // The flow cache is walked first: its entry decides.
                     if shared.len() < limit {
-                        shared.entry(*k).or_insert(b);
+                        shared.entry(*k).or_insert((b, close_of(v, now)));
                     }
                     return false;
                 }
@@ -664,8 +678,8 @@ impl Task {
                 let complete = entries.len() < limit;
                 let mut found = entries
                     .into_iter()
-                    .filter_map(|(k, v)| ix.exception(&k, &v).map(|b| (k, b)))
-                    .collect::<HashMap<FlowKey, IpAddr>>();
+                    .filter_map(|(k, v)| ix.exception(&k, &v).map(|b| (k, (b, close_of(&v, now)))))
+                    .collect::<HashMap<FlowKey, (IpAddr, Option<Close>)>>();
                 // Only from a complete scan: one cut short at `limit` may not have seen the
                 // exception that still stands in the other table. A moved flow shared on its
                 // slot is retracted too (a peer that forwards the service keeps what it holds).
@@ -712,10 +726,14 @@ impl Task {
         s.exceptions.store(found.len() as u64, Relaxed);
         let send: Vec<Record> = found
             .iter()
-            .filter(|(k, b)| full || self.sent.get(k) != Some(b))
-            .map(|(k, b)| Record {
+            .filter(|(k, (b, c))| {
+                full || self.sent.get(k).map(|(b, c)| shared_state(*b, *c))
+                    != Some(shared_state(*b, *c))
+            })
+            .map(|(k, (b, c))| Record {
                 key: *k,
                 backend: *b,
+                close: *c,
             })
             .collect();
         // Connections this node sent as exceptions that now sit on their slot: the client
@@ -724,9 +742,10 @@ impl Task {
         let mut retract: Vec<Record> = moved
             .iter()
             .filter_map(|k| {
-                self.sent.get(k).map(|b| Record {
+                self.sent.get(k).map(|(b, _)| Record {
                     key: *k,
                     backend: *b,
+                    close: None,
                 })
             })
             .collect();
@@ -740,6 +759,7 @@ impl Task {
                     retract.push(Record {
                         key: *k,
                         backend: *b,
+                        close: None,
                     });
                 }
                 *left = left.saturating_sub(1);
@@ -814,6 +834,9 @@ impl Task {
                     Ok(_) if flags & wire::F_RETRACT != 0 => {
                         s.sent_datagrams.fetch_add(1, Relaxed);
                         s.retractions_sent.fetch_add(chunk.len() as u64, Relaxed);
+                        if let Some(p) = s.peers.lock().unwrap().get_mut(&peer) {
+                            p.sent_datagrams += 1;
+                        }
                     }
                     Ok(_) => {
                         s.sent_datagrams.fetch_add(1, Relaxed);
@@ -925,6 +948,7 @@ impl Task {
         {
             let ix = Index::new(&view);
             let mut pins = pins.lock().unwrap();
+            let coarse = coarse_ns();
             for r in &records {
                 if retraction {
                     // The entry goes only if it names the backend retracted (this node's own
@@ -946,7 +970,7 @@ impl Task {
                 // Where this node forwards the service its own entry stands; elsewhere the
                 // sender's is the current one and corrects what is held.
                 let forwarded = ix.forwarded(&r.key);
-                match ix.resolve(r) {
+                match ix.resolve(r).map(|v| with_close(v, r.close, coarse)) {
                     Ok(v) => match if forwarded {
                         pins.insert_absent(&r.key, v)
                     } else {

@@ -285,10 +285,17 @@ impl ConntrackPins {
     /// A peer's record for a flow of a service this node does not forward: the peer forwards
     /// it and its entry is the current one, so an entry held here naming another pair (a
     /// lost retraction, a backend change between two of the peer's scans, an entry from when
-    /// this node forwarded) is replaced, in the LRU hash, and taken out of the flow cache.
-    /// `Ok(true)`: written (new or replaced); `Ok(false)`: it held that pair already.
+    /// this node forwarded), or open where the peer's is closed or the reverse, or closed at
+    /// another end, is replaced, in the LRU hash, and taken out of the flow cache. A close
+    /// held with the same end keeps its time (a full send repeats the close with its age).
+    /// `Ok(true)`: written (new or replaced); `Ok(false)`: it held that pair so already.
     pub fn correct(&mut self, key: &FlowKey, value: FlowValue) -> Result<bool> {
-        let same = |v: &FlowValue| v.backend() == value.backend() && v.epoch == value.epoch;
+        let same = |v: &FlowValue| {
+            v.backend() == value.backend()
+                && v.epoch == value.epoch
+                && v.client_closed() == value.client_closed()
+                && (!v.client_closed() || v.close_seq() == value.close_seq())
+        };
         let cached = self.cache.get(key)?;
         if let Some(c) = cached
             && !same(&c)

@@ -11,7 +11,7 @@ use std::{
 
 use lb_common::{ALL_PORTS, FlowKey, FlowValue, VipKey, flow_hash};
 
-use super::wire::Record;
+use super::wire::{Close, MAX_CLOSE_AGE_MS, Record};
 
 /// One (service, backend) pair as installed.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -160,8 +160,8 @@ impl<'a> Index<'a> {
 
     /// As [`Index::exception`], saying why an entry is not one.
     pub fn classify(&self, key: &FlowKey, value: &FlowValue) -> Result<IpAddr, Skip> {
-        // A closed entry is shared as an open one: its last segments are harmless anywhere, and
-        // a live connection whose entry a forged FIN marked keeps its protection.
+        // A closed entry is shared too, with its close (`close_of`): after a move the next
+        // node applies the same close rule to a SYN on the 5-tuple.
         let (s, p) = *self.by_id.get(&value.backend()).ok_or(Skip::Stale)?;
         let svc = &self.view.services[s];
         let pair = &svc.pairs[p];
@@ -213,6 +213,30 @@ impl<'a> Index<'a> {
             epoch: pair.epoch,
         })
     }
+}
+
+/// The close a record carries for `value` (`None`: the client has not closed it), at `now_ns`
+/// on the data plane's coarse clock (`CLOCK_MONOTONIC_COARSE`).
+pub fn close_of(value: &FlowValue, now_ns: u64) -> Option<Close> {
+    value.client_closed().then(|| Close {
+        seq: value.close_seq() as u8,
+        age_ms: (value.close_age_ns(now_ns) / 1_000_000).min(u64::from(MAX_CLOSE_AGE_MS)) as u32,
+    })
+}
+
+/// `value` (open) as a record's close leaves it, at `now_ns` on this node's coarse clock: the
+/// close's time set back by its age, so the hold runs on from where the sender's stood.
+pub fn with_close(value: FlowValue, close: Option<Close>, now_ns: u64) -> FlowValue {
+    match close {
+        Some(c) => value.closed_aged(u32::from(c.seq), u64::from(c.age_ms) * 1_000_000, now_ns),
+        None => value,
+    }
+}
+
+/// What a peer holds of a shared entry, the close's age aside (it changes with every scan):
+/// a change of it is sent again.
+pub fn shared_state(backend: IpAddr, close: Option<Close>) -> (IpAddr, Option<u8>) {
+    (backend, close.map(|c| c.seq))
 }
 
 #[cfg(test)]
@@ -417,6 +441,63 @@ mod tests {
         }
     }
 
+    /// A closed entry is shared with its close, and a peer's copy is closed with the same end
+    /// bits and a hold that runs on from the sender's (the data plane's rule then applies).
+    #[test]
+    fn a_closed_entry_travels_closed_and_keeps_its_hold() {
+        let unit = 1u64 << lb_common::FLOW_CLOSE_TIME_UNIT;
+        let v = view(true);
+        let ix = Index::new(&v);
+        let k = (0..200).map(flow).find(|k| slot_pair(&v, k) != 1).unwrap();
+        let open = FlowValue {
+            backend_id: 1,
+            epoch: 101,
+        };
+        let closed_at = 100 * unit + 5;
+        let closed = open.closed_at(0x1234_5678, closed_at);
+        // Still an exception (its pair is good): shared, with its close.
+        assert!(ix.exception(&k, &closed).is_some());
+        assert_eq!(close_of(&open, closed_at), None);
+        let sent_at = closed_at + 2 * unit;
+        let c = close_of(&closed, sent_at).unwrap();
+        assert_eq!(u32::from(c.seq), 0x78 & 0x7f);
+        assert_eq!(u64::from(c.age_ms), (2 * unit + 5) / 1_000_000);
+        // The age does not change what a peer holds; the close does.
+        assert_eq!(
+            shared_state("10.0.0.11".parse().unwrap(), Some(c)),
+            shared_state(
+                "10.0.0.11".parse().unwrap(),
+                close_of(&closed, sent_at + unit)
+            )
+        );
+        assert_ne!(
+            shared_state("10.0.0.11".parse().unwrap(), Some(c)),
+            shared_state("10.0.0.11".parse().unwrap(), None)
+        );
+        // The peer (another clock) installs it closed, not yet held; held within a unit of
+        // where the sender's would be.
+        let peer = view(false);
+        let pix = Index::new(&peer);
+        let r = Record {
+            key: k,
+            backend: "10.0.0.11".parse().unwrap(),
+            close: Some(c),
+        };
+        let peer_now = 7_000 * unit + 12_345;
+        let got = with_close(pix.resolve(&r).unwrap(), r.close, peer_now);
+        assert!(got.client_closed() && got.close_matches(0x1234_5678));
+        assert_eq!((got.backend(), got.epoch), (1, 101));
+        assert!(!got.close_held(peer_now));
+        assert!(!got.close_held(peer_now + unit));
+        assert!(got.close_held(peer_now + 3 * unit));
+        // An open record installs an open entry.
+        let r = Record { close: None, ..r };
+        assert_eq!(
+            with_close(pix.resolve(&r).unwrap(), r.close, peer_now),
+            open
+        );
+    }
+
     #[test]
     fn records_resolve_to_this_nodes_pair_by_address() {
         // The peer's ids and epochs differ; the address decides.
@@ -429,6 +510,7 @@ mod tests {
         let r = Record {
             key: flow(1),
             backend: "10.0.0.12".parse().unwrap(),
+            close: None,
         };
         assert_eq!(
             ix.resolve(&r),

@@ -20,7 +20,8 @@
 //! Then the new-flow rate with the connection sync off and on ([`new_flows_sync`]): every
 //! frame a SYN of a flow not in the table (each writes a connection-table entry), samples
 //! alternating between no sync task and lbd's sync task (`daemon::sync`) scanning the same
-//! pinned tables and sending to a peer namespace.
+//! pinned tables and sending to a peer namespace; and the sync received by two peers' tasks
+//! while the table fills ([`sync_receive`]: the peers' `Udp RcvbufErrors`).
 use std::{
     path::PathBuf,
     time::{Duration, Instant},
@@ -534,9 +535,21 @@ pub fn run() {
             lb_napi: lb_napi.filter(|_| pinned),
         },
     );
+    let receive = sync_receive(
+        &mut t,
+        &mut progs,
+        &wire,
+        Timing {
+            secs,
+            rounds,
+            gen_cpu,
+            lb_napi: lb_napi.filter(|_| pinned),
+        },
+    );
     let doc = json!({
         "cases": rows,
         "new_flows_sync": new_flows,
+        "sync_receive": receive,
         "seconds_per_sample": secs,
         "rounds": rounds,
         "batch_size": BATCH,
@@ -591,28 +604,37 @@ struct Timing {
     lb_napi: Option<i32>,
 }
 
-/// A namespace holding the sync peer's address, joined to the LB's namespace by a veth of its
-/// own (not lb0: sync datagrams never reach the measured path). Nothing listens there: the
-/// kernel drops the datagrams, as a peer's socket would consume them.
+/// A namespace holding a sync peer's address, joined to the LB's namespace by a veth of its
+/// own (not lb0: sync datagrams never reach the measured path), each peer `i` on a /24 of its
+/// own (the LB's end `10.78.i.1`, the peer's `10.78.i.2`). In the on/off comparison nothing
+/// listens there: the kernel drops the datagrams, as a peer's socket would consume them; in
+/// [`sync_receive`] a receiving sync task does.
 struct SyncPeer {
     ns: String,
+    i: u8,
 }
 
 impl SyncPeer {
-    const LB_ADDR: &str = "10.78.0.1";
-    const PEER_ADDR: &str = "10.78.0.2";
+    fn lb_addr(&self) -> String {
+        format!("10.78.{}.1", self.i)
+    }
 
-    fn new(lb_ns: &str) -> SyncPeer {
-        let p = SyncPeer { ns: unique("tps") };
+    fn addr(&self) -> String {
+        format!("10.78.{}.2", self.i)
+    }
+
+    fn new(lb_ns: &str, i: u8) -> SyncPeer {
+        let p = SyncPeer {
+            ns: unique("tps"),
+            i,
+        };
         sh(&["ip", "netns", "add", &p.ns]);
+        let (lb_dev, peer_dev) = (format!("sy{}", 2 * i), format!("sy{}", 2 * i + 1));
         sh(&[
-            "ip", "-n", lb_ns, "link", "add", "sy0", "type", "veth", "peer", "name", "sy1",
+            "ip", "-n", lb_ns, "link", "add", &lb_dev, "type", "veth", "peer", "name", &peer_dev,
             "netns", &p.ns,
         ]);
-        for (ns, dev, a) in [
-            (lb_ns, "sy0", Self::LB_ADDR),
-            (&p.ns, "sy1", Self::PEER_ADDR),
-        ] {
+        for (ns, dev, a) in [(lb_ns, &lb_dev, p.lb_addr()), (&p.ns, &peer_dev, p.addr())] {
             sh(&[
                 "ip",
                 "-n",
@@ -651,16 +673,16 @@ fn new_flows_sync(
     use lb_userspace::{daemon::sync::SyncHandle, sync::config::SyncConfig};
     use std::os::unix::fs::PermissionsExt;
 
-    let peer = SyncPeer::new(&wire.lb_ns);
+    let peer = SyncPeer::new(&wire.lb_ns, 0);
     let key = std::env::temp_dir().join(unique("lb-tp-sync-key"));
     std::fs::write(&key, unique("bench-sync-key-").repeat(4)).unwrap();
     std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
     let cfg = SyncConfig {
-        peers: vec![SyncPeer::PEER_ADDR.parse().unwrap()],
+        peers: vec![peer.addr().parse().unwrap()],
         key_file: key.clone(),
         accept_key_files: Vec::new(),
         port: lb_userspace::sync::config::DEFAULT_PORT,
-        listen: Some(SyncPeer::LB_ADDR.parse().unwrap()),
+        listen: Some(peer.lb_addr().parse().unwrap()),
         interval_ms: lb_userspace::sync::config::DEFAULT_INTERVAL_MS,
         max_entries: lb_userspace::sync::config::DEFAULT_MAX_ENTRIES,
     };
@@ -810,5 +832,259 @@ fn new_flows_sync(
         "sync_samples": synced,
         "sync_interval_ms": cfg.interval_ms,
         "sync_max_entries": cfg.max_entries,
+    })
+}
+
+/// The kernel's `Udp: RcvbufErrors` in namespace `ns` (`/proc/net/snmp`): datagrams dropped
+/// on a full socket receive queue, any socket of the namespace.
+fn rcvbuf_errors(ns: &str) -> u64 {
+    let out = sh(&["ip", "netns", "exec", ns, "cat", "/proc/net/snmp"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut udp = text.lines().filter(|l| l.starts_with("Udp: "));
+    let (names, values) = (udp.next().unwrap(), udp.next().unwrap());
+    let i = names
+        .split_whitespace()
+        .position(|n| n == "RcvbufErrors")
+        .expect("Udp RcvbufErrors in /proc/net/snmp");
+    values.split_whitespace().nth(i).unwrap().parse().unwrap()
+}
+
+/// Samples of [`sync_receive`].
+const RECEIVE_SAMPLES: usize = 3;
+/// Receiving peers in [`sync_receive`].
+const RECEIVERS: u8 = 2;
+
+/// Two peers receiving a node's sync while its table fills at the new-flow rate: each sample
+/// starts lbd's sync task on the pinned tables (the owner) and one in each peer's namespace
+/// (backups: the same services, not forwarded there; they install into the same pinned
+/// tables, where the owner's entries already are, and scan them every `interval_ms` as a
+/// backup scans its own), then SYNs of new flows for the sample, the VIP's set changing from
+/// three to four backends one second in: a quarter of the entries written so far leave their
+/// slot, so the owner's scan after the change finds exceptions up to `max_entries` and sends
+/// them at once (about 2,980 datagrams per peer at the default bound), while the peers scan
+/// too. Each peer's namespace's `Udp: RcvbufErrors` is read before and after, with each task's
+/// counters. Every task has a runtime (one worker) of its own, as each lbd has.
+fn sync_receive(
+    t: &mut TestDataplane,
+    progs: &mut BenchProgs,
+    wire: &Wire,
+    timing: Timing,
+) -> serde_json::Value {
+    use lb_userspace::{
+        daemon::sync::SyncHandle,
+        sync::config::{DEFAULT_INTERVAL_MS, DEFAULT_MAX_ENTRIES, DEFAULT_PORT, SyncConfig},
+    };
+    use std::os::unix::fs::PermissionsExt;
+
+    let peers: Vec<SyncPeer> = (0..RECEIVERS)
+        .map(|i| SyncPeer::new(&wire.lb_ns, i))
+        .collect();
+    let key = std::env::temp_dir().join(unique("lb-tp-sync-key"));
+    std::fs::write(&key, unique("bench-sync-key-").repeat(4)).unwrap();
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let base = SyncConfig {
+        peers: Vec::new(),
+        key_file: key.clone(),
+        accept_key_files: Vec::new(),
+        port: DEFAULT_PORT,
+        listen: None,
+        interval_ms: DEFAULT_INTERVAL_MS,
+        max_entries: DEFAULT_MAX_ENTRIES,
+    };
+    let owner_cfg = SyncConfig {
+        peers: peers.iter().map(|p| p.addr().parse().unwrap()).collect(),
+        ..base.clone()
+    };
+    let pin_dir = t.opts.pin_dir();
+    // Binding fails while the previous sample's task still holds the port: retry briefly.
+    let spawn = |rt: &tokio::runtime::Runtime, ns: &str, cfg: &SyncConfig| -> SyncHandle {
+        let start = Instant::now();
+        loop {
+            let r = Wire::within(ns, || {
+                let _g = rt.enter();
+                SyncHandle::spawn(cfg, pin_dir.clone())
+            });
+            match r {
+                Ok(h) => return h,
+                Err(e) if start.elapsed() > Duration::from_secs(5) => {
+                    panic!("start a sync task: {e:#}")
+                }
+                Err(_) => std::thread::sleep(Duration::from_millis(50)),
+            }
+        }
+    };
+    let services = |n: u8| Desired {
+        services: vec![ServiceSpec {
+            key: vip_key(VIP.into(), 6443, PROTO_TCP),
+            owned: true,
+            backends: (11..11 + n)
+                .map(|i| backend(&format!("10.77.0.{i}"), i))
+                .collect(),
+        }],
+        ..Default::default()
+    };
+    let backup_view = |t: &TestDataplane| {
+        let mut v = t.dp.sync_view();
+        for s in &mut v.services {
+            s.owned = false;
+        }
+        v
+    };
+    let secs = timing.secs.max(NEW_FLOW_MIN_SECS);
+    let gen_fd = progs.prog_fd("bench_gen");
+    let gen_ns = Wire::path(&wire.gen_ns);
+    let mut samples = Vec::new();
+    println!(
+        "\nsync received by {RECEIVERS} peers while the table fills with new flows (the set changes 1 s into each {secs} s sample):"
+    );
+    println!(
+        "{:<7} {:>10} {:>10} {:>8} {:>10} {:>10} {:>9} {:>13} {:>13}",
+        "sample",
+        "exceptions",
+        "owner scan",
+        "peer",
+        "sent dgrams",
+        "received",
+        "refused",
+        "RcvbufErrors",
+        "receive_drops"
+    );
+    for sample in 0..RECEIVE_SAMPLES {
+        t.dp.apply(&services(3)).expect("three backends");
+        let rts: Vec<tokio::runtime::Runtime> = (0..=RECEIVERS)
+            .map(|_| {
+                tokio::runtime::Builder::new_multi_thread()
+                    .worker_threads(1)
+                    .enable_all()
+                    .build()
+                    .unwrap()
+            })
+            .collect();
+        let errors_before: Vec<u64> = peers.iter().map(|p| rcvbuf_errors(&p.ns)).collect();
+        let receivers: Vec<SyncHandle> = peers
+            .iter()
+            .zip(&rts[1..])
+            .map(|(p, rt)| {
+                let cfg = SyncConfig {
+                    peers: vec![p.lb_addr().parse().unwrap()],
+                    listen: Some(p.addr().parse().unwrap()),
+                    ..base.clone()
+                };
+                let h = spawn(rt, &p.ns, &cfg);
+                h.view(backup_view(t));
+                h
+            })
+            .collect();
+        let owner = spawn(&rts[0], &wire.lb_ns, &owner_cfg);
+        owner.view(t.dp.sync_view());
+        progs.set_flows(NEW_FLOWS);
+        let port = 30_000 + sample as u16;
+        let syn = ipv4_frame([10, 200, 0, 1], VIP, PROTO_TCP, &tcp(port, 6443, SYN));
+        let before = progs.sunk();
+        let (_, elapsed) = std::thread::scope(|s| {
+            let g = s.spawn(|| generate(&gen_ns, gen_fd, &syn, secs, timing.gen_cpu));
+            std::thread::sleep(Duration::from_secs(1));
+            t.dp.apply(&services(4)).expect("four backends");
+            owner.view(t.dp.sync_view());
+            for r in &receivers {
+                r.view(backup_view(t));
+            }
+            g.join().unwrap()
+        });
+        let new_flows_mpps = (progs.sunk() - before) as f64 / elapsed / 1e6;
+        // The owner's scans after the change have sent (the last within an interval of the
+        // sample's end); the peers then read what is queued.
+        std::thread::sleep(Duration::from_millis(DEFAULT_INTERVAL_MS + 500));
+        // A scan in progress runs to its end after the handle goes, and the peers read what is
+        // queued: the counts are read once neither changed for 2 s (longer than a scan).
+        let owner_stats = owner.stats.clone();
+        drop(owner);
+        let counts = || {
+            let o = owner_stats.snapshot();
+            let got: Vec<_> = receivers.iter().map(|h| h.stats.snapshot()).collect();
+            let key: Vec<u64> = std::iter::once(o.sent_datagrams)
+                .chain(got.iter().map(|r| r.received_datagrams))
+                .collect();
+            (o, got, key)
+        };
+        let (mut o, mut got, mut key) = counts();
+        let mut still = Instant::now();
+        while still.elapsed() < Duration::from_secs(2) {
+            std::thread::sleep(Duration::from_millis(250));
+            let now = counts();
+            if now.2 != key {
+                still = Instant::now();
+            }
+            (o, got, key) = now;
+        }
+        let errors: Vec<u64> = peers
+            .iter()
+            .zip(&errors_before)
+            .map(|(p, b)| rcvbuf_errors(&p.ns) - b)
+            .collect();
+        drop(receivers);
+        drop(rts);
+        let mut per_peer = Vec::new();
+        for ((p, r), e) in peers.iter().zip(&got).zip(&errors) {
+            let addr: std::net::IpAddr = p.addr().parse().unwrap();
+            let sent = o
+                .peers
+                .iter()
+                .find(|x| x.address == addr)
+                .map_or(0, |x| x.sent_datagrams);
+            let refused =
+                r.refused.not_a_peer + r.refused.auth + r.refused.malformed + r.refused.replay;
+            println!(
+                "{:<7} {:>10} {:>10} {:>8} {:>10} {:>10} {:>9} {:>13} {:>13}",
+                sample + 1,
+                o.exceptions,
+                format!("{} ms", o.scan_ms),
+                p.addr(),
+                sent,
+                r.received_datagrams,
+                refused,
+                e,
+                r.receive_drops
+            );
+            per_peer.push(json!({
+                "peer": p.addr(),
+                "sent_datagrams_to_it": sent,
+                "received_datagrams": r.received_datagrams,
+                "received_entries": r.received_entries,
+                "refused_datagrams": refused,
+                "earlier_run_entries": r.refused.earlier_run,
+                "already_present": r.already_present,
+                "installed": r.installed,
+                "rcvbuf_errors": e,
+                "receive_drops": r.receive_drops,
+                "scans": r.scans,
+                "scan_ms": r.scan_ms,
+            }));
+        }
+        samples.push(json!({
+            "new_flows_mpps": new_flows_mpps,
+            "owner": {
+                "scans": o.scans,
+                "scan_ms": o.scan_ms,
+                "scanned": o.scanned,
+                "exceptions": o.exceptions,
+                "sent_datagrams": o.sent_datagrams,
+                "send_errors": o.send_errors,
+            },
+            "peers": per_peer,
+        }));
+    }
+    let _ = std::fs::remove_file(&key);
+    drop(peers);
+    println!(
+        "sent dgrams: the owner's to that peer; received: accepted by the peer's task; RcvbufErrors: the peer namespace's Udp counter over the sample; receive_drops: the peer's socket drops as of its last scan."
+    );
+    json!({
+        "receivers": RECEIVERS,
+        "seconds_per_sample": secs,
+        "set_change_after_s": 1,
+        "sync_interval_ms": DEFAULT_INTERVAL_MS,
+        "sync_max_entries": DEFAULT_MAX_ENTRIES,
+        "samples": samples,
     })
 }
