@@ -48,8 +48,12 @@ pub const GUEST_TESTS: &[(&str, u32, &[&str])] = &[
     ("xdp_flows", 2, &[]),
     // OVN-Kubernetes' br-ex (Open vSwitch with its shared-gateway flows, the VIP on the
     // bridge): VRRP failover, DSR to the other node, connections through the VIP's move, host
-    // traffic, with the program on the uplink (native) and on br-ex (generic). Needs the
-    // openvswitch module, which only the distribution kernels have: ignored on the lab kernel.
+    // traffic, with the program on the uplink (native) and on br-ex (generic); then a node whose
+    // br-ex port is a bond, the program on the bond, the VIP moving onto it and a member losing
+    // its link under held connections. Needs the openvswitch module, which only the
+    // distribution kernels have: ignored on the lab kernel. One lab at a time, two lbds each:
+    // with three lbds in the guest at once lbctl read no state from any of them within 50 s
+    // (under emulation, the host loaded by other work).
     ("lab_brex", 1, &["--include-ignored"]),
     // The VRRP lab on veths and a Linux bridge (only in `cargo xtask kernels`, see `LABS`).
     (
