@@ -48,8 +48,12 @@ pub const GUEST_TESTS: &[(&str, u32, &[&str])] = &[
     ("xdp_flows", 2, &[]),
     // OVN-Kubernetes' br-ex (Open vSwitch with its shared-gateway flows, the VIP on the
     // bridge): VRRP failover, DSR to the other node, connections through the VIP's move, host
-    // traffic, with the program on the uplink (native) and on br-ex (generic). Needs the
-    // openvswitch module, which only the distribution kernels have: ignored on the lab kernel.
+    // traffic, with the program on the uplink (native) and on br-ex (generic); then a node whose
+    // br-ex port is a bond, the program on the bond, the VIP moving onto it and a member losing
+    // its link under held connections. Needs the openvswitch module, which only the
+    // distribution kernels have: ignored on the lab kernel. One lab at a time, two lbds each:
+    // with three lbds in the guest at once lbctl read no state from any of them within 50 s
+    // (under emulation, the host loaded by other work).
     ("lab_brex", 1, &["--include-ignored"]),
     // The VRRP lab on veths and a Linux bridge (only in `cargo xtask kernels`, see `LABS`).
     (
@@ -95,6 +99,19 @@ pub fn kernels(root: &Path) -> Vec<(String, PathBuf)> {
     .collect();
     found.sort_by_key(|(release, _)| version(release));
     found
+}
+
+/// The kernels of the matrix, or with `LB_VM_KERNELS=6.1,5.10` those whose release starts
+/// with one of these; oldest first.
+fn selected_kernels(root: &Path) -> Vec<(String, PathBuf)> {
+    let only = std::env::var("LB_VM_KERNELS").ok();
+    kernels(root)
+        .into_iter()
+        .filter(|(release, _)| {
+            only.as_deref()
+                .is_none_or(|o| o.split(',').any(|k| release.starts_with(k.trim())))
+        })
+        .collect()
 }
 
 /// A release's leading numbers (`6.12.117+deb13-amd64` -> [6, 12, 117]), to order kernels
@@ -178,15 +195,9 @@ pub struct KernelRun {
 /// The guest's script: bpffs and cgroup2 mounted, then each test binary, one line of result
 /// each.
 fn guest_script(root: &Path, tests: &[&GuestTest]) -> String {
-    let mut s = String::from(
-        "#!/bin/sh\n\
-         # Written by `cargo xtask test` for its kernel matrix (xtask/src/vm.rs).\n\
-         mount -t bpf bpf /sys/fs/bpf 2>/dev/null\n\
-         grep -q ' /sys/fs/cgroup cgroup2 ' /proc/mounts || mount -t cgroup2 none /sys/fs/cgroup\n\
-         ulimit -l unlimited\n\
-         # Software emulation: the labs' start-up waits scale (tests/src/labs/brex.rs).\n\
-         export LB_TIME_SCALE=${LB_TIME_SCALE:-10}\n",
-    );
+    let mut s = String::from(GUEST_SETUP);
+    s += "# Software emulation: the labs' start-up waits scale (tests/src/labs/brex.rs).\n\
+          export LB_TIME_SCALE=${LB_TIME_SCALE:-10}\n";
     s += &format!(
         "cd {}\nexport LB_BIN_DIR={}\necho \"kernel $(uname -r)\"\n",
         root.display(),
@@ -208,6 +219,70 @@ fn guest_script(root: &Path, tests: &[&GuestTest]) -> String {
     s
 }
 
+/// The guest's set-up of a script: bpffs and cgroup2 mounted, locked memory unlimited.
+const GUEST_SETUP: &str = "#!/bin/sh\n\
+     # Written by `cargo xtask` for a VM (xtask/src/vm.rs).\n\
+     mount -t bpf bpf /sys/fs/bpf 2>/dev/null\n\
+     grep -q ' /sys/fs/cgroup cgroup2 ' /proc/mounts || mount -t cgroup2 none /sys/fs/cgroup\n\
+     ulimit -l unlimited\n";
+
+/// `vng` booting `vmlinuz` (the host's files shared in, read-only) to run `script` in the guest,
+/// ended after LB_VM_TIMEOUT seconds (default an hour): a guest that hangs (a kernel that never
+/// boots) must not hang the run.
+fn vng(vmlinuz: &Path, script: &Path) -> Command {
+    let limit = std::env::var("LB_VM_TIMEOUT").unwrap_or_else(|_| "3600".into());
+    let mut c = Command::new("timeout");
+    c.arg(limit)
+        .arg("vng")
+        .arg("--run")
+        .arg(vmlinuz)
+        .args(["--memory", "2G", "--cpus", "2"]);
+    if !hardware_kvm() {
+        c.arg("--disable-kvm");
+    }
+    c.arg("--exec").arg(format!("sh {}", script.display()));
+    c
+}
+
+/// `bench PART` in a VM on the newest kernel of the matrix, or the newest `LB_VM_KERNELS`
+/// selects (`cargo xtask bench throughput-brex`: Open vSwitch's datapath, which the lab kernel
+/// lacks). `bench` is the
+/// bench binary; its JSON goes to target/bench (shared read-write into the guest).
+pub fn bench(root: &Path, bench: &Path, part: &str) -> Result<()> {
+    let Some((release, vmlinuz)) = selected_kernels(root).pop() else {
+        bail!("no distribution kernel: `cargo xtask setup` installs them");
+    };
+    let out = root.join("target/bench");
+    let dir = root.join("target/vm");
+    std::fs::create_dir_all(&out)?;
+    std::fs::create_dir_all(&dir)?;
+    let script = dir.join(format!("bench-{release}.sh"));
+    std::fs::write(
+        &script,
+        format!(
+            "{GUEST_SETUP}cd {}\necho \"kernel $(uname -r)\"\nLB_BIN_DIR={} LB_BENCH_DIR={} {} {part}\n",
+            root.display(),
+            root.join("target/debug").display(),
+            out.display(),
+            bench.display()
+        ),
+    )?;
+    let mut c = vng(&vmlinuz, &script);
+    c.arg(format!("--rwdir={}", out.display()))
+        .stdout(Stdio::piped());
+    eprintln!("+ {c:?}");
+    let mut child = c.spawn().context("run vng (virtme-ng)")?;
+    // Through a pipe: qemu's console would truncate a file given as stdout.
+    for line in BufReader::new(child.stdout.take().unwrap()).lines() {
+        println!("[{release}] {}", line?);
+    }
+    let status = child.wait()?;
+    if !status.success() {
+        bail!("bench {part} in the VM on {release}: {status}");
+    }
+    Ok(())
+}
+
 /// Boot `vmlinuz` with the host's files and run the tests there; the guest's output is shown
 /// as it comes.
 pub fn run_kernel(
@@ -222,19 +297,8 @@ pub fn run_kernel(
     std::fs::write(&script, guest_script(root, tests))?;
     // A guest that hangs (a kernel that never boots) must not hang the run: `timeout` ends
     // the VM it started (LB_VM_TIMEOUT seconds, default an hour).
-    let limit = std::env::var("LB_VM_TIMEOUT").unwrap_or_else(|_| "3600".into());
-    let mut c = Command::new("timeout");
-    c.arg(limit)
-        .arg("vng")
-        .arg("--run")
-        .arg(vmlinuz)
-        .args(["--memory", "2G", "--cpus", "2"]);
-    if !hardware_kvm() {
-        c.arg("--disable-kvm");
-    }
-    c.arg("--exec")
-        .arg(format!("sh {}", script.display()))
-        .stdout(Stdio::piped());
+    let mut c = vng(vmlinuz, &script);
+    c.stdout(Stdio::piped());
     eprintln!("+ {c:?}");
     let t = Instant::now();
     let mut child = c.spawn().context("run vng (virtme-ng)")?;
@@ -317,16 +381,7 @@ pub fn test_executables(mut cargo: Command) -> Result<HashMap<String, PathBuf>> 
 /// Every kernel of the matrix: boot, run `GUEST_TESTS`, and write `target/vm/matrix.json`.
 /// Fails if any test failed in any kernel, or if there is no kernel to run.
 pub fn matrix(root: &Path, cargo: Command, with_lab: bool) -> Result<()> {
-    // LB_VM_KERNELS=6.12: only the kernels whose release starts with one of these.
-    let only_kernels = std::env::var("LB_VM_KERNELS").ok();
-    let kernels: Vec<(String, PathBuf)> = kernels(root)
-        .into_iter()
-        .filter(|(release, _)| {
-            only_kernels
-                .as_deref()
-                .is_none_or(|o| o.split(',').any(|k| release.starts_with(k.trim())))
-        })
-        .collect();
+    let kernels = selected_kernels(root);
     if kernels.is_empty() {
         bail!("no distribution kernel under /boot: `cargo xtask setup` installs linux-image-amd64");
     }

@@ -17,6 +17,7 @@ pub mod slowstart;
 pub mod sock;
 pub mod table;
 pub mod throughput;
+pub mod throughput_brex;
 
 use std::path::PathBuf;
 

@@ -56,7 +56,7 @@ const GEN_IF: &str = "gen0";
 const LB_IF: &str = "lb0";
 
 /// Two namespaces and a veth pair between them, removed on drop.
-struct Wire {
+pub(super) struct Wire {
     gen_ns: String,
     lb_ns: String,
 }
@@ -83,7 +83,7 @@ impl Wire {
     }
 
     /// Run `f` on this thread inside namespace `ns`.
-    fn within<T>(ns: &str, f: impl FnOnce() -> T) -> T {
+    pub(super) fn within<T>(ns: &str, f: impl FnOnce() -> T) -> T {
         let old = live::enter_netns(&Self::path(ns)).expect("enter the bench namespace");
         let r = f();
         live::restore_netns(old).expect("return to the bench's namespace");
@@ -160,13 +160,13 @@ impl BenchProgs {
         (r.return_value, out, r.duration.as_nanos() as f64)
     }
 
-    fn prog_fd(&mut self, name: &str) -> i32 {
+    pub(super) fn prog_fd(&mut self, name: &str) -> i32 {
         use std::os::fd::{AsFd, AsRawFd};
         self.prog(name).fd().unwrap().as_fd().as_raw_fd()
     }
 
     /// Generator settings: spread frames over `flows` flows (1: leave them alone).
-    fn set_flows(&mut self, flows: u32) {
+    pub(super) fn set_flows(&mut self, flows: u32) {
         let mut m: PerCpuArray<_, [u32; 4]> =
             PerCpuArray::try_from(self.ebpf.map_mut("BENCH_GEN").unwrap()).unwrap();
         let n = aya::util::nr_cpus().unwrap();
@@ -197,7 +197,7 @@ impl BenchProgs {
         n.set(0, backends.len() as u32, 0).unwrap();
     }
 
-    fn sunk(&self) -> u64 {
+    pub(super) fn sunk(&self) -> u64 {
         let m: PerCpuArray<_, u64> =
             PerCpuArray::try_from(self.ebpf.map("BENCH_SINK").unwrap()).unwrap();
         m.get(&0, 0).unwrap().iter().sum()
@@ -561,13 +561,13 @@ pub fn run() {
     write_json("throughput", &doc);
 }
 
-fn stat_value(t: &TestDataplane, index: u32) -> u64 {
+pub(super) fn stat_value(t: &TestDataplane, index: u32) -> u64 {
     t.dp.global_stats().unwrap()[index as usize].1
 }
 
 /// Drive frames for about `secs` seconds from a thread in the generator's namespace pinned to
 /// `cpu`; returns (frames sent, seconds).
-fn generate(ns: &str, prog_fd: i32, frame: &[u8], secs: f64, cpu: usize) -> (u64, f64) {
+pub(super) fn generate(ns: &str, prog_fd: i32, frame: &[u8], secs: f64, cpu: usize) -> (u64, f64) {
     std::thread::scope(|s| {
         s.spawn(|| {
             let _ = live::pin_to_cpu(0, cpu);

@@ -72,10 +72,84 @@ pub fn scaled(d: Duration) -> Duration {
     d * time_scale()
 }
 
-/// Node `node` of `lab` gets OVS and br-ex: ovsdb-server and ovs-vswitchd (log tags
-/// `ovsdb-<node>`, `ovs-<node>`), br-ex with `eth0` as its port and eth0's MAC, the node's
-/// addresses moved from eth0 to br-ex, and [`FLOWS`].
+/// The bond [`make_bond`] makes.
+pub const BOND: &str = "bond0";
+
+/// Node `node`'s uplink becomes a bond of two links to the switch, as on a node whose br-ex
+/// port is a bond: [`BOND`] in active-backup mode (link monitoring every 100 ms) with eth0's
+/// MAC, its members `eth0` and a second veth `eth1` (the switch-side peer `<node>b`, on the
+/// switch's bridge). Active-backup because the lab's switch is a plain bridge with no link
+/// aggregation: one member carries the node's frames, so the bridge learns its MAC on one
+/// port; the modes that send from both (balance-xor, round robin) need the switch's ports
+/// grouped (a static LAG), 802.3ad needs LACP. eth0 is the active member until its link goes
+/// down. The node's addresses leave eth0; [`make_br_ex_on`] puts them on br-ex.
+pub fn make_bond(lab: &Lab, node: &str) {
+    let n = lab.node(node).clone();
+    // max_bonds=0: no bond0 of the module's own in the namespace loading it.
+    sh(&["modprobe", "bonding", "max_bonds=0"]);
+    let switch = format!("{}-sw", lab.prefix);
+    let peer = format!("{node}b");
+    sh(&[
+        "ip", "-n", &switch, "link", "add", &peer, "type", "veth", "peer", "name", "eth1", "netns",
+        &n.netns,
+    ]);
+    sh(&[
+        "ip", "-n", &switch, "link", "set", &peer, "master", "br0", "up",
+    ]);
+    let ip = |args: &[&str]| {
+        let mut a = vec!["ip", "-n", &n.netns];
+        a.extend_from_slice(args);
+        sh(&a)
+    };
+    ip(&["addr", "flush", "dev", "eth0", "scope", "global"]);
+    ip(&[
+        "link",
+        "add",
+        BOND,
+        "type",
+        "bond",
+        "mode",
+        "active-backup",
+        "miimon",
+        "100",
+    ]);
+    ip(&["link", "set", BOND, "address", &n.mac]);
+    for m in ["eth0", "eth1"] {
+        ip(&["link", "set", m, "down"]);
+        ip(&["link", "set", m, "master", BOND]);
+        ip(&["link", "set", m, "up"]);
+    }
+    ip(&["link", "set", BOND, "up"]);
+}
+
+/// The bond's active member (`Currently Active Slave` of /proc/net/bonding in the node's
+/// namespace), if any.
+pub fn active_member(lab: &Lab, node: &str) -> Option<String> {
+    let n = lab.node(node);
+    let out = try_sh(&[
+        "ip",
+        "netns",
+        "exec",
+        &n.netns,
+        "cat",
+        &format!("/proc/net/bonding/{BOND}"),
+    ]);
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .find_map(|l| l.strip_prefix("Currently Active Slave: "))
+        .map(|s| s.trim().to_string())
+}
+
+/// [`make_br_ex_on`] with the uplink `eth0`.
 pub fn make_br_ex(lab: &mut Lab, node: &str) {
+    make_br_ex_on(lab, node, "eth0")
+}
+
+/// Node `node` of `lab` gets OVS and br-ex: ovsdb-server and ovs-vswitchd (log tags
+/// `ovsdb-<node>`, `ovs-<node>`), br-ex with `uplink` (eth0, or the bond of [`make_bond`]) as
+/// its port and the node's MAC (`Node::mac`, the uplink's), the node's addresses (`v4`/24,
+/// `v6`/64) moved from the uplink to br-ex, and [`FLOWS`].
+pub fn make_br_ex_on(lab: &mut Lab, node: &str, uplink: &str) {
     let n = lab.node(node).clone();
     let dir = lab.dir.join(format!("ovs-{node}"));
     std::fs::create_dir_all(&dir).unwrap();
@@ -148,14 +222,14 @@ pub fn make_br_ex(lab: &mut Lab, node: &str) {
         "--",
         "add-port",
         "br-ex",
-        "eth0",
+        uplink,
     ]);
     let ip = |args: &[&str]| {
         let mut a = vec!["ip", "-n", &n.netns];
         a.extend_from_slice(args);
         sh(&a)
     };
-    ip(&["addr", "flush", "dev", "eth0", "scope", "global"]);
+    ip(&["addr", "flush", "dev", uplink, "scope", "global"]);
     ip(&["addr", "add", &format!("{}/24", n.v4), "dev", "br-ex"]);
     ip(&[
         "addr",
@@ -169,7 +243,7 @@ pub fn make_br_ex(lab: &mut Lab, node: &str) {
     let flows = FLOWS
         .replace("{zone}", &CT_ZONE.to_string())
         .replace("{mark}", &format!("{CT_MARK_HOST:#x}"))
-        .replace("{phys}", "eth0")
+        .replace("{phys}", uplink)
         .replace("{mac}", &n.mac);
     let file = d("flows.txt");
     std::fs::write(&file, flows).unwrap();
