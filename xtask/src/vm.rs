@@ -229,14 +229,15 @@ const GUEST_SETUP: &str = "#!/bin/sh\n\
 /// `vng` booting `vmlinuz` (the host's files shared in, read-only) to run `script` in the guest,
 /// ended after LB_VM_TIMEOUT seconds (default an hour): a guest that hangs (a kernel that never
 /// boots) must not hang the run.
-fn vng(vmlinuz: &Path, script: &Path) -> Command {
+fn vng(vmlinuz: &Path, script: &Path, cpus: u32) -> Command {
     let limit = std::env::var("LB_VM_TIMEOUT").unwrap_or_else(|_| "3600".into());
     let mut c = Command::new("timeout");
-    c.arg(limit)
-        .arg("vng")
-        .arg("--run")
-        .arg(vmlinuz)
-        .args(["--memory", "2G", "--cpus", "2"]);
+    c.arg(limit).arg("vng").arg("--run").arg(vmlinuz).args([
+        "--memory",
+        "2G",
+        "--cpus",
+        &cpus.to_string(),
+    ]);
     if !hardware_kvm() {
         c.arg("--disable-kvm");
     }
@@ -267,7 +268,7 @@ pub fn bench(root: &Path, bench: &Path, part: &str) -> Result<()> {
             bench.display()
         ),
     )?;
-    let mut c = vng(&vmlinuz, &script);
+    let mut c = vng(&vmlinuz, &script, 2);
     c.arg(format!("--rwdir={}", out.display()))
         .stdout(Stdio::piped());
     eprintln!("+ {c:?}");
@@ -290,6 +291,7 @@ pub fn run_kernel(
     release: &str,
     vmlinuz: &Path,
     tests: &[&GuestTest],
+    cpus: u32,
 ) -> Result<KernelRun> {
     let dir = root.join("target/vm");
     std::fs::create_dir_all(&dir)?;
@@ -297,7 +299,7 @@ pub fn run_kernel(
     std::fs::write(&script, guest_script(root, tests))?;
     // A guest that hangs (a kernel that never boots) must not hang the run: `timeout` ends
     // the VM it started (LB_VM_TIMEOUT seconds, default an hour).
-    let mut c = vng(vmlinuz, &script);
+    let mut c = vng(vmlinuz, &script, cpus);
     c.stdout(Stdio::piped());
     eprintln!("+ {c:?}");
     let t = Instant::now();
@@ -424,21 +426,39 @@ pub fn matrix(root: &Path, cargo: Command, with_lab: bool) -> Result<()> {
             .map(String::from)
             .to_vec(),
     };
-    let mut all = Vec::new();
-    for (release, vmlinuz) in &kernels {
-        let these: Vec<&GuestTest> = if version(release) < OLDEST_SUPPORTED.to_vec() {
+    let whole = |release: &str| with_lab || release == oldest;
+    let these = |release: &str| -> Vec<&GuestTest> {
+        if version(release) < OLDEST_SUPPORTED.to_vec() {
             vec![&refusal]
         } else {
             tests
                 .iter()
-                .filter(|t| {
-                    with_lab
-                        || *release == oldest
-                        || NEWER_KERNELS_IN_TEST.contains(&t.name.as_str())
-                })
+                .filter(|t| whole(release) || NEWER_KERNELS_IN_TEST.contains(&t.name.as_str()))
                 .collect()
-        };
-        all.push(run_kernel(root, release, vmlinuz, &these)?);
+        }
+    };
+    // Kernels that run every test: one at a time, two CPUs each (two tests at a time).
+    let mut all = Vec::new();
+    for (release, vmlinuz) in kernels.iter().filter(|(r, _)| whole(r)) {
+        all.push(run_kernel(root, release, vmlinuz, &these(release), 2)?);
+    }
+    // The others run one short test binary each, mostly the VM's boot (one emulated CPU's
+    // work): side by side, a CPU each.
+    let quick: Vec<Result<KernelRun>> = std::thread::scope(|scope| {
+        let runs: Vec<_> = kernels
+            .iter()
+            .filter(|(r, _)| !whole(r))
+            .map(|(release, vmlinuz)| {
+                let tests = these(release);
+                scope.spawn(move || run_kernel(root, release, vmlinuz, &tests, 1))
+            })
+            .collect();
+        runs.into_iter()
+            .map(|h| h.join().expect("a VM's thread"))
+            .collect()
+    });
+    for run in quick {
+        all.push(run?);
     }
     std::fs::write(
         root.join("target/vm/matrix.json"),
