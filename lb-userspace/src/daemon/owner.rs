@@ -542,16 +542,23 @@ impl Owner {
         r
     }
 
-    /// Rebuild the plan from the config, the kernel's facts and the controller's, and write it
-    /// to the data plane.
-    fn write_plan(&mut self) -> Result<()> {
-        let facts = Facts {
+    /// The facts the plan reads: the kernel's (`self.facts`) with the controller's (health,
+    /// drains, VRRP ownership), which `self.facts` does not hold. Every reader of the plan's
+    /// view (the maps, the status rows, the metrics) takes them from here.
+    pub(super) fn plan_facts(&self) -> Facts {
+        Facts {
             now: Some(Instant::now()),
             health: self.ctl.health().clone(),
             drained: self.ctl.drained().clone(),
             vrrp_master: self.ctl.vrrp_master().clone(),
             ..self.facts.clone()
-        };
+        }
+    }
+
+    /// Rebuild the plan from the config, the kernel's facts and the controller's, and write it
+    /// to the data plane.
+    fn write_plan(&mut self) -> Result<()> {
+        let facts = self.plan_facts();
         let (desired, rows) = plan::plan(&self.cfg, &facts);
         self.dp.apply(&desired).context("apply to the data plane")?;
         log_fail_open(&self.rows, &rows);

@@ -68,6 +68,7 @@ impl Owner {
 
     pub(super) fn vips(&self) -> Result<Vec<VipRow>> {
         let g = self;
+        let facts = g.plan_facts();
         let mut out = Vec::new();
         for (i, port) in g.cfg.services() {
             let v = &g.cfg.vips[i];
@@ -82,7 +83,7 @@ impl Owner {
                 vip: v.address,
                 port,
                 protocol: v.protocol.name().into(),
-                owned: plan::owned(&g.cfg, i, &g.facts),
+                owned: plan::owned(&g.cfg, i, &facts),
                 vrrp: v.vrrp.clone(),
                 backends_active: rows
                     .iter()
