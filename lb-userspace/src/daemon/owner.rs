@@ -96,10 +96,11 @@ pub struct Owner {
     /// A reload's new config until it is installed, then the running one until it commits
     /// (see `reload`).
     pub(super) staged: Option<super::reload::Staged>,
-    /// Who waits for the reload in progress (`lbctl reload`), and for the one asked for
-    /// while it runs (`Some`: one is asked for; it reads the file when this one is done).
+    /// Who waits for the reload in progress (`lbctl reload`), and the reloads asked for while
+    /// it runs, in order (each with its waiter, if any; each reads the file when its turn
+    /// comes).
     pub(super) reload_waiters: Vec<oneshot::Sender<Response>>,
-    pub(super) next_reload: Option<Vec<oneshot::Sender<Response>>>,
+    pub(super) next_reload: std::collections::VecDeque<Option<oneshot::Sender<Response>>>,
     /// Address changes run beside the owner, with a deadline (see `netexec`).
     pub(super) netexec: super::netexec::NetExec,
     /// The config file's bytes at the last load or reload attempt: a file change with the same
@@ -223,7 +224,7 @@ impl Owner {
             pending_ack: None,
             staged: None,
             reload_waiters: Vec::new(),
-            next_reload: None,
+            next_reload: std::collections::VecDeque::new(),
             netexec,
             config_bytes,
             health,
@@ -522,9 +523,10 @@ impl Owner {
                 for w in std::mem::take(&mut self.reload_waiters) {
                     let _ = w.send(answer(()));
                 }
-                // One asked for meanwhile reads the file now.
-                if let Some(waiters) = self.next_reload.take() {
-                    self.reload_waiters = waiters;
+                // The next one asked for meanwhile reads the file now: each request is a
+                // reload of its own, counted and answered by its own outcome.
+                if let Some(waiter) = self.next_reload.pop_front() {
+                    self.reload_waiters.extend(waiter);
                     let _ = self.tx.send(Msg::Reload);
                 }
             }

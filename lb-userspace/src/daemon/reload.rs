@@ -146,10 +146,10 @@ impl Owner {
     /// static VIPs, VRRP instances); if a step fails, the steps already done are undone and the
     /// running config stays (the controller decides the steps and the undo; the owner's loop
     /// goes on between them). Either way the outcome is counted and logged, and a failure is
-    /// shown in `lbctl stats`. One asked for while one runs follows it.
+    /// shown in `lbctl stats`. Those asked for while one runs follow it, one by one.
     pub(super) async fn reload(&mut self, reply: Option<oneshot::Sender<Response>>) {
         if self.ctl.reloading() {
-            self.next_reload.get_or_insert_with(Vec::new).extend(reply);
+            self.next_reload.push_back(reply);
             return;
         }
         self.reload_waiters.extend(reply);
@@ -162,7 +162,7 @@ impl Owner {
     pub(super) async fn reload_bytes(&mut self, read: std::io::Result<Vec<u8>>) {
         if self.ctl.reloading() {
             // It reads the file again when this one is done.
-            self.next_reload.get_or_insert_with(Vec::new);
+            self.next_reload.push_back(None);
             return;
         }
         self.config_bytes = read.as_ref().ok().cloned();
