@@ -670,7 +670,7 @@ fn new_flows_sync(
     wire: &Wire,
     timing: Timing,
 ) -> serde_json::Value {
-    use lb_userspace::{daemon::sync::SyncHandle, sync::config::SyncConfig};
+    use lb_userspace::sync::config::SyncConfig;
     use std::os::unix::fs::PermissionsExt;
 
     let peer = SyncPeer::new(&wire.lb_ns, 0);
@@ -695,33 +695,7 @@ fn new_flows_sync(
         .build()
         .unwrap();
     let pin_dir = t.opts.pin_dir();
-    // Binding fails while the previous sample's task still holds the port: retry briefly.
-    let start_sync = || -> SyncHandle {
-        let start = Instant::now();
-        loop {
-            let r = Wire::within(&wire.lb_ns, || {
-                let _g = rt.enter();
-                SyncHandle::spawn(&cfg, pin_dir.clone())
-            });
-            match r {
-                Ok(h) => return h,
-                Err(e) if start.elapsed() > Duration::from_secs(5) => {
-                    panic!("start the sync task: {e:#}")
-                }
-                Err(_) => std::thread::sleep(Duration::from_millis(50)),
-            }
-        }
-    };
-    let services = |n: u8| Desired {
-        services: vec![ServiceSpec {
-            key: vip_key(VIP.into(), 6443, PROTO_TCP),
-            owned: true,
-            backends: (11..11 + n)
-                .map(|i| backend(&format!("10.77.0.{i}"), i))
-                .collect(),
-        }],
-        ..Default::default()
-    };
+    let start_sync = || spawn_sync(&rt, &wire.lb_ns, &cfg, &pin_dir);
     let secs = timing.secs.max(NEW_FLOW_MIN_SECS);
     Wire::within(&wire.lb_ns, || {
         t.dp.attach(LB_IF, lb_userspace::config::XdpMode::Driver)
@@ -737,7 +711,7 @@ fn new_flows_sync(
     for round in 0..=timing.rounds {
         for on in [false, true] {
             change += 1;
-            t.dp.apply(&services(if change.is_multiple_of(2) { 3 } else { 4 }))
+            t.dp.apply(&sync_services(if change.is_multiple_of(2) { 3 } else { 4 }))
                 .expect("change the backend set");
             let handle = on.then(|| {
                 let h = start_sync();
@@ -897,31 +871,8 @@ fn sync_receive(
     };
     let pin_dir = t.opts.pin_dir();
     // Binding fails while the previous sample's task still holds the port: retry briefly.
-    let spawn = |rt: &tokio::runtime::Runtime, ns: &str, cfg: &SyncConfig| -> SyncHandle {
-        let start = Instant::now();
-        loop {
-            let r = Wire::within(ns, || {
-                let _g = rt.enter();
-                SyncHandle::spawn(cfg, pin_dir.clone())
-            });
-            match r {
-                Ok(h) => return h,
-                Err(e) if start.elapsed() > Duration::from_secs(5) => {
-                    panic!("start a sync task: {e:#}")
-                }
-                Err(_) => std::thread::sleep(Duration::from_millis(50)),
-            }
-        }
-    };
-    let services = |n: u8| Desired {
-        services: vec![ServiceSpec {
-            key: vip_key(VIP.into(), 6443, PROTO_TCP),
-            owned: true,
-            backends: (11..11 + n)
-                .map(|i| backend(&format!("10.77.0.{i}"), i))
-                .collect(),
-        }],
-        ..Default::default()
+    let spawn = |rt: &tokio::runtime::Runtime, ns: &str, cfg: &SyncConfig| {
+        spawn_sync(rt, ns, cfg, &pin_dir)
     };
     let backup_view = |t: &TestDataplane| {
         let mut v = t.dp.sync_view();
@@ -950,7 +901,7 @@ fn sync_receive(
         "receive_drops"
     );
     for sample in 0..RECEIVE_SAMPLES {
-        t.dp.apply(&services(3)).expect("three backends");
+        t.dp.apply(&sync_services(3)).expect("three backends");
         let rts: Vec<tokio::runtime::Runtime> = (0..=RECEIVERS)
             .map(|_| {
                 tokio::runtime::Builder::new_multi_thread()
@@ -984,7 +935,7 @@ fn sync_receive(
         let (_, elapsed) = std::thread::scope(|s| {
             let g = s.spawn(|| generate(&gen_ns, gen_fd, &syn, secs, timing.gen_cpu));
             std::thread::sleep(Duration::from_secs(1));
-            t.dp.apply(&services(4)).expect("four backends");
+            t.dp.apply(&sync_services(4)).expect("four backends");
             owner.view(t.dp.sync_view());
             for r in &receivers {
                 r.view(backup_view(t));
@@ -1087,4 +1038,42 @@ fn sync_receive(
         "sync_max_entries": DEFAULT_MAX_ENTRIES,
         "samples": samples,
     })
+}
+
+/// The sync task in namespace `ns` on runtime `rt`. Binding fails while the previous sample's
+/// task still holds the port: retry briefly.
+fn spawn_sync(
+    rt: &tokio::runtime::Runtime,
+    ns: &str,
+    cfg: &lb_userspace::sync::config::SyncConfig,
+    pin_dir: &std::path::Path,
+) -> lb_userspace::daemon::sync::SyncHandle {
+    let start = Instant::now();
+    loop {
+        let r = Wire::within(ns, || {
+            let _g = rt.enter();
+            lb_userspace::daemon::sync::SyncHandle::spawn(cfg, pin_dir.to_path_buf())
+        });
+        match r {
+            Ok(h) => return h,
+            Err(e) if start.elapsed() > Duration::from_secs(5) => {
+                panic!("start a sync task: {e:#}")
+            }
+            Err(_) => std::thread::sleep(Duration::from_millis(50)),
+        }
+    }
+}
+
+/// The sync benches' one service: the VIP's 6443 over `n` backends (10.77.0.11 on).
+fn sync_services(n: u8) -> Desired {
+    Desired {
+        services: vec![ServiceSpec {
+            key: vip_key(VIP.into(), 6443, PROTO_TCP),
+            owned: true,
+            backends: (11..11 + n)
+                .map(|i| backend(&format!("10.77.0.{i}"), i))
+                .collect(),
+        }],
+        ..Default::default()
+    }
 }
