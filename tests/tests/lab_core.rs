@@ -566,3 +566,92 @@ fn a_stalled_netlink_answer_delays_neither_health_nor_ownership_and_the_undo_fol
     assert!(!holds(&l, 1, STATIC_VIP), "and it stays removed");
     assert!(holds(&l, 1, VIP4), "the VRRP VIP stays");
 }
+
+/// A VRRP instance slow to leave at a reload holds neither the owner's loop nor its
+/// successor's VIP. The stall is lbd's test-only fault injection
+/// (`LB_TEST_VRRP_REMOVE_DELAY_FILE`, `vrrp/instance.rs`): each VIP removal of an instance
+/// waits the file's milliseconds before it is sent. Node 1 (master) reloads a config that
+/// restarts its instance (`unicast_src` set) while the old incarnation's VIP removal stalls
+/// 6 s; node 2 dies meanwhile. The reload is done within the 2 s deadline, and node 2's
+/// backend leaves node 1's table during the stall. The new incarnation starts only once the
+/// old one has left: the late removal lands before its add, and node 1 ends master holding
+/// the VIP.
+#[test]
+fn a_vrrp_instance_slow_to_leave_at_a_reload_holds_neither_the_loop_nor_its_successor() {
+    let mut l = VrrpLab::prepare(LABNODE, vec![prio(150), prio(100)]);
+    let delay = l.lab.dir.join("vrrp-remove-delay");
+    // Only node 1's lbd reads the delay file (the variable is in its environment alone).
+    unsafe { std::env::set_var("LB_TEST_VRRP_REMOVE_DELAY_FILE", &delay) };
+    l.start(0);
+    unsafe { std::env::remove_var("LB_TEST_VRRP_REMOVE_DELAY_FILE") };
+    wait_master(&l, 0);
+    l.start(1);
+    let backend_up = |l: &VrrpLab, addr: &str| -> Option<bool> {
+        let rows = l.lbctl(0, &["backends", "list"])?;
+        rows.as_array()?
+            .iter()
+            .find(|r| r["backend"] == addr)
+            .and_then(|r| r["healthy"].as_bool())
+    };
+    let n1 = l.addr(&l.nodes[0].clone());
+    let n2 = l.addr(&l.nodes[1].clone());
+    assert!(
+        wait_for(Duration::from_secs(15), || (l.state(1).as_deref()
+            == Some("backup")
+            && backend_up(&l, &n2) == Some(true))
+        .then_some(()))
+        .is_some(),
+        "node 2 is a backup, its backend up on node 1\n{}",
+        l.logs()
+    );
+    // The [[vrrp]] table is the config's last: this sets its unicast_src (still multicast).
+    let restarted = l.config(0) + &format!("unicast_src = \"{n1}\"\n");
+    std::fs::write(l.config_path(0), restarted).unwrap();
+    std::fs::write(&delay, "6000").unwrap();
+    let stalled = std::time::Instant::now();
+    l.signal(0, libc::SIGHUP);
+    assert!(
+        wait_for(Duration::from_secs(5), || l
+            .log(0)
+            .contains("VRRP instance restarts")
+            .then_some(()))
+        .is_some(),
+        "the reload restarts the instance\n{}",
+        l.log(0)
+    );
+    // The old incarnation's removal has read the delay; nothing after it is delayed.
+    std::thread::sleep(Duration::from_millis(300));
+    std::fs::remove_file(&delay).unwrap();
+    l.fail_node(1);
+    // During the stall: the reload is done and node 2's backend is out.
+    let served = wait_for(Duration::from_secs(5), || {
+        (stats(&l, 0)["reloads"] == 1 && backend_up(&l, &n2) == Some(false)).then_some(())
+    });
+    let during = stalled.elapsed();
+    assert!(
+        served.is_some() && during < Duration::from_millis(5800),
+        "node 1 reloaded and took node 2's backend out while its old instance stalled ({during:?})\n{}",
+        l.log(0)
+    );
+    let s = stats(&l, 0);
+    assert_eq!(s["reload_failures"], 0, "{s}");
+    assert!(
+        l.log(0).contains("has not left in time"),
+        "the stop's deadline passed\n{}",
+        l.log(0)
+    );
+    // After the stall: the late removal, then the new incarnation, master with the VIP.
+    std::thread::sleep(Duration::from_millis(6500).saturating_sub(stalled.elapsed()));
+    wait_master(&l, 0);
+    assert!(
+        l.log(0).contains("the previous incarnation has left"),
+        "the new incarnation waited for the old one\n{}",
+        l.log(0)
+    );
+    std::thread::sleep(Duration::from_millis(1500));
+    assert!(
+        holds(&l, 0, VIP4) && l.state(0).as_deref() == Some("master"),
+        "node 1 is master and keeps the VIP: no late removal after the new add\n{}",
+        l.log(0)
+    );
+}

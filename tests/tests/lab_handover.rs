@@ -295,6 +295,7 @@ fn a_new_master_announces_its_vips_only_once_its_data_plane_forwards() {
                 "eth0",
                 nl.handle().clone(),
                 lb_userspace::vrrp::realtime::DEFAULT_RT_PRIORITY,
+                Vec::new(),
             )
             .await
             .expect("instance");

@@ -1318,3 +1318,93 @@ fn a_retraction_racing_the_program_leaves_the_flow_in_neither_table() {
         "retracted entries still held (round, port, in the LRU hash, in the cache): {left:?}"
     );
 }
+
+/// `bpf_ktime_get_coarse_ns`'s clock: a close's time in an entry is on it.
+fn coarse_now_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: the kernel writes one timespec.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+#[test]
+fn a_peers_close_of_the_same_pair_closes_this_nodes_open_entry_and_nothing_else() {
+    // BGP: this node forwards the service too, so its own entry stands against a peer's
+    // record; but a client that closed through the peer (ECMP moved its segments there) comes
+    // as the peer's closed record, and this node's open entry of the same pair takes the
+    // close (`ConntrackPins::close_same`). A SYN reusing the 5-tuple after the hold is then
+    // placed afresh, not sent to the pair the entry names. Another pair, an open record or
+    // an entry closed already are left alone.
+    use lb_userspace::dataplane::sync_view::ConntrackPins;
+    let vip = IpAddr::from(VIP4);
+    let client = IpAddr::from([10, 68, 7, 4]);
+    let mut t = TestDataplane::new(251);
+    t.dp.apply(&desired(vip, 3)).unwrap();
+    let mut m = Maps::open(&t);
+    let mut pins = ConntrackPins::open(&t.opts.pin_dir()).unwrap();
+    let flows: Vec<(u16, u8, FlowValue)> = (23000..23040u16)
+        .map(|sport| {
+            let b = send(&mut t, &frame(client, vip, sport, SYN));
+            let (v, _) = m.entry(&key(client, vip, sport)).expect("in the cache");
+            (sport, b, v)
+        })
+        .collect();
+    // 20 s ago: the hold (at most 8.6 s) is over.
+    let long_ago = |v: FlowValue, seq: u32| v.closed_aged(seq, 20_000_000_000, coarse_now_ns());
+    for (sport, b, own) in &flows {
+        let k = key(client, vip, *sport);
+        let (xb, other) = flows
+            .iter()
+            .find(|f| f.1 != *b)
+            .map(|f| (f.1, f.2))
+            .unwrap();
+        // This node's entry names another pair (placed before the set changed), open.
+        m.clear(&k);
+        m.conntrack.insert(k, other, 0).unwrap();
+        assert_eq!(
+            send(&mut t, &frame(client, vip, *sport, SYN)),
+            xb,
+            "port {sport}: a SYN follows an open entry"
+        );
+        assert!(m.holds(&k), "port {sport}: the entry is in the cache now");
+        assert!(
+            !pins.close_same(&k, long_ago(*own, 5)).unwrap(),
+            "port {sport}: the peer's close of another pair closed this node's entry"
+        );
+        assert!(
+            !pins.close_same(&k, other).unwrap(),
+            "port {sport}: an open record changed the entry"
+        );
+        assert_eq!(
+            pins.scan(usize::MAX, |s, _| *s == k).unwrap(),
+            vec![(k, other)],
+            "port {sport}: still open"
+        );
+        let closed = long_ago(other, 5);
+        assert!(
+            pins.close_same(&k, closed).unwrap(),
+            "port {sport}: the peer's close of the same pair"
+        );
+        assert!(
+            !pins.close_same(&k, long_ago(other, 9)).unwrap(),
+            "port {sport}: a close held already stays"
+        );
+        assert_eq!(
+            pins.scan(usize::MAX, |s, _| *s == k).unwrap(),
+            vec![(k, closed)],
+            "port {sport}: closed as the peer saw it, its own close kept"
+        );
+        assert_eq!(
+            send(&mut t, &frame(client, vip, *sport, SYN)),
+            *b,
+            "port {sport}: the reused 5-tuple is placed afresh"
+        );
+    }
+    // No entry: nothing is written (a record fills an empty slot through `insert_absent`).
+    let k = key(client, vip, 24000);
+    assert!(!pins.close_same(&k, long_ago(flows[0].2, 5)).unwrap());
+    assert!(m.conntrack.get(&k, 0).is_err() && !m.holds(&k));
+}

@@ -114,7 +114,7 @@ async fn execute(
     statics: &mut StaticVips,
     req: Request,
 ) -> anyhow::Result<()> {
-    if let Some(delay) = injected_delay() {
+    if let Some(delay) = crate::net::injected_delay(DELAY_FILE_ENV) {
         tokio::time::sleep(delay).await;
     }
     match req {
@@ -126,11 +126,4 @@ async fn execute(
         }
         Request::LocalVip(vip) => crate::net::ensure_local_vip(handle, vip).await,
     }
-}
-
-/// The test-only stall (see the module doc).
-fn injected_delay() -> Option<Duration> {
-    let path = std::env::var_os(DELAY_FILE_ENV)?;
-    let ms: u64 = std::fs::read_to_string(path).ok()?.trim().parse().ok()?;
-    Some(Duration::from_millis(ms))
 }

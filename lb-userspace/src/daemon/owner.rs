@@ -109,6 +109,9 @@ pub struct Owner {
     pub(super) health: HealthMonitor,
     health_events: Option<mpsc::UnboundedReceiver<HealthEvent>>,
     pub(super) vrrp: Vec<VrrpHandle>,
+    /// Instances stopped at a reload that had not left within the deadline (see
+    /// `stop_instance`); dropped once gone.
+    pub(super) leaving: Vec<crate::vrrp::instance::Leaving>,
     pub(super) netlink: Netlink,
     pub(super) bgp: BgpHandle,
     /// Interface checks so far (see `churn.rs`).
@@ -230,6 +233,7 @@ impl Owner {
             health,
             health_events: Some(events),
             vrrp: Vec::new(),
+            leaving: Vec::new(),
             netlink,
             bgp,
             churn_checks: 0,

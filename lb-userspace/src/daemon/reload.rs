@@ -284,8 +284,7 @@ impl Owner {
                 Ok(h) => started.push(h),
                 Err(e) => {
                     for h in started {
-                        h.instance.shutdown().await;
-                        self.instance_stopped(&h.cfg.name);
+                        self.stop_instance(h).await;
                     }
                     return Err(e);
                 }
@@ -302,8 +301,7 @@ impl Owner {
             tracing::info!(instance = %name, why, "VRRP instance restarts");
             let old = self.vrrp.remove(pos);
             let old_cfg = old.cfg.clone();
-            old.instance.shutdown().await;
-            self.instance_stopped(name);
+            self.stop_instance(old).await;
             match self.start_instance(&new, r).await {
                 Ok(h) => {
                     self.vrrp.push(h);
@@ -318,14 +316,12 @@ impl Owner {
         }
         if let Some(e) = failure {
             for h in started {
-                h.instance.shutdown().await;
-                self.instance_stopped(&h.cfg.name);
+                self.stop_instance(h).await;
             }
             for old_cfg in replaced {
                 if let Some(pos) = self.vrrp.iter().position(|h| h.cfg.name == old_cfg.name) {
                     let h = self.vrrp.remove(pos);
-                    h.instance.shutdown().await;
-                    self.instance_stopped(&old_cfg.name);
+                    self.stop_instance(h).await;
                 }
                 let name = old_cfg.name.clone();
                 match self.spawn_instance(old_cfg).await {
@@ -361,15 +357,14 @@ impl Owner {
                     .cloned()
                     .unwrap_or_else(|| e.clone());
                 h.peers = e.unicast_peers.clone();
-                h.instance.reconfigure(e).await;
+                h.instance.reconfigure(e);
             }
         }
         for name in &changes.remove {
             if let Some(pos) = self.vrrp.iter().position(|h| h.cfg.name == *name) {
                 tracing::info!(instance = %name, why = "removed", "VRRP instance restarts");
                 let h = self.vrrp.remove(pos);
-                h.instance.shutdown().await;
-                self.instance_stopped(name);
+                self.stop_instance(h).await;
             }
         }
         if let Err(e) = self.apply() {

@@ -99,7 +99,9 @@ impl Owner {
     /// grace decides when forwarding stops, as for any move); every other message is refused.
     async fn resign_vrrp(&mut self) {
         let handles = std::mem::take(&mut self.vrrp);
-        if handles.is_empty() {
+        // Instances a reload stopped that are still removing their VIPs are waited for too.
+        let leaving = std::mem::take(&mut self.leaving);
+        if handles.is_empty() && leaving.is_empty() {
             return;
         }
         let ids: Vec<u64> = handles.iter().map(|h| h.id).collect();
@@ -107,8 +109,16 @@ impl Owner {
         let vips: Vec<(String, Vec<std::net::IpAddr>)> = handles
             .iter()
             .map(|h| (super::vrrp::interface_of(&h.cfg, &cfg), h.cfg.vips.clone()))
+            .chain(
+                leaving
+                    .iter()
+                    .map(|l| (l.interface.clone(), l.vips.clone())),
+            )
             .collect();
-        let all = futures::future::join_all(handles.into_iter().map(|h| h.instance.shutdown()));
+        let all = futures::future::join(
+            futures::future::join_all(handles.into_iter().map(|h| h.instance.shutdown())),
+            futures::future::join_all(leaving.into_iter().map(|l| l.wait())),
+        );
         let deadline = tokio::time::sleep(VRRP_DEADLINE);
         tokio::pin!(all, deadline);
         let done = loop {

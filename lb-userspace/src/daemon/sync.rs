@@ -967,12 +967,15 @@ impl Task {
                     }
                     continue;
                 }
-                // Where this node forwards the service its own entry stands; elsewhere the
-                // sender's is the current one and corrects what is held.
+                // Where this node forwards the service its own entry stands (only a close the
+                // peer saw on the same pair is taken); elsewhere the sender's is the current
+                // one and corrects what is held.
                 let forwarded = ix.forwarded(&r.key);
                 match ix.resolve(r).map(|v| with_close(v, r.close, coarse)) {
                     Ok(v) => match if forwarded {
-                        pins.insert_absent(&r.key, v)
+                        pins.insert_absent(&r.key, v).and_then(|new| {
+                            Ok(new || r.close.is_some() && pins.close_same(&r.key, v)?)
+                        })
                     } else {
                         pins.correct(&r.key, v)
                     } {

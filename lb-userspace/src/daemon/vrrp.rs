@@ -120,7 +120,7 @@ impl Owner {
             if e.unicast_peers != h.peers {
                 tracing::info!(instance = %h.cfg.name, peers = ?e.unicast_peers, "VRRP peers follow the members");
                 h.peers = e.unicast_peers.clone();
-                h.instance.reconfigure(e).await;
+                h.instance.reconfigure(e);
             }
         }
         // A learned sync peer is a node the rendered lists do not know at all: one they name
@@ -143,11 +143,20 @@ impl Owner {
     pub(super) async fn spawn_instance(&mut self, r: InstanceConfig) -> Result<VrrpHandle> {
         let running = self.effective_instance(&r);
         let peers = running.unicast_peers.clone();
+        // An earlier incarnation (or a removed instance) still removing these VIPs goes first.
+        self.leaving.retain(|l| !l.is_gone());
+        let after = self
+            .leaving
+            .iter()
+            .filter(|l| l.shares(&r.vips))
+            .cloned()
+            .collect();
         let mut instance = Instance::spawn(
             running,
             &self.cfg.interface,
             self.netlink.handle().clone(),
             self.cfg.vrrp_rt_priority,
+            after,
         )
         .await
         .with_context(|| format!("start VRRP instance {}", r.name))?;
@@ -235,6 +244,20 @@ impl Owner {
     }
 
     /// An instance was stopped (restart, removal): its ownership is gone.
+    /// Stop a running instance at a reload (restart, removal or undo), waiting for it at most
+    /// the netlink deadline: one still removing its VIPs after that goes on leaving on its own
+    /// thread, and what starts with one of its VIPs waits for it ([`Instance::spawn`]), so its
+    /// late removal never lands after the successor's add.
+    pub(super) async fn stop_instance(&mut self, h: VrrpHandle) {
+        let name = h.cfg.name.clone();
+        let deadline = super::netexec::DEADLINE;
+        if let Some(l) = h.instance.shutdown_within(deadline).await {
+            tracing::warn!(instance = %name, ?deadline, vips = ?l.vips, "VRRP instance has not left in time (its VIP removal waits on the kernel); what takes its VIPs next waits for it");
+            self.leaving.push(l);
+        }
+        self.instance_stopped(&name);
+    }
+
     pub(super) fn instance_stopped(&mut self, name: &str) {
         let name = name.to_string();
         self.ctl
@@ -286,7 +309,7 @@ impl Owner {
             let h = &mut self.vrrp[i];
             if w != h.weight {
                 tracing::info!(instance = %h.cfg.name, group = ?h.cfg.group, weight = w.weight, fault = w.fault, "tracked weight changed");
-                h.instance.set_track_weight(w).await;
+                h.instance.set_track_weight(w);
                 h.weight = w;
             }
         }

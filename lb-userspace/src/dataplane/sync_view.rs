@@ -282,6 +282,39 @@ impl ConntrackPins {
         self.lru.insert_absent(key, value)
     }
 
+    /// A peer's closed record for a flow of a service this node forwards too (BGP, where the
+    /// client's segments may reach either node): this node's own entry stands, but where it
+    /// names the record's pair and is still open, the client closed the flow through the peer,
+    /// so it is closed as the peer saw it (its end, and its time set back by the close's age).
+    /// A SYN reusing the 5-tuple after the hold is then placed afresh here too, not sent to
+    /// the pair whatever became of it. Another pair, an entry closed already (its own close
+    /// and time stand) or none (see [`ConntrackPins::insert_absent`]) are left as they are.
+    /// The program decides from the cache first: its copy is the one looked at, taken out
+    /// and the closed entry written to the LRU hash, as [`ConntrackPins::correct`] does.
+    /// `Ok(true)`: closed.
+    pub fn close_same(&mut self, key: &FlowKey, value: FlowValue) -> Result<bool> {
+        if !value.client_closed() {
+            return Ok(false);
+        }
+        let cached = self.cache.get(key)?;
+        let held = match cached {
+            Some(c) => Some(c),
+            None => self.lru.map.get(key, 0).ok(),
+        };
+        let open_same_pair = |v: &FlowValue| {
+            v.backend() == value.backend() && v.epoch == value.epoch && !v.client_closed()
+        };
+        if !held.as_ref().is_some_and(open_same_pair) {
+            return Ok(false);
+        }
+        if let Some(c) = cached {
+            self.cache.invalidate_if(key, c)?;
+        }
+        const BPF_ANY: u64 = 0;
+        self.lru.map.insert(key, value, BPF_ANY)?;
+        Ok(true)
+    }
+
     /// A peer's record for a flow of a service this node does not forward: the peer forwards
     /// it and its entry is the current one, so an entry held here naming another pair (a
     /// lost retraction, a backend change between two of the peer's scans, an entry from when

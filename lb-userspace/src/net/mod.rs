@@ -43,6 +43,15 @@ pub struct Neighbour {
     pub state: String,
 }
 
+/// Test-only fault injection, for the labs that stall the kernel's answer: when the file named
+/// by the environment variable `var` exists, the delay in milliseconds it holds. Unset in
+/// production, it costs one `getenv`.
+pub fn injected_delay(var: &str) -> Option<std::time::Duration> {
+    let path = std::env::var_os(var)?;
+    let ms: u64 = std::fs::read_to_string(path).ok()?.trim().parse().ok()?;
+    Some(std::time::Duration::from_millis(ms))
+}
+
 /// The errno of a netlink error answer, if `e` is one.
 pub fn errno(e: &rtnetlink::Error) -> Option<i32> {
     match e {

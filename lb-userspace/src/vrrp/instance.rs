@@ -34,6 +34,10 @@ use crate::config::Validate;
 use crate::net::iface::interface_info;
 
 pub use super::hold::{FORWARDING_ACK_WAIT, GARP_BURST, GARP_SPACING};
+/// Test-only: a file holding a delay in ms that every VIP removal of an instance waits before
+/// it is sent (a stalled kernel answer; `tests/tests/lab_core.rs`). See
+/// [`crate::net::injected_delay`].
+pub const REMOVE_DELAY_FILE_ENV: &str = "LB_TEST_VRRP_REMOVE_DELAY_FILE";
 /// How often link state is polled (a link going down means fault).
 const LINK_POLL: Duration = Duration::from_millis(250);
 
@@ -116,8 +120,11 @@ pub struct InstanceStatus {
     pub collisions: Collisions,
 }
 
+/// What the daemon tells a running instance. The queue is unbounded so that the daemon never
+/// waits on an instance whose thread is held up (a VIP change the kernel is slow to answer):
+/// only reloads put commands on it. The tracked weight, which follows every health change, goes
+/// on a `watch` instead (the latest value is all that counts).
 enum Command {
-    TrackWeight(super::track::Tracking),
     /// A reload changed only fields that apply in place (see
     /// [`InstanceConfig::restart_needed`]).
     Reconfigure(Box<InstanceConfig>),
@@ -126,7 +133,10 @@ enum Command {
 
 /// The daemon's handle on a running instance.
 pub struct Instance {
-    commands: mpsc::Sender<Command>,
+    commands: mpsc::UnboundedSender<Command>,
+    weight: watch::Sender<super::track::Tracking>,
+    /// Closed when the instance's thread ends (see [`Leaving`]).
+    gone: watch::Receiver<()>,
     status: Arc<Mutex<InstanceStatus>>,
     owned: watch::Receiver<bool>,
     /// The data plane's confirmation that it forwards (see [`Instance::forwarding_ack`]).
@@ -137,17 +147,21 @@ pub struct Instance {
 }
 
 impl Instance {
-    /// Validate `cfg`, clean up stale VIPs from an earlier run, open the socket and start the
-    /// instance on its own thread. `default_interface` is used when the config names none;
-    /// `netlink` is the daemon's rtnetlink handle (e.g. `Netlink::handle().clone()`), used
-    /// here and by the instance only if it cannot open its own connection. `rt_priority` is
-    /// the thread's `SCHED_RR` priority (0: normal scheduling; see [`realtime`]); a node that
-    /// does not allow it logs a warning and the instance runs at normal priority.
+    /// Validate `cfg`, open the socket and start the instance on its own thread, which first
+    /// waits for every instance in `after` to have left (an earlier incarnation whose VIP
+    /// removal is still under way: its late removal must not land after this one's add), then
+    /// removes stale VIPs of an earlier run, then runs. `default_interface` is used when the
+    /// config names none; `netlink` is the daemon's rtnetlink handle (e.g.
+    /// `Netlink::handle().clone()`), used by the instance only if it cannot open its own
+    /// connection. `rt_priority` is the thread's `SCHED_RR` priority (0: normal scheduling;
+    /// see [`realtime`]); a node that does not allow it logs a warning and the instance runs
+    /// at normal priority. Nothing here waits on netlink.
     pub async fn spawn(
         cfg: InstanceConfig,
         default_interface: &str,
         netlink: rtnetlink::Handle,
         rt_priority: u8,
+        after: Vec<Leaving>,
     ) -> Result<Instance> {
         cfg.validate()
             .map_err(|e| anyhow!("vrrp instance {:?}: {e}", cfg.name))?;
@@ -166,11 +180,6 @@ impl Instance {
                 )
             })?,
         };
-        // Only this instance's VIPs: another instance's may be up on the same interface.
-        let removed = crate::net::addr::remove_stale(&netlink, &ifname, &cfg.vips).await?;
-        if !removed.is_empty() {
-            tracing::info!(instance = %cfg.name, ?removed, "removed stale VIPs left by an earlier run");
-        }
         let announcer = match Announcer::new(&ifname) {
             Ok(a) => Some(a),
             Err(e) => {
@@ -206,7 +215,9 @@ impl Instance {
             },
             collisions: Collisions::default(),
         }));
-        let (commands, rx) = mpsc::channel(16);
+        let (commands, rx) = mpsc::unbounded_channel();
+        let (weight, weight_rx) = watch::channel(super::track::Tracking::default());
+        let (alive, gone) = watch::channel(());
         let (owned_tx, owned) = watch::channel(false);
         let (forwarding_tx, forwarding_rx) = watch::channel(false);
         let forwarding_acked = Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -219,6 +230,8 @@ impl Instance {
         let thread = std::thread::Builder::new()
             .name(thread_name(&cfg.name))
             .spawn(move || {
+                // Dropped when the thread ends, however it ends: `Leaving` waits for that.
+                let _alive = alive;
                 let sched = realtime::set_current_thread(rt_priority);
                 // Everything the instance waits on is driven by this thread: its own timers,
                 // its socket's readiness and its own netlink connection.
@@ -275,7 +288,7 @@ impl Instance {
                     peer_failed,
                 };
                 let _ = ready_tx.send(Ok(sched));
-                rt.block_on(runner.run(rx));
+                rt.block_on(runner.run(after, rx, weight_rx));
             })
             .context("start the instance's thread")?;
         let sched = ready_rx
@@ -297,6 +310,8 @@ impl Instance {
             forwarding: Some(forwarding_tx),
             forwarding_acked,
             commands,
+            weight,
+            gone,
             status,
             owned,
             peer_failures: Some(peer_failures),
@@ -331,8 +346,8 @@ impl Instance {
     /// Set what the tracked checks add up to ([`super::track::tracking`]): the effective
     /// priority becomes base + weight, clamped to 1..=254 (255 stays 255); `fault` puts the
     /// instance in FAULT until it clears.
-    pub async fn set_track_weight(&self, weight: super::track::Tracking) {
-        let _ = self.commands.send(Command::TrackWeight(weight)).await;
+    pub fn set_track_weight(&self, weight: super::track::Tracking) {
+        self.weight.send_replace(weight);
     }
 
     /// The addresses of masters that died: we took over because our master-down timer expired
@@ -343,11 +358,8 @@ impl Instance {
     }
 
     /// Apply a reload that changed only in-place fields: no resignation, the VIPs stay.
-    pub async fn reconfigure(&self, cfg: InstanceConfig) {
-        let _ = self
-            .commands
-            .send(Command::Reconfigure(Box::new(cfg)))
-            .await;
+    pub fn reconfigure(&self, cfg: InstanceConfig) {
+        let _ = self.commands.send(Command::Reconfigure(Box::new(cfg)));
     }
 
     /// Whether the instance is still running (its thread ends only on shutdown or a panic).
@@ -359,11 +371,62 @@ impl Instance {
     /// only) and removes its VIPs. Returns when done.
     pub async fn shutdown(self) {
         let (tx, rx) = oneshot::channel();
-        if self.commands.send(Command::Shutdown(tx)).await.is_ok() {
+        if self.commands.send(Command::Shutdown(tx)).is_ok() {
             let _ = rx.await;
         }
         let thread = self.thread;
         let _ = tokio::task::spawn_blocking(move || thread.join()).await;
+    }
+
+    /// [`Instance::shutdown`], waited for at most `deadline`. An instance that has not left by
+    /// then (its VIP removal waits on a slow kernel) goes on leaving on its own thread, and is
+    /// returned as [`Leaving`]: whatever takes its VIPs next must wait for it.
+    pub async fn shutdown_within(self, deadline: Duration) -> Option<Leaving> {
+        let (tx, _done) = oneshot::channel();
+        let _ = self.commands.send(Command::Shutdown(tx));
+        let status = self.status();
+        let leaving = Leaving {
+            name: status.name,
+            interface: status.interface,
+            vips: status.vips,
+            gone: self.gone.clone(),
+        };
+        if tokio::time::timeout(deadline, leaving.clone().wait())
+            .await
+            .is_err()
+        {
+            return Some(leaving);
+        }
+        let thread = self.thread;
+        let _ = tokio::task::spawn_blocking(move || thread.join()).await;
+        None
+    }
+}
+
+/// An instance told to stop that has not finished leaving: its thread still runs, removing
+/// its VIPs. Its successor waits for it (see [`Instance::spawn`]).
+#[derive(Clone, Debug)]
+pub struct Leaving {
+    pub name: String,
+    pub interface: String,
+    pub vips: Vec<IpAddr>,
+    gone: watch::Receiver<()>,
+}
+
+impl Leaving {
+    /// Whether its thread has ended.
+    pub fn is_gone(&self) -> bool {
+        self.gone.has_changed().is_err()
+    }
+
+    /// Whether it holds (or held) one of `vips`.
+    pub fn shares(&self, vips: &[IpAddr]) -> bool {
+        self.vips.iter().any(|v| vips.contains(v))
+    }
+
+    /// Until its thread has ended.
+    pub async fn wait(mut self) {
+        while self.gone.changed().await.is_ok() {}
     }
 }
 
@@ -525,7 +588,33 @@ impl Runner {
         Instant::now().saturating_duration_since(self.epoch)
     }
 
-    async fn run(mut self, mut commands: mpsc::Receiver<Command>) {
+    async fn run(
+        mut self,
+        after: Vec<Leaving>,
+        mut commands: mpsc::UnboundedReceiver<Command>,
+        mut weights: watch::Receiver<super::track::Tracking>,
+    ) {
+        if !after.is_empty() {
+            let names: Vec<&str> = after.iter().map(|l| l.name.as_str()).collect();
+            tracing::warn!(instance = %self.cfg.name, waiting_for = ?names, "the previous incarnation is still removing its VIPs; this one starts once it has left");
+            for l in after {
+                l.wait().await;
+            }
+            tracing::info!(instance = %self.cfg.name, "the previous incarnation has left; starting");
+            // What arrived meanwhile is stale.
+            while self.socket.try_recv().is_some() {}
+        }
+        // Only this instance's VIPs: another instance's may be up on the same interface.
+        match crate::net::addr::remove_stale(&self.netlink, &self.ifname, &self.cfg.vips).await {
+            Ok(removed) if !removed.is_empty() => {
+                tracing::info!(instance = %self.cfg.name, ?removed, "removed stale VIPs left by an earlier run")
+            }
+            Ok(_) => {}
+            Err(e) => {
+                tracing::error!(instance = %self.cfg.name, error = format!("{e:#}"), "removing stale VIPs of an earlier run failed");
+                self.with_status(|s| s.counters.vip_errors += 1);
+            }
+        }
         if !self.link_up {
             self.step(Event::InterfaceDown).await;
         }
@@ -593,16 +682,17 @@ impl Runner {
                 },
                 _ = link_poll.tick() => self.poll_link().await,
                 () = crate::net::next_link_change(&mut link_events) => self.poll_link().await,
-                cmd = commands.recv() => match cmd {
-                    Some(Command::TrackWeight(t)) => {
-                        self.weight = t.weight;
-                        let p = state::effective_priority(self.cfg.priority, t.weight);
-                        self.step(Event::PriorityChanged(p)).await;
-                        if t.fault != self.track_fault {
-                            self.track_fault = t.fault;
-                            self.step(Event::TrackFault(t.fault)).await;
-                        }
+                Ok(()) = weights.changed() => {
+                    let t = *weights.borrow_and_update();
+                    self.weight = t.weight;
+                    let p = state::effective_priority(self.cfg.priority, t.weight);
+                    self.step(Event::PriorityChanged(p)).await;
+                    if t.fault != self.track_fault {
+                        self.track_fault = t.fault;
+                        self.step(Event::TrackFault(t.fault)).await;
                     }
+                }
+                cmd = commands.recv() => match cmd {
                     Some(Command::Reconfigure(cfg)) => self.reconfigure(*cfg).await,
                     Some(Command::Shutdown(done)) => {
                         self.step(Event::Shutdown).await;
@@ -1083,6 +1173,9 @@ impl Runner {
     /// dump interrupted with EBUSY, the hold machine retries at every link poll until done, so
     /// a backup never keeps a VIP).
     async fn remove_vips(&mut self) -> bool {
+        if let Some(delay) = crate::net::injected_delay(REMOVE_DELAY_FILE_ENV) {
+            tokio::time::sleep(delay).await;
+        }
         let mut ok = true;
         for vip in self.cfg.vips.clone() {
             if let Err(e) = crate::net::addr::remove_vip(&self.netlink, &self.ifname, vip).await {
