@@ -16,7 +16,7 @@
 //!   router's readiness (`/healthz/ready` on 1936; a node without a router is absent),
 //!   priority 20, +50 while the local router is ready.
 //! - IngressController shards (`[[ingress_shards]]`): a VIP each, on the nodes they select
-//!   ([`shards`]). The checks and their timing beside OpenShift's: [`checks`].
+//!   (`render/shards.rs`). The checks and their timing beside OpenShift's: `render/checks.rs`.
 //!
 //! A node with both roles (compact three-node clusters) gets one config with both VIPs and
 //! both VRRP instances: one lbd, one XDP attach, one API socket.
@@ -121,7 +121,7 @@ pub struct ClusterSpec {
     #[serde(default)]
     pub platform: Platform,
     /// IngressController shards, each with its own VIPs, ports, router stats port and node
-    /// selection, rendered beside the default ingress VIP (see [`shards`]).
+    /// selection, rendered beside the default ingress VIP (see `render/shards.rs`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub ingress_shards: Vec<IngressShard>,
     /// The install's bootstrap node, while it exists (`[bootstrap]`): it holds the API VIP

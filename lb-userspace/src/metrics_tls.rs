@@ -161,7 +161,7 @@ pub fn authorized(
         .and_then(|c| c.first())
         .and_then(client_user)
         .ok_or_else(|| "a client certificate without a common name".to_string())?;
-    if allowed.iter().any(|a| *a == user) {
+    if allowed.contains(&user) {
         Ok(user)
     } else {
         Err(user)

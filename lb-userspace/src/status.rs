@@ -338,6 +338,10 @@ pub struct ErrorRow {
     pub error: String,
 }
 
+fn yes() -> bool {
+    true
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -572,8 +576,4 @@ mod tests {
         let back: VrrpRow = serde_json::from_value(vrrp).unwrap();
         assert_eq!(back.instance.name, "api");
     }
-}
-
-fn yes() -> bool {
-    true
 }

@@ -673,7 +673,9 @@ impl Shards {
         lab.add_node("client", "10.79.0.1", "fd79::1");
         lab.add_node("lb", "10.79.0.2", "fd79::2");
         let standin = bin_dir().join("standin");
-        let routers: [(&str, &str, &[(&str, u16, u16)]); 2] = [
+        // (node, its address, its shards: name, port, stats port)
+        type Router<'a> = (&'a str, &'a str, &'a [(&'a str, u16, u16)]);
+        let routers: [Router; 2] = [
             (
                 "w1",
                 "10.79.0.11",

@@ -84,8 +84,8 @@ fn lab(sync: bool) -> Lab {
         without_n4.push(without);
     }
     // n1..n3 run from files that do not name n4; n4's own file names them.
-    for i in 0..3 {
-        std::fs::write(l.config_path(i), &without_n4[i]).unwrap();
+    for (i, c) in without_n4.iter().enumerate().take(3) {
+        std::fs::write(l.config_path(i), c).unwrap();
     }
     std::fs::write(l.config_path(3), &with_n4[3]).unwrap();
     Lab {

@@ -7,9 +7,12 @@ use std::net::IpAddr;
 use lb_tests::lab::{Lab, sh};
 use lb_userspace::net::{self, addr};
 
+/// (address, label) pairs.
+type Labelled = Vec<(String, String)>;
+
 /// The node's IPv4 addresses on `dev` as OVN-Kubernetes keeps them: (address, label), minus
 /// those whose label ends in "vip".
-fn node_addresses(netns: &str, dev: &str) -> (Vec<(String, String)>, Vec<(String, String)>) {
+fn node_addresses(netns: &str, dev: &str) -> (Labelled, Labelled) {
     let out = sh(&["ip", "-n", netns, "-j", "-4", "addr", "show", "dev", dev]);
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let all: Vec<(String, String)> = v[0]["addr_info"]

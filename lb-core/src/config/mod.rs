@@ -121,7 +121,7 @@ impl Protocol {
 pub struct Config {
     /// Interface the XDP program attaches to and the VIPs live on.
     pub interface: String,
-    /// Name of this load balancer: maps and links are pinned under /sys/fs/bpf/<name>/.
+    /// Name of this load balancer: maps and links are pinned under `/sys/fs/bpf/<name>/`.
     #[serde(default = "default_name")]
     pub name: String,
     /// The API's unix socket.

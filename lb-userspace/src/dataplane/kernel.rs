@@ -146,16 +146,13 @@ pub fn lacking(release: &Release) -> Vec<&'static Feature> {
 /// The verifier's reason in its log: the last line that says something (the log ends with its
 /// statistics, after the reason).
 pub fn verifier_reason(log: &str) -> Option<&str> {
-    log.lines()
-        .map(str::trim)
-        .filter(|l| {
-            !l.is_empty()
-                && !l.starts_with("processed ")
-                && !l.starts_with("verification time")
-                && !l.starts_with("stack depth")
-                && !l.starts_with("max_states_per_insn")
-        })
-        .next_back()
+    log.lines().map(str::trim).rfind(|l| {
+        !l.is_empty()
+            && !l.starts_with("processed ")
+            && !l.starts_with("verification time")
+            && !l.starts_with("stack depth")
+            && !l.starts_with("max_states_per_insn")
+    })
 }
 
 /// The error for a kernel that refused `program`: the kernel, the program, the verifier's

@@ -154,10 +154,16 @@ mod tests {
             x[i] ^= 1;
             assert!(open(std::slice::from_ref(&k1), &x).is_err(), "byte {i}");
         }
-        assert_eq!(open(&[k1.clone()], &d[..10]), Err(WireError::Size));
+        assert_eq!(
+            open(std::slice::from_ref(&k1), &d[..10]),
+            Err(WireError::Size)
+        );
         // An unknown flag, even signed, is refused.
         let mut b = a();
         b.flags = 0x80;
-        assert_eq!(open(&[k1.clone()], &seal(&k1, &b)), Err(WireError::Version));
+        assert_eq!(
+            open(std::slice::from_ref(&k1), &seal(&k1, &b)),
+            Err(WireError::Version)
+        );
     }
 }

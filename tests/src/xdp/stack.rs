@@ -128,7 +128,7 @@ fn readable(symbol: &str) -> String {
     else {
         return symbol.to_string();
     };
-    let b = rest[at..].as_bytes();
+    let b = &rest.as_bytes()[at..];
     let (mut parts, mut i) = (Vec::new(), 0);
     while i < b.len() {
         let digits = b[i..].iter().take_while(|c| c.is_ascii_digit()).count();
