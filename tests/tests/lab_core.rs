@@ -57,6 +57,23 @@ fn reload(l: &VrrpLab, i: usize) -> (bool, String) {
     (out.status.success(), text)
 }
 
+/// Start node `i`'s lbd with the test-only fault injection `var` naming `file` (in its
+/// environment alone).
+fn start_with_delay_file(l: &mut VrrpLab, i: usize, var: &str, file: &std::path::Path) {
+    unsafe { std::env::set_var(var, file) };
+    l.start(i);
+    unsafe { std::env::remove_var(var) };
+}
+
+/// Whether node `i`'s lbd has backend `addr` healthy (`None`: no answer, or no such row).
+fn backend_up(l: &VrrpLab, i: usize, addr: &str) -> Option<bool> {
+    let rows = l.lbctl(i, &["backends", "list"])?;
+    rows.as_array()?
+        .iter()
+        .find(|r| r["backend"] == addr)
+        .and_then(|r| r["healthy"].as_bool())
+}
+
 fn stats(l: &VrrpLab, i: usize) -> Value {
     l.lbctl(i, &["stats"]).expect("lbctl stats")
 }
@@ -487,17 +504,9 @@ fn a_stalled_netlink_answer_delays_neither_health_nor_ownership_and_the_undo_fol
     let delay = l.lab.dir.join("netlink-delay");
     l.start(0);
     wait_master(&l, 0);
-    // Only node 2's lbd reads the delay file (the variable is in its environment alone).
-    unsafe { std::env::set_var("LB_TEST_NETLINK_DELAY_FILE", &delay) };
-    l.start(1);
-    unsafe { std::env::remove_var("LB_TEST_NETLINK_DELAY_FILE") };
-    let backend_up = |l: &VrrpLab, addr: &str| -> Option<bool> {
-        let rows = l.lbctl(1, &["backends", "list"])?;
-        rows.as_array()?
-            .iter()
-            .find(|r| r["backend"] == addr)
-            .and_then(|r| r["healthy"].as_bool())
-    };
+    // Only node 2's lbd reads the delay file.
+    start_with_delay_file(&mut l, 1, "LB_TEST_NETLINK_DELAY_FILE", &delay);
+    let backend_up = |l: &VrrpLab, addr: &str| backend_up(l, 1, addr);
     let n1 = l.addr(&l.nodes[0].clone());
     let n2 = l.addr(&l.nodes[1].clone());
     assert!(
@@ -580,19 +589,11 @@ fn a_stalled_netlink_answer_delays_neither_health_nor_ownership_and_the_undo_fol
 fn a_vrrp_instance_slow_to_leave_at_a_reload_holds_neither_the_loop_nor_its_successor() {
     let mut l = VrrpLab::prepare(LABNODE, vec![prio(150), prio(100)]);
     let delay = l.lab.dir.join("vrrp-remove-delay");
-    // Only node 1's lbd reads the delay file (the variable is in its environment alone).
-    unsafe { std::env::set_var("LB_TEST_VRRP_REMOVE_DELAY_FILE", &delay) };
-    l.start(0);
-    unsafe { std::env::remove_var("LB_TEST_VRRP_REMOVE_DELAY_FILE") };
+    // Only node 1's lbd reads the delay file.
+    start_with_delay_file(&mut l, 0, "LB_TEST_VRRP_REMOVE_DELAY_FILE", &delay);
     wait_master(&l, 0);
     l.start(1);
-    let backend_up = |l: &VrrpLab, addr: &str| -> Option<bool> {
-        let rows = l.lbctl(0, &["backends", "list"])?;
-        rows.as_array()?
-            .iter()
-            .find(|r| r["backend"] == addr)
-            .and_then(|r| r["healthy"].as_bool())
-    };
+    let backend_up = |l: &VrrpLab, addr: &str| backend_up(l, 0, addr);
     let n1 = l.addr(&l.nodes[0].clone());
     let n2 = l.addr(&l.nodes[1].clone());
     assert!(

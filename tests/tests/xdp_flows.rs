@@ -1319,17 +1319,6 @@ fn a_retraction_racing_the_program_leaves_the_flow_in_neither_table() {
     );
 }
 
-/// `bpf_ktime_get_coarse_ns`'s clock: a close's time in an entry is on it.
-fn coarse_now_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: the kernel writes one timespec.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
-
 #[test]
 fn a_peers_close_of_the_same_pair_closes_this_nodes_open_entry_and_nothing_else() {
     // BGP: this node forwards the service too, so its own entry stands against a peer's
@@ -1353,7 +1342,9 @@ fn a_peers_close_of_the_same_pair_closes_this_nodes_open_entry_and_nothing_else(
         })
         .collect();
     // 20 s ago: the hold (at most 8.6 s) is over.
-    let long_ago = |v: FlowValue, seq: u32| v.closed_aged(seq, 20_000_000_000, coarse_now_ns());
+    let long_ago = |v: FlowValue, seq: u32| {
+        v.closed_aged(seq, 20_000_000_000, lb_userspace::sync::view::coarse_ns())
+    };
     for (sport, b, own) in &flows {
         let k = key(client, vip, *sport);
         let (xb, other) = flows

@@ -57,18 +57,6 @@ fn unix_us() -> u64 {
         .map_or(0, |d| d.as_micros() as u64)
 }
 
-/// The data plane's coarse clock (`bpf_ktime_get_coarse_ns`): a close's time in an entry is
-/// on it.
-fn coarse_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: the kernel writes one timespec.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
-
 /// This run's identity in the datagrams' headers (`wire::Sender::run`): random, never 0.
 fn new_run() -> Result<u64> {
     use ring::rand::SecureRandom;
@@ -632,7 +620,7 @@ impl Task {
         let t = Instant::now();
         let was_sent = self.sent.clone();
         let found = tokio::task::spawn_blocking(move || {
-            let now = coarse_ns();
+            let now = crate::sync::view::coarse_ns();
             let ix = Index::new(&view);
             let pins = pins.lock().unwrap();
             let mut scanned = [0u64; 4];
@@ -948,7 +936,7 @@ impl Task {
         {
             let ix = Index::new(&view);
             let mut pins = pins.lock().unwrap();
-            let coarse = coarse_ns();
+            let coarse = crate::sync::view::coarse_ns();
             for r in &records {
                 if retraction {
                     // The entry goes only if it names the backend retracted (this node's own

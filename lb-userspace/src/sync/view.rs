@@ -215,6 +215,18 @@ impl<'a> Index<'a> {
     }
 }
 
+/// The data plane's coarse clock (`bpf_ktime_get_coarse_ns`, `CLOCK_MONOTONIC_COARSE`): a
+/// close's time in an entry is on it.
+pub fn coarse_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: the kernel writes one timespec.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
 /// The close a record carries for `value` (`None`: the client has not closed it), at `now_ns`
 /// on the data plane's coarse clock (`CLOCK_MONOTONIC_COARSE`).
 pub fn close_of(value: &FlowValue, now_ns: u64) -> Option<Close> {
