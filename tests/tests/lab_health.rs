@@ -291,10 +291,22 @@ fn hanging_and_garbage_backends() {
 }
 
 /// d. A bad config is refused naming the field and the running one keeps working; SIGHUP with
-/// a valid changed config applies it without failed connections.
+/// a valid changed config applies it without failed connections. Flood mode is off: this
+/// test's clients open thousands of connections a second, in bursts over `syn_flood_rate`'s
+/// default on a busy machine, and a table change while flood mode holds moves the
+/// connections it left untracked (by design, docs/architecture.md, "Floods"): that is not
+/// what this test is about.
 #[test]
 fn reload_refuses_bad_config_and_applies_good_one() {
-    let mut l = three();
+    let mut l = HttpsLab::setup_full(
+        &[
+            ("b1", Kind::Https),
+            ("b2", Kind::Https),
+            ("b3", Kind::Https),
+        ],
+        "syn_flood_rate = 0\n",
+        "",
+    );
     let good = l.config(&[("b1", 1), ("b2", 1), ("b3", 1)]);
     std::fs::write(&l.cfg_path, l.config(&[("b1", 1), ("b2", 5000), ("b3", 1)])).unwrap();
     let out = l.lbctl_raw(&["reload"]);

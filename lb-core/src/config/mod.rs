@@ -173,9 +173,10 @@ pub struct Config {
     /// SIGTERM lbd stays alive through it. See docs/operations.md.
     #[serde(default = "default_handover_grace_ms")]
     pub handover_grace_ms: u64,
-    /// SYN flood mode: above this many new connections per second on one CPU, SYNs stop
-    /// writing connection-table entries (the handshake's ACK does), so a spoofed flood cannot
-    /// push established flows out of the table. 0 turns it off. See docs/architecture.md.
+    /// Flood mode: above this many connection-table misses per second on the node (every CPU
+    /// counted together, in 100 ms windows), no miss writes an entry (a connection placed by a
+    /// skip writes one at its handshake's ACK), so a spoofed flood cannot push established
+    /// flows out of the table. 0 turns it off. See docs/architecture.md, "Floods".
     #[serde(default = "default_syn_flood_rate")]
     pub syn_flood_rate: u32,
     /// A backend that fails its checks (or whose node is taken for dead by fate sharing) gets

@@ -54,6 +54,8 @@ pub struct HttpsLab {
     pub backends: Vec<(String, String, Kind)>,
     /// Lines added to the service's `[vips.health]` table (e.g. `slow_start_ms = 8000`).
     pub health_extra: String,
+    /// Top-level lines (e.g. `syn_flood_rate = 0`).
+    pub top_extra: String,
 }
 
 pub fn now_ms() -> u128 {
@@ -101,6 +103,11 @@ impl HttpsLab {
 
     /// As [`HttpsLab::setup`], with `health_extra` added to the service's health table.
     pub fn setup_with(backends: &[(&str, Kind)], health_extra: &str) -> HttpsLab {
+        Self::setup_full(backends, "", health_extra)
+    }
+
+    /// As [`HttpsLab::setup_with`], with `top_extra` as the config's first lines.
+    pub fn setup_full(backends: &[(&str, Kind)], top_extra: &str, health_extra: &str) -> HttpsLab {
         let mut lab = Lab::new("hc");
         lab.add_node("client", "10.79.0.1", "fd79::1");
         lab.add_node("lb", "10.79.0.2", "fd79::2");
@@ -173,6 +180,7 @@ impl HttpsLab {
             pin_name,
             backends: list,
             health_extra: health_extra.to_string(),
+            top_extra: top_extra.to_string(),
         };
         let weights: Vec<(&str, u32)> = backends.iter().map(|(n, _)| (*n, 1)).collect();
         std::fs::write(&l.cfg_path, l.config(&weights)).unwrap();
@@ -197,7 +205,8 @@ impl HttpsLab {
 
     /// The config with these backends (node name, weight); any weight is written as given.
     pub fn config(&self, weights: &[(&str, u32)]) -> String {
-        let mut c = format!(
+        let mut c = self.top_extra.clone();
+        c += &format!(
             "interface = \"eth0\"\nname = \"{}\"\napi_socket = \"{}\"\nxdp_mode = \"skb\"\n\n\
              [[vips]]\nname = \"api\"\naddress = \"{VIP}\"\nports = [{HTTPS_PORT}, {TCP_PORT}]\nowned = true\n\
              [vips.health]\nkind = \"https\"\npath = \"/readyz\"\nport = {HTTPS_PORT}\n{}\n",
