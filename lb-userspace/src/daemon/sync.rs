@@ -961,9 +961,8 @@ impl Task {
                 let forwarded = ix.forwarded(&r.key);
                 match ix.resolve(r).map(|v| with_close(v, r.close, coarse)) {
                     Ok(v) => match if forwarded {
-                        pins.insert_absent(&r.key, v).and_then(|new| {
-                            Ok(new || r.close.is_some() && pins.close_same(&r.key, v)?)
-                        })
+                        pins.insert_absent(&r.key, v)
+                            .and_then(|new| Ok(new || pins.close_same(&r.key, v)?))
                     } else {
                         pins.correct(&r.key, v)
                     } {

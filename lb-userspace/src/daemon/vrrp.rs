@@ -243,7 +243,6 @@ impl Owner {
         })
     }
 
-    /// An instance was stopped (restart, removal): its ownership is gone.
     /// Stop a running instance at a reload (restart, removal or undo), waiting for it at most
     /// the netlink deadline: one still removing its VIPs after that goes on leaving on its own
     /// thread, and what starts with one of its VIPs waits for it ([`Instance::spawn`]), so its
@@ -258,6 +257,7 @@ impl Owner {
         self.instance_stopped(&name);
     }
 
+    /// An instance was stopped (restart, removal): its ownership is gone.
     pub(super) fn instance_stopped(&mut self, name: &str) {
         let name = name.to_string();
         self.ctl

@@ -297,10 +297,7 @@ impl ConntrackPins {
             return Ok(false);
         }
         let cached = self.cache.get(key)?;
-        let held = match cached {
-            Some(c) => Some(c),
-            None => self.lru.map.get(key, 0).ok(),
-        };
+        let held = cached.or_else(|| self.lru.map.get(key, 0).ok());
         let open_same_pair = |v: &FlowValue| {
             v.backend() == value.backend() && v.epoch == value.epoch && !v.client_closed()
         };

@@ -128,7 +128,8 @@ enum Command {
     /// A reload changed only fields that apply in place (see
     /// [`InstanceConfig::restart_needed`]).
     Reconfigure(Box<InstanceConfig>),
-    Shutdown(oneshot::Sender<()>),
+    /// Leave (see [`Instance::shutdown`]); the thread then ends.
+    Shutdown,
 }
 
 /// The daemon's handle on a running instance.
@@ -368,22 +369,16 @@ impl Instance {
     }
 
     /// Graceful stop: a master sends a priority-0 advert (a backup takes over after its skew
-    /// only) and removes its VIPs. Returns when done.
+    /// only) and removes its VIPs. Returns when done (its thread has ended).
     pub async fn shutdown(self) {
-        let (tx, rx) = oneshot::channel();
-        if self.commands.send(Command::Shutdown(tx)).is_ok() {
-            let _ = rx.await;
-        }
-        let thread = self.thread;
-        let _ = tokio::task::spawn_blocking(move || thread.join()).await;
+        let _ = self.shutdown_within(Duration::MAX).await;
     }
 
     /// [`Instance::shutdown`], waited for at most `deadline`. An instance that has not left by
     /// then (its VIP removal waits on a slow kernel) goes on leaving on its own thread, and is
     /// returned as [`Leaving`]: whatever takes its VIPs next must wait for it.
     pub async fn shutdown_within(self, deadline: Duration) -> Option<Leaving> {
-        let (tx, _done) = oneshot::channel();
-        let _ = self.commands.send(Command::Shutdown(tx));
+        let _ = self.commands.send(Command::Shutdown);
         let status = self.status();
         let leaving = Leaving {
             name: status.name,
@@ -694,13 +689,8 @@ impl Runner {
                 }
                 cmd = commands.recv() => match cmd {
                     Some(Command::Reconfigure(cfg)) => self.reconfigure(*cfg).await,
-                    Some(Command::Shutdown(done)) => {
-                        self.step(Event::Shutdown).await;
-                        let _ = done.send(());
-                        return;
-                    }
-                    // The handle was dropped without shutdown(): still leave cleanly.
-                    None => {
+                    // Or the handle was dropped without shutdown(): still leave cleanly.
+                    Some(Command::Shutdown) | None => {
                         self.step(Event::Shutdown).await;
                         return;
                     }
