@@ -153,8 +153,39 @@ pub fn format_mac(m: &[u8; 6]) -> String {
         .join(":")
 }
 
+/// The signals lbd acts on, registered once at its start: from then on a SIGTERM, SIGINT or
+/// SIGHUP is held for the loop instead of killing the process with the default action. A
+/// kubelet may stop a pod while it is still starting; lbd then finishes the start and stops
+/// the way it always does (VIPs given back, the guardian told goodbye), not as a crash.
+pub struct Signals {
+    pub term: tokio::signal::unix::Signal,
+    pub int: tokio::signal::unix::Signal,
+    pub hup: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    /// Register the handlers (inside a tokio runtime).
+    pub fn register() -> Result<Signals> {
+        use tokio::signal::unix::{SignalKind, signal};
+        Ok(Signals {
+            term: signal(SignalKind::terminate()).context("SIGTERM handler")?,
+            int: signal(SignalKind::interrupt()).context("SIGINT handler")?,
+            hup: signal(SignalKind::hangup()).context("SIGHUP handler")?,
+        })
+    }
+
+    /// The next stop signal (SIGTERM or SIGINT).
+    pub async fn stop(&mut self) {
+        tokio::select! {
+            _ = self.term.recv() => {}
+            _ = self.int.recv() => {}
+        }
+    }
+}
+
 /// Run until SIGTERM/SIGINT or a task failure: start the owner, serve the API, loop, stop.
-pub async fn run(config_path: PathBuf) -> Result<()> {
+/// `signals` were registered before anything else ran (see [`Signals`]).
+pub async fn run(config_path: PathBuf, signals: Signals) -> Result<()> {
     let cfg =
         Config::load(&config_path).with_context(|| format!("config {}", config_path.display()))?;
     // Before anything touches the interface, the pins or the socket: one lbd per config.
@@ -189,7 +220,7 @@ pub async fn run(config_path: PathBuf) -> Result<()> {
         ));
     }
     // Whatever ends the loop, the stop runs: VIPs and routes are given back first.
-    let failure = match owner.run().await {
+    let failure = match owner.run(signals).await {
         Ok(f) => f,
         Err(e) => Some(format!("{e:#}")),
     };

@@ -656,3 +656,49 @@ fn a_vrrp_instance_slow_to_leave_at_a_reload_holds_neither_the_loop_nor_its_succ
         l.log(0)
     );
 }
+
+/// A SIGTERM while lbd is still starting (a kubelet stopping a pod it just started) is a clean
+/// stop, not a kill by the signal's default action: lbd finishes its start, then stops as
+/// always (exit 0, its guardian told goodbye, nothing held). The start is held open by the
+/// membership join: node 0's peer never answers, so it waits `join_wait_ms` after attaching
+/// its program and before its loop runs.
+#[test]
+fn a_sigterm_during_the_start_is_a_clean_stop() {
+    let opts = NodeOpts {
+        unicast: true,
+        ..prio(150)
+    };
+    let mut l = VrrpLab::prepare(LABNODE, vec![opts.clone(), opts]);
+    let key = l.lab.dir.join("cluster.key");
+    std::fs::write(&key, "lab-core-members-key-0123456789abcdef012345\n").unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let members = format!(
+        "\n[members]\nkey_file = \"{}\"\nannounce_ms = 200\nexpire_ms = 2000\njoin_wait_ms = 4000\n",
+        key.display()
+    );
+    std::fs::write(l.config_path(0), l.config(0) + &members).unwrap();
+    l.start(0);
+    let attached = wait_for(Duration::from_secs(10), || {
+        l.log(0).contains("attached XDP program").then_some(())
+    });
+    assert!(attached.is_some(), "lbd attaches\n{}", l.log(0));
+    assert!(
+        !l.log(0).contains("lbd running"),
+        "still starting (the join waits)\n{}",
+        l.log(0)
+    );
+    l.signal(0, libc::SIGTERM);
+    let exited = l.lab.wait(&tag(&l, 0), Duration::from_secs(15));
+    let log = l.log(0);
+    assert!(
+        exited.is_some_and(|s| s.success()),
+        "lbd stops by itself, exit 0 (not killed by the signal): {exited:?}\n{log}"
+    );
+    assert!(log.contains("lbd stopping"), "the usual stop ran\n{log}");
+    assert!(
+        !log.contains("lbd died without stopping"),
+        "the guardian was told goodbye\n{log}"
+    );
+    assert!(!holds(&l, 0, VIP4), "nothing held\n{log}");
+}

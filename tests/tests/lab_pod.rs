@@ -369,7 +369,10 @@ fn pod_restart_of_the_owner_with_sigterm_resets_no_connection() {
         ),
         (100, 0),
         "long-lived connections across a SIGTERM restart of the owner's pod: {held}\n{}",
-        p.logs(&api)
+        CONTROL_PLANE
+            .iter()
+            .map(|n| format!("== {n}'s lbd\n{}", p.logs(n)))
+            .collect::<String>()
     );
     assert_eq!(
         new["failed"], 0,

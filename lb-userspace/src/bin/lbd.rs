@@ -187,17 +187,22 @@ fn main() -> std::process::ExitCode {
             .map_err(anyhow::Error::from)
             .and_then(|rt| {
                 rt.block_on(async {
+                    // First: a stop signal from here on is lbd's to handle, not a kill.
+                    let mut signals = lb_userspace::daemon::Signals::register()?;
                     let config = match waiting_for_config {
-                        Some(why) => {
-                            lb_userspace::config_watch::wait_for_node_config(
+                        Some(why) => tokio::select! {
+                            p = lb_userspace::config_watch::wait_for_node_config(
                                 cli.config.clone(),
                                 why,
-                            )
-                            .await
-                        }
+                            ) => p,
+                            _ = signals.stop() => {
+                                tracing::info!("stopped while waiting for this node's config");
+                                return Ok(());
+                            }
+                        },
                         None => cli.config.clone(),
                     };
-                    lb_userspace::daemon::run(config).await
+                    lb_userspace::daemon::run(config, signals).await
                 })
             }),
     };

@@ -284,16 +284,18 @@ impl Owner {
         }
     }
 
-    /// The loop: until SIGTERM/SIGINT (`Ok(None)`) or a task failure (`Ok(Some(why))`).
-    pub async fn run(&mut self) -> Result<Option<String>> {
+    /// The loop: until SIGTERM/SIGINT (`Ok(None)`) or a task failure (`Ok(Some(why))`). A stop
+    /// signal that came during the start is seen first.
+    pub async fn run(&mut self, signals: super::Signals) -> Result<Option<String>> {
         let mut events = self.health_events.take().context("the loop runs once")?;
         let mut neigh = net::neighbour_changes()?;
         let mut tick = tokio::time::interval(Duration::from_secs(1));
         let mut frr_check = tokio::time::interval(Duration::from_secs(5));
-        use tokio::signal::unix::{SignalKind, signal};
-        let mut hup = signal(SignalKind::hangup())?;
-        let mut term = signal(SignalKind::terminate())?;
-        let mut int = signal(SignalKind::interrupt())?;
+        let super::Signals {
+            mut term,
+            mut int,
+            mut hup,
+        } = signals;
         let mut last_neigh = Instant::now() - Duration::from_secs(1);
         let shared = self.shared.clone();
         loop {

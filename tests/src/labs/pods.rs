@@ -344,8 +344,18 @@ impl Pods {
     }
 
     /// Stop the pod as kubelet does on a pod restart: SIGTERM to lbd, SIGKILL after `grace`.
+    ///
+    /// Returns once podman's own cleanup of the run has ended too. `podman pod stop` returns
+    /// when the container has exited, but conmon then runs `podman container cleanup`, and a
+    /// `kube play` pod has the exit policy `stop`: that cleanup stops the whole pod once its
+    /// last container has exited. Run late (a loaded host), it took a `pod start` issued
+    /// meanwhile for a pod to stop, and stopped it again: the new container got SIGTERM in its
+    /// first milliseconds (podman's events: `container start`, then `pod stop`, then `container
+    /// died` with 143). Kubelet has no such policy; the wait keeps podman's race out of the test.
     pub fn stop(&self, node: &str, grace: Duration) -> Output {
-        self.in_node(self.netns(node))
+        let id = self.inspect(node, "{{.Id}}");
+        let out = self
+            .in_node(self.netns(node))
             .args([
                 "pod",
                 "stop",
@@ -354,7 +364,17 @@ impl Pods {
                 &self.pod(node),
             ])
             .output()
-            .expect("podman pod stop")
+            .expect("podman pod stop");
+        if let Some(id) = id.filter(|i| !i.is_empty()) {
+            let gone = wait_for(Duration::from_secs(30), || {
+                (!processes_naming(&id)).then_some(())
+            });
+            assert!(
+                gone.is_some(),
+                "podman's conmon or cleanup of container {id} still runs 30 s after the stop"
+            );
+        }
+        out
     }
 
     /// Start the stopped pod again (in the node's network namespace).
@@ -441,4 +461,27 @@ impl Drop for Pods {
             let _ = std::fs::remove_dir_all(&self.dir);
         }
     }
+}
+
+/// Whether a process on this host has `word` in its command line (conmon and `podman container
+/// cleanup` name the container by its full id).
+fn processes_naming(word: &str) -> bool {
+    let me = std::process::id().to_string();
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| {
+            let name = e.file_name();
+            let name = name.to_string_lossy();
+            name.bytes().all(|b| b.is_ascii_digit()) && name != me
+        })
+        .any(|e| {
+            std::fs::read(e.path().join("cmdline"))
+                .map(|c| {
+                    c.split(|b| *b == 0)
+                        .any(|arg| String::from_utf8_lossy(arg).contains(word))
+                })
+                .unwrap_or(false)
+        })
 }
