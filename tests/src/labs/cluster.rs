@@ -54,6 +54,8 @@ pub struct Cluster {
     /// Declared before the lab so pods go down before the lab's namespaces.
     pub runner: Runner,
     pub lab: Lab,
+    /// With lbd in pods: the clients' CPU cgroup (see `cgroup`); removed after the lab.
+    clients: Option<super::cgroup::ClientCgroup>,
     pub shape: Shape,
     pub opts: Options,
 }
@@ -209,8 +211,11 @@ impl Cluster {
     pub fn boot_with(shape: Shape, runner: Runner, opts: Options) -> Cluster {
         let mut lab = Lab::new("cl");
         lab.add_node("client", "10.79.0.1", "fd79::1");
+        let clients =
+            matches!(runner, Runner::Pod(..)).then(|| super::cgroup::ClientCgroup::new("cl"));
         let mut c = Cluster {
             lab,
+            clients,
             shape,
             runner,
             opts,
@@ -643,12 +648,17 @@ impl Cluster {
     /// Start `labnode args...` on the client, its output piped (a load the test reads when it
     /// ends).
     pub fn client_labnode(&self, args: &[&str]) -> std::process::Child {
-        self.lab
+        let child = self
+            .lab
             .cmd("client", bin_dir().join("labnode"))
             .args(args)
             .stdout(std::process::Stdio::piped())
             .spawn()
-            .expect("start labnode")
+            .expect("start labnode");
+        if let Some(cg) = &self.clients {
+            cg.adopt(child.id());
+        }
+        child
     }
 
     /// One short connection to the echo service on the API VIP: did it get an answer?

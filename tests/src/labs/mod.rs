@@ -3,6 +3,7 @@
 
 pub mod bgp_lab;
 pub mod brex;
+pub mod cgroup;
 pub mod cluster;
 pub mod dsr;
 pub mod keepalived_haproxy;
