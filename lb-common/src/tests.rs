@@ -322,3 +322,32 @@ fn a_close_keeps_its_backend_and_epoch_and_reads_back_its_end_and_age() {
     assert!(again.close_matches(3) && !again.close_matches(0xffff_fff0));
     assert_eq!(again.backend(), MAX_BACKENDS - 1);
 }
+
+#[test]
+fn a_retired_slot_keeps_its_way_out_and_names_no_pair() {
+    let live = BackendInfo {
+        dst_mac: [2, 0xb0, 0, 0, 0, 1],
+        vip_id: 3,
+        flags: BACKEND_F_IN_SET | BACKEND_F_ENCAP | BACKEND_F_NO_NEW | BACKEND_F_DRAINED,
+        epoch: 41,
+        ..Default::default()
+    };
+    assert!(!live.is_vacant());
+    let retired = BackendInfo {
+        flags: retired_flags(live.flags),
+        epoch: 0,
+        ..live
+    };
+    assert_eq!(retired.flags, BACKEND_F_ENCAP, "routed stays routed");
+    assert!(retired.is_vacant());
+    // A moved slot keeps its addressing bits too, and a retirement drops the pointer.
+    let moved = moved_flags(BACKEND_F_IN_SET | BACKEND_F_LOCAL, 7);
+    assert_eq!(retired_flags(moved), BACKEND_F_LOCAL);
+    assert!(BackendInfo::default().is_vacant());
+    // Epoch 0 with state flags still set is not vacant (adoption retires such a slot).
+    let odd = BackendInfo {
+        flags: BACKEND_F_IN_SET,
+        ..Default::default()
+    };
+    assert!(!odd.is_vacant());
+}

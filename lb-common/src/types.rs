@@ -68,6 +68,18 @@ pub const fn moved_flags(old: u32, to: u32) -> u32 {
 pub const fn moved_to(flags: u32) -> u32 {
     flags >> 16
 }
+/// The bits of `BackendInfo::flags` that are addressing, not state: how a frame reaches the
+/// pair (the local stack, or wrapped to a next hop). Like the MACs, they never change in a
+/// live slot, and a retirement keeps them: the program reads a slot's flags more than once
+/// while it forwards one packet (a check, then the way out), so a retirement between two reads
+/// must not turn a routed pair into an on-link one (its next hop's MAC, the frame unwrapped) or
+/// a local one into a remote one.
+pub const BACKEND_F_ADDRESSING: u32 = BACKEND_F_LOCAL | BACKEND_F_ENCAP;
+/// `BackendInfo::flags` of a retired slot whose flags were `flags`: its addressing bits only
+/// (out of the set, no new flows, not moved; with epoch 0, the slot names no pair).
+pub const fn retired_flags(flags: u32) -> u32 {
+    flags & BACKEND_F_ADDRESSING
+}
 const _: () = assert!(MAX_BACKENDS <= 1 << 16);
 /// Bytes the outer header adds: IPv4 and IPv6.
 pub const ENCAP_HLEN_V4: u32 = 20;
@@ -92,9 +104,9 @@ pub struct BackendInfo {
     pub vip_id: u32,
     pub flags: u32,
     /// The pair's identity, never reused (see [`FlowValue::epoch`]); 0 in an empty slot.
-    /// Everything but `flags` is written once per slot: a change of addressing moves the pair
-    /// to a new slot with the same epoch (`BACKEND_F_MOVED`), so a reader never sees a
-    /// half-written MAC.
+    /// Everything but `flags` (and of `flags`, `BACKEND_F_ADDRESSING` too) is written once per
+    /// pair in a slot: a change of addressing moves the pair to a new slot with the same epoch
+    /// (`BACKEND_F_MOVED`), so a reader never sees a half-written MAC.
     pub epoch: u32,
     pub family: u8,
     pub _pad: u8,
@@ -105,6 +117,14 @@ pub struct BackendInfo {
     pub encap_src: [u8; 16],
 }
 const _: () = assert!(size_of::<BackendInfo>() == 64);
+
+impl BackendInfo {
+    /// A slot that names no pair: never written, or retired (epoch 0, and of its flags only
+    /// the addressing bits, which a retirement keeps).
+    pub const fn is_vacant(&self) -> bool {
+        self.epoch == 0 && self.flags == retired_flags(self.flags)
+    }
+}
 
 /// The connection table's key: the full 5-tuple as the client sent it.
 // Aligned to 8 (layout unchanged): the XDP program stores the key's zero words in pairs.

@@ -473,7 +473,8 @@ fn a_reader_on_another_cpu_never_forwards_with_a_half_retired_pair() {
     };
     let all = [11u8, 12, 21, 22];
     t.dp.apply(&pairs(&all, 0)).unwrap();
-    // A retirement clears the pair's flags and epoch and nothing else.
+    // A retirement clears the pair's epoch and its flags but the addressing ones, and nothing
+    // else.
     let slots = || {
         let pinned =
             aya::maps::MapData::from_pin(t.opts.pin_dir().join(lb_common::maps::BACKENDS)).unwrap();
@@ -488,7 +489,12 @@ fn a_reader_on_another_cpu_never_forwards_with_a_half_retired_pair() {
     for id in ids.iter().map(|i| *i as usize) {
         let (b, a) = (before[id], after[id]);
         if [11, 21].contains(&b.addr[3]) {
-            assert_eq!((a.flags, a.epoch), (0, 0), "retired");
+            assert_eq!(
+                (a.flags, a.epoch),
+                (b.flags & lb_common::BACKEND_F_ADDRESSING, 0),
+                "retired"
+            );
+            assert!(a.is_vacant());
             assert_eq!(
                 lb_common::BackendInfo {
                     flags: b.flags,
@@ -558,6 +564,118 @@ fn a_reader_on_another_cpu_never_forwards_with_a_half_retired_pair() {
     assert!(
         bad.is_empty(),
         "frames sent with torn addressing: {bad:02x?}"
+    );
+}
+
+#[test]
+fn a_retirement_between_two_reads_of_the_flags_keeps_the_way_out() {
+    // The program reads a slot's flags more than once for one packet (is the entry's pair good,
+    // then local, routed or on-link). One routed pair and one local pair are retired (the value
+    // `retire` writes: `lb_common::retired_flags`, epoch 0) and restored in a tight loop on one
+    // CPU while another forwards their flows: a routed pair's frame always leaves wrapped to its
+    // next hop, a local pair's never leaves at all. (With the flags cleared to 0, a retirement
+    // between the two reads sent routed frames unwrapped to the next hop's MAC, and local ones
+    // out to a zero MAC.)
+    let cpus = std::thread::available_parallelism().unwrap().get();
+    assert!(
+        cpus >= 2,
+        "this test needs two CPUs, the machine has {cpus}"
+    );
+    let mut t = TestDataplane::new(251);
+    let routed_key = vip_key(IpAddr::from(vip(10)), 6443, PROTO_TCP);
+    let local_key = vip_key(IpAddr::from(vip(11)), 6443, PROTO_TCP);
+    let mut routed = be(10, 22, 0);
+    routed.encap = Some(lb_userspace::dataplane::Encap {
+        src: "10.66.0.250".parse().unwrap(),
+        mtu: 1500,
+    });
+    let mut local = backend("10.66.11.1", 0);
+    (local.mac, local.local) = (None, true);
+    t.dp.apply(&Desired {
+        services: vec![
+            ServiceSpec {
+                key: routed_key,
+                owned: true,
+                backends: vec![routed],
+            },
+            ServiceSpec {
+                key: local_key,
+                owned: true,
+                backends: vec![local],
+            },
+        ],
+        ..Default::default()
+    })
+    .unwrap();
+    let frames: Vec<(u8, Vec<u8>)> = (53000..53032)
+        .flat_map(|p| [(10, ack(10, p)), (11, ack(11, p))])
+        .collect();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let reader = {
+        let mut dp = t.second_instance();
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            pin_to_cpu(1);
+            let (mut wrapped, mut passed, mut bad) = (0u64, 0u64, Vec::new());
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                for (n, f) in &frames {
+                    let (v, out, _) = dp.test_run("lb_xdp", f, 1).unwrap();
+                    let ok = match (n, v) {
+                        (10, TX) => {
+                            wrapped += 1;
+                            out.len() == f.len() + 20
+                                && out[0..6] == [0x02, 0xb0, 10, 22, 0, 0]
+                                && out[26..30] == [10, 66, 0, 250]
+                                && out[30..34] == [10, 66, 10, 22]
+                        }
+                        (11, PASS) => {
+                            passed += 1;
+                            out == *f
+                        }
+                        (11, TX) => false,
+                        _ => true,
+                    };
+                    if !ok && bad.len() < 5 {
+                        bad.push((*n, v, out[0..34.min(out.len())].to_vec()));
+                    }
+                }
+            }
+            (wrapped, passed, bad)
+        })
+    };
+    pin_to_cpu(0);
+    let pinned =
+        aya::maps::MapData::from_pin(t.opts.pin_dir().join(lb_common::maps::BACKENDS)).unwrap();
+    let mut slots: aya::maps::Array<_, lb_common::BackendInfo> =
+        aya::maps::Array::try_from(aya::maps::Map::Array(pinned)).unwrap();
+    let live: Vec<(u32, lb_common::BackendInfo)> = [routed_key, local_key]
+        .iter()
+        .map(|k| {
+            let id = t.dp.installed(k)[0].id;
+            (id, slots.get(&id, 0).unwrap())
+        })
+        .collect();
+    for _ in 0..50_000 {
+        for (id, b) in &live {
+            let retired = lb_common::BackendInfo {
+                flags: lb_common::retired_flags(b.flags),
+                epoch: 0,
+                ..*b
+            };
+            slots.set(*id, retired, 0).unwrap();
+            slots.set(*id, *b, 0).unwrap();
+        }
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (wrapped, passed, bad) = reader.join().unwrap();
+    println!("{wrapped} frames wrapped and {passed} passed locally during 100,000 retirements");
+    assert!(
+        wrapped > 1_000 && passed > 1_000,
+        "the reader forwarded: {wrapped} wrapped, {passed} passed"
+    );
+    assert!(
+        bad.is_empty(),
+        "frames sent another way than their pair's (VIP, verdict, first bytes): {bad:02x?}"
     );
 }
 

@@ -13,11 +13,13 @@
 //! - a slot's MAC, interface or VIP is never rewritten in place (a reader could see half of it):
 //!   an addressing change moves the pair to a new slot with the same epoch, and its earlier
 //!   slots point at the new one (only their flags change), so the pair keeps its flows;
-//! - a live slot is never torn: the kernel copies a map update low offsets first, so a reader on
-//!   another CPU may see part of a write. A pair is retired by clearing its flags and epoch
-//!   only (`retire`), its addressing left as it was, so whatever mix a reader sees, a frame it
-//!   still forwards goes where the pair pointed; a retired id is handed out again only after
-//!   every other free one ([`ids::BackendIds`], which hands out slots, VIP ids and epochs).
+//! - a live slot is never torn: the kernel copies a map update in no order a reader can rely
+//!   on, so a reader on another CPU may see part of a write. A pair is retired by clearing its epoch and its
+//!   flags but the addressing ones (`retire`, `lb_common::BACKEND_F_ADDRESSING`: the program
+//!   reads a slot's flags more than once per packet), its addressing left as it was, so
+//!   whatever mix a reader sees, a frame it still forwards goes where the pair pointed; a
+//!   retired id is handed out again only after every other free one ([`ids::BackendIds`],
+//!   which hands out slots, VIP ids and epochs).
 
 mod batch;
 mod counters;
@@ -317,7 +319,7 @@ impl Dataplane {
         let mut moved: Vec<(u32, BackendInfo)> = Vec::new();
         for id in 0..MAX_BACKENDS {
             let b = self.backends.get(&id, 0)?;
-            if b.flags == 0 && b.epoch == 0 {
+            if b.is_vacant() {
                 continue;
             }
             if b.flags & lb_common::BACKEND_F_MOVED != 0 {
@@ -998,18 +1000,20 @@ impl Dataplane {
     }
 }
 
-/// Take a pair out of service: its flags and epoch cleared, nothing else. A reader on another
-/// CPU sees the old flags and epoch (and forwards where the pair always pointed) or a pair that
-/// is gone; never a valid pair with addressing half overwritten.
+/// Take a pair out of service: its epoch cleared and its flags but the addressing bits
+/// (`lb_common::retired_flags`), nothing else. A reader on another CPU sees the old flags and
+/// epoch (and forwards where the pair always pointed) or a pair that is gone; never a valid
+/// pair with addressing half overwritten, and, between two reads of the flags in one packet,
+/// never a routed or local pair turned on-link.
 fn retire(backends: &mut Array<MapData, BackendInfo>, id: u32) -> Result<()> {
     let b = backends.get(&id, 0)?;
-    if b.flags == 0 && b.epoch == 0 {
+    if b.is_vacant() {
         return Ok(());
     }
     backends.set(
         id,
         BackendInfo {
-            flags: 0,
+            flags: lb_common::retired_flags(b.flags),
             epoch: 0,
             ..b
         },
