@@ -43,6 +43,9 @@ fn every_program_of_the_object_loads_and_attaches_on_this_kernel() {
     let (ns1, ns2) = (lab.node("n1").netns.clone(), lab.node("n2").netns.clone());
     lab.in_netns("n1", move || {
         let mut t = TestDataplane::new(251);
+        // Loaded when first needed (lbd: at its start, with the trace maps).
+        t.dp.arm_noted()
+            .unwrap_or_else(|e| panic!("load lb_xdp_noted: {e:#}"));
         t.dp.attach("eth0", XdpMode::Driver)
             .unwrap_or_else(|e| panic!("attach lb_xdp in driver mode: {e:#}"));
         t.dp.attach_pass("up1")

@@ -24,7 +24,7 @@ fn token_map(ebpf: &mut Ebpf) -> Result<Array<&mut MapData, u64>> {
 }
 
 /// Give the program a fresh random token (never 0): only a run carrying it is a dry run.
-pub(super) fn arm(ebpf: &mut Ebpf) -> Result<()> {
+pub(super) fn arm_token(ebpf: &mut Ebpf) -> Result<()> {
     let mut b = [0u8; 8];
     let mut token = 0;
     while token == 0 {
@@ -34,24 +34,21 @@ pub(super) fn arm(ebpf: &mut Ebpf) -> Result<()> {
         token = u64::from_ne_bytes(b);
     }
     token_map(ebpf)?.set(0, token, 0)?;
-    // The path that notes, which `lb_xdp` tail-calls for a frame with metadata or a traced
-    // packet. The map stays in `ebpf`: the kernel empties a program array when user space's
-    // last descriptor of it closes.
-    let prog: &Xdp = ebpf
-        .program(NOTED_PROGRAM)
-        .ok_or_else(|| anyhow!("program {NOTED_PROGRAM} missing"))?
-        .try_into()?;
-    let fd = prog.fd()?.try_clone()?;
-    let m = ebpf
-        .map_mut(NOTED_MAP)
-        .ok_or_else(|| anyhow!("map {NOTED_MAP} missing from the object"))?;
-    ProgramArray::try_from(m)
-        .with_context(|| format!("map {NOTED_MAP}"))?
-        .set(0, &fd, 0)
-        .with_context(|| format!("set {NOTED_MAP}"))?;
     Ok(())
 }
 
+/// Where `lb_xdp_noted` stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Noted {
+    /// Not loaded: `LB_NOTED` is empty.
+    Unloaded,
+    /// Loaded and in `LB_NOTED`.
+    Armed,
+    /// Taken out of `LB_NOTED` on purpose ([`Dataplane::empty_noted_slot`]), never put back.
+    Emptied,
+}
+
+/// What a dry run answered: the verdict, the trail, and the output frame (metadata first).
 /// What a dry run answered: the verdict, the trail, and the output frame (metadata first).
 pub struct DryRun {
     pub verdict: u32,
@@ -60,16 +57,49 @@ pub struct DryRun {
 }
 
 impl Dataplane {
-    /// Empty `LB_NOTED`'s slot, as in a program no lbd armed: for tests of what `lb_xdp` does
-    /// when its tail call to the noted path fails.
-    pub fn empty_noted_slot(&mut self) -> Result<()> {
+    /// Load the path that notes (`lb_xdp_noted`, the second copy of the path, which `lb_xdp`
+    /// tail-calls for a frame with metadata or a traced packet) and put it in `LB_NOTED`, once:
+    /// a dry run and a trace need it, forwarding never does, and it doubles what the verifier
+    /// does at a load. The map stays in the object: the kernel empties a program array when user
+    /// space's last descriptor of it closes. Until then a traced packet takes the ordinary path
+    /// untraced, and a frame with metadata is passed untouched.
+    pub fn arm_noted(&mut self) -> Result<()> {
+        if self.noted != Noted::Unloaded {
+            return Ok(());
+        }
+        super::load_xdp(&mut self.ebpf, NOTED_PROGRAM)?;
+        let prog: &Xdp = self
+            .ebpf
+            .program(NOTED_PROGRAM)
+            .ok_or_else(|| anyhow!("program {NOTED_PROGRAM} missing"))?
+            .try_into()?;
+        let fd = prog.fd()?.try_clone()?;
         let m = self
             .ebpf
             .map_mut(NOTED_MAP)
             .ok_or_else(|| anyhow!("map {NOTED_MAP} missing from the object"))?;
-        ProgramArray::try_from(m)?
-            .clear_index(&0)
-            .with_context(|| format!("clear {NOTED_MAP}"))
+        ProgramArray::try_from(m)
+            .with_context(|| format!("map {NOTED_MAP}"))?
+            .set(0, &fd, 0)
+            .with_context(|| format!("set {NOTED_MAP}"))?;
+        self.noted = Noted::Armed;
+        Ok(())
+    }
+
+    /// Empty `LB_NOTED`'s slot for good, as in a program no lbd armed: for tests of what
+    /// `lb_xdp` does when its tail call to the noted path fails.
+    pub fn empty_noted_slot(&mut self) -> Result<()> {
+        if self.noted == Noted::Armed {
+            let m = self
+                .ebpf
+                .map_mut(NOTED_MAP)
+                .ok_or_else(|| anyhow!("map {NOTED_MAP} missing from the object"))?;
+            ProgramArray::try_from(m)?
+                .clear_index(&0)
+                .with_context(|| format!("clear {NOTED_MAP}"))?;
+        }
+        self.noted = Noted::Emptied;
+        Ok(())
     }
 
     /// The program's token, for [`crate::explain::frame`].
@@ -83,6 +113,8 @@ impl Dataplane {
         if input.len() < META_LEN + 14 {
             bail!("explain frame too short");
         }
+        self.arm_noted()
+            .context("load the noted path for dry runs")?;
         let prog: &mut Xdp = self
             .ebpf
             .program_mut(maps::PROGRAM)

@@ -143,8 +143,29 @@ pub struct Dataplane {
     /// Pair epochs (persisted in `LbConfig::next_epoch` before use).
     epochs: ids::Epochs,
     attached: Option<String>,
+    /// Whether `lb_xdp_noted` is loaded and in `LB_NOTED` (see [`Dataplane::arm_noted`]).
+    noted: explain::Noted,
     /// Lets the kernel learn routed backends' path MTU from the routers' errors.
     _pmtu: pmtu::PmtuListeners,
+}
+
+/// Load the XDP program `name` of the object. A refusal names the kernel and the verifier's
+/// reason; the whole log goes to the debug log.
+fn load_xdp(ebpf: &mut Ebpf, name: &str) -> Result<()> {
+    let prog: &mut Xdp = ebpf
+        .program_mut(name)
+        .ok_or_else(|| anyhow!("program {name} missing"))?
+        .try_into()?;
+    if let Err(e) = prog.load() {
+        let text = e.to_string();
+        tracing::debug!(program = name, log = %text, "the verifier refused a program");
+        bail!(kernel::refused(
+            kernel::Release::current().as_ref(),
+            name,
+            &text
+        ));
+    }
+    Ok(())
 }
 
 /// 27 random bits, never 0 (`LbConfig::flow_cache`).
@@ -203,24 +224,12 @@ impl Dataplane {
             )
             .load(crate::EBPF_OBJECT)
             .context("load the XDP object")?;
-        for name in [maps::PROGRAM, lb_common::explain::NOTED_PROGRAM, "lb_pass"] {
-            let prog: &mut Xdp = ebpf
-                .program_mut(name)
-                .ok_or_else(|| anyhow!("program {name} missing"))?
-                .try_into()?;
-            // A refusal names the kernel and the verifier's reason; the whole log goes to the
-            // debug log.
-            if let Err(e) = prog.load() {
-                let text = e.to_string();
-                tracing::debug!(program = name, log = %text, "the verifier refused a program");
-                bail!(kernel::refused(
-                    kernel::Release::current().as_ref(),
-                    name,
-                    &text
-                ));
-            }
+        // The noted copy of the path (`lbctl explain`, `lbctl trace`) is loaded when first
+        // needed (`arm_noted`): it doubles what the verifier does, and forwarding never needs it.
+        for name in [maps::PROGRAM, "lb_pass"] {
+            load_xdp(&mut ebpf, name)?;
         }
-        explain::arm(&mut ebpf).context("arm lbctl explain")?;
+        explain::arm_token(&mut ebpf).context("arm lbctl explain")?;
         // The program's rare-path log lines (aya-log); optional so a missing map is not fatal.
         let logger = aya_log::EbpfLogger::init(&mut ebpf).ok();
         let tables_map: MapData = match ebpf.take_map(maps::TABLES) {
@@ -256,6 +265,7 @@ impl Dataplane {
             backend_ids: ids::BackendIds::new(MAX_BACKENDS),
             epochs: ids::Epochs::from_persisted(0),
             attached: None,
+            noted: explain::Noted::Unloaded,
             _pmtu: pmtu::PmtuListeners::open(),
             opts,
         };

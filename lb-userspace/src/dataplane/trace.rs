@@ -15,8 +15,13 @@ pub struct TraceTap {
 }
 
 impl Dataplane {
-    /// Take the trace maps (once: `None` after).
+    /// Take the trace maps (once: `None` after), with the noted path loaded (a traced packet
+    /// runs it: [`Dataplane::arm_noted`]).
     pub fn take_trace(&mut self) -> Result<Option<TraceTap>> {
+        if self.ebpf.map(TRACE_MAP).is_none() {
+            return Ok(None);
+        }
+        self.arm_noted().context("load the noted path for traces")?;
         let Some(ring) = self.ebpf.take_map(TRACE_MAP) else {
             return Ok(None);
         };
