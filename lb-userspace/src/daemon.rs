@@ -185,7 +185,7 @@ impl Signals {
 
 /// Run until SIGTERM/SIGINT or a task failure: start the owner, serve the API, loop, stop.
 /// `signals` were registered before anything else ran (see [`Signals`]).
-pub async fn run(config_path: PathBuf, signals: Signals) -> Result<()> {
+pub async fn run(config_path: PathBuf, mut signals: Signals) -> Result<()> {
     let cfg =
         Config::load(&config_path).with_context(|| format!("config {}", config_path.display()))?;
     // Before anything touches the interface, the pins or the socket: one lbd per config.
@@ -198,31 +198,42 @@ pub async fn run(config_path: PathBuf, signals: Signals) -> Result<()> {
         move || tx.send(owner::Msg::ConfigChanged).is_ok(),
     ));
     owner.start_guardian();
-    // A joining node elects only once its peers know it (see `members`).
-    owner.join_members().await;
-    owner.start_vrrp().await?;
-    owner.start_bgp();
-    tracing::info!(interface = %cfg.interface, vips = cfg.vips.len(), "lbd running");
-    let mut tasks = vec![front.supervise(
-        "API listener",
-        crate::api::serve_unix(cfg.api_socket.clone(), front.clone()),
-    )];
-    if let Some(addr) = cfg.metrics_listen {
+    // A joining node elects only once its peers know it (see `members`). That wait (up to
+    // `join_wait_ms`, 60 s at most) gives way to a stop: a kubelet's grace period may be
+    // shorter, and a node that is stopping has nothing to join.
+    let stopped = tokio::select! {
+        _ = owner.join_members() => false,
+        _ = signals.stop() => true,
+    };
+    let mut tasks = Vec::new();
+    let failure = if stopped {
+        tracing::info!("stop signal while joining the members: stopping before VRRP starts");
+        None
+    } else {
+        owner.start_vrrp().await?;
+        owner.start_bgp();
+        tracing::info!(interface = %cfg.interface, vips = cfg.vips.len(), "lbd running");
         tasks.push(front.supervise(
-            "metrics listener",
-            crate::api::serve_tcp(addr, front.clone()),
+            "API listener",
+            crate::api::serve_unix(cfg.api_socket.clone(), front.clone()),
         ));
-    }
-    if let Some(tls) = cfg.metrics_tls.clone() {
-        tasks.push(front.supervise(
-            "metrics TLS listener",
-            crate::metrics_tls::serve(tls, front.clone()),
-        ));
-    }
-    // Whatever ends the loop, the stop runs: VIPs and routes are given back first.
-    let failure = match owner.run(signals).await {
-        Ok(f) => f,
-        Err(e) => Some(format!("{e:#}")),
+        if let Some(addr) = cfg.metrics_listen {
+            tasks.push(front.supervise(
+                "metrics listener",
+                crate::api::serve_tcp(addr, front.clone()),
+            ));
+        }
+        if let Some(tls) = cfg.metrics_tls.clone() {
+            tasks.push(front.supervise(
+                "metrics TLS listener",
+                crate::metrics_tls::serve(tls, front.clone()),
+            ));
+        }
+        // Whatever ends the loop, the stop runs: VIPs and routes are given back first.
+        match owner.run(signals).await {
+            Ok(f) => f,
+            Err(e) => Some(format!("{e:#}")),
+        }
     };
     owner.stop().await;
     watcher.abort();

@@ -658,10 +658,11 @@ fn a_vrrp_instance_slow_to_leave_at_a_reload_holds_neither_the_loop_nor_its_succ
 }
 
 /// A SIGTERM while lbd is still starting (a kubelet stopping a pod it just started) is a clean
-/// stop, not a kill by the signal's default action: lbd finishes its start, then stops as
-/// always (exit 0, its guardian told goodbye, nothing held). The start is held open by the
-/// membership join: node 0's peer never answers, so it waits `join_wait_ms` after attaching
-/// its program and before its loop runs.
+/// stop, not a kill by the signal's default action: lbd stops as always (exit 0, its guardian
+/// told goodbye, nothing held). The start is held open by the membership join: node 0's peer
+/// never answers, so it would wait `join_wait_ms` (60 s, the most it takes) after attaching its
+/// program and before its loop runs; the join gives way to the stop, well within a kubelet's
+/// grace period (the test waits 15 s).
 #[test]
 fn a_sigterm_during_the_start_is_a_clean_stop() {
     let opts = NodeOpts {
@@ -674,7 +675,7 @@ fn a_sigterm_during_the_start_is_a_clean_stop() {
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
     let members = format!(
-        "\n[members]\nkey_file = \"{}\"\nannounce_ms = 200\nexpire_ms = 2000\njoin_wait_ms = 4000\n",
+        "\n[members]\nkey_file = \"{}\"\nannounce_ms = 200\nexpire_ms = 2000\njoin_wait_ms = 60000\n",
         key.display()
     );
     std::fs::write(l.config_path(0), l.config(0) + &members).unwrap();
@@ -696,6 +697,10 @@ fn a_sigterm_during_the_start_is_a_clean_stop() {
         "lbd stops by itself, exit 0 (not killed by the signal): {exited:?}\n{log}"
     );
     assert!(log.contains("lbd stopping"), "the usual stop ran\n{log}");
+    assert!(
+        log.contains("stop signal while joining the members"),
+        "the join (60 s at most) gave way to the stop\n{log}"
+    );
     assert!(
         !log.contains("lbd died without stopping"),
         "the guardian was told goodbye\n{log}"
