@@ -275,7 +275,10 @@ fn only_vip(o: &Outcome, vip: &str, port: u16) {
 fn a_node_whose_backend_is_down_reaches_the_healthy_ones() {
     let mut l = SockLab::new("sk1", [1, 1, 1]);
     l.lab.stop("tcp-lbb", libc::SIGKILL);
-    l.wait_state("lbb", "lbb", "down");
+    // Each lbd checks the backends itself: the owner's connections below use the owner's view.
+    for node in ["lbb", "lba"] {
+        l.wait_state(node, "lbb", "down");
+    }
     for vip in [VIP4, VIP6] {
         let o = tcp_many(&l.lab, "lbb", vip, TCP, 20);
         println!("lbb -> {vip}: {o:?}");
