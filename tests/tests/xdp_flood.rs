@@ -291,19 +291,6 @@ fn a_handshake_whose_syn_skipped_a_drained_slot_in_flood_mode_completes_after_th
     }
 }
 
-/// Run this thread on `cpu` (BPF_PROG_TEST_RUN runs the program on the caller's CPU).
-fn pin_to_cpu(cpu: usize) {
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(cpu, &mut set);
-        assert_eq!(
-            libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set),
-            0,
-            "pin to CPU {cpu}"
-        );
-    }
-}
-
 /// Like `frame`, a UDP datagram to the VIP's UDP service.
 fn udp_frame(src: [u8; 4], sport: u16) -> Vec<u8> {
     ipv4_frame(src, VIP, PROTO_UDP, &udp(sport, 6443, 32))
@@ -314,11 +301,7 @@ fn flood_mode_counts_misses_of_every_cpu_together() {
     // 10 misses per 100 ms window is the limit; each of two CPUs sees 8, of every shape that
     // writes an entry (SYN, a mid-flow ACK, a UDP datagram). Counted per CPU, neither would be
     // over it.
-    let cpus = std::thread::available_parallelism().unwrap().get();
-    assert!(
-        cpus >= 2,
-        "this test needs two CPUs, the machine has {cpus}"
-    );
+    lb_tests::xdp::assert_two_cpus();
     let mut t = TestDataplane::with_flood_rate(251, 100);
     let mut d = desired(false);
     d.services.push(ServiceSpec {
@@ -332,7 +315,7 @@ fn flood_mode_counts_misses_of_every_cpu_together() {
     // A window may roll between the two CPUs' misses: a few tries.
     for _ in 0..5 {
         for cpu in [0, 1] {
-            pin_to_cpu(cpu);
+            lb_tests::xdp::pin_to_cpu(cpu);
             for n in 0..8u8 {
                 sport += 1;
                 let src = [100, cpu as u8, n, 1];
@@ -362,7 +345,7 @@ fn flood_mode_counts_misses_of_every_cpu_together() {
         counter(&t, stat::FLOOD_UNTRACKED),
     );
     for cpu in [0, 1] {
-        pin_to_cpu(cpu);
+        lb_tests::xdp::pin_to_cpu(cpu);
         for n in 0..3u8 {
             sport += 1;
             let src = [101, cpu as u8, n, 1];

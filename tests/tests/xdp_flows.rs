@@ -613,14 +613,7 @@ fn on_cpu<T>(cpu: usize, f: impl FnOnce() -> T) -> T {
         let size = std::mem::size_of::<libc::cpu_set_t>();
         let mut old: libc::cpu_set_t = std::mem::zeroed();
         assert_eq!(libc::sched_getaffinity(0, size, &mut old), 0);
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(cpu, &mut set);
-        assert_eq!(
-            libc::sched_setaffinity(0, size, &set),
-            0,
-            "pin to CPU {cpu}: {}",
-            std::io::Error::last_os_error()
-        );
+        lb_tests::xdp::pin_to_cpu(cpu);
         let out = f();
         assert_eq!(libc::sched_setaffinity(0, size, &old), 0);
         out
@@ -650,11 +643,7 @@ fn per_cpu_counter(t: &TestDataplane, index: u32) -> Vec<u64> {
 #[test]
 fn a_flow_whose_packets_arrive_on_two_cpus_keeps_its_backend() {
     use lb_common::stat;
-    let cpus = std::thread::available_parallelism().unwrap().get();
-    assert!(
-        cpus >= 2,
-        "this test needs two CPUs, the machine has {cpus}"
-    );
+    lb_tests::xdp::assert_two_cpus();
     let vip = IpAddr::from(VIP4);
     let client = IpAddr::from([10, 68, 7, 7]);
     let mut t = TestDataplane::new(251);

@@ -425,28 +425,12 @@ fn adoption_retires_pairs_of_a_service_whose_removal_a_crash_cut_short() {
     assert!(counter(&t, stat::PASS_NOT_VIP) >= flows.len() as u64);
 }
 
-/// Run this thread on `cpu` (BPF_PROG_TEST_RUN runs the program on the caller's CPU).
-fn pin_to_cpu(cpu: usize) {
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(cpu, &mut set);
-        assert_eq!(
-            libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set),
-            0
-        );
-    }
-}
-
 #[test]
 fn a_reader_on_another_cpu_never_forwards_with_a_half_retired_pair() {
     // Pairs retired, re-created and moved over and over while another CPU forwards established
     // flows of them: every frame it sends goes to one of the pairs' own addresses (on-link MACs, or
     // a routed backend's next hop and outer addresses), never to a zeroed MAC or 0.0.0.0.
-    let cpus = std::thread::available_parallelism().unwrap().get();
-    assert!(
-        cpus >= 2,
-        "this test needs two CPUs, the machine has {cpus}"
-    );
+    lb_tests::xdp::assert_two_cpus();
     let mut t = TestDataplane::new(251);
     let key = vip_key(IpAddr::from(vip(9)), 6443, PROTO_TCP);
     let lb_src: IpAddr = "10.66.0.250".parse().unwrap();
@@ -516,7 +500,7 @@ fn a_reader_on_another_cpu_never_forwards_with_a_half_retired_pair() {
         let stop = stop.clone();
         let frames = frames.clone();
         std::thread::spawn(move || {
-            pin_to_cpu(1);
+            lb_tests::xdp::pin_to_cpu(1);
             let (mut runs, mut bad) = (0u64, Vec::new());
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                 for f in &frames {
@@ -546,7 +530,7 @@ fn a_reader_on_another_cpu_never_forwards_with_a_half_retired_pair() {
             (runs, bad)
         })
     };
-    pin_to_cpu(0);
+    lb_tests::xdp::pin_to_cpu(0);
     // Each round retires two pairs (one on-link, one routed) and brings them back as new
     // pairs, and moves the other two (their MACs change: new slots, the old ones pointed at
     // them).
@@ -576,11 +560,7 @@ fn a_retirement_between_two_reads_of_the_flags_keeps_the_way_out() {
     // next hop, a local pair's never leaves at all. (With the flags cleared to 0, a retirement
     // between the two reads sent routed frames unwrapped to the next hop's MAC, and local ones
     // out to a zero MAC.)
-    let cpus = std::thread::available_parallelism().unwrap().get();
-    assert!(
-        cpus >= 2,
-        "this test needs two CPUs, the machine has {cpus}"
-    );
+    lb_tests::xdp::assert_two_cpus();
     let mut t = TestDataplane::new(251);
     let routed_key = vip_key(IpAddr::from(vip(10)), 6443, PROTO_TCP);
     let local_key = vip_key(IpAddr::from(vip(11)), 6443, PROTO_TCP);
@@ -615,7 +595,7 @@ fn a_retirement_between_two_reads_of_the_flags_keeps_the_way_out() {
         let mut dp = t.second_instance();
         let stop = stop.clone();
         std::thread::spawn(move || {
-            pin_to_cpu(1);
+            lb_tests::xdp::pin_to_cpu(1);
             let (mut wrapped, mut passed, mut bad) = (0u64, 0u64, Vec::new());
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                 for (n, f) in &frames {
@@ -643,7 +623,7 @@ fn a_retirement_between_two_reads_of_the_flags_keeps_the_way_out() {
             (wrapped, passed, bad)
         })
     };
-    pin_to_cpu(0);
+    lb_tests::xdp::pin_to_cpu(0);
     let pinned =
         aya::maps::MapData::from_pin(t.opts.pin_dir().join(lb_common::maps::BACKENDS)).unwrap();
     let mut slots: aya::maps::Array<_, lb_common::BackendInfo> =

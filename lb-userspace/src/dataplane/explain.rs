@@ -49,7 +49,6 @@ pub(super) enum Noted {
 }
 
 /// What a dry run answered: the verdict, the trail, and the output frame (metadata first).
-/// What a dry run answered: the verdict, the trail, and the output frame (metadata first).
 pub struct DryRun {
     pub verdict: u32,
     pub record: ExplainRecord,

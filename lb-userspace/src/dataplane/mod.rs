@@ -14,11 +14,11 @@
 //!   an addressing change moves the pair to a new slot with the same epoch, and its earlier
 //!   slots point at the new one (only their flags change), so the pair keeps its flows;
 //! - a live slot is never torn: the kernel copies a map update in no order a reader can rely
-//!   on, so a reader on another CPU may see part of a write. A pair is retired by clearing its epoch and its
-//!   flags but the addressing ones (`retire`, `lb_common::BACKEND_F_ADDRESSING`: the program
-//!   reads a slot's flags more than once per packet), its addressing left as it was, so
-//!   whatever mix a reader sees, a frame it still forwards goes where the pair pointed; a
-//!   retired id is handed out again only after every other free one ([`ids::BackendIds`],
+//!   on, so a reader on another CPU may see part of a write. A pair is retired by clearing its
+//!   epoch and its flags but the addressing ones (`retire`, `lb_common::BACKEND_F_ADDRESSING`:
+//!   the program reads a slot's flags more than once per packet), its addressing left as it
+//!   was, so whatever mix a reader sees, a frame it still forwards goes where the pair pointed;
+//!   a retired id is handed out again only after every other free one ([`ids::BackendIds`],
 //!   which hands out slots, VIP ids and epochs).
 
 mod batch;

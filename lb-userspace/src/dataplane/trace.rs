@@ -22,9 +22,10 @@ impl Dataplane {
             return Ok(None);
         }
         self.arm_noted().context("load the noted path for traces")?;
-        let Some(ring) = self.ebpf.take_map(TRACE_MAP) else {
-            return Ok(None);
-        };
+        let ring = self
+            .ebpf
+            .take_map(TRACE_MAP)
+            .ok_or_else(|| anyhow!("map {TRACE_MAP} gone"))?;
         let ring = RingBuf::try_from(ring).with_context(|| format!("map {TRACE_MAP}"))?;
         let on = match self.ebpf.take_map(TRACE_ON_MAP) {
             Some(m @ Map::Array(_)) => Array::try_from(m)?,

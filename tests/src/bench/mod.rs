@@ -9,7 +9,7 @@ mod e2e_report;
 pub mod failover;
 pub mod insns;
 mod interp;
-mod live;
+pub(crate) mod live;
 pub mod micro;
 pub mod migrate;
 pub mod scale;
